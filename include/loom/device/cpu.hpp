@@ -1,0 +1,47 @@
+#pragma once
+/// \file loom::device::cpu — host execution; math through Eigen and OpenMP.
+#include <cstddef>
+#include <cstring>
+#include <new>
+#include <string_view>
+
+#include <loom/device/policy.hpp>
+
+namespace loom::device {
+
+/// The CPU as a device: memory is host memory, every operation completes before it returns
+/// (the stream is a placeholder), so synchronize() is a no-op. Allocations are 64-byte aligned
+/// (one cache line, one AVX-512 register). allocate throws std::bad_alloc on failure.
+struct cpu {
+  using stream_type = std::nullptr_t;
+  static constexpr std::string_view name = "cpu";
+  static constexpr std::size_t alignment = 64;  // bytes
+
+  static void* allocate(std::size_t bytes) {
+    return ::operator new(bytes == 0 ? alignment : bytes, std::align_val_t{alignment});
+  }
+  static void deallocate(void* p) noexcept {
+    if (p) ::operator delete(p, std::align_val_t{alignment});
+  }
+  static void* allocate_host(std::size_t bytes) { return allocate(bytes); }
+  static void deallocate_host(void* p) noexcept { deallocate(p); }
+  static void copy(void* dst, const void* src, std::size_t bytes, stream_type) {
+    if (bytes) std::memmove(dst, src, bytes);
+  }
+  static void copy_to_device(void* dst, const void* src, std::size_t bytes, stream_type s) {
+    copy(dst, src, bytes, s);
+  }
+  static void copy_to_host(void* dst, const void* src, std::size_t bytes, stream_type s) {
+    copy(dst, src, bytes, s);
+  }
+  static void memset(void* p, int byte, std::size_t bytes, stream_type) {
+    if (bytes) std::memset(p, byte, bytes);
+  }
+  static void synchronize(stream_type) noexcept {}
+};
+static_assert(device_policy<cpu>);
+
+template <>
+inline constexpr bool host_accessible_v<cpu> = true;
+
+}  // namespace loom::device

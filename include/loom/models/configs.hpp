@@ -1,0 +1,56 @@
+#pragma once
+/// \file Compile-time GPT model configurations.
+///
+/// A model is a type with static constexpr members (llm.c's GPT2Config lifted into types):
+///   n_layer, n_head, d_model  transformer depth, heads, width (d_model % n_head == 0)
+///   max_seq                   learned position embeddings, the longest usable sequence
+///   vocab                     real vocabulary size (token ids in [0, vocab))
+///   vocab_padded              embedding rows; >= vocab, padded for alignment/TP; padded rows
+///                             are never predicted (softmax runs over [0, vocab) only)
+#include <string_view>
+
+namespace loom::models {
+
+template <class M>
+concept model_config = requires {
+  { M::n_layer } -> std::convertible_to<int>;
+  { M::n_head } -> std::convertible_to<int>;
+  { M::d_model } -> std::convertible_to<int>;
+  { M::max_seq } -> std::convertible_to<int>;
+  { M::vocab } -> std::convertible_to<int>;
+  { M::vocab_padded } -> std::convertible_to<int>;
+} && (M::vocab_padded >= M::vocab) && (M::d_model % M::n_head == 0);
+
+/// A tiny model for unit tests: odd sizes on purpose (no dimension is a multiple of a tile).
+struct tiny {
+  static constexpr std::string_view name = "tiny";
+  static constexpr int n_layer = 2, n_head = 3, d_model = 24, max_seq = 16;
+  static constexpr int vocab = 61, vocab_padded = 64;
+};
+
+/// The quickstart: a byte-level character model that learns tinyshakespeare on two CPU cores
+/// in minutes (about 2.7M parameters).
+struct quickstart {
+  static constexpr std::string_view name = "quickstart";
+  static constexpr int n_layer = 4, n_head = 6, d_model = 192, max_seq = 128;
+  static constexpr int vocab = 256, vocab_padded = 256;
+};
+
+/// The benchmark config of issue #2: vocab 8192, seq 256, width 384, 6 layers, 6 heads.
+struct bench_small {
+  static constexpr std::string_view name = "bench_small";
+  static constexpr int n_layer = 6, n_head = 6, d_model = 384, max_seq = 256;
+  static constexpr int vocab = 8192, vocab_padded = 8192;
+};
+
+/// GPT-2 small (124M), Radford et al. 2019: vocab 50257 padded to 50304 (a multiple of 128).
+struct gpt2_small {
+  static constexpr std::string_view name = "gpt2_small";
+  static constexpr int n_layer = 12, n_head = 12, d_model = 768, max_seq = 1024;
+  static constexpr int vocab = 50257, vocab_padded = 50304;
+};
+
+static_assert(model_config<tiny> && model_config<quickstart> && model_config<bench_small> &&
+              model_config<gpt2_small>);
+
+}  // namespace loom::models

@@ -1,0 +1,57 @@
+#pragma once
+/// \file layout<TP,PP>: the shape-changing parallel degrees, checked against a model at
+/// compile time.
+///
+/// Tensor-parallel degree TP and pipeline-parallel degree PP change every per-rank shape, so
+/// they are template arguments; the data-parallel degree dp = world_size / (TP*PP) is read
+/// from the communicator at run time, so one binary runs on 1 or 64 replicas.
+/// Rank order (Megatron-LM's): tensor-parallel rank varies fastest, then data-parallel, then
+/// pipeline stage. Worked example, TP=2, PP=2, world 8 (dp=2):
+///   rank: 0 1 2 3 4 5 6 7
+///   tp  : 0 1 0 1 0 1 0 1
+///   dp  : 0 0 1 1 0 0 1 1
+///   pp  : 0 0 0 0 1 1 1 1
+namespace loom::parallel {
+
+template <int TP, int PP = 1>
+struct layout {
+  static_assert(TP >= 1, "loom::layout<TP,PP>: the tensor-parallel degree TP must be at least 1");
+  static_assert(PP >= 1, "loom::layout<TP,PP>: the pipeline-parallel degree PP must be at least 1");
+  static constexpr int tp = TP, pp = PP;
+  static constexpr int tp_rank(int rank) noexcept { return rank % TP; }
+  static constexpr int dp_rank(int rank, int dp) noexcept { return (rank / TP) % dp; }
+  static constexpr int pp_rank(int rank, int dp) noexcept { return rank / (TP * dp); }
+};
+
+/// Plain data parallelism: every rank holds the whole model.
+using ddp = layout<1, 1>;
+
+template <class L>
+concept layout_policy = requires {
+  { L::tp } -> std::convertible_to<int>;
+  { L::pp } -> std::convertible_to<int>;
+};
+
+/// Compile-time check that layout L can split model M. Each failure is a static_assert whose
+/// message reads as a sentence naming the quantities and the fix. Use as
+/// `static_assert(fits<L, M>())` or let loom::gpt do it for you.
+template <class L, class M>
+consteval bool fits() {
+  static_assert(M::d_model % M::n_head == 0,
+                "the model's d_model must be a multiple of n_head: every head gets d_model/n_head channels");
+  static_assert(M::n_head % L::tp == 0,
+                "the tensor-parallel degree TP must divide n_head: a tensor-parallel rank owns whole attention heads");
+  static_assert((4 * M::d_model) % L::tp == 0,
+                "the tensor-parallel degree TP must divide the MLP width 4*d_model: fc1 is split by columns");
+  static_assert(M::vocab_padded % L::tp == 0,
+                "the tensor-parallel degree TP must divide vocab_padded: the embedding is split by vocabulary rows");
+  static_assert(M::n_layer % L::pp == 0,
+                "the pipeline-parallel degree PP must divide n_layer: every stage gets the same number of layers");
+  return true;
+}
+
+}  // namespace loom::parallel
+
+namespace loom {
+using parallel::layout;
+}

@@ -1,0 +1,42 @@
+#pragma once
+/// \file Precision policies: storage, compute and master types, and the loss-scaling duty.
+#include <concepts>
+#include <string_view>
+
+namespace loom::precision {
+
+/// Requirements on a precision policy P:
+///   P::storage              element type of parameters and activations in memory
+///   P::compute              accumulator type inside kernels (reductions, GEMM accumulation)
+///   P::master               optimizer copy of the weights (fp32 below fp32 storage)
+///   P::needs_loss_scaling   true when training without a dynamic loss scaler is unsafe (fp16)
+///   P::name                 "fp32", "bf16", "fp16"
+template <class P>
+concept precision_policy = requires {
+  typename P::storage;
+  typename P::compute;
+  typename P::master;
+  { P::needs_loss_scaling } -> std::convertible_to<bool>;
+  { P::name } -> std::convertible_to<std::string_view>;
+};
+
+/// IEEE single precision everywhere; master weights are the parameters themselves.
+struct fp32 {
+  using storage = float;
+  using compute = float;
+  using master = float;
+  static constexpr bool needs_loss_scaling = false;
+  static constexpr std::string_view name = "fp32";
+};
+static_assert(precision_policy<fp32>);
+
+/// True when storage is narrower than the master copy, so the optimizer keeps separate
+/// fp32 master weights.
+template <class P>
+inline constexpr bool has_master_copy_v = sizeof(typename P::storage) < sizeof(typename P::master);
+
+/// 16-bit storage (bf16 or fp16).
+template <class P>
+concept half_precision = precision_policy<P> && sizeof(typename P::storage) == 2;
+
+}  // namespace loom::precision
