@@ -1,0 +1,159 @@
+#pragma once
+/// \file Private: element-wise reduction kernels shared by the communication backends.
+///
+/// Reductions run block by block through an accumulator of type accum_t<T> (float for the 16-bit
+/// types) that stays in L1: acc = src_0; acc op= src_1; ...; acc op= src_{n-1}; [acc /= n]; then
+/// acc is rounded to T once and copied to every destination. The source order is the caller's
+/// (rank order), so every rank and every run gets bitwise the same result.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include <Eigen/Core>
+
+#include <loom/core/error.hpp>
+#include <loom/parallel/comm.hpp>
+
+namespace loom::parallel::detail {
+
+template <class T>
+struct accum {
+  using type = T;
+};
+template <>
+struct accum<Eigen::bfloat16> {
+  using type = float;
+};
+template <>
+struct accum<Eigen::half> {
+  using type = float;
+};
+/// Accumulator type of a reduction over T: float for bf16/fp16, T otherwise.
+template <class T>
+using accum_t = typename accum<T>::type;
+
+/// Elements per accumulator block: 8 KiB of float, so acc plus one source block stay in L1.
+inline constexpr std::size_t reduce_block = 2048;
+
+/// Short name of an element type for messages and call matching ("f32", "bf16", "i64"; "raw"
+/// for other trivially copyable types, told apart by their size).
+template <class T>
+constexpr const char* dtype_name() noexcept {
+  if constexpr (std::is_same_v<T, float>) return "f32";
+  else if constexpr (std::is_same_v<T, double>) return "f64";
+  else if constexpr (std::is_same_v<T, Eigen::bfloat16>) return "bf16";
+  else if constexpr (std::is_same_v<T, Eigen::half>) return "f16";
+  else if constexpr (std::is_same_v<T, std::int32_t>) return "i32";
+  else if constexpr (std::is_same_v<T, std::int64_t>) return "i64";
+  else return "raw";
+}
+
+/// Throws input_error when `op` is not defined for T (avg on integers).
+template <class T>
+void check_op(reduce_op op, std::string_view api) {
+  if constexpr (std::is_integral_v<T>) {
+    if (op == reduce_op::avg)
+      throw input_error(std::string(api) + ": reduce_op::avg is not defined for integer elements (" +
+                        std::string(dtype_name<T>()) + "); use reduce_op::sum and divide where you need to");
+  }
+}
+
+/// acc[i] = src[i] converted to A. N > 0: compile-time length (vectorizes); N == 0: use n.
+template <std::size_t N, class A, class T>
+inline void load_block(A* __restrict acc, const T* __restrict src, std::size_t n) {
+  const std::size_t len = N ? N : n;
+  for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(src[i]);
+}
+
+/// acc[i] = acc[i] op src[i], with op one of sum (avg sums), max, min.
+template <std::size_t N, class A, class T>
+inline void combine_block(A* __restrict acc, const T* __restrict src, std::size_t n, reduce_op op) {
+  const std::size_t len = N ? N : n;
+  switch (op) {
+    case reduce_op::sum:
+    case reduce_op::avg:
+      if constexpr (std::is_integral_v<A>) {  // wrap modulo 2^bits instead of signed overflow
+        using U = std::make_unsigned_t<A>;
+        for (std::size_t i = 0; i < len; ++i)
+          acc[i] = static_cast<A>(static_cast<U>(acc[i]) + static_cast<U>(src[i]));
+      } else {
+        for (std::size_t i = 0; i < len; ++i) acc[i] += static_cast<A>(src[i]);
+      }
+      break;
+    case reduce_op::max:
+      for (std::size_t i = 0; i < len; ++i) {
+        const A v = static_cast<A>(src[i]);
+        acc[i] = v > acc[i] ? v : acc[i];
+      }
+      break;
+    case reduce_op::min:
+      for (std::size_t i = 0; i < len; ++i) {
+        const A v = static_cast<A>(src[i]);
+        acc[i] = v < acc[i] ? v : acc[i];
+      }
+      break;
+  }
+}
+
+/// acc[i] /= divisor (exact IEEE division, not a multiply by the reciprocal).
+template <std::size_t N, class A>
+inline void divide_block(A* __restrict acc, A divisor, std::size_t n) {
+  const std::size_t len = N ? N : n;
+  for (std::size_t i = 0; i < len; ++i) acc[i] /= divisor;
+}
+
+/// dst[i] = T(acc[i]) (round to nearest even for the 16-bit types).
+template <std::size_t N, class T, class A>
+inline void store_block(T* __restrict dst, const A* __restrict acc, std::size_t n) {
+  const std::size_t len = N ? N : n;
+  for (std::size_t i = 0; i < len; ++i) dst[i] = static_cast<T>(acc[i]);
+}
+
+template <std::size_t N, class T>
+inline void reduce_one_block(const T* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t offset,
+                             std::size_t n, reduce_op op, int avg_divisor) {
+  using A = accum_t<T>;
+  alignas(64) A acc[reduce_block];
+  load_block<N>(acc, srcs[0] + offset, n);
+  for (int j = 1; j < nsrc; ++j) combine_block<N>(acc, srcs[j] + offset, n, op);
+  if constexpr (!std::is_integral_v<A>) {
+    if (op == reduce_op::avg) divide_block<N>(acc, static_cast<A>(avg_divisor), n);
+  }
+  if constexpr (std::is_same_v<A, T>) {
+    for (int j = 0; j < ndst; ++j) std::memcpy(dsts[j] + offset, acc, n * sizeof(T));
+  } else {
+    alignas(64) T rounded[reduce_block];
+    store_block<N>(rounded, acc, n);
+    for (int j = 0; j < ndst; ++j) std::memcpy(dsts[j] + offset, rounded, n * sizeof(T));
+  }
+}
+
+/// For i in [0, count): v = srcs[0][i] op srcs[1][i] op ... op srcs[nsrc-1][i] (left to right, in
+/// accum_t<T>), divided by avg_divisor when op == avg, rounded to T and written to dsts[j][i] for
+/// every j. Sources may alias destinations element for element (in-place all-reduce): every block
+/// is read completely before it is written.
+template <class T>
+void reduce_into(const T* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count, reduce_op op,
+                 int avg_divisor) {
+  std::size_t offset = 0;
+  for (; offset + reduce_block <= count; offset += reduce_block)
+    reduce_one_block<reduce_block>(srcs, nsrc, dsts, ndst, offset, reduce_block, op, avg_divisor);
+  if (offset < count) reduce_one_block<0>(srcs, nsrc, dsts, ndst, offset, count - offset, op, avg_divisor);
+}
+
+/// [lo, hi) of part `part` when `count` elements are cut into `parts` nearly equal parts whose
+/// boundaries fall on 64-byte multiples (no false sharing between writers of neighbouring parts).
+template <class T>
+std::pair<std::size_t, std::size_t> partition(std::size_t count, int parts, int part) {
+  constexpr std::size_t align = sizeof(T) >= 64 ? 1 : 64 / sizeof(T);
+  const std::size_t per_raw = (count + static_cast<std::size_t>(parts) - 1) / static_cast<std::size_t>(parts);
+  const std::size_t per = (per_raw + align - 1) / align * align;
+  const std::size_t lo = std::min(count, per * static_cast<std::size_t>(part));
+  const std::size_t hi = std::min(count, lo + per);
+  return {lo, hi};
+}
+
+}  // namespace loom::parallel::detail
