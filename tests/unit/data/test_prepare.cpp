@@ -1,0 +1,112 @@
+// The whole preparation on small hand-made inputs (.txt and .jsonl): stage counts, files on
+// disk, documents decode back to their cleaned text followed by the end-of-document id.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <loom/data/prepare.hpp>
+
+#include "paths.hpp"
+
+using namespace loom::data;
+
+TEST_CASE("prepare: txt + jsonl -> clean -> dedup -> filter -> tokenize -> write") {
+  loom_test::scratch_dir tmp("prepare");
+  // A slice of real text as paragraphs, plus remnants to clean and duplicates to remove.
+  const auto shakespeare = loom_test::read_file(loom_test::data_dir() / "tinyshakespeare.txt").substr(0, 30000);
+  const std::string txt = shakespeare.substr(0, shakespeare.rfind("\n\n")) +
+                          "\n\n<p>Some&nbsp;<b>HTML</b> remnant</p>\n\n"
+                          "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"  // exact duplicate
+                          "\xEF\xBB\xBF\n\n"                                                    // BOM only: empty
+                          "Привет, как дела? Это русский текст.\n";                             // wrong script
+  std::ofstream(tmp.path / "a.txt") << txt;
+  std::ofstream(tmp.path / "b.jsonl") << R"({"text": "子曰：學而時習之，不亦說乎？有朋自遠方來，不亦樂乎？", "id": 1})" "\n"
+                                      << R"({"text": "Ｈｅｌｌｏ　ｆｕｌｌ－ｗｉｄｔｈ world."})" "\n\n";
+  prepare_options o;
+  o.inputs = {tmp.path / "a.txt", tmp.path / "b.jsonl"};
+  o.output_prefix = tmp.path / "out" / "corpus";
+  o.tokenizer.vocab_size = 600;
+  o.filter.keep_scripts = {text::script::latin, text::script::han};
+  o.threads = 2;
+  const auto rep = prepare(o);
+
+  REQUIRE(rep.stages.size() == 7);
+  const auto& read = rep.stages[0];
+  const auto& clean = rep.stages[1];
+  const auto& dedup = rep.stages[2];
+  const auto& filt = rep.stages[3];
+  CHECK(read.name == "read");
+  CHECK(clean.documents_in == read.documents_out);
+  CHECK(clean.documents_out == clean.documents_in - 1);  // the BOM-only paragraph
+  CHECK(dedup.documents_out == dedup.documents_in - 1);  // the repeated first speech
+  CHECK(filt.documents_out == filt.documents_in - 1);    // the Russian paragraph
+  CHECK(rep.documents == filt.documents_out);
+
+  // Files exist and agree with the report.
+  indexed_dataset ds(o.output_prefix);
+  CHECK(ds.document_count() == rep.documents);
+  CHECK(ds.token_count() == rep.tokens);
+  CHECK(ds.token_dtype() == dtype::uint16);
+  const auto tok = text::tokenizer::load(rep.model);
+  CHECK(tok.vocab_size() == rep.vocab_size);
+  const auto summary = nlohmann::json::parse(loom_test::read_file(rep.summary));
+  CHECK(summary["tokens"] == rep.tokens);
+  CHECK(summary["eod_id"] == tok.eod_id());
+  CHECK(summary["tokenizer"] == "corpus.model");
+
+  // Every document decodes to cleaned text and ends with eod; check a few by content.
+  std::vector<std::string> decoded;
+  for (std::size_t d = 0; d < ds.document_count(); ++d) {
+    const auto seq = ds.sequence<std::uint16_t>(d);
+    REQUIRE(!seq.empty());
+    CHECK(seq.back() == tok.eod_id());
+    std::vector<std::int32_t> ids(seq.begin(), seq.end() - 1);
+    decoded.push_back(tok.decode(ids));
+  }
+  CHECK(decoded.front() == "First Citizen:\nBefore we proceed any further, hear me speak.");
+  CHECK(std::count(decoded.begin(), decoded.end(), "Some HTML remnant") == 1);
+  CHECK(std::count(decoded.begin(), decoded.end(), "子曰：學而時習之，不亦說乎？有朋自遠方來，不亦樂乎？") == 1);
+  CHECK(std::count(decoded.begin(), decoded.end(), "Hello full-width world.") == 1);
+
+  // Reusing the tokenizer gives the same tokens.
+  prepare_options again = o;
+  again.output_prefix = tmp.path / "again";
+  again.tokenizer_model = rep.model;
+  const auto rep2 = prepare(again);
+  CHECK(rep2.tokens == rep.tokens);
+  CHECK(loom_test::read_file(bin_path(again.output_prefix)) == loom_test::read_file(rep.bin));
+}
+
+TEST_CASE("prepare: input errors") {
+  loom_test::scratch_dir tmp("prepare_err");
+  std::ofstream(tmp.path / "bad.jsonl") << "{\"text\": \"ok\"}\n{not json}\n";
+  std::ofstream(tmp.path / "nokey.jsonl") << "{\"content\": \"ok\"}\n";
+  std::vector<std::string> docs;
+  CHECK_THROWS_WITH_AS(read_documents(tmp.path / "bad.jsonl", split_mode::blank_line, "text", docs),
+                       doctest::Contains("bad.jsonl:2: not valid JSON"), loom::input_error);
+  CHECK_THROWS_WITH_AS(read_documents(tmp.path / "nokey.jsonl", split_mode::blank_line, "text", docs),
+                       doctest::Contains("--json-key"), loom::input_error);
+  CHECK_THROWS_WITH_AS(read_documents(tmp.path / "missing.txt", split_mode::line, "text", docs),
+                       doctest::Contains("cannot be opened"), loom::input_error);
+  CHECK_THROWS_AS(parse_split_mode("paragraph"), loom::input_error);
+  // Splitting modes.
+  std::ofstream(tmp.path / "s.txt") << "a\nb\n\n\n c \n\nd";
+  std::vector<std::string> para, lines, whole;
+  read_documents(tmp.path / "s.txt", split_mode::blank_line, "", para);
+  read_documents(tmp.path / "s.txt", split_mode::line, "", lines);
+  read_documents(tmp.path / "s.txt", split_mode::file, "", whole);
+  CHECK(para == std::vector<std::string>{"a\nb", " c ", "d"});
+  CHECK(lines == std::vector<std::string>{"a", "b", " c ", "d"});
+  CHECK(whole == std::vector<std::string>{"a\nb\n\n\n c \n\nd"});
+  // Nothing survives the filter.
+  prepare_options o;
+  o.inputs = {tmp.path / "s.txt"};
+  o.output_prefix = tmp.path / "x";
+  o.filter.min_chars = 100;
+  CHECK_THROWS_WITH_AS(prepare(o), doctest::Contains("no document survived"), loom::input_error);
+  CHECK_FALSE(std::filesystem::exists(tmp.path / "x.bin"));
+}
