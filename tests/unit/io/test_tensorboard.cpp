@@ -283,7 +283,11 @@ TEST_CASE("tensorboard_writer: never overwrites, reports an unusable directory")
 }
 
 TEST_CASE("tensorboard_writer: the Python decoder (tests/golden/read_tfevents.py) agrees") {
+#ifdef LOOM_SOURCE_DIR
+  const fs::path script = fs::path(LOOM_SOURCE_DIR) / "tests" / "golden" / "read_tfevents.py";
+#else
   const fs::path script = fs::path(__FILE__).parent_path() / ".." / ".." / "golden" / "read_tfevents.py";
+#endif
   if (!fs::exists(script) || std::system("python3 -c 'import json,struct' >/dev/null 2>&1") != 0) {
     MESSAGE("skipped: python3 or " << script << " not available");
     return;
