@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include <loom/data/prepare.hpp>
+#include <loom/data/text/prepare.hpp>
 
 int main(int argc, char** argv) {
   CLI::App app{"Clean, deduplicate, filter and tokenize text into a Megatron-compatible indexed dataset"};
-  loom::data::prepare_options o;
+  loom::data::text::prepare_options o;
   std::vector<std::string> inputs;
   std::string output, split = "blank-line", scripts, tokenizer, invalid = "drop";
   bool no_dedup = false, no_near = false, keep_html = false;
@@ -41,11 +41,11 @@ int main(int argc, char** argv) {
   app.add_flag("--keep-html", keep_html, "do not strip HTML tags and entities");
   app.add_flag("--no-dedup", no_dedup, "skip exact and near-duplicate removal");
   app.add_flag("--no-near-dedup", no_near, "exact duplicates only");
-  app.add_option("--dedup-threshold", o.dedup_options.threshold, "estimated Jaccard at which documents are near duplicates")
+  app.add_option("--dedup-threshold", o.dedup_settings.threshold, "estimated Jaccard at which documents are near duplicates")
       ->capture_default_str()->check(CLI::Range(0.01, 1.0));
-  app.add_option("--shingle", o.dedup_options.shingle, "words per MinHash shingle")->capture_default_str();
-  app.add_option("--permutations", o.dedup_options.permutations, "MinHash hash functions")->capture_default_str();
-  app.add_option("--bands", o.dedup_options.bands, "LSH bands (0: chosen from the threshold)")->capture_default_str();
+  app.add_option("--shingle", o.dedup_settings.shingle, "words per MinHash shingle")->capture_default_str();
+  app.add_option("--permutations", o.dedup_settings.permutations, "MinHash hash functions")->capture_default_str();
+  app.add_option("--bands", o.dedup_settings.bands, "LSH bands (0: chosen from the threshold)")->capture_default_str();
   app.add_option("--keep-scripts", scripts, "comma-separated scripts to keep, e.g. latin,han (empty: all)");
   app.add_option("--min-script-fraction", o.filter.min_script_fraction,
                  "share of a document's letters that must be in the kept scripts")->capture_default_str();
@@ -57,17 +57,17 @@ int main(int argc, char** argv) {
   try {
     for (const auto& i : inputs) o.inputs.emplace_back(i);
     o.output_prefix = output;
-    o.split = loom::data::parse_split_mode(split);
+    o.split = loom::data::text::parse_split_mode(split);
     if (invalid != "drop" && invalid != "replace")
       throw loom::input_error("--invalid-utf8 " + invalid + " is not drop or replace; pick one");
     o.clean.on_invalid = invalid == "drop" ? loom::data::text::invalid_utf8::drop : loom::data::text::invalid_utf8::replace;
     o.clean.strip_html = !keep_html;
     o.dedup = !no_dedup;
-    o.dedup_options.near = !no_near;
+    o.dedup_settings.near = !no_near;
     o.filter.keep_scripts = loom::data::text::parse_scripts(scripts);
     if (!tokenizer.empty()) o.tokenizer_model = tokenizer;
-    const auto report = loom::data::prepare(o);
-    std::fputs(loom::data::format_report(report).c_str(), stdout);
+    const auto report = loom::data::text::prepare(o);
+    std::fputs(loom::data::text::format_report(report).c_str(), stdout);
     std::printf("\n%llu documents, %llu tokens (%s, vocab %d, eod %d), %.2f bytes of text per token\n",
                 (unsigned long long)report.documents, (unsigned long long)report.tokens,
                 std::string(loom::data::dtype_name(report.token_dtype)).c_str(), report.vocab_size, report.eod_id,

@@ -7,6 +7,18 @@
 #include <iterator>
 #include <string>
 
+// LOOM_TEST_TEXT: the text pipeline (utf8proc, xxhash, SentencePiece, nlohmann-json) can be
+// tested. Under CMake only when loom::text is linked (it defines LOOM_WITH_TEXT); when a test is
+// compiled by hand, when the headers are there.
+#if defined(LOOM_SOURCE_DIR)
+#if defined(LOOM_WITH_TEXT)
+#define LOOM_TEST_TEXT 1
+#endif
+#elif __has_include(<utf8proc.h>) && __has_include(<xxhash.h>) && __has_include(<sentencepiece_processor.h>) && \
+    __has_include(<nlohmann/json.hpp>)
+#define LOOM_TEST_TEXT 1
+#endif
+
 namespace loom_test {
 
 // The source root: LOOM_SOURCE_DIR if the build defines it, else three levels above this file.

@@ -1,5 +1,7 @@
 // Text cleaning: every rule on small hand-made inputs (mixed Chinese/English, HTML remnants,
 // invisible characters, invalid UTF-8), and the two real corpora pass through unharmed.
+#include "paths.hpp"
+#ifdef LOOM_TEST_TEXT
 #include <doctest/doctest.h>
 
 #include <utf8proc.h>
@@ -10,8 +12,6 @@
 #include <vector>
 
 #include <loom/data/text/clean.hpp>
-
-#include "paths.hpp"
 
 using namespace loom::data::text;
 
@@ -181,3 +181,5 @@ TEST_CASE("clean: the real corpora pass through unchanged (except one private-us
     CHECK(st.unusable == (std::string(name) == "zh_classics.txt" ? 1u : 0u));
   }
 }
+
+#endif  // LOOM_TEST_TEXT

@@ -1,6 +1,8 @@
 // Deduplication: exact repeats, MinHash estimates against the true Jaccard similarity (computed
 // here from shingle sets), LSH keep/remove rates far above and below the threshold over many
 // random pairs, tiny and empty documents, Chinese text, and the real corpora.
+#include "paths.hpp"
+#ifdef LOOM_TEST_TEXT
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,8 +13,6 @@
 #include <vector>
 
 #include <loom/data/text/dedup.hpp>
-
-#include "paths.hpp"
 
 using namespace loom::data::text;
 using verdict = deduplicator::verdict;
@@ -239,3 +239,5 @@ TEST_CASE("dedup: real corpora, batch equals streaming") {
     CHECK(s.near_duplicates < s.documents_in / 20);  // real text is mostly unique
   }
 }
+
+#endif  // LOOM_TEST_TEXT

@@ -1,11 +1,11 @@
 // Filters: length in code points, script identification and the keep-scripts rule.
+#include "paths.hpp"
+#ifdef LOOM_TEST_TEXT
 #include <doctest/doctest.h>
 
 #include <string>
 
 #include <loom/data/text/filter.hpp>
-
-#include "paths.hpp"
 
 using namespace loom::data::text;
 
@@ -80,3 +80,5 @@ TEST_CASE("filter: the real corpora are Latin and Han respectively") {
   CHECK(filter(zh, latin, st) == filter_reason::wrong_script);
   CHECK(profile_scripts(zh).code_points == 317894);  // the README's character count
 }
+
+#endif  // LOOM_TEST_TEXT

@@ -1,5 +1,7 @@
 // The whole preparation on small hand-made inputs (.txt and .jsonl): stage counts, files on
 // disk, documents decode back to their cleaned text followed by the end-of-document id.
+#include "paths.hpp"
+#ifdef LOOM_TEST_TEXT
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -8,11 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include <loom/data/prepare.hpp>
-
-#include "paths.hpp"
+#include <loom/data/text/prepare.hpp>
 
 using namespace loom::data;
+using namespace loom::data::text;
 
 TEST_CASE("prepare: txt + jsonl -> clean -> dedup -> filter -> tokenize -> write") {
   loom_test::scratch_dir tmp("prepare");
@@ -30,7 +31,7 @@ TEST_CASE("prepare: txt + jsonl -> clean -> dedup -> filter -> tokenize -> write
   o.inputs = {tmp.path / "a.txt", tmp.path / "b.jsonl"};
   o.output_prefix = tmp.path / "out" / "corpus";
   o.tokenizer.vocab_size = 600;
-  o.filter.keep_scripts = {text::script::latin, text::script::han};
+  o.filter.keep_scripts = {script::latin, script::han};
   o.threads = 2;
   const auto rep = prepare(o);
 
@@ -51,7 +52,7 @@ TEST_CASE("prepare: txt + jsonl -> clean -> dedup -> filter -> tokenize -> write
   CHECK(ds.document_count() == rep.documents);
   CHECK(ds.token_count() == rep.tokens);
   CHECK(ds.token_dtype() == dtype::uint16);
-  const auto tok = text::tokenizer::load(rep.model);
+  const auto tok = tokenizer::load(rep.model);
   CHECK(tok.vocab_size() == rep.vocab_size);
   const auto summary = nlohmann::json::parse(loom_test::read_file(rep.summary));
   CHECK(summary["tokens"] == rep.tokens);
@@ -110,3 +111,5 @@ TEST_CASE("prepare: input errors") {
   CHECK_THROWS_WITH_AS(prepare(o), doctest::Contains("no document survived"), loom::input_error);
   CHECK_FALSE(std::filesystem::exists(tmp.path / "x.bin"));
 }
+
+#endif  // LOOM_TEST_TEXT

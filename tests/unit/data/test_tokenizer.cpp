@@ -1,6 +1,8 @@
 // SentencePiece tokenizer trained on a slice of both corpora: exact round trip for both
 // corpora (after cleaning), Chinese punctuation, unseen characters through byte fallback,
 // chunked encoding equal to whole-text encoding, save/load, errors.
+#include "paths.hpp"
+#ifdef LOOM_TEST_TEXT
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -10,8 +12,6 @@
 
 #include <loom/data/text/clean.hpp>
 #include <loom/data/text/tokenizer.hpp>
-
-#include "paths.hpp"
 
 using namespace loom::data::text;
 
@@ -131,3 +131,5 @@ TEST_CASE("tokenizer: save and load, errors") {
   tiny.vocab_size = 10;  // smaller than the 256 byte pieces
   CHECK_THROWS_WITH_AS(tokenizer::train(corpus, tiny), doctest::Contains("vocab-size"), loom::input_error);
 }
+
+#endif  // LOOM_TEST_TEXT

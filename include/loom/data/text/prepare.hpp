@@ -38,7 +38,7 @@
 #include <loom/data/text/filter.hpp>
 #include <loom/data/text/tokenizer.hpp>
 
-namespace loom::data {
+namespace loom::data::text {
 
 /// How a .txt file becomes documents.
 enum class split_mode : std::uint8_t {
@@ -61,7 +61,7 @@ inline split_mode parse_split_mode(std::string_view s) {
 /// missing or not a string.
 inline void read_documents(const std::filesystem::path& path, split_mode split, const std::string& json_key,
                            std::vector<std::string>& out) {
-  const detail::mapped_file f(path, "input file");
+  const data::detail::mapped_file f(path, "input file");
   const std::string_view text(reinterpret_cast<const char*>(f.data()), f.size());
   const auto ext = path.extension().string();
   if (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") {
@@ -121,11 +121,11 @@ struct prepare_options {
   std::filesystem::path output_prefix;
   split_mode split = split_mode::blank_line;
   std::string json_key = "text";
-  text::clean_options clean{};
+  clean_options clean{};
   bool dedup = true;
-  text::dedup_options dedup_options{};
-  text::filter_options filter{};
-  text::tokenizer_options tokenizer{};
+  dedup_options dedup_settings{};
+  filter_options filter{};
+  tokenizer_options tokenizer{};
   std::optional<std::filesystem::path> tokenizer_model;  ///< use this model instead of training one
   int threads = 0;                                       ///< 0: all cores
 };
@@ -193,16 +193,16 @@ inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr
   // Clean, in parallel over documents.
   t0 = clock::now();
   std::vector<std::optional<std::string>> cleaned(docs.size());
-  std::vector<text::clean_stats> cstats(nt);
+  std::vector<clean_stats> cstats(nt);
   {
     std::vector<std::thread> pool;
     for (unsigned t = 0; t < nt; ++t)
       pool.emplace_back([&, t] {
-        for (std::size_t i = t; i < docs.size(); i += nt) cleaned[i] = text::clean(docs[i], o.clean, cstats[t]);
+        for (std::size_t i = t; i < docs.size(); i += nt) cleaned[i] = clean(docs[i], o.clean, cstats[t]);
       });
     for (auto& th : pool) th.join();
   }
-  text::clean_stats cs;
+  clean_stats cs;
   for (const auto& s : cstats) cs += s;
   docs.clear();
   for (auto& c : cleaned)
@@ -218,15 +218,15 @@ inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr
   // Dedup.
   if (o.dedup) {
     t0 = clock::now();
-    auto dopt = o.dedup_options;
+    auto dopt = o.dedup_settings;
     if (dopt.threads == 0) dopt.threads = int(nt);
-    text::deduplicator dd(dopt);
+    deduplicator dd(dopt);
     std::vector<std::string_view> views(docs.begin(), docs.end());
     const auto verdicts = dd.insert_batch(views);
     std::vector<std::string> kept;
     kept.reserve(docs.size());
     for (std::size_t i = 0; i < docs.size(); ++i)
-      if (verdicts[i] == text::deduplicator::verdict::keep) kept.push_back(std::move(docs[i]));
+      if (verdicts[i] == deduplicator::verdict::keep) kept.push_back(std::move(docs[i]));
     docs = std::move(kept);
     const auto& s = dd.stats();
     const auto b = dd.bands();
@@ -240,11 +240,11 @@ inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr
   // Filter.
   t0 = clock::now();
   {
-    text::filter_stats fs;
+    filter_stats fs;
     std::vector<std::string> kept;
     kept.reserve(docs.size());
     for (auto& d : docs)
-      if (text::filter(d, o.filter, fs) == text::filter_reason::kept) kept.push_back(std::move(d));
+      if (filter(d, o.filter, fs) == filter_reason::kept) kept.push_back(std::move(d));
     docs = std::move(kept);
     note_stage({"filter", fs.documents_in, fs.kept, fs.bytes_in, fs.bytes_kept, detail::seconds_since(t0),
                 "too short " + std::to_string(fs.too_short) + ", too long " + std::to_string(fs.too_long) +
@@ -259,15 +259,15 @@ inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr
 
   // Tokenizer: train or load.
   t0 = clock::now();
-  std::optional<text::tokenizer> tok;
+  std::optional<tokenizer> tok;
   if (o.tokenizer_model) {
-    tok = text::tokenizer::load(*o.tokenizer_model);
+    tok = tokenizer::load(*o.tokenizer_model);
     note_stage({"tokenizer", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, detail::seconds_since(t0),
                 "loaded " + o.tokenizer_model->string() + ", vocab " + std::to_string(tok->vocab_size())});
   } else {
     auto topt = o.tokenizer;
     if (topt.threads == 0) topt.threads = int(nt);
-    tok = text::tokenizer::train(views, topt);
+    tok = tokenizer::train(views, topt);
     note_stage({"train-spm", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, detail::seconds_since(t0),
                 "BPE, byte fallback, vocab " + std::to_string(tok->vocab_size()) + " (asked " +
                     std::to_string(o.tokenizer.vocab_size) + ")"});
@@ -314,7 +314,7 @@ inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr
       {"vocab_size", rep.vocab_size}, {"eod_id", rep.eod_id}, {"dtype", std::string(dtype_name(rep.token_dtype))},
       {"documents", rep.documents}, {"tokens", rep.tokens}, {"text_bytes", rep.text_bytes}, {"stages", stages}};
   {
-    detail::atomic_file f(rep.summary);
+    data::detail::atomic_file f(rep.summary);
     const std::string s = summary.dump(2) + "\n";
     f.write(s.data(), s.size());
     f.commit();
@@ -343,4 +343,4 @@ inline std::string format_report(const prepare_report& r) {
   return out;
 }
 
-}  // namespace loom::data
+}  // namespace loom::data::text
