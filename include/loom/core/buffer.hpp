@@ -39,7 +39,7 @@ class buffer {
   view<D, T> all() const noexcept { return {data_, size_}; }
   operator view<D, T>() const noexcept { return all(); }
   operator view<D, const T>() const noexcept { return {data_, size_}; }
-  T& operator[](std::size_t i) const noexcept requires device::host_accessible_v<D> { return data_[i]; }
+  T& operator[](std::size_t i) const noexcept requires loom::device::host_accessible_v<D> { return data_[i]; }
 
  private:
   void reset() noexcept {

@@ -16,7 +16,7 @@ namespace loom {
 template <class D, class T>
 class view {
  public:
-  using device = D;
+  using device_type = D;
   using element_type = T;
 
   constexpr view() noexcept = default;
@@ -39,14 +39,14 @@ class view {
 
   /// Host-side element access; only for host-accessible memory.
   constexpr T& operator[](std::size_t i) const noexcept
-    requires device::host_accessible_v<D>
+    requires loom::device::host_accessible_v<D>
   {
     assert(i < size_);
     return data_[i];
   }
-  constexpr T* begin() const noexcept requires device::host_accessible_v<D> { return data_; }
-  constexpr T* end() const noexcept requires device::host_accessible_v<D> { return data_ + size_; }
-  std::span<T> span() const noexcept requires device::host_accessible_v<D> { return {data_, size_}; }
+  constexpr T* begin() const noexcept requires loom::device::host_accessible_v<D> { return data_; }
+  constexpr T* end() const noexcept requires loom::device::host_accessible_v<D> { return data_ + size_; }
+  std::span<T> span() const noexcept requires loom::device::host_accessible_v<D> { return {data_, size_}; }
 
  private:
   T* data_ = nullptr;

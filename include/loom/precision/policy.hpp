@@ -30,6 +30,17 @@ struct fp32 {
 };
 static_assert(precision_policy<fp32>);
 
+/// IEEE double everywhere. Not a training policy: it runs the CPU kernels in float64 so
+/// tests can check gradients by central finite differences and compare against references.
+struct fp64 {
+  using storage = double;
+  using compute = double;
+  using master = double;
+  static constexpr bool needs_loss_scaling = false;
+  static constexpr std::string_view name = "fp64";
+};
+static_assert(precision_policy<fp64>);
+
 /// True when storage is narrower than the master copy, so the optimizer keeps separate
 /// fp32 master weights.
 template <class P>

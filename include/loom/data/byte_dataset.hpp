@@ -1,0 +1,78 @@
+#pragma once
+/// \file Byte-level text data: a UTF-8 file read as token ids 0..255, split into a training
+/// and a validation part.
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+
+namespace loom::data {
+
+/// A text file as byte tokens (vocabulary 256), split at `1 - val_fraction` of its length:
+/// the first part trains, the last part validates (the split point is a byte offset).
+///
+/// Errors (loom::input_error, one line naming the problem and the fix): the file is missing,
+/// unreadable, empty, binary (contains NUL bytes or is not valid UTF-8), or either split is
+/// shorter than one window of `window` tokens.
+class byte_dataset {
+ public:
+  byte_dataset(const std::filesystem::path& path, std::size_t window, double val_fraction = 0.1) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::exists(path, ec))
+      throw input_error("data file '" + path.string() + "' does not exist; pass an existing UTF-8 text file with --data");
+    if (fs::is_directory(path, ec))
+      throw input_error("data path '" + path.string() + "' is a directory; pass a UTF-8 text file with --data");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw input_error("cannot read data file '" + path.string() + "'; check its permissions");
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (bytes.empty()) throw input_error("data file '" + path.string() + "' is empty; pass a non-empty UTF-8 text file");
+    if (bytes.find('\0') != std::string::npos || !valid_utf8(bytes))
+      throw input_error("data file '" + path.string() +
+                        "' is not UTF-8 text (it contains NUL bytes or invalid UTF-8); pass a text file, "
+                        "or clean it first with prepare_data");
+    if (!(val_fraction > 0 && val_fraction < 1))
+      throw input_error("the validation fraction must be in (0, 1); pass e.g. --val-fraction 0.1");
+    const std::size_t split = std::size_t(double(bytes.size()) * (1.0 - val_fraction));
+    train_.assign(bytes.begin(), bytes.begin() + split);
+    val_.assign(bytes.begin() + split, bytes.end());
+    if (val_.size() < window || train_.size() < window)
+      throw input_error("data file '" + path.string() + "' has " + std::to_string(bytes.size()) +
+                        " bytes, too short for sequences of " + std::to_string(window - 1) +
+                        " tokens after the train/validation split; use a longer text or a shorter --seq-len");
+  }
+
+  static constexpr int vocab = 256;
+  const std::vector<std::uint8_t>& train() const noexcept { return train_; }
+  const std::vector<std::uint8_t>& validation() const noexcept { return val_; }
+
+  /// RFC 3629 well-formedness (no overlongs, no surrogates, max U+10FFFF).
+  static bool valid_utf8(const std::string& s) noexcept {
+    const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+    const std::size_t n = s.size();
+    std::size_t i = 0;
+    while (i < n) {
+      const unsigned c = p[i];
+      if (c < 0x80) { ++i; continue; }
+      int len;
+      unsigned lo = 0x80, hi = 0xBF;
+      if (c >= 0xC2 && c <= 0xDF) len = 2;
+      else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+      else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+      else return false;
+      if (i + len > n) return false;
+      if (p[i + 1] < lo || p[i + 1] > hi) return false;
+      for (int k = 2; k < len; ++k) if (p[i + k] < 0x80 || p[i + k] > 0xBF) return false;
+      i += std::size_t(len);
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::uint8_t> train_, val_;
+};
+
+}  // namespace loom::data

@@ -1,0 +1,75 @@
+#pragma once
+/// \file Saving and loading a loom::gpt's parameters as a safetensors file.
+///
+/// One tensor per row of the parameter table, under the table's name ("wte", "qkv_w", ...)
+/// with its shape, in storage precision (F32 for fp32); "__metadata__" records the model
+/// config (name, n_layer, n_head, d_model, max_seq, vocab, vocab_padded) and the format
+/// version, so a file cannot be loaded into a model of another shape.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/io/safetensors.hpp>
+#include <loom/nn/params.hpp>
+
+namespace loom::io {
+
+/// Metadata describing model config M (all values as decimal strings).
+template <class M>
+std::map<std::string, std::string> model_metadata() {
+  return {{"format", "loom.weights.v1"},        {"model", std::string(M::name)},
+          {"n_layer", std::to_string(M::n_layer)}, {"n_head", std::to_string(M::n_head)},
+          {"d_model", std::to_string(M::d_model)}, {"max_seq", std::to_string(M::max_seq)},
+          {"vocab", std::to_string(M::vocab)},     {"vocab_padded", std::to_string(M::vocab_padded)}};
+}
+
+/// Writes every parameter of `model` (a loom::gpt on a host-accessible device) to `path`
+/// atomically (temporary file, fsync, rename: an existing file is replaced only by a complete
+/// one). `extra` adds metadata entries. Throws what safetensors_writer::write throws.
+template <class G>
+void save_weights(const G& model, const std::filesystem::path& path,
+                  const std::map<std::string, std::string>& extra = {}) {
+  safetensors_writer w;
+  for (int k = 0; k < nn::num_param_tensors; ++k) {
+    const auto& spec = G::table[k];
+    std::vector<std::int64_t> shape(spec.shape.begin(), spec.shape.begin() + spec.ndim);
+    w.add(std::string(spec.name), shape, model.parameter(nn::param(k)).span());
+  }
+  for (const auto& [k, v] : model_metadata<typename G::model>()) w.set_metadata(k, v);
+  for (const auto& [k, v] : extra) w.set_metadata(k, v);
+  w.write(path);
+}
+
+/// Loads parameters saved by save_weights into `model`. Throws loom::input_error when the
+/// file is missing or corrupt, was saved for a different model config (naming both), or a
+/// tensor is missing or has another shape.
+template <class G>
+void load_weights(G& model, const std::filesystem::path& path) {
+  safetensors_reader r(path);
+  using M = typename G::model;
+  const auto& meta = r.metadata();
+  for (const auto& [k, v] : model_metadata<M>()) {
+    if (k == "model" || k == "format") continue;
+    const auto it = meta.find(k);
+    if (it != meta.end() && it->second != v)
+      throw input_error("weights file '" + path.string() + "' was saved for a model with " + k + " = " + it->second +
+                        ", but this model (" + std::string(M::name) + ") has " + k + " = " + v +
+                        "; load it with the matching --model");
+  }
+  for (int k = 0; k < nn::num_param_tensors; ++k) {
+    const auto& spec = G::table[k];
+    const std::string name(spec.name);
+    if (!r.has(name))
+      throw input_error("weights file '" + path.string() + "' has no tensor '" + name +
+                        "'; it was not written by loom's save_weights or is truncated");
+    const auto& info = r.info(name);
+    const std::vector<std::int64_t> shape(spec.shape.begin(), spec.shape.begin() + spec.ndim);
+    if (info.shape != shape)
+      throw input_error("weights file '" + path.string() + "': tensor '" + name + "' has the wrong shape for model " +
+                        std::string(M::name) + "; load it with the matching --model");
+    r.read_into(name, model.parameter(nn::param(k)).span());
+  }
+}
+
+}  // namespace loom::io

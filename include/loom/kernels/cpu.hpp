@@ -1,0 +1,77 @@
+#pragma once
+/// \file The CPU specializations of kernels::ops and kernels::attention.
+#include <cstddef>
+#include <cstdint>
+
+#include <loom/device/cpu.hpp>
+#include <loom/kernels/cpu/adamw.hpp>
+#include <loom/kernels/cpu/attention_reference.hpp>
+#include <loom/kernels/cpu/crossentropy.hpp>
+#include <loom/kernels/cpu/encoder.hpp>
+#include <loom/kernels/cpu/gelu.hpp>
+#include <loom/kernels/cpu/layernorm.hpp>
+#include <loom/kernels/cpu/matmul.hpp>
+#include <loom/kernels/cpu/residual.hpp>
+#include <loom/kernels/ops.hpp>
+
+namespace loom::kernels {
+
+/// CPU operator set for storage type T (float; double for the finite-difference tests).
+/// Each member forwards to the kernel of the same name in loom::kernels::cpu, whose docstring
+/// gives shapes, write modes and cost.
+template <class T>
+struct ops<device::cpu, T> {
+  using ctx_t = context<device::cpu>;
+  using acc = cpu::acc_t<T>;
+  static void encoder_forward(ctx_t&, T* out, const std::int32_t* tok, const T* wte, const T* wpe, int B, int Tn, int C) {
+    cpu::encoder_forward(out, tok, wte, wpe, B, Tn, C);
+  }
+  static void encoder_backward(ctx_t&, T* dwte, T* dwpe, const T* dout, const std::int32_t* tok, int B, int Tn, int C) {
+    cpu::encoder_backward(dwte, dwpe, dout, tok, B, Tn, C);
+  }
+  static void layernorm_forward(ctx_t&, T* out, acc* mean, acc* rstd, const T* in, const T* w, const T* b, int N, int C) {
+    cpu::layernorm_forward(out, mean, rstd, in, w, b, N, C);
+  }
+  static void layernorm_backward(ctx_t&, T* din, T* dw, T* db, const T* dout, const T* in, const T* w, const acc* mean,
+                                 const acc* rstd, int N, int C) {
+    cpu::layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, C);
+  }
+  static void matmul_forward(ctx_t&, T* out, const T* in, const T* w, const T* bias, int N, int C, int OC) {
+    cpu::matmul_forward(out, in, w, bias, N, C, OC);
+  }
+  static void matmul_backward(ctx_t&, T* din, T* dw, T* dbias, const T* dout, const T* in, const T* w, int N, int C, int OC,
+                              bool accumulate_din) {
+    cpu::matmul_backward(din, dw, dbias, dout, in, w, N, C, OC, accumulate_din);
+  }
+  static void gelu_forward(ctx_t&, T* out, const T* in, std::size_t n) { cpu::gelu_forward(out, in, n); }
+  static void gelu_backward(ctx_t&, T* din, const T* in, const T* dout, std::size_t n) { cpu::gelu_backward(din, in, dout, n); }
+  static void residual_forward(ctx_t&, T* out, const T* a, const T* b, std::size_t n) { cpu::residual_forward(out, a, b, n); }
+  static acc crossentropy(ctx_t&, T* logits, acc* losses, const std::int32_t* targets, int N, int V, int Vp,
+                          bool write_dlogits, acc grad_scale) {
+    return cpu::crossentropy_forward_backward(logits, losses, targets, N, V, Vp, write_dlogits, grad_scale);
+  }
+  static double sum_of_squares(ctx_t&, const T* x, std::size_t n) { return cpu::sum_of_squares(x, n); }
+  template <class M>
+  static void adamw(ctx_t&, T* p, M* m, M* v, const T* g, std::size_t n, M lr, M b1, M b2, M eps, M wd, M gscale, long t) {
+    cpu::adamw_update(p, m, v, g, n, lr, b1, b2, eps, wd, gscale, t);
+  }
+};
+
+/// Unfused reference attention on the CPU. Saved state: the (B,NH,T,T) probabilities.
+template <class T>
+struct attention<device::cpu, T, reference> {
+  using acc = cpu::acc_t<T>;
+  /// Saved-activation elements (accumulator type) for a (B,NH,T) problem.
+  static constexpr std::size_t saved_elems(std::size_t B, std::size_t NH, std::size_t Tn) { return B * NH * Tn * Tn; }
+  /// Backward scratch elements for `threads` worker threads.
+  static constexpr std::size_t scratch_elems(std::size_t threads, std::size_t Tn) { return threads * Tn * Tn; }
+  static void forward(context<device::cpu>&, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH) {
+    cpu::attention_forward(out, saved, qkv, B, Tn, C, NH);
+  }
+  static void backward(context<device::cpu>&, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc* scratch,
+                       int B, int Tn, int C, int NH) {
+    cpu::attention_backward(dqkv, dout, qkv, saved, scratch, B, Tn, C, NH);
+  }
+};
+
+}  // namespace loom::kernels

@@ -1,0 +1,60 @@
+#pragma once
+/// \file Fused AdamW update and the global gradient norm (CPU).
+/// Source: Loshchilov & Hutter, "Decoupled Weight Decay Regularization", arXiv:1711.05101;
+/// semantics of torch.optim.AdamW (decay applied as p *= 1 - lr*wd before the Adam step).
+#include <cmath>
+#include <cstddef>
+
+#include <loom/kernels/cpu/common.hpp>
+
+namespace loom::kernels::cpu {
+
+/// One AdamW step over n contiguous parameters; t is the 1-based step count.
+///   param (n) updated in place; m, v (n) updated in place (first/second moments);
+///   grad (n) read, multiplied by grad_scale first (the clip coefficient, 1 when not clipping).
+/// Cost: ~15 n flops; memory bound.
+template <class T, class M>
+void adamw_update(T* param, M* m, M* v, const T* grad, std::size_t n, M lr, M beta1, M beta2,
+                  M eps, M weight_decay, M grad_scale, long t) {
+  const M bc1 = M(1) - std::pow(beta1, M(t));
+  const M bc2 = M(1) - std::pow(beta2, M(t));
+  const M decay = M(1) - lr * weight_decay;
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < std::ptrdiff_t(n); ++i) {
+    const M g = M(grad[i]) * grad_scale;
+    const M mi = beta1 * m[i] + (M(1) - beta1) * g;
+    const M vi = beta2 * v[i] + (M(1) - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const M p = M(param[i]) * decay;
+    param[i] = T(p - lr * (mi / bc1) / (std::sqrt(vi / bc2) + eps));
+  }
+}
+
+/// Sum of squares of n values, accumulated in double in a fixed order (deterministic across
+/// runs and thread counts: fixed-size chunks, chunk partials added serially).
+template <class T>
+double sum_of_squares(const T* x, std::size_t n) {
+  constexpr std::size_t chunk = 1 << 14;
+  const std::size_t nchunks = (n + chunk - 1) / chunk;
+  double total = 0;
+  // partial sums per chunk, combined in chunk order
+  std::size_t done = 0;
+  while (done < nchunks) {
+    constexpr std::size_t group = 64;
+    double part[group];
+    const std::size_t g = nchunks - done < group ? nchunks - done : group;
+#pragma omp parallel for schedule(static)
+    for (std::ptrdiff_t c = 0; c < std::ptrdiff_t(g); ++c) {
+      const std::size_t lo = (done + c) * chunk, hi = lo + chunk < n ? lo + chunk : n;
+      double s = 0;
+      for (std::size_t i = lo; i < hi; ++i) s += double(x[i]) * double(x[i]);
+      part[c] = s;
+    }
+    for (std::size_t c = 0; c < g; ++c) total += part[c];
+    done += g;
+  }
+  return total;
+}
+
+}  // namespace loom::kernels::cpu

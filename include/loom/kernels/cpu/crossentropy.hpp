@@ -1,0 +1,57 @@
+#pragma once
+/// \file Fused softmax + cross-entropy (CPU): loss and dlogits in one pass over the logits.
+/// Stable for large logits (max subtraction, log-sum-exp in the accumulator type).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include <loom/kernels/cpu/common.hpp>
+
+namespace loom::kernels::cpu {
+
+/// Rows whose target equals ignore_index contribute no loss and no gradient.
+inline constexpr std::int32_t ignore_index = -1;
+
+/// For each of the N rows of logits (N,Vp), over the real vocabulary [0,V) only:
+///   losses[n] = logsumexp(logits[n,:V]) - logits[n,target[n]]       (= ; 0 for ignored rows)
+/// and when `write_dlogits`, overwrites the logits in place with the gradient of
+///   grad_scale * sum_n losses[n]:
+///   dlogits[n,v] = grad_scale * (softmax(logits[n,:V])[v] - [v == target[n]]) for v < V,
+///   0 for the padded columns v >= V and for ignored rows.
+/// grad_scale is 1/(number of non-ignored targets in the global batch) for a mean loss.
+/// Precondition: targets in [0,V) or == ignore_index (validated at the data boundary).
+/// Returns the sum of the losses, in the accumulator type. Cost: ~4 N V flops + N V exp.
+template <class T>
+acc_t<T> crossentropy_forward_backward(T* logits, acc_t<T>* losses, const std::int32_t* targets,
+                                       int N, int V, int Vp, bool write_dlogits,
+                                       acc_t<T> grad_scale) {
+  using A = acc_t<T>;
+  A total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (int n = 0; n < N; ++n) {
+    T* row = logits + std::size_t(n) * Vp;
+    const std::int32_t tgt = targets[n];
+    if (tgt == ignore_index) {
+      losses[n] = 0;
+      if (write_dlogits) std::fill(row, row + Vp, T(0));
+      continue;
+    }
+    A mx = -std::numeric_limits<A>::infinity();
+    for (int v = 0; v < V; ++v) mx = std::max(mx, A(row[v]));
+    A sum = 0;
+    for (int v = 0; v < V; ++v) sum += std::exp(A(row[v]) - mx);
+    const A lse = mx + std::log(sum);
+    const A loss = lse - A(row[tgt]);
+    losses[n] = loss;
+    total += loss;
+    if (write_dlogits) {
+      for (int v = 0; v < V; ++v) row[v] = T(std::exp(A(row[v]) - lse) * grad_scale);
+      row[tgt] = T(A(row[tgt]) - grad_scale);
+      for (int v = V; v < Vp; ++v) row[v] = T(0);
+    }
+  }
+  return total;
+}
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,37 @@
+#pragma once
+/// \file kernels::ops<Device, T>: the operator set one training step needs, per device.
+///
+/// The model calls kernels only through this seam, so a device is added by one partial
+/// specialization (kernels/cpu.hpp, kernels/ascend.hpp) and nothing above it changes. The
+/// primary template refuses with a sentence instead of a "kernel not found" at step 1.
+/// All pointers are device pointers in D's memory; every call is ordered on ctx.stream.
+/// Write modes follow Note [grad accumulation]: parameter gradients +=, activation gradients =,
+/// residual-stream gradients +=.
+#include <loom/core/context.hpp>
+
+namespace loom::kernels {
+
+template <class...>
+inline constexpr bool dependent_false = false;
+
+/// Attention implementations, chosen by tag (STYLE §3.8).
+struct reference {};  ///< materialises the (T,T) probabilities; O(B·NH·T²) saved memory
+struct fused {};      ///< flash-style, online softmax; O(B·NH·T) saved memory
+
+template <class Device, class T>
+struct ops {
+  static_assert(dependent_false<Device, T>,
+                "loom::kernels::ops<Device, T>: this device has no kernels for this storage type. "
+                "Include the device's kernel header (loom/kernels/cpu.hpp, loom/kernels/ascend.hpp) "
+                "or choose a precision the device supports.");
+};
+
+template <class Device, class T, class Impl>
+struct attention {
+  static_assert(dependent_false<Device, T, Impl>,
+                "loom::kernels::attention<Device, T, Impl>: no attention kernel for this (device, "
+                "storage type, implementation). Use kernels::reference, or add a specialization "
+                "under include/loom/kernels/.");
+};
+
+}  // namespace loom::kernels

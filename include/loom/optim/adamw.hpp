@@ -1,0 +1,76 @@
+#pragma once
+/// \file AdamW over a model's flat parameter buffer, with global-norm gradient clipping.
+/// Source: Loshchilov & Hutter, "Decoupled Weight Decay Regularization", arXiv:1711.05101;
+/// semantics match torch.optim.AdamW and torch.nn.utils.clip_grad_norm_.
+#include <cmath>
+#include <cstdint>
+
+#include <loom/core/buffer.hpp>
+#include <loom/core/context.hpp>
+#include <loom/nn/params.hpp>
+
+namespace loom::optim {
+
+/// Hyper-parameters (PyTorch names and GPT-2/3 defaults).
+struct adamw_config {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;   ///< applied only to tensors whose param_spec::decay is true
+  double max_grad_norm = 1.0;  ///< clip the global L2 norm to this; <= 0 disables clipping
+};
+
+/// Clip coefficient for a global gradient norm (clip_grad_norm_: max_norm / (norm + 1e-6),
+/// capped at 1). Returns 1 when clipping is off.
+inline double clip_coefficient(double norm, double max_norm) noexcept {
+  if (max_norm <= 0) return 1.0;
+  const double c = max_norm / (norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
+/// AdamW state for model G (a loom::gpt): first and second moments in the master type, and
+/// the step count. Memory: 2 * G::num_parameters * sizeof(master) bytes.
+template <class G>
+class adamw {
+ public:
+  using device = typename G::device;
+  using master_t = typename G::precision::master;
+
+  adamw(context<device>& ctx, adamw_config cfg) : cfg_(cfg), m_(G::num_parameters, ctx.stream), v_(G::num_parameters, ctx.stream) {}
+
+  const adamw_config& config() const noexcept { return cfg_; }
+  /// Completed optimizer steps (the t of bias correction is step() + 1 during an update).
+  long step() const noexcept { return t_; }
+  void set_step(long t) noexcept { t_ = t; }
+  view<device, master_t> first_moment() const noexcept { return m_.all(); }
+  view<device, master_t> second_moment() const noexcept { return v_.all(); }
+
+  /// Global L2 norm of all gradients of `model` (each tensor counted once), in double.
+  static double grad_norm(context<device>& ctx, const G& model) {
+    const auto g = model.gradients();
+    return std::sqrt(G::ops::sum_of_squares(ctx, g.data(), g.size()));
+  }
+
+  /// One update at learning rate lr with the gradients of `model` multiplied by grad_scale
+  /// (clip coefficient and any unscaling). Updates the parameters and moments in place,
+  /// tensor by tensor so that weight decay follows the table. Increments step().
+  void update(context<device>& ctx, G& model, double lr, double grad_scale) {
+    ++t_;
+    for (int k = 0; k < nn::num_param_tensors; ++k) {
+      const auto p = model.parameter(nn::param(k));
+      const auto g = model.gradient(nn::param(k));
+      const std::size_t off = G::offsets[k];
+      const double wd = G::table[k].decay ? cfg_.weight_decay : 0.0;
+      G::ops::adamw(ctx, p.data(), m_.data() + off, v_.data() + off, g.data(), p.size(), master_t(lr),
+                    master_t(cfg_.beta1), master_t(cfg_.beta2), master_t(cfg_.eps), master_t(wd),
+                    master_t(grad_scale), t_);
+    }
+  }
+
+ private:
+  adamw_config cfg_;
+  buffer<device, master_t> m_, v_;
+  long t_ = 0;
+};
+
+}  // namespace loom::optim

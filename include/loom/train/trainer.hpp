@@ -1,0 +1,186 @@
+#pragma once
+/// \file loom::trainer<Model, Policy, B, T>: one optimizer step over a global batch.
+///
+/// A global batch is `grad_accum` micro-batches of B windows of T+1 tokens. Each step:
+/// validate the token ids; count the non-ignored targets of the whole global batch; for each
+/// micro-batch run forward (fused cross-entropy writes dlogits scaled by 1/count, so the loss
+/// is the mean over all tokens of the global batch whatever the micro-batch count) and
+/// backward (gradients accumulate); global gradient norm; skip the update if it is not
+/// finite; clip; AdamW at the scheduled learning rate.
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <loom/core/buffer.hpp>
+#include <loom/core/context.hpp>
+#include <loom/core/error.hpp>
+#include <loom/kernels/ops.hpp>
+#include <loom/nn/gpt.hpp>
+#include <loom/optim/adamw.hpp>
+#include <loom/optim/lr_schedule.hpp>
+
+namespace loom::train {
+
+/// Settings that do not change shapes (runtime).
+struct trainer_config {
+  int grad_accum = 1;              ///< micro-batches per optimizer step
+  optim::cosine_schedule schedule; ///< learning rate per step
+  optim::adamw_config adamw;       ///< AdamW and clipping
+  std::uint64_t seed = 1337;       ///< parameter initialisation seed
+};
+
+/// What one optimizer step did.
+struct step_result {
+  double loss = 0;        ///< mean cross-entropy over the global batch's non-ignored targets (nats/token)
+  double grad_norm = 0;   ///< global L2 norm before clipping
+  double lr = 0;          ///< learning rate used
+  bool skipped = false;   ///< true when the gradient norm was not finite: nothing was updated
+  long tokens = 0;        ///< non-ignored target tokens in the global batch
+};
+
+/// Checks that every id in `ids` lies in [0, vocab) (or equals ignore for targets) and
+/// throws loom::input_error naming the first offending id and its position otherwise.
+inline void validate_tokens(std::span<const std::int32_t> ids, int vocab, std::string_view what) {
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      throw input_error(std::string(what) + ": token id " + std::to_string(ids[i]) + " at position " +
+                        std::to_string(i) + " is outside the model's vocabulary [0, " + std::to_string(vocab) +
+                        "); re-tokenize the data with at most " + std::to_string(vocab) +
+                        " tokens or choose a model with a larger vocabulary");
+}
+
+template <models::model_config M, class Policy, int B, int T, class Attn = kernels::reference>
+class trainer {
+ public:
+  using model_t = nn::gpt<M, Policy, Attn>;
+  using device = typename Policy::device;
+  using acts_t = typename model_t::template activations<B, T>;
+  using acc_t = typename model_t::acc_t;
+  static constexpr int micro_batch = B, seq_len = T;
+  static constexpr std::size_t window = std::size_t(T) + 1;  ///< tokens per sequence window
+
+  /// Allocates the model (initialised with cfg.seed), the optimizer state and the activation
+  /// table. Throws loom::input_error for invalid settings.
+  trainer(context<device>& ctx, trainer_config cfg)
+      : cfg_(cfg), model_(ctx, cfg.seed), opt_(ctx, cfg.adamw), acts_(ctx),
+        inputs_(std::size_t(B) * T, ctx.stream), targets_(std::size_t(B) * T, ctx.stream),
+        host_in_(std::size_t(cfg.grad_accum > 0 ? cfg.grad_accum : 1) * B * T),
+        host_tg_(host_in_.size()) {
+    if (cfg_.grad_accum < 1) throw input_error("gradient accumulation steps must be >= 1; pass e.g. --grad-accum 1");
+    cfg_.schedule.validate();
+  }
+
+  model_t& model() noexcept { return model_; }
+  const model_t& model() const noexcept { return model_; }
+  optim::adamw<model_t>& optimizer() noexcept { return opt_; }
+  const trainer_config& config() const noexcept { return cfg_; }
+  const acts_t& activations() const noexcept { return acts_; }
+  /// Completed optimizer steps (skipped steps count too: the schedule advances).
+  long step_count() const noexcept { return step_; }
+  void set_step_count(long s) noexcept { step_ = s; }
+
+  /// Windows per global batch and tokens per window.
+  std::size_t windows_per_step() const noexcept { return std::size_t(cfg_.grad_accum) * B; }
+
+  /// One optimizer step on `windows`: grad_accum*B rows of T+1 token ids each (row-major);
+  /// inputs are row[0..T), targets row[1..T]. Throws loom::input_error on a wrong size or an
+  /// id outside [0, vocab).
+  step_result step(context<device>& ctx, std::span<const std::int32_t> windows) {
+    if (windows.size() != windows_per_step() * window)
+      throw input_error("a global batch needs " + std::to_string(windows_per_step()) + " windows of " +
+                        std::to_string(window) + " tokens (" + std::to_string(windows_per_step() * window) +
+                        " ids), got " + std::to_string(windows.size()));
+    validate_tokens(windows, M::vocab, "training batch");
+    split_windows(windows, host_in_, host_tg_);
+    return step(ctx, host_in_, host_tg_);
+  }
+
+  /// One optimizer step on explicit inputs and targets, each (grad_accum, B, T) int32.
+  /// Targets equal to kernels::cpu::ignore_index (-1) are padding: they add no loss and no
+  /// gradient, and the loss is the mean over the other targets of the whole global batch.
+  /// Throws loom::input_error on wrong sizes, ids outside [0, vocab), or a batch whose
+  /// targets are all ignored.
+  step_result step(context<device>& ctx, std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
+    const std::size_t n = std::size_t(cfg_.grad_accum) * B * T;
+    if (inputs.size() != n || targets.size() != n)
+      throw input_error("inputs and targets of a global batch need grad_accum*B*T = " + std::to_string(n) +
+                        " ids each, got " + std::to_string(inputs.size()) + " and " + std::to_string(targets.size()));
+    validate_tokens(inputs, M::vocab, "training inputs");
+    long count = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (targets[i] == kernels::cpu::ignore_index) continue;
+      if (targets[i] < 0 || targets[i] >= M::vocab)
+        validate_tokens(targets.subspan(i, 1), M::vocab, "training targets");
+      ++count;
+    }
+    if (count == 0) throw input_error("every target of the global batch is ignored (-1); the batch holds no tokens to learn from");
+    const acc_t scale = acc_t(1) / acc_t(count);
+    model_.zero_grad(ctx);
+    double loss_sum = 0;
+    const std::size_t mb = std::size_t(B) * T;
+    for (int m = 0; m < cfg_.grad_accum; ++m) {
+      copy_in(ctx, inputs.subspan(m * mb, mb), targets.subspan(m * mb, mb));
+      loss_sum += double(model_.forward(ctx, acts_, inputs_.data(), targets_.data(), B, T, scale));
+      model_.backward(ctx, acts_, inputs_.data(), B, T);
+    }
+    step_result r;
+    r.tokens = count;
+    r.loss = loss_sum / double(count);
+    r.grad_norm = opt_.grad_norm(ctx, model_);
+    r.lr = cfg_.schedule(step_);
+    ++step_;
+    if (!std::isfinite(r.grad_norm)) {
+      r.skipped = true;  // parameters and moments untouched
+      return r;
+    }
+    opt_.update(ctx, model_, r.lr, optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm));
+    ctx.synchronize();
+    return r;
+  }
+
+  /// Mean loss (nats/token) over `windows` (any non-zero multiple of B rows of T+1 ids), no
+  /// update. Throws loom::input_error on a wrong size or an id outside [0, vocab).
+  double evaluate(context<device>& ctx, std::span<const std::int32_t> windows) {
+    const std::size_t mbw = std::size_t(B) * window;
+    if (windows.empty() || windows.size() % mbw != 0)
+      throw input_error("evaluation needs a non-zero multiple of " + std::to_string(B) + " windows of " +
+                        std::to_string(window) + " tokens");
+    validate_tokens(windows, M::vocab, "evaluation batch");
+    double sum = 0;
+    const std::size_t n = windows.size() / mbw;
+    const std::span<std::int32_t> in(host_in_.data(), std::size_t(B) * T), tg(host_tg_.data(), std::size_t(B) * T);
+    for (std::size_t m = 0; m < n; ++m) {
+      split_windows(windows.subspan(m * mbw, mbw), in, tg);
+      copy_in(ctx, in, tg);
+      sum += double(model_.forward(ctx, acts_, inputs_.data(), targets_.data(), B, T));
+    }
+    ctx.synchronize();
+    return sum / double(n * B * T);
+  }
+
+ private:
+  // rows of T+1 ids -> inputs row[0..T), targets row[1..T]
+  static void split_windows(std::span<const std::int32_t> w, std::span<std::int32_t> in, std::span<std::int32_t> tg) {
+    for (std::size_t r = 0; r * window < w.size(); ++r)
+      for (std::size_t t = 0; t < std::size_t(T); ++t) {
+        in[r * T + t] = w[r * window + t];
+        tg[r * T + t] = w[r * window + t + 1];
+      }
+  }
+  void copy_in(context<device>& ctx, std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
+    device::copy_to_device(inputs_.data(), in.data(), inputs_.bytes(), ctx.stream);
+    device::copy_to_device(targets_.data(), tg.data(), targets_.bytes(), ctx.stream);
+  }
+
+  trainer_config cfg_;
+  model_t model_;
+  optim::adamw<model_t> opt_;
+  acts_t acts_;
+  buffer<device, std::int32_t> inputs_, targets_;
+  std::vector<std::int32_t> host_in_, host_tg_;
+  long step_ = 0;
+};
+
+}  // namespace loom::train
