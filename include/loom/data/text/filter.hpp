@@ -42,7 +42,10 @@ inline script parse_script(std::string_view name) {
   for (std::size_t i = 0; i < script_count; ++i)
     if (script_name(script(i)) == name) return script(i);
   std::string valid;
-  for (std::size_t i = 0; i < script_count; ++i) valid += (i ? "," : "") + std::string(script_name(script(i)));
+  for (std::size_t i = 0; i < script_count; ++i) {
+    if (i) valid.push_back(',');
+    valid.append(script_name(script(i)));
+  }
   throw input_error("unknown script '" + std::string(name) + "'; use a comma-separated list of: " + valid);
 }
 
