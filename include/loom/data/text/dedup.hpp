@@ -218,8 +218,9 @@ class minhash {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
   }
+  __extension__ typedef unsigned __int128 u128;  // GCC/Clang; __extension__ keeps -Wpedantic quiet
   static std::uint64_t mulmod_add(std::uint64_t a, std::uint64_t x, std::uint64_t b) noexcept {
-    const unsigned __int128 t = (unsigned __int128)a * x + b;  // < 2^122 + 2^61
+    const u128 t = u128(a) * x + b;  // < 2^122 + 2^61
     std::uint64_t r = std::uint64_t(t & mersenne) + std::uint64_t(t >> 61);
     r = (r & mersenne) + (r >> 61);
     return r >= mersenne ? r - mersenne : r;
