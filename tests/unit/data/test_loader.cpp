@@ -6,8 +6,13 @@
 // the window's start offset and every property can be checked from the values alone.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <fstream>
 #include <random>
 #include <set>
 #include <vector>
@@ -269,4 +274,64 @@ TEST_CASE("loader: input errors") {
     CHECK_THROWS_AS(l.next(), loom::input_error);  // and fails again
   }
   CHECK_THROWS_WITH_AS(loader<>(tmp.path / "missing", o), doctest::Contains("cannot be opened"), loom::input_error);
+}
+
+TEST_CASE("loader: a sparse 6 GB dataset — offsets past 4 GiB and 2^31 tokens") {
+  // Three sequences of 2^30 uint16 tokens (2 GiB each) in a sparse .bin; the index is written
+  // by hand. Marker tokens at the very end prove that no offset is truncated to 32 bits.
+  loom_test::scratch_dir tmp("loader_big");
+  const auto prefix = tmp.path / "big";
+  constexpr std::uint64_t len = std::uint64_t(1) << 30, n_tok = 3 * len;
+  {
+    std::ofstream idx(idx_path(prefix), std::ios::binary);
+    idx.write(idx_magic.data(), 9);
+    const std::uint64_t version = 1, seqs = 3, docs = 3;
+    const std::uint8_t code = 8;
+    idx.write(reinterpret_cast<const char*>(&version), 8);
+    idx.write(reinterpret_cast<const char*>(&code), 1);
+    idx.write(reinterpret_cast<const char*>(&seqs), 8);
+    idx.write(reinterpret_cast<const char*>(&docs), 8);
+    for (int i = 0; i < 3; ++i) {
+      const std::int32_t l = std::int32_t(len);
+      idx.write(reinterpret_cast<const char*>(&l), 4);
+    }
+    for (std::int64_t i = 0; i < 3; ++i) {
+      const std::int64_t ptr = i * std::int64_t(len) * 2;
+      idx.write(reinterpret_cast<const char*>(&ptr), 8);
+    }
+    for (std::int64_t d : {0, 1, 3}) idx.write(reinterpret_cast<const char*>(&d), 8);
+  }
+  {
+    std::ofstream(bin_path(prefix), std::ios::binary).put('\0');
+    std::filesystem::resize_file(bin_path(prefix), 2 * n_tok);  // sparse: no blocks allocated
+    const int fd = ::open(bin_path(prefix).c_str(), O_WRONLY);
+    REQUIRE(fd >= 0);
+    std::uint16_t tail[9];
+    for (int k = 0; k < 9; ++k) tail[k] = std::uint16_t(1000 + k);
+    REQUIRE(::pwrite(fd, tail, sizeof tail, off_t(2 * (n_tok - 9))) == ssize_t(sizeof tail));
+    ::close(fd);
+  }
+  indexed_dataset ds(prefix);
+  CHECK(ds.token_count() == n_tok);
+  CHECK(ds.document_count() == 2);
+  CHECK(ds.document_token_offset(1) == len);
+  std::vector<std::int32_t> got(9);
+  ds.read_tokens(n_tok - 9, got);
+  CHECK(got[0] == 1000);
+  CHECK(got[8] == 1008);
+
+  loader_options o;
+  o.seq_len = 8;
+  o.shuffle = false;
+  o.workers = 1;
+  loader<> l(prefix, o);
+  CHECK(l.windows_per_epoch() == (n_tok - 1) / 8);
+  // The last window starts at token 8 * (W - 1) = n_tok - 16 and holds tokens [n_tok-16, n_tok-7).
+  l.restore({0, l.windows_per_epoch() - 1, 0});
+  CHECK(8 * (l.windows_per_epoch() - 1) == n_tok - 16);
+  const auto b = l.next();
+  CHECK(b[6] == 0);
+  CHECK(b[7] == 1000);  // token n_tok - 9, byte offset ~6 GiB
+  CHECK(b[8] == 1001);
+  CHECK(l.state() == loader_state{1, 0, 0});
 }

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <loom/data/loader.hpp>
 #include <loom/data/text/prepare.hpp>
 
 using namespace loom::data;
@@ -72,6 +73,38 @@ TEST_CASE("prepare: txt + jsonl -> clean -> dedup -> filter -> tokenize -> write
   CHECK(std::count(decoded.begin(), decoded.end(), "Some HTML remnant") == 1);
   CHECK(std::count(decoded.begin(), decoded.end(), "子曰：學而時習之，不亦說乎？有朋自遠方來，不亦樂乎？") == 1);
   CHECK(std::count(decoded.begin(), decoded.end(), "Hello full-width world.") == 1);
+
+  // The loader serves windows of the prepared stream: each row decodes to a piece of the
+  // documents joined by end-of-document tokens.
+  std::string stream;
+  for (const auto& d : decoded) stream += d;  // eod decodes to nothing
+  loader_options lo;
+  lo.batch = 4;
+  lo.seq_len = 32;
+  lo.vocab = rep.vocab_size;
+  lo.seed = 5;
+  loader<> l(o.output_prefix, lo);
+  for (int step = 0; step < 5; ++step) {
+    const auto batch = l.next();
+    for (std::size_t r = 0; r < lo.batch; ++r) {
+      // The row, without byte pieces at its edges (a window may cut a character's bytes).
+      std::vector<std::int32_t> inner(batch.begin() + long(r * 33), batch.begin() + long(r * 33 + 33));
+      while (!inner.empty() && tok.is_byte(inner.front())) inner.erase(inner.begin());
+      while (!inner.empty() && tok.is_byte(inner.back())) inner.pop_back();
+      std::string piece;
+      std::vector<std::int32_t> chunk;
+      for (auto id : inner) {
+        if (id == tok.eod_id()) {
+          piece += tok.decode(chunk);
+          chunk.clear();
+        } else {
+          chunk.push_back(id);
+        }
+      }
+      piece += tok.decode(chunk);
+      CHECK_MESSAGE(stream.find(piece) != std::string::npos, piece);
+    }
+  }
 
   // Reusing the tokenizer gives the same tokens.
   prepare_options again = o;
