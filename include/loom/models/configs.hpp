@@ -28,6 +28,13 @@ struct tiny {
   static constexpr int vocab = 61, vocab_padded = 64;
 };
 
+/// A tiny byte-level model (vocabulary 256) for smoke tests of the examples: seconds per run.
+struct char_tiny {
+  static constexpr std::string_view name = "char_tiny";
+  static constexpr int n_layer = 2, n_head = 2, d_model = 32, max_seq = 32;
+  static constexpr int vocab = 256, vocab_padded = 256;
+};
+
 /// The quickstart: a byte-level character model that learns tinyshakespeare on two CPU cores
 /// in minutes (about 2.7M parameters).
 struct quickstart {
@@ -50,7 +57,7 @@ struct gpt2_small {
   static constexpr int vocab = 50257, vocab_padded = 50304;
 };
 
-static_assert(model_config<tiny> && model_config<quickstart> && model_config<bench_small> &&
+static_assert(model_config<tiny> && model_config<char_tiny> && model_config<quickstart> && model_config<bench_small> &&
               model_config<gpt2_small>);
 
 }  // namespace loom::models

@@ -25,6 +25,8 @@ namespace loom::train {
 
 /// Settings that do not change shapes (runtime).
 struct trainer_config {
+  int micro_batch = 0;             ///< sequences per micro-batch, 1..B (0: the capacity B)
+  int seq_len = 0;                 ///< tokens per sequence, 1..T (0: the capacity T)
   int grad_accum = 1;              ///< micro-batches per optimizer step
   optim::cosine_schedule schedule; ///< learning rate per step
   optim::adamw_config adamw;       ///< AdamW and clipping
@@ -59,7 +61,6 @@ class trainer {
   using acts_t = typename model_t::template activations<B, T>;
   using acc_t = typename model_t::acc_t;
   static constexpr int micro_batch = B, seq_len = T;
-  static constexpr std::size_t window = std::size_t(T) + 1;  ///< tokens per sequence window
 
   /// Allocates the model (initialised with cfg.seed), the optimizer state and the activation
   /// table. Throws loom::input_error for invalid settings.
@@ -68,6 +69,17 @@ class trainer {
         inputs_(std::size_t(B) * T, ctx.stream), targets_(std::size_t(B) * T, ctx.stream),
         host_in_(std::size_t(cfg.grad_accum > 0 ? cfg.grad_accum : 1) * B * T),
         host_tg_(host_in_.size()) {
+    if (cfg_.micro_batch == 0) cfg_.micro_batch = B;
+    if (cfg_.seq_len == 0) cfg_.seq_len = T;
+    if (cfg_.micro_batch < 1 || cfg_.micro_batch > B)
+      throw input_error("micro-batch size " + std::to_string(cfg_.micro_batch) + " is outside [1, " + std::to_string(B) +
+                        "], the capacity this trainer was compiled for; pass --micro-batch <= " + std::to_string(B) +
+                        " or compile a larger capacity");
+    if (cfg_.seq_len < 1 || cfg_.seq_len > T)
+      throw input_error("sequence length " + std::to_string(cfg_.seq_len) + " is outside [1, " + std::to_string(T) +
+                        "] (the model " + std::string(M::name) + " has " + std::to_string(M::max_seq) +
+                        " positions; this trainer was compiled for " + std::to_string(T) + "); pass --seq-len <= " +
+                        std::to_string(T));
     if (cfg_.grad_accum < 1) throw input_error("gradient accumulation steps must be >= 1; pass e.g. --grad-accum 1");
     cfg_.schedule.validate();
   }
@@ -81,31 +93,35 @@ class trainer {
   long step_count() const noexcept { return step_; }
   void set_step_count(long s) noexcept { step_ = s; }
 
-  /// Windows per global batch and tokens per window.
-  std::size_t windows_per_step() const noexcept { return std::size_t(cfg_.grad_accum) * B; }
+  /// Windows per global batch.
+  std::size_t windows_per_step() const noexcept { return std::size_t(cfg_.grad_accum) * cfg_.micro_batch; }
+  /// Tokens per window: seq_len + 1 (inputs and the shifted targets).
+  std::size_t window() const noexcept { return std::size_t(cfg_.seq_len) + 1; }
+  /// Target tokens per global batch.
+  std::size_t tokens_per_step() const noexcept { return windows_per_step() * cfg_.seq_len; }
 
   /// One optimizer step on `windows`: grad_accum*B rows of T+1 token ids each (row-major);
   /// inputs are row[0..T), targets row[1..T]. Throws loom::input_error on a wrong size or an
   /// id outside [0, vocab).
   step_result step(context<device>& ctx, std::span<const std::int32_t> windows) {
-    if (windows.size() != windows_per_step() * window)
+    if (windows.size() != windows_per_step() * window())
       throw input_error("a global batch needs " + std::to_string(windows_per_step()) + " windows of " +
-                        std::to_string(window) + " tokens (" + std::to_string(windows_per_step() * window) +
+                        std::to_string(window()) + " tokens (" + std::to_string(windows_per_step() * window()) +
                         " ids), got " + std::to_string(windows.size()));
     validate_tokens(windows, M::vocab, "training batch");
     split_windows(windows, host_in_, host_tg_);
     return step(ctx, host_in_, host_tg_);
   }
 
-  /// One optimizer step on explicit inputs and targets, each (grad_accum, B, T) int32.
+  /// One optimizer step on explicit inputs and targets, each (grad_accum, micro_batch, seq_len) int32.
   /// Targets equal to kernels::cpu::ignore_index (-1) are padding: they add no loss and no
   /// gradient, and the loss is the mean over the other targets of the whole global batch.
   /// Throws loom::input_error on wrong sizes, ids outside [0, vocab), or a batch whose
   /// targets are all ignored.
   step_result step(context<device>& ctx, std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
-    const std::size_t n = std::size_t(cfg_.grad_accum) * B * T;
+    const std::size_t n = tokens_per_step();
     if (inputs.size() != n || targets.size() != n)
-      throw input_error("inputs and targets of a global batch need grad_accum*B*T = " + std::to_string(n) +
+      throw input_error("inputs and targets of a global batch need grad_accum*micro_batch*seq_len = " + std::to_string(n) +
                         " ids each, got " + std::to_string(inputs.size()) + " and " + std::to_string(targets.size()));
     validate_tokens(inputs, M::vocab, "training inputs");
     long count = 0;
@@ -119,11 +135,12 @@ class trainer {
     const acc_t scale = acc_t(1) / acc_t(count);
     model_.zero_grad(ctx);
     double loss_sum = 0;
-    const std::size_t mb = std::size_t(B) * T;
+    const int b = cfg_.micro_batch, t = cfg_.seq_len;
+    const std::size_t mb = std::size_t(b) * t;
     for (int m = 0; m < cfg_.grad_accum; ++m) {
       copy_in(ctx, inputs.subspan(m * mb, mb), targets.subspan(m * mb, mb));
-      loss_sum += double(model_.forward(ctx, acts_, inputs_.data(), targets_.data(), B, T, scale));
-      model_.backward(ctx, acts_, inputs_.data(), B, T);
+      loss_sum += double(model_.forward(ctx, acts_, inputs_.data(), targets_.data(), b, t, scale));
+      model_.backward(ctx, acts_, inputs_.data(), b, t);
     }
     step_result r;
     r.tokens = count;
@@ -140,38 +157,41 @@ class trainer {
     return r;
   }
 
-  /// Mean loss (nats/token) over `windows` (any non-zero multiple of B rows of T+1 ids), no
-  /// update. Throws loom::input_error on a wrong size or an id outside [0, vocab).
+  /// Mean loss (nats/token) over `windows` (any non-zero multiple of micro_batch rows of
+  /// seq_len+1 ids), no update. Throws loom::input_error on a wrong size or an id outside
+  /// [0, vocab).
   double evaluate(context<device>& ctx, std::span<const std::int32_t> windows) {
-    const std::size_t mbw = std::size_t(B) * window;
+    const int b = cfg_.micro_batch, t = cfg_.seq_len;
+    const std::size_t mbw = std::size_t(b) * window();
     if (windows.empty() || windows.size() % mbw != 0)
-      throw input_error("evaluation needs a non-zero multiple of " + std::to_string(B) + " windows of " +
-                        std::to_string(window) + " tokens");
+      throw input_error("evaluation needs a non-zero multiple of " + std::to_string(b) + " windows of " +
+                        std::to_string(window()) + " tokens");
     validate_tokens(windows, M::vocab, "evaluation batch");
     double sum = 0;
     const std::size_t n = windows.size() / mbw;
-    const std::span<std::int32_t> in(host_in_.data(), std::size_t(B) * T), tg(host_tg_.data(), std::size_t(B) * T);
+    const std::span<std::int32_t> in(host_in_.data(), std::size_t(b) * t), tg(host_tg_.data(), std::size_t(b) * t);
     for (std::size_t m = 0; m < n; ++m) {
       split_windows(windows.subspan(m * mbw, mbw), in, tg);
       copy_in(ctx, in, tg);
-      sum += double(model_.forward(ctx, acts_, inputs_.data(), targets_.data(), B, T));
+      sum += double(model_.forward(ctx, acts_, inputs_.data(), targets_.data(), b, t));
     }
     ctx.synchronize();
-    return sum / double(n * B * T);
+    return sum / double(n * b * t);
   }
 
  private:
-  // rows of T+1 ids -> inputs row[0..T), targets row[1..T]
-  static void split_windows(std::span<const std::int32_t> w, std::span<std::int32_t> in, std::span<std::int32_t> tg) {
-    for (std::size_t r = 0; r * window < w.size(); ++r)
-      for (std::size_t t = 0; t < std::size_t(T); ++t) {
-        in[r * T + t] = w[r * window + t];
-        tg[r * T + t] = w[r * window + t + 1];
+  // rows of seq_len+1 ids -> inputs row[0..seq_len), targets row[1..seq_len]
+  void split_windows(std::span<const std::int32_t> w, std::span<std::int32_t> in, std::span<std::int32_t> tg) const {
+    const std::size_t t = std::size_t(cfg_.seq_len), wn = window();
+    for (std::size_t r = 0; r * wn < w.size(); ++r)
+      for (std::size_t i = 0; i < t; ++i) {
+        in[r * t + i] = w[r * wn + i];
+        tg[r * t + i] = w[r * wn + i + 1];
       }
   }
   void copy_in(context<device>& ctx, std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
-    device::copy_to_device(inputs_.data(), in.data(), inputs_.bytes(), ctx.stream);
-    device::copy_to_device(targets_.data(), tg.data(), targets_.bytes(), ctx.stream);
+    device::copy_to_device(inputs_.data(), in.data(), in.size_bytes(), ctx.stream);
+    device::copy_to_device(targets_.data(), tg.data(), tg.size_bytes(), ctx.stream);
   }
 
   trainer_config cfg_;

@@ -40,10 +40,9 @@ void attention_forward(T* out, acc_t<T>* att, const T* qkv, int B, int Tn, int C
         A* row = p + std::size_t(t) * Tn;
         A mx = -std::numeric_limits<A>::infinity();
         for (int s = 0; s <= t; ++s) mx = std::max(mx, row[s]);
-        A sum = 0;
-        for (int s = 0; s <= t; ++s) sum += (row[s] = std::exp(row[s] - mx));
-        const A inv = A(1) / sum;
-        for (int s = 0; s <= t; ++s) row[s] *= inv;
+        Eigen::Map<Eigen::Array<A, Eigen::Dynamic, 1>> r(row, t + 1);
+        r = (r - mx).exp();
+        r *= A(1) / r.sum();
         for (int s = t + 1; s < Tn; ++s) row[s] = 0;
       }
       smap<T> y(out + std::size_t(b) * Tn * C + std::size_t(h) * HD, Tn, HD, Eigen::OuterStride<>(C));

@@ -37,16 +37,15 @@ acc_t<T> crossentropy_forward_backward(T* logits, acc_t<T>* losses, const std::i
       if (write_dlogits) std::fill(row, row + Vp, T(0));
       continue;
     }
-    A mx = -std::numeric_limits<A>::infinity();
-    for (int v = 0; v < V; ++v) mx = std::max(mx, A(row[v]));
-    A sum = 0;
-    for (int v = 0; v < V; ++v) sum += std::exp(A(row[v]) - mx);
-    const A lse = mx + std::log(sum);
-    const A loss = lse - A(row[tgt]);
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> x(row, V);
+    const A target_logit = A(row[tgt]);
+    const A mx = A(x.maxCoeff());
+    const A lse = mx + std::log((x.template cast<A>() - mx).exp().sum());
+    const A loss = lse - target_logit;
     losses[n] = loss;
     total += loss;
     if (write_dlogits) {
-      for (int v = 0; v < V; ++v) row[v] = T(std::exp(A(row[v]) - lse) * grad_scale);
+      x = ((x.template cast<A>() - lse).exp() * grad_scale).template cast<T>();
       row[tgt] = T(A(row[tgt]) - grad_scale);
       for (int v = V; v < Vp; ++v) row[v] = T(0);
     }
