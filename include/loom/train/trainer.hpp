@@ -109,8 +109,9 @@ class trainer {
                         std::to_string(window()) + " tokens (" + std::to_string(windows_per_step() * window()) +
                         " ids), got " + std::to_string(windows.size()));
     validate_tokens(windows, M::vocab, "training batch");
-    split_windows(windows, host_in_, host_tg_);
-    return step(ctx, host_in_, host_tg_);
+    const std::span<std::int32_t> in(host_in_.data(), tokens_per_step()), tg(host_tg_.data(), tokens_per_step());
+    split_windows(windows, in, tg);
+    return step(ctx, in, tg);
   }
 
   /// One optimizer step on explicit inputs and targets, each (grad_accum, micro_batch, seq_len) int32.
