@@ -39,6 +39,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -109,12 +110,13 @@ inline int mpi_count(std::size_t n, const char* api) {
   return static_cast<int>(n);
 }
 
-/// An MPI operation in flight: the request, fp32 temporaries for 16-bit reductions, and the step
-/// that completes it (divide for avg, round back to 16 bits). Moved into the request state for
-/// asynchronous operations; the temporaries' storage does not move with it.
+/// An MPI operation in flight: the request, fp32 temporaries for 16-bit reductions (owned here for
+/// asynchronous operations, the communicator's reused scratch buffer for blocking ones), and the
+/// step that completes it (divide for avg, round back to 16 bits). Moved into the request state
+/// for asynchronous operations; the temporaries do not move in memory.
 struct mpi_pending {
   MPI_Request req = MPI_REQUEST_NULL;
-  std::vector<float> tmp;
+  std::unique_ptr<float[]> owned;  // temporaries of an asynchronous operation
   std::function<void()> finish;
   // for messages
   const char* api = "";
@@ -129,7 +131,7 @@ struct mpi_pending {
   ~mpi_pending() {
     // Only after a failed wait (timeout) can the request still be active; MPI may still write
     // into the temporaries, so they are leaked on purpose rather than freed under its feet.
-    if (req != MPI_REQUEST_NULL && !tmp.empty()) new std::vector<float>(std::move(tmp));
+    if (req != MPI_REQUEST_NULL) (void)owned.release();
   }
 
   std::string describe() const {
@@ -191,16 +193,20 @@ class mpi_request_state final : public request_state {
   mpi_identity id_;
 };
 
+/// dst[i] = float(src[i]); vectorized for bf16 (detail::widen on the raw words).
 template <class T>
-void to_float(float* dst, const T* src, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+void to_float(float* __restrict dst, const T* __restrict src, std::size_t n) {
+  const auto* __restrict s = lanes(src);
+  for (std::size_t i = 0; i < n; ++i) dst[i] = widen<float>(s[i]);
 }
+/// dst[i] = T(src[i] / divisor), rounded to nearest even once.
 template <class T>
-void from_float(T* dst, const float* src, std::size_t n, float divisor) {
+void from_float(T* __restrict dst, const float* __restrict src, std::size_t n, float divisor) {
+  auto* __restrict d = lanes(dst);
   if (divisor != 1.0f)
-    for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i] / divisor);
+    for (std::size_t i = 0; i < n; ++i) d[i] = narrow<lane_t<T>>(src[i] / divisor);
   else
-    for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+    for (std::size_t i = 0; i < n; ++i) d[i] = narrow<lane_t<T>>(src[i]);
 }
 
 }  // namespace loom::parallel::detail
@@ -268,7 +274,8 @@ class mpi_communicator {
   }
   mpi_communicator(mpi_communicator&& other) noexcept
       : comm_(std::exchange(other.comm_, MPI_COMM_NULL)), rank_(other.rank_), size_(other.size_),
-        options_(other.options_), name_(std::move(other.name_)) {}
+        options_(other.options_), name_(std::move(other.name_)), scratch_(std::move(other.scratch_)),
+        scratch_size_(std::exchange(other.scratch_size_, 0)) {}
   mpi_communicator& operator=(mpi_communicator&& other) noexcept {
     if (this != &other) {
       free();
@@ -277,6 +284,8 @@ class mpi_communicator {
       size_ = other.size_;
       options_ = other.options_;
       name_ = std::move(other.name_);
+      scratch_ = std::move(other.scratch_);
+      scratch_size_ = std::exchange(other.scratch_size_, 0);
     }
     return *this;
   }
@@ -292,7 +301,7 @@ class mpi_communicator {
   /// x = op over ranks of x, in place (MPI_Allreduce with MPI_IN_PLACE). See comm.hpp.
   template <reducible T>
   void all_reduce(std::span<T> x, reduce_op op = reduce_op::sum) {
-    auto p = start_all_reduce(x, op, blocking());
+    auto p = start_all_reduce(x, op, true);
     detail::mpi_complete(p, identity());
   }
   template <reducible T>
@@ -305,7 +314,7 @@ class mpi_communicator {
   template <class In, reducible T>
     requires std::same_as<std::remove_const_t<In>, T>
   void reduce_scatter(std::span<In> in, std::span<T> out, reduce_op op = reduce_op::sum) {
-    auto p = start_reduce_scatter<T>(in.data(), in.size(), out, op, blocking());
+    auto p = start_reduce_scatter<T>(in.data(), in.size(), out, op, true);
     detail::mpi_complete(p, identity());
   }
   template <class In, reducible T>
@@ -319,7 +328,7 @@ class mpi_communicator {
   template <class In, transferable T>
     requires std::same_as<std::remove_const_t<In>, T>
   void all_gather(std::span<In> in, std::span<T> out) {
-    auto p = start_all_gather<T>(in.data(), in.size(), out, blocking());
+    auto p = start_all_gather<T>(in.data(), in.size(), out, true);
     detail::mpi_complete(p, identity());
   }
   template <class In, transferable T>
@@ -448,6 +457,21 @@ class mpi_communicator {
     return p;
   }
 
+  /// n floats of temporary storage: the reused scratch buffer for an operation that completes
+  /// before the call returns (sync), a new allocation owned by p for an asynchronous one (several
+  /// may be in flight). Not zeroed.
+  float* temporary(detail::mpi_pending& p, std::size_t n, bool sync) {
+    if (!sync) {
+      p.owned.reset(new float[std::max<std::size_t>(n, 1)]);
+      return p.owned.get();
+    }
+    if (n > scratch_size_) {
+      scratch_.reset(new float[n]);
+      scratch_size_ = n;
+    }
+    return scratch_.get();
+  }
+
   request make_request(detail::mpi_pending p) {
     return request(std::make_unique<detail::mpi_request_state>(std::move(p), identity()));
   }
@@ -470,7 +494,8 @@ class mpi_communicator {
   }
 
   template <reducible T>
-  detail::mpi_pending start_all_reduce(std::span<T> x, reduce_op op, bool block) {
+  detail::mpi_pending start_all_reduce(std::span<T> x, reduce_op op, bool sync) {
+    const bool block = sync && blocking();
     detail::check_op<T>(op, "comm::mpi::all_reduce");
     detail::mpi_pending p = pending("all_reduce", detail::dtype_name<T>(), x.size());
     p.op = op;
@@ -480,10 +505,10 @@ class mpi_communicator {
     void* buf = x.data();
     const float divisor = op == reduce_op::avg ? static_cast<float>(size_) : 1.0f;
     if constexpr (detail::is_16bit_float_v<T>) {
-      p.tmp.resize(x.size());
-      detail::to_float(p.tmp.data(), x.data(), x.size());
-      buf = p.tmp.data();
-      p.finish = [x, t = p.tmp.data(), divisor] { detail::from_float(x.data(), t, x.size(), divisor); };
+      float* t = temporary(p, x.size(), sync);
+      detail::to_float(t, x.data(), x.size());
+      buf = t;
+      p.finish = [x, t, divisor] { detail::from_float(x.data(), t, x.size(), divisor); };
     } else if constexpr (std::is_floating_point_v<T>) {
       if (op == reduce_op::avg)
         p.finish = [x, d = static_cast<T>(size_)] {
@@ -500,7 +525,8 @@ class mpi_communicator {
 
   template <reducible T>
   detail::mpi_pending start_reduce_scatter(const T* in, std::size_t in_size, std::span<T> out, reduce_op op,
-                                           bool block) {
+                                           bool sync) {
+    const bool block = sync && blocking();
     check_chunks(in_size, out.size(), "reduce_scatter");
     detail::check_op<T>(op, "comm::mpi::reduce_scatter");
     detail::mpi_pending p = pending("reduce_scatter", detail::dtype_name<T>(), out.size());
@@ -515,17 +541,19 @@ class mpi_communicator {
     void* recv = out.data();
     const bool overlap = m && out.data() < in + in_size && in < out.data() + m;
     if constexpr (detail::is_16bit_float_v<T>) {
-      p.tmp.resize(in_size + m);
-      detail::to_float(p.tmp.data(), in, in_size);
-      send = p.tmp.data();
-      recv = p.tmp.data() + in_size;
-      p.finish = [out, t = p.tmp.data() + in_size, divisor] { detail::from_float(out.data(), t, out.size(), divisor); };
+      float* t = temporary(p, in_size + m, sync);
+      detail::to_float(t, in, in_size);
+      send = t;
+      recv = t + in_size;
+      p.finish = [out, t = t + in_size, divisor] { detail::from_float(out.data(), t, out.size(), divisor); };
     } else {
+      const void* t = nullptr;
       if (overlap) {  // MPI forbids aliased buffers: reduce into a temporary, then copy
-        p.tmp.resize((m * sizeof(T) + sizeof(float) - 1) / sizeof(float));
-        recv = p.tmp.data();
+        float* scratch = temporary(p, (m * sizeof(T) + sizeof(float) - 1) / sizeof(float), sync);
+        recv = scratch;
+        t = scratch;
       }
-      p.finish = [out, t = overlap ? static_cast<const void*>(p.tmp.data()) : nullptr, op, d = size_] {
+      p.finish = [out, t, op, d = size_] {
         if (t) std::memcpy(out.data(), t, out.size_bytes());
         if constexpr (std::is_floating_point_v<T>)
           if (op == reduce_op::avg)
@@ -542,7 +570,8 @@ class mpi_communicator {
   }
 
   template <transferable T>
-  detail::mpi_pending start_all_gather(const T* in, std::size_t in_size, std::span<T> out, bool block) {
+  detail::mpi_pending start_all_gather(const T* in, std::size_t in_size, std::span<T> out, bool sync) {
+    const bool block = sync && blocking();
     check_chunks(out.size(), in_size, "all_gather");
     detail::mpi_pending p = pending("all_gather", detail::dtype_name<T>(), in_size);
     const auto [type, k] = detail::mpi_transfer_type<T>();
@@ -561,6 +590,8 @@ class mpi_communicator {
   int rank_ = 0, size_ = 1;
   comm_options options_;
   std::string name_;
+  std::unique_ptr<float[]> scratch_;  // fp32 temporaries of blocking 16-bit reductions
+  std::size_t scratch_size_ = 0;
 };
 
 /// comm::mpi — the name used in DESIGN §4.

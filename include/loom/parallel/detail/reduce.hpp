@@ -6,6 +6,7 @@
 /// acc is rounded to T once and copied to every destination. The source order is the caller's
 /// (rank order), so every rank and every run gets bitwise the same result.
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -35,6 +36,50 @@ struct accum<Eigen::half> {
 template <class T>
 using accum_t = typename accum<T>::type;
 
+/// bf16 <-> fp32 by bit manipulation, so that the block loops vectorize (Eigen's scalar
+/// conversion does not). Same results as Eigen's: widening is exact; narrowing rounds to nearest
+/// even and maps NaN to the quiet NaN 0x7FC0 / 0xFFC0 of the same sign (Eigen's
+/// float_to_bfloat16_rtne<false>).
+inline float bf16_bits_to_float(std::uint16_t b) noexcept { return std::bit_cast<float>(std::uint32_t{b} << 16); }
+inline std::uint16_t float_bits_to_bf16_bits(std::uint32_t u) noexcept {
+  // Branch- and compare-free so that GCC vectorizes it with plain SSE2:
+  //   rounded  round to nearest even: add 0x7FFF plus the lowest kept bit, drop 16 bits
+  //   nan      quiet NaN with the input's sign
+  //   mask     all ones iff |u| > infinity (NaN): the sign of 0x7F800000 - |u|, spread by >>
+  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = ((u >> 16) & 0x8000u) | 0x7FC0u;
+  const auto mask = static_cast<std::uint32_t>(static_cast<std::int32_t>(0x7F800000u - (u & 0x7FFFFFFFu)) >> 31);
+  return static_cast<std::uint16_t>(rounded ^ ((rounded ^ nan) & mask));
+}
+inline std::uint16_t float_to_bf16_bits(float f) noexcept {
+  return float_bits_to_bf16_bits(std::bit_cast<std::uint32_t>(f));
+}
+
+/// The elements as the loops read them: bf16 as its raw uint16 words (Eigen::bfloat16 is a
+/// standard-layout struct whose only member is that word), everything else unchanged.
+template <class T>
+using lane_t = std::conditional_t<std::is_same_v<T, Eigen::bfloat16>, std::uint16_t, T>;
+template <class T>
+inline const lane_t<T>* lanes(const T* p) noexcept {
+  return reinterpret_cast<const lane_t<T>*>(p);
+}
+template <class T>
+inline lane_t<T>* lanes(T* p) noexcept {
+  return reinterpret_cast<lane_t<T>*>(p);
+}
+
+/// Lane -> accumulator and accumulator -> lane conversions.
+template <class A, class L>
+inline A widen(L v) noexcept {
+  if constexpr (std::is_same_v<L, std::uint16_t>) return bf16_bits_to_float(v);
+  else return static_cast<A>(v);
+}
+template <class L, class A>
+inline L narrow(A v) noexcept {
+  if constexpr (std::is_same_v<L, std::uint16_t>) return float_to_bf16_bits(v);
+  else return static_cast<L>(v);
+}
+
 /// Elements per accumulator block: 8 KiB of float, so acc plus one source block stay in L1.
 inline constexpr std::size_t reduce_block = 2048;
 
@@ -63,15 +108,17 @@ void check_op(reduce_op op, std::string_view api) {
 
 /// acc[i] = src[i] converted to A. N > 0: compile-time length (vectorizes); N == 0: use n.
 template <std::size_t N, class A, class T>
-inline void load_block(A* __restrict acc, const T* __restrict src, std::size_t n) {
+inline void load_block(A* __restrict acc, const T* __restrict src_elems, std::size_t n) {
   const std::size_t len = N ? N : n;
-  for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(src[i]);
+  const auto* __restrict src = lanes(src_elems);
+  for (std::size_t i = 0; i < len; ++i) acc[i] = widen<A>(src[i]);
 }
 
 /// acc[i] = acc[i] op src[i], with op one of sum (avg sums), max, min.
 template <std::size_t N, class A, class T>
-inline void combine_block(A* __restrict acc, const T* __restrict src, std::size_t n, reduce_op op) {
+inline void combine_block(A* __restrict acc, const T* __restrict src_elems, std::size_t n, reduce_op op) {
   const std::size_t len = N ? N : n;
+  const auto* __restrict src = lanes(src_elems);
   switch (op) {
     case reduce_op::sum:
     case reduce_op::avg:
@@ -80,18 +127,18 @@ inline void combine_block(A* __restrict acc, const T* __restrict src, std::size_
         for (std::size_t i = 0; i < len; ++i)
           acc[i] = static_cast<A>(static_cast<U>(acc[i]) + static_cast<U>(src[i]));
       } else {
-        for (std::size_t i = 0; i < len; ++i) acc[i] += static_cast<A>(src[i]);
+        for (std::size_t i = 0; i < len; ++i) acc[i] += widen<A>(src[i]);
       }
       break;
     case reduce_op::max:
       for (std::size_t i = 0; i < len; ++i) {
-        const A v = static_cast<A>(src[i]);
+        const A v = widen<A>(src[i]);
         acc[i] = v > acc[i] ? v : acc[i];
       }
       break;
     case reduce_op::min:
       for (std::size_t i = 0; i < len; ++i) {
-        const A v = static_cast<A>(src[i]);
+        const A v = widen<A>(src[i]);
         acc[i] = v < acc[i] ? v : acc[i];
       }
       break;
@@ -107,9 +154,10 @@ inline void divide_block(A* __restrict acc, A divisor, std::size_t n) {
 
 /// dst[i] = T(acc[i]) (round to nearest even for the 16-bit types).
 template <std::size_t N, class T, class A>
-inline void store_block(T* __restrict dst, const A* __restrict acc, std::size_t n) {
+inline void store_block(T* __restrict dst_elems, const A* __restrict acc, std::size_t n) {
   const std::size_t len = N ? N : n;
-  for (std::size_t i = 0; i < len; ++i) dst[i] = static_cast<T>(acc[i]);
+  auto* __restrict dst = lanes(dst_elems);
+  for (std::size_t i = 0; i < len; ++i) dst[i] = narrow<lane_t<T>>(acc[i]);
 }
 
 template <std::size_t N, class T>
@@ -125,7 +173,7 @@ inline void reduce_one_block(const T* const* srcs, int nsrc, T* const* dsts, int
   if constexpr (std::is_same_v<A, T>) {
     for (int j = 0; j < ndst; ++j) std::memcpy(dsts[j] + offset, acc, n * sizeof(T));
   } else {
-    alignas(64) T rounded[reduce_block];
+    alignas(64) lane_t<T> rounded[reduce_block];
     store_block<N>(rounded, acc, n);
     for (int j = 0; j < ndst; ++j) std::memcpy(dsts[j] + offset, rounded, n * sizeof(T));
   }

@@ -251,7 +251,8 @@ class thread_group {
     std::string arrived, missing;
     for (int j = 0; j < size_; ++j) {
       auto& list = entered_[static_cast<std::size_t>(j)].value.load() >= my_count ? arrived : missing;
-      list += (list.empty() ? "" : ",") + std::to_string(j);
+      if (!list.empty()) list += ',';
+      list += std::to_string(j);
     }
     return "comm::threads " + slots_[static_cast<std::size_t>(rank)].describe() + " on group '" + name_ + "' (size " + std::to_string(size_) + ") timed out after " +
            std::to_string(timeout.count()) + " ms on rank " + std::to_string(rank) + ": arrived ranks {" +
