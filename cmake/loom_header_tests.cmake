@@ -1,0 +1,83 @@
+# cmake -DLOOM_SYNTAX_FLAGS_FILE=<file> -DINCLUDE_ROOT=<include dir> -DWORK_DIR=<scratch dir>
+#       [-DWITH_MPI=ON] [-DWITH_TEXT=ON] [-DJOBS=2] -P loom_header_tests.cmake
+# Compiles every public header under INCLUDE_ROOT/loom on its own with -fsyntax-only, JOBS at a
+# time; fails listing each header that does not compile alone, with its diagnostics. See
+# tests/headers/CMakeLists.txt for which headers are skipped and why.
+include("${LOOM_SYNTAX_FLAGS_FILE}")   # LOOM_CXX, LOOM_SYNTAX_FLAGS
+if(NOT JOBS)
+  set(JOBS 2)
+endif()
+file(GLOB_RECURSE headers RELATIVE "${INCLUDE_ROOT}" "${INCLUDE_ROOT}/loom/*.hpp")
+list(SORT headers)
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}")
+
+set(tus "")
+set(skipped "")
+foreach(h IN LISTS headers)
+  file(READ "${INCLUDE_ROOT}/${h}" text)
+  set(reason "")
+  if(h MATCHES "/detail/")
+    set(reason "detail")
+  elseif(h MATCHES "(^|[/_])(ascend|hccl)([/_.]|$)" OR text MATCHES "#[ \t]*include[ \t]*[<\"](acl/|aclnn|hccl/)")
+    set(reason "vendor SDK")
+  elseif(NOT WITH_MPI AND (h MATCHES "(^|[/_])mpi([/_.]|$)" OR text MATCHES "#[ \t]*include[ \t]*[<\"]mpi\\.h"))
+    set(reason "MPI off")
+  elseif(NOT WITH_TEXT AND (h MATCHES "data/text" OR
+                            text MATCHES "#[ \t]*include[ \t]*[<\"](sentencepiece|utf8proc|xxhash)"))
+    set(reason "text off")
+  endif()
+  if(reason)
+    list(APPEND skipped "${h} (${reason})")
+    continue()
+  endif()
+  string(MAKE_C_IDENTIFIER "${h}" id)
+  file(WRITE "${WORK_DIR}/${id}.cpp" "#include <${h}>\n#include <${h}>  // twice: the include guard works\n")
+  list(APPEND tus "${h}")
+endforeach()
+
+# Compile JOBS translation units at once. execute_process runs several COMMANDs concurrently (as
+# a pipeline; the compilers neither read stdin nor write stdout), and reports each exit status.
+string(TIMESTAMP t0 "%s")
+set(failed "")
+list(LENGTH tus n_tus)
+set(i 0)
+while(i LESS n_tus)
+  set(batch "")
+  set(args "")
+  foreach(k RANGE 1 ${JOBS})
+    if(i LESS n_tus)
+      list(GET tus ${i} h)
+      string(MAKE_C_IDENTIFIER "${h}" id)
+      list(APPEND batch "${h}")
+      list(APPEND args COMMAND "${LOOM_CXX}" ${LOOM_SYNTAX_FLAGS} "${WORK_DIR}/${id}.cpp")
+      math(EXPR i "${i} + 1")
+    endif()
+  endforeach()
+  execute_process(${args} RESULTS_VARIABLE results OUTPUT_QUIET ERROR_QUIET)
+  foreach(h rc IN ZIP_LISTS batch results)
+    if(NOT rc EQUAL 0)
+      list(APPEND failed "${h}")
+    endif()
+  endforeach()
+endwhile()
+string(TIMESTAMP t1 "%s")
+math(EXPR secs "${t1} - ${t0}")
+
+foreach(s IN LISTS skipped)
+  message(STATUS "skipped ${s}")
+endforeach()
+foreach(h IN LISTS failed)   # again, alone, for readable diagnostics
+  string(MAKE_C_IDENTIFIER "${h}" id)
+  execute_process(COMMAND "${LOOM_CXX}" ${LOOM_SYNTAX_FLAGS} "${WORK_DIR}/${id}.cpp"
+                  OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  message("---- ${h} does not compile on its own:\n${out}")
+endforeach()
+list(LENGTH skipped n_skipped)
+list(LENGTH failed n_failed)
+message(STATUS "${n_tus} headers compiled alone in ${secs} s (${JOBS} at a time), "
+               "${n_skipped} skipped, ${n_failed} failed")
+if(failed)
+  list(JOIN failed "\n  " failed_lines)
+  message(FATAL_ERROR "headers that do not compile on their own (add the missing #includes):\n  ${failed_lines}")
+endif()
