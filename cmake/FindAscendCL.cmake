@@ -1,0 +1,52 @@
+# FindAscendCL: the Huawei CANN toolkit (AscendCL runtime, HCCL collectives, aclnn operators).
+# Placeholder for the Ascend issue: it only locates the toolkit and makes imported targets.
+#
+# Search order for the toolkit root:
+#   -DASCEND_TOOLKIT_HOME=...  or  $ENV{ASCEND_TOOLKIT_HOME}  (set by CANN's set_env.sh)
+#   /usr/local/Ascend/ascend-toolkit/latest,  /usr/local/Ascend/latest,  /usr/local/Ascend
+#
+# Result variables: AscendCL_FOUND, AscendCL_INCLUDE_DIR, AscendCL_LIBRARY, AscendCL_ROOT.
+# Imported targets:
+#   AscendCL::AscendCL   acl/acl.h + libascendcl (always, when found)
+#   AscendCL::hccl       libhccl      (when present)
+#   AscendCL::opapi      libopapi + libnnopbase, the aclnn operator API (when present)
+set(_ascend_hints "")
+foreach(_root IN ITEMS "${ASCEND_TOOLKIT_HOME}" "$ENV{ASCEND_TOOLKIT_HOME}"
+                       /usr/local/Ascend/ascend-toolkit/latest /usr/local/Ascend/latest /usr/local/Ascend)
+  if(_root AND IS_DIRECTORY "${_root}")
+    list(APPEND _ascend_hints "${_root}")
+  endif()
+endforeach()
+
+find_path(AscendCL_INCLUDE_DIR acl/acl.h HINTS ${_ascend_hints} PATH_SUFFIXES include runtime/include)
+find_library(AscendCL_LIBRARY ascendcl HINTS ${_ascend_hints} PATH_SUFFIXES lib64 lib runtime/lib64)
+find_library(AscendCL_hccl_LIBRARY hccl HINTS ${_ascend_hints} PATH_SUFFIXES lib64 lib)
+find_library(AscendCL_opapi_LIBRARY opapi HINTS ${_ascend_hints} PATH_SUFFIXES lib64 lib)
+find_library(AscendCL_nnopbase_LIBRARY nnopbase HINTS ${_ascend_hints} PATH_SUFFIXES lib64 lib)
+mark_as_advanced(AscendCL_INCLUDE_DIR AscendCL_LIBRARY AscendCL_hccl_LIBRARY
+                 AscendCL_opapi_LIBRARY AscendCL_nnopbase_LIBRARY)
+
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(AscendCL
+  REQUIRED_VARS AscendCL_LIBRARY AscendCL_INCLUDE_DIR
+  REASON_FAILURE_MESSAGE "install the CANN toolkit and source its set_env.sh (sets ASCEND_TOOLKIT_HOME), or pass -DASCEND_TOOLKIT_HOME=<dir>")
+
+if(AscendCL_FOUND)
+  get_filename_component(AscendCL_ROOT "${AscendCL_INCLUDE_DIR}/.." ABSOLUTE)
+  if(NOT TARGET AscendCL::AscendCL)
+    add_library(AscendCL::AscendCL UNKNOWN IMPORTED)
+    set_target_properties(AscendCL::AscendCL PROPERTIES
+      IMPORTED_LOCATION "${AscendCL_LIBRARY}" INTERFACE_INCLUDE_DIRECTORIES "${AscendCL_INCLUDE_DIR}")
+  endif()
+  if(AscendCL_hccl_LIBRARY AND NOT TARGET AscendCL::hccl)
+    add_library(AscendCL::hccl UNKNOWN IMPORTED)
+    set_target_properties(AscendCL::hccl PROPERTIES
+      IMPORTED_LOCATION "${AscendCL_hccl_LIBRARY}" INTERFACE_LINK_LIBRARIES AscendCL::AscendCL)
+  endif()
+  if(AscendCL_opapi_LIBRARY AND AscendCL_nnopbase_LIBRARY AND NOT TARGET AscendCL::opapi)
+    add_library(AscendCL::opapi UNKNOWN IMPORTED)
+    set_target_properties(AscendCL::opapi PROPERTIES
+      IMPORTED_LOCATION "${AscendCL_opapi_LIBRARY}"
+      INTERFACE_LINK_LIBRARIES "${AscendCL_nnopbase_LIBRARY};AscendCL::AscendCL")
+  endif()
+endif()

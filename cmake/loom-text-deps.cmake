@@ -1,0 +1,61 @@
+# Imported targets for loom::text. Used by loom's CMakeLists.txt and by the installed
+# loom-config.cmake, so a consumer resolves the same libraries the build did.
+#
+#   SentencePiece::SentencePiece   libsentencepiece + libsentencepiece_train (Debian: libsentencepiece-dev)
+#   utf8proc::utf8proc             libutf8proc                              (Debian: libutf8proc-dev)
+#   xxHash::xxhash                 libxxhash                                (Debian: libxxhash-dev)
+#
+# Each is looked up with pkg-config first, then with find_path/find_library. Targets that already
+# exist (a parent project made them) are kept. Sets
+#   LOOM_TEXT_DEPS_FOUND    TRUE when all three targets exist
+#   LOOM_TEXT_DEPS_MISSING  the names of those not found
+find_package(PkgConfig QUIET)
+
+# _loom_text_dep(<target> <pkg-config module> <header> <library>...)
+function(_loom_text_dep target module header)
+  if(TARGET ${target})
+    return()
+  endif()
+  set(_libs "")
+  set(_incs "")
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(_loom_pc_${module} QUIET ${module})
+    if(_loom_pc_${module}_FOUND)
+      set(_libs ${_loom_pc_${module}_LINK_LIBRARIES})
+      set(_incs ${_loom_pc_${module}_INCLUDE_DIRS})
+    endif()
+  endif()
+  if(NOT _libs)
+    find_path(LOOM_${module}_INCLUDE_DIR ${header})
+    set(_libs "")
+    foreach(_lib IN LISTS ARGN)
+      find_library(LOOM_${_lib}_LIBRARY ${_lib})
+      if(NOT LOOM_${_lib}_LIBRARY)
+        return()
+      endif()
+      list(APPEND _libs ${LOOM_${_lib}_LIBRARY})
+    endforeach()
+    if(NOT LOOM_${module}_INCLUDE_DIR)
+      return()
+    endif()
+    set(_incs ${LOOM_${module}_INCLUDE_DIR})
+  endif()
+  add_library(${target} INTERFACE IMPORTED GLOBAL)
+  set_target_properties(${target} PROPERTIES INTERFACE_LINK_LIBRARIES "${_libs}")
+  if(_incs)
+    set_target_properties(${target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_incs}")
+  endif()
+endfunction()
+
+_loom_text_dep(SentencePiece::SentencePiece sentencepiece sentencepiece_processor.h sentencepiece sentencepiece_train)
+_loom_text_dep(utf8proc::utf8proc libutf8proc utf8proc.h utf8proc)
+_loom_text_dep(xxHash::xxhash libxxhash xxhash.h xxhash)
+
+set(LOOM_TEXT_DEPS_FOUND TRUE)
+set(LOOM_TEXT_DEPS_MISSING "")
+foreach(_loom_t SentencePiece::SentencePiece utf8proc::utf8proc xxHash::xxhash)
+  if(NOT TARGET ${_loom_t})
+    set(LOOM_TEXT_DEPS_FOUND FALSE)
+    list(APPEND LOOM_TEXT_DEPS_MISSING ${_loom_t})
+  endif()
+endforeach()
