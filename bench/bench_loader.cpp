@@ -7,8 +7,9 @@
 //
 // Without --data it writes a synthetic uint16 dataset of N tokens (default 64M = 128 MB, larger
 // than the caches) to the temp directory once and memory-maps it like any prepared dataset.
-// The stand-in step is honest about cores but not about memory traffic; rerun with the real
-// step's time from train_gpt (--step-ms) to size the workers for a model.
+// The stand-in step is honest about cores but not about memory traffic, so the last rows feed
+// the real quickstart training step (loom::train::trainer, models::quickstart, B=16, T=128,
+// fp32 on the CPU; --real-steps 0 skips them) from the loader.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -21,19 +22,22 @@
 #include <vector>
 
 #include <loom/data/loader.hpp>
+#include <loom/device/cpu.hpp>
+#include <loom/kernels/cpu.hpp>
+#include <loom/train/trainer.hpp>
 
 namespace {
 using clock_type = std::chrono::steady_clock;
 
 std::filesystem::path synthetic(std::uint64_t tokens) {
-  const auto prefix = std::filesystem::temp_directory_path() / ("loom_bench_loader_" + std::to_string(tokens));
+  const auto prefix = std::filesystem::temp_directory_path() / ("loom_bench_loader_v256_" + std::to_string(tokens));
   if (std::filesystem::exists(loom::data::idx_path(prefix))) return prefix;
   loom::data::indexed_dataset_writer w(prefix, loom::data::dtype::uint16);
   std::mt19937_64 rng(1);
   std::vector<std::int32_t> doc;
   for (std::uint64_t done = 0; done < tokens;) {
     doc.resize(std::min<std::uint64_t>(tokens - done, 200 + rng() % 4000));
-    for (auto& t : doc) t = std::int32_t(rng() % 8000);
+    for (auto& t : doc) t = std::int32_t(rng() % 256);  // fits the byte-level quickstart model
     w.add_document(doc);
     done += doc.size();
   }
@@ -106,6 +110,42 @@ int main(int argc, char** argv) {
                   ms > 0 ? ("busy " + std::to_string(int(ms)) + " ms").c_str() : "no-op", n,
                   double(n) * double(B * T) / s, 1000.0 * s / n, 100.0 * waited / s, 1000.0 * waited / n,
                   checksum == 42 ? " " : "");
+    }
+  }
+  // The real step: the quickstart model (vocab 256), B=16, T=128, fed by the loader.
+  const int real_steps = std::atoi(arg(argc, argv, "--real-steps", "12"));
+  if (real_steps > 0) {
+    using namespace loom;
+    constexpr int QB = 16, QT = 128;
+    using P = policy<device::cpu, precision::fp32>;
+    context<device::cpu> ctx;
+    train::trainer_config cfg;
+    cfg.schedule = {1e-3, 1e-4, 10, 1000};
+    train::trainer<models::quickstart, P, QB, QT> tr(ctx, cfg);
+    for (const int workers : {0, 1, 2}) {
+      data::loader_options o;
+      o.batch = QB;
+      o.seq_len = QT;
+      o.seed = 1;
+      o.workers = workers;
+      o.vocab = models::quickstart::vocab;
+      data::loader<> l(prefix, o);
+      tr.step(ctx, l.next());  // warm-up
+      double waited = 0, stepped = 0;
+      const auto t0 = clock_type::now();
+      for (int i = 0; i < real_steps; ++i) {
+        const auto w0 = clock_type::now();
+        const auto b = l.next();
+        const auto w1 = clock_type::now();
+        tr.step(ctx, b);
+        waited += std::chrono::duration<double>(w1 - w0).count();
+        stepped += std::chrono::duration<double>(clock_type::now() - w1).count();
+      }
+      const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+      std::printf("%-8d %-16s %8d %14.0f %12.3f %9.3f%% %12.3f\n", workers, "quickstart", real_steps,
+                  double(real_steps) * QB * QT / s, 1000.0 * s / real_steps, 100.0 * waited / s,
+                  1000.0 * waited / real_steps);
+      (void)stepped;
     }
   }
   return 0;
