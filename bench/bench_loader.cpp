@@ -9,7 +9,8 @@
 // than the caches) to the temp directory once and memory-maps it like any prepared dataset.
 // The stand-in step is honest about cores but not about memory traffic, so the last rows feed
 // the real quickstart training step (loom::train::trainer, models::quickstart, B=16, T=128,
-// fp32 on the CPU; --real-steps 0 skips them) from the loader.
+// fp32 on the CPU; --real-steps 0 skips them, and they are off with --data, whose ids exceed
+// the quickstart's 256) from the loader.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -113,7 +114,8 @@ int main(int argc, char** argv) {
     }
   }
   // The real step: the quickstart model (vocab 256), B=16, T=128, fed by the loader.
-  const int real_steps = std::atoi(arg(argc, argv, "--real-steps", "12"));
+  // (Only on the synthetic byte-token data by default: a prepared dataset has ids >= 256.)
+  const int real_steps = std::atoi(arg(argc, argv, "--real-steps", data.empty() ? "12" : "0"));
   if (real_steps > 0) {
     using namespace loom;
     constexpr int QB = 16, QT = 128;
