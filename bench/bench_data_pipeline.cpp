@@ -8,6 +8,8 @@
 //   bench_data_pipeline [--data DIR] [--vocab-size 8000] [--repeat 3]
 //
 // DIR defaults to LOOM_DATA_DIR or ../shared/data (relative to the working directory).
+#if __has_include(<sentencepiece_processor.h>) && __has_include(<utf8proc.h>) && __has_include(<xxhash.h>) && \
+    __has_include(<nlohmann/json.hpp>)
 #include <time.h>
 
 #include <algorithm>
@@ -161,3 +163,12 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(tmp);
   return 0;
 }
+
+#else
+#include <cstdio>
+int main() {
+  std::fputs("bench_data_pipeline: built without the text libraries (SentencePiece, utf8proc, xxhash, nlohmann-json); "
+             "install them with scripts/setup.sh and rebuild\n", stderr);
+  return 2;
+}
+#endif

@@ -9,6 +9,8 @@
 // per stage (documents and bytes kept/removed, seconds, MB/s). See docs/data.md.
 // Build: g++ -std=c++20 -O2 -Iinclude examples/prepare_data.cpp -lsentencepiece
 //        -lsentencepiece_train -lutf8proc -lxxhash -pthread
+#if __has_include(<sentencepiece_processor.h>) && __has_include(<utf8proc.h>) && __has_include(<xxhash.h>) && \
+    __has_include(<nlohmann/json.hpp>) && __has_include(<CLI/CLI.hpp>)
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -80,3 +82,12 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+#else
+#include <cstdio>
+int main() {
+  std::fputs("prepare_data: built without the text libraries (SentencePiece, utf8proc, xxhash, nlohmann-json, CLI11); "
+             "install them with scripts/setup.sh and rebuild\n", stderr);
+  return 2;
+}
+#endif
