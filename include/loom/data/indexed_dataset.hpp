@@ -104,8 +104,8 @@ class indexed_dataset {
   indexed_dataset() = default;
   explicit indexed_dataset(const std::filesystem::path& prefix)
       : prefix_(prefix),
-        idx_(idx_path(prefix), "index file"),
-        bin_(bin_path(prefix), "data file") {
+        idx_(idx_path(prefix), "index file", open_fix),
+        bin_(bin_path(prefix), "data file", open_fix) {
     validate();
   }
 
@@ -228,6 +228,8 @@ class indexed_dataset {
       throw input_error("indexed dataset '" + prefix_.string() + "' stores " + std::string(dtype_name(dtype_)) +
                         " tokens; read it with that type or use read_tokens()");
   }
+  static constexpr std::string_view open_fix =
+      "pass the dataset prefix (the path without .idx/.bin) of files written by prepare_data or Megatron";
   [[noreturn]] void corrupt(const std::string& problem, const std::string& fix) const {
     throw input_error("index file '" + idx_path(prefix_).string() + "': " + problem + "; " + fix);
   }

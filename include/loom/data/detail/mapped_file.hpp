@@ -29,12 +29,14 @@ inline std::string errno_text() { return std::strerror(errno); }
 class mapped_file {
  public:
   mapped_file() = default;
-  /// `what` names the file's role in messages ("index file", "data file").
-  explicit mapped_file(const std::filesystem::path& path, std::string_view what = "file") {
+  /// `what` names the file's role in messages ("index file", "data file"), `fix` says what to
+  /// do when it cannot be opened.
+  explicit mapped_file(const std::filesystem::path& path, std::string_view what = "file",
+                       std::string_view fix = "check the path") {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-      throw input_error(std::string(what) + " '" + path.string() + "' cannot be opened (" + errno_text() +
-                        "); check the path (a dataset prefix is the path without .idx/.bin)");
+      throw input_error(std::string(what) + " '" + path.string() + "' cannot be opened (" + errno_text() + "); " +
+                        std::string(fix));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
       ::close(fd);

@@ -61,7 +61,7 @@ inline split_mode parse_split_mode(std::string_view s) {
 /// missing or not a string.
 inline void read_documents(const std::filesystem::path& path, split_mode split, const std::string& json_key,
                            std::vector<std::string>& out) {
-  const data::detail::mapped_file f(path, "input file");
+  const data::detail::mapped_file f(path, "input file", "check the --input path");
   const std::string_view text(reinterpret_cast<const char*>(f.data()), f.size());
   const auto ext = path.extension().string();
   if (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") {

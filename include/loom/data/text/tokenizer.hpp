@@ -49,7 +49,7 @@ class tokenizer {
  public:
   /// Loads a .model file. Throws loom::input_error if it is missing or not a SentencePiece model.
   static tokenizer load(const std::filesystem::path& model) {
-    const data::detail::mapped_file f(model, "tokenizer model");
+    const data::detail::mapped_file f(model, "tokenizer model", "pass the .model file written by prepare_data or spm_train");
     std::string proto(reinterpret_cast<const char*>(f.data()), f.size());
     try {
       return from_serialized(std::move(proto));
