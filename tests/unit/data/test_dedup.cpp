@@ -88,6 +88,19 @@ TEST_CASE("dedup: exact duplicates are removed, first occurrence kept") {
   CHECK(n.insert(a) == verdict::keep);
   CHECK(n.insert(a) == verdict::near_duplicate);
   CHECK(minhash::jaccard(n.hasher().signature(a), n.hasher().signature(a)) == 1.0);
+  // ... for any document and any hash seed.
+  std::mt19937 rng(9);
+  int collided = 0;
+  for (int t = 0; t < 200; ++t) {
+    std::string doc;
+    for (int w = 0, n_words = 5 + int(rng() % 100); w < n_words; ++w) doc += std::to_string(rng() % 500) + "w ";
+    near_only.seed = std::uint64_t(t);
+    near_only.bands = 14;  // skip the band optimisation in this loop
+    deduplicator d(near_only);
+    d.insert(doc);
+    collided += d.insert(doc) == verdict::near_duplicate;
+  }
+  CHECK(collided == 200);
 }
 
 TEST_CASE("dedup: a Shakespeare speech with a few words changed is a near duplicate; J estimate is close") {
