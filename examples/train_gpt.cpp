@@ -10,19 +10,28 @@
 // line naming the problem and the fix.
 #include <CLI/CLI.hpp>
 
+#include <array>
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include <loom/bench/peak.hpp>
+#include <loom/core/memory.hpp>
 #include <loom/data/byte_dataset.hpp>
 #include <loom/data/sampler.hpp>
 #include <loom/device/cpu.hpp>
+#include <loom/io/jsonl.hpp>
+#include <loom/io/tensorboard.hpp>
+#include <loom/io/trace.hpp>
 #include <loom/io/weights.hpp>
 #include <loom/kernels/cpu.hpp>
 #include <loom/nn/generate.hpp>
+#include <loom/train/console.hpp>
+#include <loom/train/metrics.hpp>
 #include <loom/train/trainer.hpp>
 
 namespace {
@@ -38,6 +47,9 @@ struct options {
   double temperature = 0.8;
   std::uint64_t seed = 1337;
   double time_budget = 0;  // seconds; 0 = none
+  std::string log_dir = "out/logs", profile_steps;
+  double peak_gflops = 0;  // 0 = measure at start-up
+  long summary_every = 500;
 };
 
 template <class M, int B, int T>
@@ -73,30 +85,81 @@ int run(const options& o) {
               o.data.c_str(), ds.train().size(), ds.validation().size(), o.steps, o.lr, o.min_lr, o.warmup);
   std::fflush(stdout);
 
+  // observability: step breakdown, MFU, memory, console, TensorBoard, JSON lines, trace window
+  memory_counter mem;
+  mem.add(memory_kind::parameters, tr.model().parameters().bytes());
+  mem.add(memory_kind::gradients, tr.model().gradients().bytes());
+  mem.add(memory_kind::optimizer, 2 * tr.optimizer().first_moment().bytes());
+  mem.add(memory_kind::activations, tr.activations().bytes());
+  const double peak = o.peak_gflops > 0 ? o.peak_gflops : bench::measure_fp32_peak().gflops;
+  std::printf("fp32 peak %.0f GFLOP/s (%s) | memory: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, activations %.1f MiB\n",
+              peak, o.peak_gflops > 0 ? "--peak-gflops" : "measured", mem.current(memory_kind::parameters) / 1048576.0,
+              mem.current(memory_kind::gradients) / 1048576.0, mem.current(memory_kind::optimizer) / 1048576.0,
+              mem.current(memory_kind::activations) / 1048576.0);
+  const double fpt = 6.0 * double(nn::parameter_count<M>(false)) + 12.0 * M::n_layer * c.seq_len * M::d_model;
+  train::step_metrics metrics({.flops_per_token = fpt, .peak_flops = peak * 1e9, .total_steps = o.steps});
+  train::step_timer timer;
+  train::console con({.total_steps = o.steps, .summary_every = o.summary_every});
+  std::optional<io::tensorboard_writer> tb;
+  std::optional<io::jsonl_writer> jsonl;
+  if (!o.log_dir.empty()) {
+    std::filesystem::create_directories(o.log_dir);
+    tb.emplace(o.log_dir);
+    jsonl.emplace(std::filesystem::path(o.log_dir) / "metrics.jsonl");
+  }
+  io::trace_recorder trace({.window = io::step_window::parse(o.profile_steps),
+                            .file = std::filesystem::path(o.log_dir.empty() ? "out" : o.log_dir) / "trace.json"});
+  std::array<double, train::phase_count> began{};
+  tr.on_phase = [&](train::phase p, bool begin) {
+    if (begin) {
+      timer.enter(p);
+      began[std::size_t(p)] = io::trace_recorder::now_us();
+    } else {
+      timer.leave();
+      trace.complete(train::phase_name(p), "step", began[std::size_t(p)], io::trace_recorder::now_us() - began[std::size_t(p)]);
+    }
+  };
+
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto report_val = [&](long step) {
     const double nats = tr.evaluate(ctx, val);
-    std::printf("step %5ld | val loss %.4f nats/token | %.4f bits/byte | %.0f s\n", step, nats, nats / std::log(2.0),
-                std::chrono::duration<double>(clock::now() - t0).count());
-    std::fflush(stdout);
+    con.message("step " + std::to_string(step) + " | val loss " + std::to_string(nats).substr(0, 6) + " nats/token | " +
+                std::to_string(nats / std::log(2.0)).substr(0, 6) + " bits/byte | " +
+                std::to_string(long(std::chrono::duration<double>(clock::now() - t0).count())) + " s");
+    const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", nats / std::log(2.0)}};
+    if (tb) tb->add_scalars(step, sc);
+    if (jsonl) jsonl->write_scalars(step, sc);
     return nats;
   };
   long step = 0;
   for (; step < o.steps; ++step) {
     if (o.time_budget > 0 && std::chrono::duration<double>(clock::now() - t0).count() > o.time_budget) {
-      std::printf("time budget of %.0f s reached after %ld steps\n", o.time_budget, step);
+      con.message("time budget of " + std::to_string(long(o.time_budget)) + " s reached after " + std::to_string(step) + " steps");
       break;
     }
-    sampler.next(train_bytes, std::span(batch));
-    const auto s0 = clock::now();
+    trace.begin_step(step);
+    timer.begin_step();
+    {
+      auto d = timer.scope(train::phase::data_wait);
+      sampler.next(train_bytes, std::span(batch));
+    }
     const auto r = tr.step(ctx, batch);
-    const double ms = std::chrono::duration<double, std::milli>(clock::now() - s0).count();
-    if (step % 10 == 0 || step == o.steps - 1 || r.skipped)
-      std::printf("step %5ld/%ld | loss %.4f | lr %.2e | grad norm %.3f | %.1f ms | %.0f tokens/s%s\n", step + 1, o.steps,
-                  r.loss, r.lr, r.grad_norm, ms, double(r.tokens) / ms * 1e3, r.skipped ? " | skipped (non-finite gradient)" : "");
+    const auto rec = metrics.record({.step = step, .tokens = r.tokens, .loss = r.loss, .lr = r.lr, .grad_norm = r.grad_norm,
+                                     .skipped = r.skipped},
+                                    timer.end_step());
+    const auto snap = mem.snapshot();
+    const auto os = read_process_memory();
+    con.step(rec, metrics, &snap, &os);
+    if (tb || jsonl) {
+      const auto sc = train::step_metrics::scalars(rec, &snap, &os);
+      if (tb) tb->add_scalars(step, sc);
+      if (jsonl) jsonl->write_scalars(step, sc);
+    }
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) report_val(step + 1);
   }
+  trace.stop();
+  con.finish();
   // final validation over the whole validation split
   std::vector<std::int32_t> all_val((val_bytes.size() - 1) / (tr.window() - 1) / c.micro_batch * c.micro_batch * tr.window());
   if (!all_val.empty()) {
@@ -124,6 +187,7 @@ int run(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // one line at a time, also into a file or a pipe
   options o;
   CLI::App app{"train_gpt: train a byte-level GPT on a UTF-8 text file (CPU, fp32), then sample from it"};
   app.add_option("--data", o.data, "UTF-8 text file to train on (e.g. ../shared/data/tinyshakespeare.txt)")->required();
@@ -142,6 +206,10 @@ int main(int argc, char** argv) {
   app.add_option("--eval-windows", o.eval_windows, "validation windows per periodic evaluation");
   app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling");
   app.add_option("--time-budget", o.time_budget, "stop training after this many seconds (0: no limit)");
+  app.add_option("--log-dir", o.log_dir, "TensorBoard events, metrics.jsonl and trace.json go here ('' = none)");
+  app.add_option("--profile-steps", o.profile_steps, "record a Chrome/Perfetto timeline of steps A:B (half-open), off by default");
+  app.add_option("--peak-gflops", o.peak_gflops, "fp32 peak for MFU (default: measured at start-up)");
+  app.add_option("--summary-every", o.summary_every, "steps between breakdown tables (0: never)");
   app.add_option("--out", o.out, "where to save the weights (default out/<model>.safetensors)");
   app.add_option("--sample-tokens", o.sample_tokens, "bytes to sample after training");
   app.add_option("--prompt", o.prompt, "prompt for the sample");

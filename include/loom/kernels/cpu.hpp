@@ -13,6 +13,7 @@
 #include <loom/kernels/cpu/matmul.hpp>
 #include <loom/kernels/cpu/residual.hpp>
 #include <loom/kernels/ops.hpp>
+#include <loom/kernels/cpu_fused.hpp>  // attention<cpu, T, fused>
 
 namespace loom::kernels {
 

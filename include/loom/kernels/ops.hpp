@@ -7,12 +7,18 @@
 /// All pointers are device pointers in D's memory; every call is ordered on ctx.stream.
 /// Write modes follow Note [grad accumulation]: parameter gradients +=, activation gradients =,
 /// residual-stream gradients +=.
+#include <cstdint>
+
 #include <loom/core/context.hpp>
 
 namespace loom::kernels {
 
 template <class...>
 inline constexpr bool dependent_false = false;
+
+/// A target equal to ignore_index is padding: it contributes no loss and no gradient
+/// (llm.c's convention; PyTorch's default is -100).
+inline constexpr std::int32_t ignore_index = -1;
 
 /// Attention implementations, chosen by tag (STYLE §3.8).
 struct reference {};  ///< materialises the (T,T) probabilities; O(B·NH·T²) saved memory

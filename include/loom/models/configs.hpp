@@ -7,6 +7,7 @@
 ///   vocab                     real vocabulary size (token ids in [0, vocab))
 ///   vocab_padded              embedding rows; >= vocab, padded for alignment/TP; padded rows
 ///                             are never predicted (softmax runs over [0, vocab) only)
+#include <concepts>
 #include <string_view>
 
 namespace loom::models {

@@ -158,7 +158,7 @@ class gpt {
 
   /// Forward pass over a micro-batch of b sequences of length t (b <= B, t <= T).
   ///   inputs  (b,t) int32 token ids in [0, vocab) — the caller validates them
-  ///   targets (b,t) int32 in [0, vocab) or kernels::cpu::ignore_index (-1), or null for
+  ///   targets (b,t) int32 in [0, vocab) or kernels::ignore_index (-1), or null for
   ///           logits only
   /// Writes the activations; when targets are given, the per-token losses; when grad_scale
   /// is non-zero, also overwrites the logits with dlogits = grad_scale * d(sum of losses)

@@ -11,6 +11,8 @@
 ///   tp  : 0 1 0 1 0 1 0 1
 ///   dp  : 0 0 1 1 0 0 1 1
 ///   pp  : 0 0 0 0 1 1 1 1
+#include <concepts>
+
 namespace loom::parallel {
 
 template <int TP, int PP = 1>

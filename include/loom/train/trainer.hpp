@@ -9,6 +9,7 @@
 /// finite; clip; AdamW at the scheduled learning rate.
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include <loom/nn/gpt.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
+#include <loom/train/metrics.hpp>
 
 namespace loom::train {
 
@@ -93,6 +95,11 @@ class trainer {
   long step_count() const noexcept { return step_; }
   void set_step_count(long s) noexcept { step_ = s; }
 
+  /// Called at the start (begin = true) and end of every phase inside step(): h2d_copy,
+  /// forward, backward and optimizer, so a step_timer or a trace recorder can attribute time.
+  /// Empty by default (no cost beyond one test per phase).
+  std::function<void(phase, bool begin)> on_phase;
+
   /// Windows per global batch.
   std::size_t windows_per_step() const noexcept { return std::size_t(cfg_.grad_accum) * cfg_.micro_batch; }
   /// Tokens per window: seq_len + 1 (inputs and the shifted targets).
@@ -115,7 +122,7 @@ class trainer {
   }
 
   /// One optimizer step on explicit inputs and targets, each (grad_accum, micro_batch, seq_len) int32.
-  /// Targets equal to kernels::cpu::ignore_index (-1) are padding: they add no loss and no
+  /// Targets equal to kernels::ignore_index (-1) are padding: they add no loss and no
   /// gradient, and the loss is the mean over the other targets of the whole global batch.
   /// Throws loom::input_error on wrong sizes, ids outside [0, vocab), or a batch whose
   /// targets are all ignored.
@@ -127,7 +134,7 @@ class trainer {
     validate_tokens(inputs, M::vocab, "training inputs");
     long count = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      if (targets[i] == kernels::cpu::ignore_index) continue;
+      if (targets[i] == kernels::ignore_index) continue;
       if (targets[i] < 0 || targets[i] >= M::vocab)
         validate_tokens(targets.subspan(i, 1), M::vocab, "training targets");
       ++count;
@@ -139,10 +146,17 @@ class trainer {
     const int b = cfg_.micro_batch, t = cfg_.seq_len;
     const std::size_t mb = std::size_t(b) * t;
     for (int m = 0; m < cfg_.grad_accum; ++m) {
+      mark(phase::h2d_copy, true);
       copy_in(ctx, inputs.subspan(m * mb, mb), targets.subspan(m * mb, mb));
+      mark(phase::h2d_copy, false);
+      mark(phase::forward, true);
       loss_sum += double(model_.forward(ctx, acts_, inputs_.data(), targets_.data(), b, t, scale));
+      mark(phase::forward, false);
+      mark(phase::backward, true);
       model_.backward(ctx, acts_, inputs_.data(), b, t);
+      mark(phase::backward, false);
     }
+    mark(phase::optimizer, true);
     step_result r;
     r.tokens = count;
     r.loss = loss_sum / double(count);
@@ -151,10 +165,11 @@ class trainer {
     ++step_;
     if (!std::isfinite(r.grad_norm)) {
       r.skipped = true;  // parameters and moments untouched
-      return r;
+    } else {
+      opt_.update(ctx, model_, r.lr, optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm));
+      ctx.synchronize();
     }
-    opt_.update(ctx, model_, r.lr, optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm));
-    ctx.synchronize();
+    mark(phase::optimizer, false);
     return r;
   }
 
@@ -181,6 +196,9 @@ class trainer {
   }
 
  private:
+  void mark(phase p, bool begin) {
+    if (on_phase) on_phase(p, begin);
+  }
   // rows of seq_len+1 ids -> inputs row[0..seq_len), targets row[1..seq_len]
   void split_windows(std::span<const std::int32_t> w, std::span<std::int32_t> in, std::span<std::int32_t> tg) const {
     const std::size_t t = std::size_t(cfg_.seq_len), wn = window();

@@ -7,11 +7,11 @@
 #include <limits>
 
 #include <loom/kernels/cpu/common.hpp>
+#include <loom/kernels/ops.hpp>
 
 namespace loom::kernels::cpu {
 
-/// Rows whose target equals ignore_index contribute no loss and no gradient.
-inline constexpr std::int32_t ignore_index = -1;
+using kernels::ignore_index;  // rows whose target equals it contribute no loss and no gradient
 
 /// For each of the N rows of logits (N,Vp), over the real vocabulary [0,V) only:
 ///   losses[n] = logsumexp(logits[n,:V]) - logits[n,target[n]]       (= ; 0 for ignored rows)

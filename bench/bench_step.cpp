@@ -1,0 +1,81 @@
+// bench_step — one whole training step (forward, backward, AdamW) on the CPU in fp32, for the
+// quickstart config and issue #2's comparison config (vocab 8192, seq 256, width 384, 6 layers,
+// 6 heads, micro-batch 8). Prints ms/step, tokens/s, MFU against the measured fp32 FMA peak,
+// and memory (loom's buffers and the process's peak RSS).
+//
+//   build/bench/bench_step [--steps N] [--peak-gflops G]
+//
+// MFU = (6 N + 12 L T d) * tokens/s / peak (N: parameters without position embeddings).
+// Reference figures on these 2-core machines (issue #2): PyTorch 1.13 fp32, tuned, about
+// 2,900 tokens/s on the comparison config; llm.c's CPU trainer about 580 tokens/s.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <loom/bench/peak.hpp>
+#include <loom/core/memory.hpp>
+#include <loom/device/cpu.hpp>
+#include <loom/kernels/cpu.hpp>
+#include <loom/train/trainer.hpp>
+
+namespace {
+
+template <class M, int B, int T>
+void run(int steps, double peak_flops) {
+  using namespace loom;
+  using P = policy<device::cpu, precision::fp32>;
+  context<device::cpu> ctx;
+  train::trainer_config cfg;
+  cfg.schedule = {1e-3, 1e-4, 10, 1000};
+  train::trainer<M, P, B, T> tr(ctx, cfg);
+  std::vector<std::int32_t> w(tr.windows_per_step() * tr.window());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::int32_t(random_below(M::vocab, 1, 0, i));
+  tr.step(ctx, w);  // warm-up: first touch of every buffer, thread pool start
+  std::vector<double> ms;
+  for (int s = 0; s < steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    tr.step(ctx, w);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2];
+  const double tok_s = double(B) * T / med * 1e3;
+  const double n = double(nn::parameter_count<M>(false));
+  const double fpt = 6 * n + 12.0 * M::n_layer * T * M::d_model;
+  const std::size_t param_bytes = 2 * tr.model().parameters().bytes();  // parameters + gradients
+  const std::size_t opt_bytes = 2 * tr.optimizer().first_moment().bytes();
+  const std::size_t act_bytes = tr.activations().bytes();
+  const auto mem = read_process_memory();
+  std::printf("| %-11s | %2d x %4d | %10.1f | %8.1f | %8.0f | %5.1f %% | %7.1f | %7.1f | %7.1f | %8.1f |\n",
+              std::string(M::name).c_str(), B, T, n / 1e6, med, tok_s, 100.0 * fpt * tok_s / peak_flops,
+              param_bytes / 1048576.0, opt_bytes / 1048576.0, act_bytes / 1048576.0, mem.peak_rss / 1048576.0);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 10;
+  double peak_gflops = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--steps") steps = std::atoi(argv[i + 1]);
+    else if (a == "--peak-gflops") peak_gflops = std::atof(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "bench_step: unknown flag %s; use --steps N or --peak-gflops G\n", a.c_str());
+      return 2;
+    }
+  }
+  if (peak_gflops <= 0) peak_gflops = loom::bench::measure_fp32_peak().gflops;
+  const char* ct = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("fp32 peak %.0f GFLOP/s (measured unless --peak-gflops); OPENBLAS_CORETYPE=%s (loom's GEMM is Eigen, unaffected)\n",
+              peak_gflops, ct ? ct : "(unset)");
+  std::printf("| config      | B  x  T   | params (M) | ms/step  | tokens/s | MFU     | p+g MiB | opt MiB | act MiB | peak RSS |\n");
+  std::printf("|-------------|-----------|------------|----------|----------|---------|---------|---------|---------|----------|\n");
+  run<loom::models::quickstart, 16, 128>(steps, peak_gflops * 1e9);
+  run<loom::models::bench_small, 8, 256>(steps, peak_gflops * 1e9);
+  std::printf("peak RSS is cumulative over the rows (the process's high-water mark).\n");
+}

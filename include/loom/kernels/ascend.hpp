@@ -1,0 +1,158 @@
+#pragma once
+/// \file The Ascend specializations of kernels::ops and kernels::attention (aclnn operators).
+///
+/// Same members, arguments and write modes as kernels::ops<device::cpu, T> (kernels/cpu.hpp),
+/// taking context<device::ascend>&; every pointer is NPU memory and every call is ordered on
+/// ctx.stream. Members returning a host value (crossentropy, sum_of_squares, all_finite)
+/// synchronize the stream. Storage types: float, Eigen::half, Eigen::bfloat16 — what the aclnn
+/// operators document. Any other T compiles until a member is used; using one is a compile error
+/// naming the member, its aclnn operator and the type (static_assert in each member).
+/// Which aclnn call implements which member: docs/ascend.md, and each kernels/ascend/*.hpp file.
+#include <cstddef>
+#include <cstdint>
+
+#include <loom/device/ascend.hpp>
+#include <loom/kernels/ascend/attention_fused.hpp>
+#include <loom/kernels/ascend/common.hpp>
+#include <loom/kernels/ascend/crossentropy.hpp>
+#include <loom/kernels/ascend/elementwise.hpp>
+#include <loom/kernels/ascend/encoder.hpp>
+#include <loom/kernels/ascend/layernorm.hpp>
+#include <loom/kernels/ascend/matmul.hpp>
+#include <loom/kernels/ascend/optimizer.hpp>
+#include <loom/kernels/ops.hpp>
+
+namespace loom::kernels {
+
+template <class T>
+struct ops<device::ascend, T> {
+  using ctx_t = context<device::ascend>;
+  using acc = float;  ///< statistics, losses and reductions are fp32 on the NPU
+
+  static void encoder_forward(ctx_t& ctx, T* out, const std::int32_t* tok, const T* wte, const T* wpe, int B, int Tn,
+                              int C) {
+    static_assert(ascend::supports_v<ascend::op::embedding, T>,
+                  "loom::kernels::ops<ascend, T>::encoder_forward: aclnnEmbedding has no kernel for this storage type "
+                  "on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::encoder_forward(ctx, out, tok, wte, wpe, B, Tn, C);
+  }
+  static void encoder_backward(ctx_t& ctx, T* dwte, T* dwpe, const T* dout, const std::int32_t* tok, int B, int Tn,
+                               int C) {
+    static_assert(ascend::supports_v<ascend::op::embedding, T>,
+                  "loom::kernels::ops<ascend, T>::encoder_backward: aclnnEmbeddingDenseBackward has no kernel for this "
+                  "storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::encoder_backward(ctx, dwte, dwpe, dout, tok, B, Tn, C);
+  }
+  static void layernorm_forward(ctx_t& ctx, T* out, acc* mean, acc* rstd, const T* in, const T* w, const T* b, int N,
+                                int C) {
+    static_assert(ascend::supports_v<ascend::op::layernorm, T>,
+                  "loom::kernels::ops<ascend, T>::layernorm_forward: aclnnLayerNorm has no kernel for this storage "
+                  "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::layernorm_forward(ctx, out, mean, rstd, in, w, b, N, C);
+  }
+  static void layernorm_backward(ctx_t& ctx, T* din, T* dw, T* db, const T* dout, const T* in, const T* w,
+                                 const acc* mean, const acc* rstd, int N, int C) {
+    static_assert(ascend::supports_v<ascend::op::layernorm, T>,
+                  "loom::kernels::ops<ascend, T>::layernorm_backward: aclnnLayerNormBackward has no kernel for this "
+                  "storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::layernorm_backward(ctx, din, dw, db, dout, in, w, mean, rstd, N, C);
+  }
+  static void matmul_forward(ctx_t& ctx, T* out, const T* in, const T* w, const T* bias, int N, int C, int OC) {
+    static_assert(ascend::supports_v<ascend::op::matmul, T>,
+                  "loom::kernels::ops<ascend, T>::matmul_forward: aclnnMatmul/aclnnAddmm have no kernel for this "
+                  "storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::matmul_forward(ctx, out, in, w, bias, N, C, OC);
+  }
+  static void matmul_backward(ctx_t& ctx, T* din, T* dw, T* dbias, const T* dout, const T* in, const T* w, int N,
+                              int C, int OC, bool accumulate_din) {
+    static_assert(ascend::supports_v<ascend::op::matmul, T>,
+                  "loom::kernels::ops<ascend, T>::matmul_backward: aclnnMatmul/aclnnInplaceAddmm have no kernel for "
+                  "this storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::matmul_backward(ctx, din, dw, dbias, dout, in, w, N, C, OC, accumulate_din);
+  }
+  static void gelu_forward(ctx_t& ctx, T* out, const T* in, std::size_t n) {
+    static_assert(ascend::supports_v<ascend::op::gelu, T>,
+                  "loom::kernels::ops<ascend, T>::gelu_forward: aclnnGeluV2 has no kernel for this storage type on "
+                  "Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::gelu_forward(ctx, out, in, n);
+  }
+  static void gelu_backward(ctx_t& ctx, T* din, const T* in, const T* dout, std::size_t n) {
+    static_assert(ascend::supports_v<ascend::op::gelu, T>,
+                  "loom::kernels::ops<ascend, T>::gelu_backward: aclnnGeluBackwardV2 has no kernel for this storage "
+                  "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::gelu_backward(ctx, din, in, dout, n);
+  }
+  static void residual_forward(ctx_t& ctx, T* out, const T* a, const T* b, std::size_t n) {
+    static_assert(ascend::supports_v<ascend::op::add, T>,
+                  "loom::kernels::ops<ascend, T>::residual_forward: aclnnAdd has no kernel for this storage type on "
+                  "Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::residual_forward(ctx, out, a, b, n);
+  }
+  static acc crossentropy(ctx_t& ctx, T* logits, acc* losses, const std::int32_t* targets, int N, int V, int Vp,
+                          bool write_dlogits, acc grad_scale) {
+    static_assert(ascend::supports_v<ascend::op::crossentropy, T>,
+                  "loom::kernels::ops<ascend, T>::crossentropy: aclnnCrossEntropyLoss has no kernel for this storage "
+                  "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    return ascend::crossentropy(ctx, logits, losses, targets, N, V, Vp, write_dlogits, grad_scale);
+  }
+  static double sum_of_squares(ctx_t& ctx, const T* x, std::size_t n) {
+    static_assert(ascend::supports_v<ascend::op::matmul, T>,
+                  "loom::kernels::ops<ascend, T>::sum_of_squares: aclnnMatmul/aclnnInplaceCopy have no kernel for "
+                  "this storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    return ascend::sum_of_squares(ctx, x, n);
+  }
+  /// Ascend extension (not in the CPU set yet): true when all n values are finite.
+  static bool all_finite(ctx_t& ctx, const T* x, std::size_t n) {
+    static_assert(ascend::supports_v<ascend::op::add, T>,
+                  "loom::kernels::ops<ascend, T>::all_finite: aclnnIsFinite has no kernel for this storage type on "
+                  "Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    return ascend::all_finite(ctx, x, n);
+  }
+  template <class M>
+  static void adamw(ctx_t& ctx, T* p, M* m, M* v, const T* g, std::size_t n, M lr, M b1, M b2, M eps, M wd, M gscale,
+                    long t) {
+    static_assert(ascend::supports_v<ascend::op::adamw, T> && ascend::supports_v<ascend::op::adamw, M>,
+                  "loom::kernels::ops<ascend, T>::adamw: aclnnApplyAdamWV2 has no kernel for this parameter/moment "
+                  "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::adamw(ctx, p, m, v, g, n, lr, b1, b2, eps, wd, gscale, t);
+  }
+};
+
+/// Flash attention on the NPU (aclnnFlashAttentionScore / Grad, causal via sparseMode 2).
+/// Saved state per layer: softmax max and sum, fp32 [B, NH, T, 8] each; no backward scratch.
+template <class T>
+struct attention<device::ascend, T, fused> {
+  static_assert(ascend::supports_v<ascend::op::flash_attention, T>,
+                "loom::kernels::attention<ascend, T, fused>: aclnnFlashAttentionScore has no kernel for this storage "
+                "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+  using acc = float;
+  using impl = ascend::flash_attention<T>;
+  static constexpr std::size_t saved_elems(std::size_t B, std::size_t NH, std::size_t Tn) {
+    return impl::saved_elems(B, NH, Tn);
+  }
+  static constexpr std::size_t scratch_elems(std::size_t, std::size_t) { return 0; }
+  /// out (B,T,C) =; saved =; qkv (B,T,3C).
+  static void forward(context<device::ascend>& ctx, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH) {
+    impl::forward(ctx, out, saved, qkv, B, Tn, C, NH);
+  }
+  /// dqkv (B,T,3C) =. Recomputes the forward output, which the interface does not pass.
+  static void backward(context<device::ascend>& ctx, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc*,
+                       int B, int Tn, int C, int NH) {
+    impl::backward_with_output(ctx, dqkv, dout, qkv, nullptr, saved, B, Tn, C, NH);
+  }
+  /// Same, given the forward output `out` (B,T,C): no recomputation.
+  static void backward_with_output(context<device::ascend>& ctx, T* dqkv, const T* dout, const T* qkv, const T* out,
+                       const acc* saved, int B, int Tn, int C, int NH) {
+    impl::backward_with_output(ctx, dqkv, dout, qkv, out, saved, B, Tn, C, NH);
+  }
+};
+
+/// The Ascend backend has no unfused attention: say so instead of the generic message.
+template <class T>
+struct attention<device::ascend, T, reference> {
+  static_assert(dependent_false<T>,
+                "loom::kernels::attention<ascend, T, reference>: the Ascend backend implements attention only as "
+                "aclnnFlashAttentionScore; use kernels::fused (e.g. loom::gpt<M, Policy, loom::kernels::fused>)");
+};
+
+}  // namespace loom::kernels

@@ -1,0 +1,132 @@
+#pragma once
+/// \file Causal multi-head self-attention on the NPU: aclnnFlashAttentionScore(Grad).
+///
+/// Layout: loom's qkv (B,T,3C) holds [q | k | v], head h at channels [h*HD, (h+1)*HD). q, k and v
+/// are copied out of it into contiguous (B,T,C) scratch with aclnnInplaceCopy (strided read) and
+/// passed as inputLayout "BSH" (H = NH*HD); the flash-attention docs list ND 3-D/4-D inputs but no
+/// non-contiguous support, so loom does not pass strided views. The output (B,T,C) is written in
+/// place — "BSH" is exactly loom's head-concatenated layout.
+/// Causal mask: sparseMode 2 (leftUpCausal) with the compressed 2048x2048 BOOL mask, element (i,j)
+/// = 1 (masked) iff j > i — "1 means masked" (reference §2.6, §7); built once per context on the
+/// host, copied from pinned memory, cached in the context's constants. preTokens/nextTokens are
+/// ignored in mode 2 (passed as 2147483647 / 0). scale = 1/sqrt(HD), keepProb = 1 (no dropout),
+/// innerPrecise = 0, no pse, no padding mask, inputLayout a NUL-terminated non-const char*.
+/// Saved state (kernel's `saved`, fp32): softmaxMax then softmaxSum, each [B, NH, T, 8] (the row
+/// statistic replicated 8 times, as documented). The backward also needs the forward output
+/// (attentionIn); loom's op interface does not pass it, so backward() recomputes it with one more
+/// forward call (backward_with_output() skips that when the caller has it). See Note [attention
+/// output in backward] in docs/ascend.md.
+#include <aclnnop/aclnn_flash_attention_score.h>
+#include <aclnnop/aclnn_flash_attention_score_grad.h>
+
+#include <cmath>
+#include <cstring>
+
+#include <loom/kernels/ascend/common.hpp>
+
+namespace loom::kernels::ascend {
+
+/// The compressed causal mask (2048 x 2048 bytes, 1 above the diagonal), cached in ctx.
+inline const std::uint8_t* causal_mask(ctx_t& ctx) {
+  constexpr std::size_t S = 2048;
+  return static_cast<const std::uint8_t*>(
+      ctx.constants->get("flash_attention/causal_2048", S * S, ctx.ordinal, ctx.stream, [&](void* p, std::size_t) {
+        auto* host = static_cast<std::uint8_t*>(device::ascend::allocate_host(S * S));
+        for (std::size_t i = 0; i < S; ++i)
+          for (std::size_t j = 0; j < S; ++j) host[i * S + j] = j > i ? 1 : 0;
+        try {
+          device::ascend::copy_to_device(p, host, S * S, ctx.stream);
+          ctx.synchronize();  // the pinned staging buffer must outlive the copy
+        } catch (...) {
+          device::ascend::deallocate_host(host);
+          throw;
+        }
+        device::ascend::deallocate_host(host);
+      }));
+}
+
+template <class T>
+struct flash_attention {
+  /// fp32 elements of saved state per layer: softmaxMax and softmaxSum, [B, NH, T, 8] each.
+  static constexpr std::size_t saved_elems(std::size_t B, std::size_t NH, std::size_t Tn) { return 2 * B * NH * Tn * 8; }
+
+  struct problem {
+    int B, Tn, C, NH;
+    int64_t HD() const { return C / NH; }
+    double scale() const { return 1.0 / std::sqrt(double(C / NH)); }
+  };
+
+  /// q, k, v (B,T,C) contiguous copies of the three slices of qkv (B,T,3C).
+  static void split_qkv(ctx_t& ctx, T* qkv_out, const T* qkv, const problem& p) {
+    constexpr auto dt = dtype_of<T>();
+    const std::size_t BTC = std::size_t(p.B) * p.Tn * p.C;
+    for (int s = 0; s < 3; ++s)
+      copy(ctx, tensor(qkv_out + s * BTC, dt, {p.B, p.Tn, p.C}),
+           tensor(qkv + s * p.C, dt, {p.B, p.Tn, p.C}, {int64_t(p.Tn) * 3 * p.C, 3 * int64_t(p.C), 1}));
+  }
+
+  /// out (B,T,C) =; stats: softmaxMax then softmaxSum (fp32, [B,NH,T,8] each) =; q,k,v contiguous.
+  static void run_forward(ctx_t& ctx, T* out, float* stats, const T* q, const T* k, const T* v, const problem& p) {
+    constexpr auto dt = dtype_of<T>();
+    const std::size_t per = std::size_t(p.B) * p.NH * p.Tn * 8;
+    tensor Q(q, dt, {p.B, p.Tn, p.C}), K(k, dt, {p.B, p.Tn, p.C}), V(v, dt, {p.B, p.Tn, p.C});
+    tensor O(out, dt, {p.B, p.Tn, p.C}), M(causal_mask(ctx), ACL_BOOL, {2048, 2048});
+    tensor mx(stats, ACL_FLOAT, {p.B, p.NH, p.Tn, 8}), sm(stats + per, ACL_FLOAT, {p.B, p.NH, p.Tn, 8});
+    char layout[] = "BSH";
+    launch(
+        ctx, "aclnnFlashAttentionScore",
+        [&](uint64_t* ws, aclOpExecutor** ex) {
+          return aclnnFlashAttentionScoreGetWorkspaceSize(Q, K, V, nullptr, nullptr, nullptr, M, nullptr, p.scale(),
+                                                          /*keepProb=*/1.0, /*preTokens=*/2147483647,
+                                                          /*nextTokens=*/0, p.NH, layout, /*innerPrecise=*/0,
+                                                          /*sparseMode=*/2, mx, sm, nullptr, O, ws, ex);
+        },
+        aclnnFlashAttentionScore);
+  }
+
+  /// out (B,T,C) = attention(qkv); saved (saved_elems) = softmax statistics.
+  static void forward(ctx_t& ctx, T* out, float* saved, const T* qkv, int B, int Tn, int C, int NH) {
+    const problem p{B, Tn, C, NH};
+    scratch<T> qkvc(ctx, 3 * std::size_t(B) * Tn * C);
+    split_qkv(ctx, qkvc.data(), qkv, p);
+    const std::size_t BTC = std::size_t(B) * Tn * C;
+    run_forward(ctx, out, saved, qkvc.data(), qkvc.data() + BTC, qkvc.data() + 2 * BTC, p);
+  }
+
+  /// dqkv (B,T,3C) =; dout (B,T,C); out = the forward output (B,T,C), or null to recompute it.
+  static void backward_with_output(ctx_t& ctx, T* dqkv, const T* dout, const T* qkv, const T* out, const float* saved,
+                                   int B, int Tn, int C, int NH) {
+    constexpr auto dt = dtype_of<T>();
+    const problem p{B, Tn, C, NH};
+    const std::size_t BTC = std::size_t(B) * Tn * C, per = std::size_t(B) * NH * Tn * 8;
+    scratch<T> work(ctx, (out ? 6 : 7) * BTC);
+    T* q = work.data();
+    T* k = q + BTC;
+    T* v = k + BTC;
+    T* grads = v + BTC;
+    split_qkv(ctx, q, qkv, p);
+    scratch<float> stats(ctx, out ? 0 : 2 * per);
+    if (!out) {
+      run_forward(ctx, grads + 3 * BTC, stats.data(), q, k, v, p);
+      out = grads + 3 * BTC;
+    }
+    tensor Q(q, dt, {B, Tn, C}), K(k, dt, {B, Tn, C}), V(v, dt, {B, Tn, C}), DY(dout, dt, {B, Tn, C});
+    tensor O(out, dt, {B, Tn, C}), M(causal_mask(ctx), ACL_BOOL, {2048, 2048});
+    tensor mx(saved, ACL_FLOAT, {B, NH, Tn, 8}), sm(saved + per, ACL_FLOAT, {B, NH, Tn, 8});
+    tensor DQ(grads, dt, {B, Tn, C}), DK(grads + BTC, dt, {B, Tn, C}), DV(grads + 2 * BTC, dt, {B, Tn, C});
+    char layout[] = "BSH";
+    launch(
+        ctx, "aclnnFlashAttentionScoreGrad",
+        [&](uint64_t* ws, aclOpExecutor** ex) {
+          return aclnnFlashAttentionScoreGradGetWorkspaceSize(
+              Q, K, V, DY, nullptr, nullptr, nullptr, M, mx, sm, nullptr, O, nullptr, p.scale(), 1.0, 2147483647, 0,
+              NH, layout, 0, 2, DQ, DK, DV, nullptr, ws, ex);
+        },
+        aclnnFlashAttentionScoreGrad);
+    for (int s = 0; s < 3; ++s)
+      copy(ctx, tensor(dqkv + s * C, dt, {B, Tn, C}, {int64_t(Tn) * 3 * C, 3 * int64_t(C), 1}),
+           tensor(grads + s * BTC, dt, {B, Tn, C}));
+  }
+};
+
+}  // namespace loom::kernels::ascend

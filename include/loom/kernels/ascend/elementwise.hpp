@@ -1,0 +1,54 @@
+#pragma once
+/// \file GELU (tanh form) and the residual add on the NPU: aclnnGeluV2 / aclnnGeluBackwardV2 /
+/// aclnnAdd / aclnnInplaceAdd. Plain aclnnGelu's variant (erf or tanh) is unconfirmed (reference
+/// §8), so loom uses the V2 operators whose `approximate` argument selects tanh explicitly
+/// (GPT-2's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))).
+#include <aclnnop/aclnn_add.h>
+#include <aclnnop/aclnn_gelu_backward_v2.h>
+#include <aclnnop/aclnn_gelu_v2.h>
+
+#include <loom/kernels/ascend/common.hpp>
+
+namespace loom::kernels::ascend {
+
+/// out = gelu_tanh(in), n elements; out =. aclnnGeluV2(approximate = 1, "tanh").
+template <class T>
+void gelu_forward(ctx_t& ctx, T* out, const T* in, std::size_t n) {
+  constexpr auto dt = dtype_of<T>();
+  tensor x(in, dt, {int64_t(n)}), y(out, dt, {int64_t(n)});
+  launch(
+      ctx, "aclnnGeluV2",
+      [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnGeluV2GetWorkspaceSize(x, /*approximate=*/1, y, ws, ex); },
+      aclnnGeluV2);
+}
+
+/// din = gelu_tanh'(in) * dout; din = (overwrites, as the CPU kernel). aclnnGeluBackwardV2("tanh").
+template <class T>
+void gelu_backward(ctx_t& ctx, T* din, const T* in, const T* dout, std::size_t n) {
+  constexpr auto dt = dtype_of<T>();
+  tensor x(in, dt, {int64_t(n)}), g(dout, dt, {int64_t(n)}), dx(din, dt, {int64_t(n)});
+  char approximate[] = "tanh";  // the API takes a non-const, NUL-terminated char*
+  launch(
+      ctx, "aclnnGeluBackwardV2",
+      [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnGeluBackwardV2GetWorkspaceSize(g, x, approximate, dx, ws, ex); },
+      aclnnGeluBackwardV2);
+}
+
+/// out = a + b, n elements; out = and may alias a or b (then aclnnInplaceAdd: whether aclnnAdd
+/// tolerates an output aliasing an input is not documented).
+template <class T>
+void residual_forward(ctx_t& ctx, T* out, const T* a, const T* b, std::size_t n) {
+  constexpr auto dt = dtype_of<T>();
+  const int64_t len = int64_t(n);
+  if (out == a || out == b) {
+    add_inplace(ctx, tensor(out, dt, {len}), tensor(out == a ? b : a, dt, {len}));
+    return;
+  }
+  tensor x(a, dt, {len}), y(b, dt, {len}), z(out, dt, {len});
+  scalar one(1.0f);
+  launch(
+      ctx, "aclnnAdd", [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnAddGetWorkspaceSize(x, y, one, z, ws, ex); },
+      aclnnAdd);
+}
+
+}  // namespace loom::kernels::ascend

@@ -1,0 +1,88 @@
+#pragma once
+/// \file Token + position embedding on the NPU: aclnnEmbedding / aclnnEmbeddingDenseBackward, plus
+/// a broadcast aclnnInplaceAdd (positions) and a GEMV against ones (position-gradient reduction).
+///
+/// Note [embedding rows]: aclnn needs the table's row count (the weight descriptor in forward,
+/// numWeights in backward), and loom's op interface (kernels::ops, shared with the CPU) carries
+/// none. The table's extent is taken from the caching allocator: the rows from `table` to the end
+/// of the pool block that holds it. For a standalone table that is its exact size; inside the
+/// model's flat parameter/gradient buffer it also covers the tensors after it, which is harmless —
+/// token ids are validated at the data boundary, and the backward's extra rows are zero (adding
+/// them is exact) — but costs an (rows x C) scratch and add. The *_rows overloads take the count.
+/// paddingIdx: documented as "negative = none" while the parameter is uint64_t; loom passes
+/// (uint64_t)-1 (cann-ops aclnnEmbeddingDenseBackward.md; reference §8 lists it as unconfirmed).
+#include <aclnnop/aclnn_addmm.h>
+#include <aclnnop/aclnn_embedding.h>
+#include <aclnnop/aclnn_embedding_dense_backward.h>
+
+#include <string>
+
+#include <loom/kernels/ascend/common.hpp>
+
+namespace loom::kernels::ascend {
+
+/// Rows of C elements of T from `table` to the end of its pool block (Note [embedding rows]).
+template <class T>
+int64_t table_rows(const T* table, int C) {
+  const std::size_t bytes = device::ascend::bytes_after(table);
+  if (bytes < std::size_t(C) * sizeof(T))
+    throw input_error("loom::kernels::ascend: the embedding table is not memory from loom's NPU pool (cannot bound "
+                      "its rows); allocate it with loom::buffer<device::ascend, T> or pass the row count");
+  return int64_t(bytes / (std::size_t(C) * sizeof(T)));
+}
+
+/// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]; out (B,T,C) =; wte (V,C); wpe (>= T, C);
+/// tokens (B,T) int32 in [0, V) (an id outside faults the kernel: device_error at the next sync).
+template <class T>
+void encoder_forward_rows(ctx_t& ctx, T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int Tn,
+                          int C, int64_t V) {
+  constexpr auto dt = dtype_of<T>();
+  tensor w(wte, dt, {V, int64_t(C)}), idx(tokens, ACL_INT32, {B, Tn}), o(out, dt, {B, Tn, C});
+  launch(
+      ctx, "aclnnEmbedding",
+      [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnEmbeddingGetWorkspaceSize(w, idx, o, ws, ex); },
+      aclnnEmbedding);
+  add_inplace(ctx, o, tensor(wpe, dt, {Tn, C}));  // (T,C) broadcast over the batch
+}
+
+template <class T>
+void encoder_forward(ctx_t& ctx, T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int Tn, int C) {
+  encoder_forward_rows(ctx, out, tokens, wte, wpe, B, Tn, C, table_rows(wte, C));
+}
+
+/// dwte[tokens[b,t],:] += dout[b,t,:] (aclnnEmbeddingDenseBackward into scratch, then added);
+/// dwpe[t,:] += sum_b dout[b,t,:] (aclnnInplaceAddmm: dwpe as (1, T*C) += ones(1,B) dout(B, T*C)).
+/// dwte (V,C) +=, dwpe (>= T, C) +=, dout (B,T,C).
+template <class T>
+void encoder_backward_rows(ctx_t& ctx, T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn,
+                           int C, int64_t V) {
+  constexpr auto dt = dtype_of<T>();
+  const int64_t TC = int64_t(Tn) * C;
+  {
+    tensor dp(dwpe, dt, {1, TC}), e(ones<T>(ctx, std::size_t(B)), dt, {1, B}), d(dout, dt, {B, TC});
+    scalar one(1.0f);
+    launch(
+        ctx, "aclnnInplaceAddmm",
+        [&](uint64_t* ws, aclOpExecutor** ex) {
+          return aclnnInplaceAddmmGetWorkspaceSize(dp, e, d, one, one, cube_math_type, ws, ex);
+        },
+        aclnnInplaceAddmm);
+  }
+  scratch<T> tmp(ctx, std::size_t(V) * std::size_t(C));
+  tensor g(dout, dt, {int64_t(B) * Tn, C}), idx(tokens, ACL_INT32, {int64_t(B) * Tn}), o(tmp.data(), dt, {V, int64_t(C)});
+  const uint64_t no_padding = ~uint64_t(0);
+  launch(
+      ctx, "aclnnEmbeddingDenseBackward",
+      [&](uint64_t* ws, aclOpExecutor** ex) {
+        return aclnnEmbeddingDenseBackwardGetWorkspaceSize(g, idx, uint64_t(V), no_padding, false, o, ws, ex);
+      },
+      aclnnEmbeddingDenseBackward);
+  add_inplace(ctx, tensor(dwte, dt, {V, int64_t(C)}), o);
+}
+
+template <class T>
+void encoder_backward(ctx_t& ctx, T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn, int C) {
+  encoder_backward_rows(ctx, dwte, dwpe, dout, tokens, B, Tn, C, table_rows(dwte, C));
+}
+
+}  // namespace loom::kernels::ascend

@@ -1,0 +1,89 @@
+#pragma once
+/// \file Linear layer y = x W^T + b on the NPU: aclnnAddmm / aclnnMatmul / aclnnInplaceAddmm.
+/// W is stored (OC, C) like torch.nn.Linear; W^T is a strided view (dims (C, OC), strides (1, C)),
+/// which aclnn accepts directly (no transpose copy). Accumulation inside the cube unit is fp32;
+/// cubeMathType 0 (KEEP_DTYPE). Source: reference §2.5 "Matrix multiply".
+#include <aclnnop/aclnn_addmm.h>
+#include <aclnnop/aclnn_matmul.h>
+
+#include <loom/kernels/ascend/common.hpp>
+
+namespace loom::kernels::ascend {
+
+/// out (N,OC) = inp (N,C) w(OC,C)^T + bias (OC); bias may be null. out is written (=).
+/// aclnnAddmm(self = bias broadcast over rows, beta = 1, alpha = 1), or aclnnMatmul without bias.
+template <class T>
+void matmul_forward(ctx_t& ctx, T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
+  constexpr auto dt = dtype_of<T>();
+  tensor x(inp, dt, {N, C});
+  tensor wt(w, dt, {C, OC}, {1, C});
+  tensor y(out, dt, {N, OC});
+  if (bias) {
+    tensor b(bias, dt, {OC});
+    scalar one(1.0f);
+    launch(
+        ctx, "aclnnAddmm",
+        [&](uint64_t* ws, aclOpExecutor** ex) {
+          return aclnnAddmmGetWorkspaceSize(b, x, wt, one, one, y, cube_math_type, ws, ex);
+        },
+        aclnnAddmm);
+  } else {
+    launch(
+        ctx, "aclnnMatmul",
+        [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnMatmulGetWorkspaceSize(x, wt, y, cube_math_type, ws, ex); },
+        aclnnMatmul);
+  }
+}
+
+/// Backward of matmul_forward (write modes as kernels::cpu::matmul_backward):
+///   dinp (N,C)  += dout w   (= when accumulate_dinp is false; skipped when null)
+///                 aclnnInplaceAddmm(dinp, dout, w, 1, 1) or aclnnMatmul(dout, w)
+///   dw (OC,C)   += dout^T inp          aclnnInplaceAddmm(dw, dout^T view, inp, 1, 1)
+///   dbias (OC)  += dout^T 1 (column sums of dout; skipped when null): a GEMV against a cached
+///                 ones vector, aclnnInplaceAddmm(dbias as (OC,1), dout^T, ones (N,1), 1, 1)
+template <class T>
+void matmul_backward(ctx_t& ctx, T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C,
+                     int OC, bool accumulate_dinp = true) {
+  constexpr auto dt = dtype_of<T>();
+  tensor dy(dout, dt, {N, OC});
+  tensor dyt(dout, dt, {OC, N}, {1, OC});
+  scalar one(1.0f);
+  if (dinp) {
+    tensor wm(w, dt, {OC, C});
+    tensor dx(dinp, dt, {N, C});
+    if (accumulate_dinp)
+      launch(
+          ctx, "aclnnInplaceAddmm",
+          [&](uint64_t* ws, aclOpExecutor** ex) {
+            return aclnnInplaceAddmmGetWorkspaceSize(dx, dy, wm, one, one, cube_math_type, ws, ex);
+          },
+          aclnnInplaceAddmm);
+    else
+      launch(
+          ctx, "aclnnMatmul",
+          [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnMatmulGetWorkspaceSize(dy, wm, dx, cube_math_type, ws, ex); },
+          aclnnMatmul);
+  }
+  {
+    tensor x(inp, dt, {N, C});
+    tensor dW(dw, dt, {OC, C});
+    launch(
+        ctx, "aclnnInplaceAddmm",
+        [&](uint64_t* ws, aclOpExecutor** ex) {
+          return aclnnInplaceAddmmGetWorkspaceSize(dW, dyt, x, one, one, cube_math_type, ws, ex);
+        },
+        aclnnInplaceAddmm);
+  }
+  if (dbias) {
+    tensor e(ones<T>(ctx, std::size_t(N)), dt, {N, 1});
+    tensor db(dbias, dt, {OC, 1});
+    launch(
+        ctx, "aclnnInplaceAddmm",
+        [&](uint64_t* ws, aclOpExecutor** ex) {
+          return aclnnInplaceAddmmGetWorkspaceSize(db, dyt, e, one, one, cube_math_type, ws, ex);
+        },
+        aclnnInplaceAddmm);
+  }
+}
+
+}  // namespace loom::kernels::ascend

@@ -1,0 +1,112 @@
+#pragma once
+/// \file AdamW, the global gradient norm's sum of squares, and the non-finite check on the NPU.
+///
+///   adamw           aclnnApplyAdamWV2 (in CANN 8.1.RC1; A2/A3 only). Its documented update is
+///                   torch.optim.AdamW's: m, v moments, bias correction with `step` (a one-element
+///                   device tensor, > 0), theta -= lr * (mhat / (sqrt(vhat) + eps) + wd * theta).
+///                   var/m/v/grad must share one dtype, so 16-bit parameters with fp32 moments are
+///                   widened into fp32 scratch, updated, and narrowed back (aclnnInplaceCopy); a
+///                   clip/unscale factor != 1 scales the gradient first (aclnnInplaceMuls).
+///   sum_of_squares  a (1,n) x (n,1) aclnnMatmul of x with itself in fp32 (the NPU has no fp64;
+///                   the CPU kernel accumulates in double). Reads the result back (synchronizes).
+///   all_finite      aclnnIsFinite -> widened to fp32 -> minus 1 -> dot with itself = number of
+///                   non-finite values (exact: sums of 0 and 1). Stock CANN has no AllFinite op
+///                   (reference §2.5); ForeachNonFiniteCheckAndUnscale is absent from 8.1.RC1.
+#include <aclnnop/aclnn_apply_adam_w_v2.h>
+#include <aclnnop/aclnn_isfinite.h>
+#include <aclnnop/aclnn_matmul.h>
+#include <aclnnop/aclnn_mul.h>
+
+#include <type_traits>
+
+#include <loom/kernels/ascend/common.hpp>
+
+namespace loom::kernels::ascend {
+
+/// One AdamW step over n parameters (see kernels::cpu::adamw_update for the contract): param, m, v
+/// updated in place; grad read and multiplied by grad_scale; t is the 1-based step count.
+template <class T, class M>
+void adamw(ctx_t& ctx, T* param, M* m, M* v, const T* grad, std::size_t n, M lr, M beta1, M beta2, M eps,
+           M weight_decay, M grad_scale, long t) {
+  static_assert(std::is_same_v<M, T> || std::is_same_v<M, float>,
+                "loom::kernels::ops<ascend, T>::adamw: the moments must have the parameters' type or float");
+  if (n == 0) return;
+  constexpr auto mt = dtype_of<M>();
+  constexpr bool same = std::is_same_v<M, T>;
+  const int64_t len = int64_t(n);
+  const bool scale = float(grad_scale) != 1.0f;
+  scratch<M> work(ctx, (same ? 0 : n) + (same && !scale ? 0 : n));
+  M* p = same ? reinterpret_cast<M*>(param) : work.data();
+  const M* g = same && !scale ? reinterpret_cast<const M*>(grad) : work.data() + (same ? 0 : n);
+  if (!same) copy(ctx, tensor(p, mt, {len}), tensor(param, dtype_of<T>(), {len}));
+  if (!(same && !scale)) {
+    tensor gw(g, mt, {len});
+    copy(ctx, gw, tensor(grad, dtype_of<T>(), {len}));
+    if (scale) {
+      scalar s(float(grad_scale));
+      launch(
+          ctx, "aclnnInplaceMuls",
+          [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnInplaceMulsGetWorkspaceSize(gw, s, ws, ex); },
+          aclnnInplaceMuls);
+    }
+  }
+  scratch<float> step(ctx, 1);
+  fill(ctx, step.data(), 1, float(t));
+  tensor var(p, mt, {len}), mm(m, mt, {len}), vv(v, mt, {len}), gg(g, mt, {len}), st(step.data(), ACL_FLOAT, {1});
+  launch(
+      ctx, "aclnnApplyAdamWV2",
+      [&](uint64_t* ws, aclOpExecutor** ex) {
+        return aclnnApplyAdamWV2GetWorkspaceSize(var, mm, vv, nullptr, gg, st, float(lr), float(beta1), float(beta2),
+                                                 float(weight_decay), float(eps), false, false, ws, ex);
+      },
+      aclnnApplyAdamWV2);
+  if (!same) copy(ctx, tensor(param, dtype_of<T>(), {len}), var);
+}
+
+namespace detail {
+/// x(1,n) . x(n,1) in fp32 with x given as an fp32 device vector; returns the host value.
+inline float self_dot(ctx_t& ctx, const float* x, std::size_t n) {
+  scratch<float> out(ctx, 1);
+  tensor a(x, ACL_FLOAT, {1, int64_t(n)}), b(x, ACL_FLOAT, {int64_t(n), 1}), c(out.data(), ACL_FLOAT, {1, 1});
+  launch(
+      ctx, "aclnnMatmul",
+      [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnMatmulGetWorkspaceSize(a, b, c, cube_math_type, ws, ex); },
+      aclnnMatmul);
+  return to_host(ctx, static_cast<const float*>(out.data()), 1)[0];
+}
+}  // namespace detail
+
+/// Sum of squares of n values (fp32 accumulation on the NPU); synchronizes ctx.stream.
+template <class T>
+double sum_of_squares(ctx_t& ctx, const T* x, std::size_t n) {
+  if (n == 0) return 0;
+  if constexpr (std::is_same_v<T, float>) {
+    return detail::self_dot(ctx, x, n);
+  } else {
+    scratch<float> x32(ctx, n);
+    copy(ctx, tensor(x32.data(), ACL_FLOAT, {int64_t(n)}), tensor(x, dtype_of<T>(), {int64_t(n)}));
+    return detail::self_dot(ctx, x32.data(), n);
+  }
+}
+
+/// True when all n values are finite; synchronizes ctx.stream.
+template <class T>
+bool all_finite(ctx_t& ctx, const T* x, std::size_t n) {
+  if (n == 0) return true;
+  const int64_t len = int64_t(n);
+  scratch<std::uint8_t> flags(ctx, n);
+  scratch<float> f(ctx, n);
+  tensor xt(x, dtype_of<T>(), {len}), fl(flags.data(), ACL_BOOL, {len}), ft(f.data(), ACL_FLOAT, {len});
+  launch(
+      ctx, "aclnnIsFinite", [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnIsFiniteGetWorkspaceSize(xt, fl, ws, ex); },
+      aclnnIsFinite);
+  copy(ctx, ft, fl);
+  scalar minus_one(-1.0f), one(1.0f);
+  launch(
+      ctx, "aclnnInplaceAdds",
+      [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnInplaceAddsGetWorkspaceSize(ft, minus_one, one, ws, ex); },
+      aclnnInplaceAdds);
+  return detail::self_dot(ctx, f.data(), n) == 0.0f;
+}
+
+}  // namespace loom::kernels::ascend

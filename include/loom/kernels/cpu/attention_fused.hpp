@@ -1,0 +1,377 @@
+#pragma once
+/// \file Causal multi-head self-attention, fused (flash-style) CPU kernel: tiled over queries
+/// and keys with an online softmax, so the (T,T) score matrix never exists; forward keeps
+/// only the per-row log-sum-exp, backward recomputes the scores tile by tile.
+///
+/// Source: Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+/// Partitioning", arXiv:2307.08691, Algorithm 1 (forward) and Algorithm 2 (backward);
+/// Dao et al., "FlashAttention", arXiv:2205.14135, §3.1 (online softmax, recomputation).
+/// Layout and math are those of attention_reference.hpp; tile sizes come from
+/// attention_traits.hpp. See docs/attention.md for the design and the measured speed.
+///
+/// Note [fused attention storage]: the kernel accumulates in place in `out` and `dqkv`, so the
+/// storage type must be its own accumulator type (float or double — the CPU precisions).
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <loom/core/error.hpp>
+#include <loom/kernels/cpu/attention_traits.hpp>
+#include <loom/kernels/cpu/common.hpp>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace loom::kernels::cpu {
+
+namespace detail {
+
+/// `rows` rows of one head inside qkv/out/dqkv: HD (compile-time or Eigen::Dynamic) values
+/// per row, rows `stride` elements apart.
+template <class A, int HD>
+using head_rows = Eigen::Map<Eigen::Matrix<A, Eigen::Dynamic, HD, Eigen::RowMajor>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class A, int HD>
+using chead_rows =
+    Eigen::Map<const Eigen::Matrix<A, Eigen::Dynamic, HD, Eigen::RowMajor>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class A>
+using row_array = Eigen::Map<Eigen::Array<A, Eigen::Dynamic, 1>>;
+
+/// Shape of one attention call and the index arithmetic of its layouts.
+template <class A>
+struct attention_shape {
+  int B, T, C, NH, hd;
+  A scale;                          // 1/sqrt(hd)
+  const std::uint8_t* key_padding;  // (B,T), non-zero = padded key; or null
+
+  std::ptrdiff_t ld() const noexcept { return 3 * std::ptrdiff_t(C); }
+  /// Offset of q[b, t, head h] in qkv (k is + C, v is + 2C); the same offset in dqkv.
+  std::size_t qkv_at(int b, int h, int t) const noexcept {
+    return (std::size_t(b) * T + t) * 3 * C + std::size_t(h) * hd;
+  }
+  /// Offset of out[b, t, head h] in out / dout.
+  std::size_t out_at(int b, int h, int t) const noexcept { return (std::size_t(b) * T + t) * C + std::size_t(h) * hd; }
+  /// Index of row (b, h, t) in the (B,NH,T) statistics (log-sum-exp, D).
+  std::size_t row_at(int b, int h, int t) const noexcept { return (std::size_t(b) * NH + h) * T + t; }
+  /// Padding flags of batch b shifted to key j0, or null without a mask.
+  const std::uint8_t* padding(int b, int j0) const noexcept {
+    return key_padding ? key_padding + std::size_t(b) * T + j0 : nullptr;
+  }
+};
+
+/// Causally visible keys of query t inside the key tile [j0, j0+bk): the prefix [0, n).
+inline int causal_prefix(int t, int j0, int bk) noexcept { return std::clamp(t - j0 + 1, 0, bk); }
+
+template <class A>
+inline constexpr A neg_inf = -std::numeric_limits<A>::infinity();
+
+/// Backward's probabilities of one score row: row[c] = exp(row[c] - lse) for the n visible
+/// keys, 0 for padded and future keys and for a row with no visible key (lse = +inf). Zeros
+/// are written, never derived from exp(-inf): Eigen's SIMD exp clamps its argument.
+template <class A>
+void probability_row(A* row, int n, int bk, A lse, const std::uint8_t* pad) {
+  if (!(lse < std::numeric_limits<A>::infinity())) n = 0;
+  if (n > 0) {
+    row_array<A> r(row, n);
+    r = (r - lse).exp();
+    if (pad)
+      for (int c = 0; c < n; ++c)
+        if (pad[c]) row[c] = A(0);
+  }
+  std::fill(row + n, row + bk, A(0));
+}
+
+/// Forward of one query tile [i0, i0+bq) of head (b, h): streams every causally visible key
+/// tile, keeps running row maxima m and sums l (online softmax), accumulates the unnormalised
+/// output in place in `out`, then normalises it and writes lse = m + log(l).
+/// s: block_q * block_k scratch for the score tile.
+template <class Tr, class A>
+void forward_tile(A* out, A* lse, const A* qkv, const attention_shape<A>& p, int b, int h, int i0, A* s) {
+  constexpr int BQ = Tr::block_q, BK = Tr::block_k;
+  constexpr int HD = Tr::head_dim == 0 ? Eigen::Dynamic : Tr::head_dim;
+  const int bq = std::min(BQ, p.T - i0);
+  const Eigen::OuterStride<> ld(p.ld()), ldo(p.C);
+  chead_rows<A, HD> q(qkv + p.qkv_at(b, h, i0), bq, p.hd, ld);
+  head_rows<A, HD> o(out + p.out_at(b, h, i0), bq, p.hd, ldo);
+  o.setZero();
+  A m[BQ], l[BQ];
+  std::fill_n(m, bq, neg_inf<A>);
+  std::fill_n(l, bq, A(0));
+  const int kend = i0 + bq;  // causal: no query of the tile sees a key >= kend
+  for (int j0 = 0; j0 < kend; j0 += BK) {
+    const int bk = std::min(BK, kend - j0);
+    chead_rows<A, HD> k(qkv + p.qkv_at(b, h, j0) + p.C, bk, p.hd, ld);
+    chead_rows<A, HD> v(qkv + p.qkv_at(b, h, j0) + 2 * p.C, bk, p.hd, ld);
+    map<A> sc(s, bq, bk);
+    sc.noalias() = p.scale * (q * k.transpose());
+    const std::uint8_t* pad = p.padding(b, j0);
+    for (int r = 0; r < bq; ++r) {
+      A* row = s + std::size_t(r) * bk;
+      const int n = causal_prefix(i0 + r, j0, bk);
+      if (pad)
+        for (int c = 0; c < n; ++c)
+          if (pad[c]) row[c] = neg_inf<A>;
+      A mx = neg_inf<A>;
+      for (int c = 0; c < n; ++c) mx = std::max(mx, row[c]);
+      const A m_new = std::max(m[r], mx);
+      if (m_new == neg_inf<A>) {  // no visible key yet: nothing to add
+        std::fill(row, row + bk, A(0));
+        continue;
+      }
+      row_array<A> e(row, n);
+      e = (e - m_new).exp();
+      if (pad)
+        for (int c = 0; c < n; ++c)
+          if (pad[c]) row[c] = A(0);
+      std::fill(row + n, row + bk, A(0));
+      const A alpha = std::exp(m[r] - m_new);  // exactly 0 while m[r] = -inf (libm exp)
+      l[r] = alpha * l[r] + e.sum();
+      if (alpha != A(1)) o.row(r) *= alpha;
+      m[r] = m_new;
+    }
+    o.noalias() += sc * v;
+  }
+  for (int r = 0; r < bq; ++r) {
+    if (l[r] > A(0)) {
+      o.row(r) *= A(1) / l[r];
+      lse[p.row_at(b, h, i0 + r)] = m[r] + std::log(l[r]);
+    } else {  // every key padded: zero output; +inf makes every backward probability 0
+      o.row(r).setZero();
+      lse[p.row_at(b, h, i0 + r)] = std::numeric_limits<A>::infinity();
+    }
+  }
+}
+
+/// Which gradients a (query tile, key tile) pair adds to.
+enum pair_grads : unsigned { pair_dq = 1u, pair_dkv = 2u };
+
+/// Backward of one (query tile [i0, i0+bq), key tile [j0, j0+bk)) pair of head (b, h):
+///   P = exp(scale q k^T - lse) (recomputed), dP = dO v^T, dS = P .* (dP - D) * scale,
+///   dv += P^T dO and dk += dS^T q (pair_dkv),  dq += dS k (pair_dq).
+/// D: (T) = rowsum(dO .* O) of this head. s, dp: block_q * block_k scratch each.
+template <class Tr, class A>
+void backward_pair(A* dqkv, const A* dout, const A* qkv, const A* lse, const A* D, const attention_shape<A>& p, int b,
+                   int h, int i0, int j0, A* s, A* dp, unsigned grads) {
+  constexpr int BQ = Tr::block_q, BK = Tr::block_k;
+  constexpr int HD = Tr::head_dim == 0 ? Eigen::Dynamic : Tr::head_dim;
+  const int bq = std::min(BQ, p.T - i0), bk = std::min(BK, p.T - j0);
+  const Eigen::OuterStride<> ld(p.ld()), ldo(p.C);
+  const std::size_t qi = p.qkv_at(b, h, i0), kj = p.qkv_at(b, h, j0);
+  chead_rows<A, HD> q(qkv + qi, bq, p.hd, ld), k(qkv + kj + p.C, bk, p.hd, ld), v(qkv + kj + 2 * p.C, bk, p.hd, ld);
+  chead_rows<A, HD> dy(dout + p.out_at(b, h, i0), bq, p.hd, ldo);
+  map<A> P(s, bq, bk), dS(dp, bq, bk);
+  P.noalias() = p.scale * (q * k.transpose());
+  const std::uint8_t* pad = p.padding(b, j0);
+  for (int r = 0; r < bq; ++r)
+    probability_row(s + std::size_t(r) * bk, causal_prefix(i0 + r, j0, bk), bk, lse[p.row_at(b, h, i0 + r)], pad);
+  if (grads & pair_dkv) head_rows<A, HD>(dqkv + kj + 2 * p.C, bk, p.hd, ld).noalias() += P.transpose() * dy;
+  dS.noalias() = dy * v.transpose();
+  for (int r = 0; r < bq; ++r) dS.row(r) = (P.row(r).array() * (dS.row(r).array() - D[i0 + r]) * p.scale).matrix();
+  if (grads & pair_dkv) head_rows<A, HD>(dqkv + kj + p.C, bk, p.hd, ld).noalias() += dS.transpose() * q;
+  if (grads & pair_dq) head_rows<A, HD>(dqkv + qi, bq, p.hd, ld).noalias() += dS * k;
+}
+
+/// D[t] = rowsum(dO .* O) for the rows [i0, i0+bq) of head (b, h), into D (indexed by t).
+/// With out == null, O is not available and D is recomputed as rowsum(P .* dP) over the
+/// visible key tiles (the same number: sum_s P_ts dO_t.v_s = dO_t.O_t), costing about one
+/// extra forward pass.
+template <class Tr, class A>
+void delta_tile(A* D, const A* dout, const A* out, const A* qkv, const A* lse, const attention_shape<A>& p, int b, int h,
+                int i0, A* s, A* dp) {
+  constexpr int BQ = Tr::block_q, BK = Tr::block_k;
+  constexpr int HD = Tr::head_dim == 0 ? Eigen::Dynamic : Tr::head_dim;
+  const int bq = std::min(BQ, p.T - i0);
+  const Eigen::OuterStride<> ld(p.ld()), ldo(p.C);
+  chead_rows<A, HD> dy(dout + p.out_at(b, h, i0), bq, p.hd, ldo);
+  if (out) {
+    chead_rows<A, HD> o(out + p.out_at(b, h, i0), bq, p.hd, ldo);
+    for (int r = 0; r < bq; ++r) D[i0 + r] = dy.row(r).dot(o.row(r));
+    return;
+  }
+  chead_rows<A, HD> q(qkv + p.qkv_at(b, h, i0), bq, p.hd, ld);
+  std::fill_n(D + i0, bq, A(0));
+  for (int j0 = 0; j0 < i0 + bq; j0 += BK) {
+    const int bk = std::min(BK, p.T - j0);
+    chead_rows<A, HD> k(qkv + p.qkv_at(b, h, j0) + p.C, bk, p.hd, ld), v(qkv + p.qkv_at(b, h, j0) + 2 * p.C, bk, p.hd, ld);
+    map<A> P(s, bq, bk), dP(dp, bq, bk);
+    P.noalias() = p.scale * (q * k.transpose());
+    const std::uint8_t* pad = p.padding(b, j0);
+    for (int r = 0; r < bq; ++r)
+      probability_row(s + std::size_t(r) * bk, causal_prefix(i0 + r, j0, bk), bk, lse[p.row_at(b, h, i0 + r)], pad);
+    dP.noalias() = dy * v.transpose();
+    for (int r = 0; r < bq; ++r) D[i0 + r] += P.row(r).dot(dP.row(r));
+  }
+}
+
+/// Zeroes rows [t0, t0+n) of one head's slice at `off` (q, k or v part) of dqkv.
+template <class A>
+void zero_head_rows(A* dqkv, const attention_shape<A>& p, std::size_t off, int n) {
+  for (int r = 0; r < n; ++r) std::fill_n(dqkv + off + std::size_t(r) * p.ld(), p.hd, A(0));
+}
+
+inline int thread_id() noexcept {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+inline int thread_count() noexcept {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+template <class Tr, class A>
+void fused_forward(A* out, A* lse, const A* qkv, const attention_shape<A>& p) {
+  constexpr int BQ = Tr::block_q, BK = Tr::block_k;
+  const int nq = (p.T + BQ - 1) / BQ;
+  const long heads = long(p.B) * p.NH, items = heads * nq;
+  // Work item = (query tile, head); the most expensive (last) query tiles go first.
+#pragma omp parallel
+  {
+    alignas(64) A s[BQ * BK];
+#pragma omp for schedule(dynamic, 1)
+    for (long it = 0; it < items; ++it) {
+      const int qt = nq - 1 - int(it / heads), bh = int(it % heads);
+      forward_tile<Tr>(out, lse, qkv, p, bh / p.NH, bh % p.NH, qt * BQ, s);
+    }
+  }
+}
+
+template <class Tr, class A>
+void fused_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const A* lse, A* scratch,
+                    const attention_shape<A>& p) {
+  constexpr int BQ = Tr::block_q, BK = Tr::block_k;
+  const int nq = (p.T + BQ - 1) / BQ, nk = (p.T + BK - 1) / BK;
+  const int threads = thread_count();
+  const int heads = p.B * p.NH;
+  A* tiles = scratch + std::size_t(threads) * p.T;
+#pragma omp parallel
+  {
+    const int tid = thread_id();
+    A* s = tiles + std::size_t(tid) * 2 * attention_max_tile_elems;
+    A* dp = s + attention_max_tile_elems;
+    if (heads >= threads) {
+      // One head per work item: key tiles outer (dk, dv of a tile complete before the next),
+      // query tiles inner, dq accumulated in place. D lives in this thread's T elements.
+      A* D = scratch + std::size_t(tid) * p.T;
+#pragma omp for schedule(dynamic, 1)
+      for (int bh = 0; bh < heads; ++bh) {
+        const int b = bh / p.NH, h = bh % p.NH;
+        for (int part = 0; part < 3; ++part) zero_head_rows(dqkv, p, p.qkv_at(b, h, 0) + part * p.C, p.T);
+        for (int i0 = 0; i0 < p.T; i0 += BQ) delta_tile<Tr>(D, dout, out, qkv, lse, p, b, h, i0, s, dp);
+        for (int j0 = 0; j0 < p.T; j0 += BK)
+          for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ)
+            backward_pair<Tr>(dqkv, dout, qkv, lse, D, p, b, h, i0, j0, s, dp, pair_dq | pair_dkv);
+      }
+    } else {
+      // Fewer heads than threads: split each head into tiles. Three conflict-free passes:
+      // D per query tile; dk, dv per key tile; dq per query tile (recomputing P and dP).
+      // D of head bh lives at scratch + bh*T (heads < threads, so it fits).
+#pragma omp for schedule(dynamic, 1)
+      for (int it = 0; it < heads * nq; ++it) {
+        const int bh = it % heads, i0 = (it / heads) * BQ;
+        delta_tile<Tr>(scratch + std::size_t(bh) * p.T, dout, out, qkv, lse, p, bh / p.NH, bh % p.NH, i0, s, dp);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int it = 0; it < heads * nk; ++it) {
+        const int bh = it % heads, j0 = (it / heads) * BK, b = bh / p.NH, h = bh % p.NH;
+        const int bk = std::min(BK, p.T - j0);
+        zero_head_rows(dqkv, p, p.qkv_at(b, h, j0) + p.C, bk);
+        zero_head_rows(dqkv, p, p.qkv_at(b, h, j0) + 2 * p.C, bk);
+        for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ)
+          backward_pair<Tr>(dqkv, dout, qkv, lse, scratch + std::size_t(bh) * p.T, p, b, h, i0, j0, s, dp, pair_dkv);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int it = 0; it < heads * nq; ++it) {
+        const int qt = nq - 1 - it / heads, bh = it % heads, i0 = qt * BQ, b = bh / p.NH, h = bh % p.NH;
+        zero_head_rows(dqkv, p, p.qkv_at(b, h, i0), std::min(BQ, p.T - i0));
+        for (int j0 = 0; j0 < i0 + std::min(BQ, p.T - i0); j0 += BK)
+          backward_pair<Tr>(dqkv, dout, qkv, lse, scratch + std::size_t(bh) * p.T, p, b, h, i0, j0, s, dp, pair_dq);
+      }
+    }
+  }
+}
+
+/// Calls f(attention_traits<HD>{}) for a tuned head size, f(attention_traits<0>{}) otherwise.
+template <class F>
+void with_attention_traits(int hd, F&& f) {
+  [&]<int... D>(std::integer_sequence<int, D...>) {
+    const bool tuned = ((hd == D && (f(attention_traits<D>{}), true)) || ...);
+    if (!tuned) f(attention_traits<0>{});
+  }(attention_tuned_head_dims{});
+}
+
+template <class A>
+attention_shape<A> checked_shape(const char* what, int B, int Tn, int C, int NH, const std::uint8_t* key_padding) {
+  if (B < 0 || Tn < 0 || C <= 0 || NH <= 0 || C % NH != 0)
+    throw input_error(std::string(what) + ": invalid shape B=" + std::to_string(B) + " T=" + std::to_string(Tn) +
+                      " C=" + std::to_string(C) + " NH=" + std::to_string(NH) +
+                      "; B and T must be >= 0, C and NH > 0, and NH must divide C");
+  const int hd = C / NH;
+  return {B, Tn, C, NH, hd, A(1) / std::sqrt(A(hd)), key_padding};
+}
+
+}  // namespace detail
+
+/// Scratch elements (accumulator type) attention_fused_backward needs for `threads` OpenMP
+/// threads and sequence length T: T per thread for D, plus two score tiles per thread.
+constexpr std::size_t attention_fused_scratch_elems(std::size_t threads, std::size_t Tn) {
+  return threads * (Tn + 2 * std::size_t(attention_max_tile_elems));
+}
+
+/// Forward.
+///   out          (B,T,C) written (=), heads concatenated as in attention_forward
+///   lse          (B,NH,T) written (=): log-sum-exp of each scaled, masked score row
+///                (+inf for a row with no visible key) — the only saved state
+///   qkv          (B,T,3C) [q | k | v], head h at channels [h*HD, (h+1)*HD)
+///   key_padding  (B,T) or null; non-zero marks a padded key no query attends to (PyTorch's
+///                key_padding_mask convention). A query with no visible key gets out = 0.
+/// Math: out = softmax(mask(q k^T / sqrt(HD))) v, causal, as attention_forward.
+/// Parallel over (batch, head, query tile) with OpenMP; no heap allocation.
+/// Cost: about 2 B NH T^2 HD flops (causal half of the square, plus the diagonal tiles).
+/// Extra memory: B NH T saved, one block_q x block_k tile per thread on the stack.
+/// Errors: loom::input_error when NH does not divide C or a size is negative.
+template <class T>
+void attention_fused_forward(T* out, T* lse, const T* qkv, int B, int Tn, int C, int NH,
+                             const std::uint8_t* key_padding = nullptr) {
+  static_assert(std::is_same_v<T, acc_t<T>>, "attention_fused: storage must be float or double (Note [fused attention storage])");
+  const auto p = detail::checked_shape<T>("attention_fused_forward", B, Tn, C, NH, key_padding);
+  if (B == 0 || Tn == 0) return;
+  detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) { detail::fused_forward<Tr>(out, lse, qkv, p); });
+}
+
+/// Backward of attention_fused_forward.
+///   dqkv     (B,T,3C) written (=)
+///   dout     (B,T,C) gradient of out
+///   qkv, lse, key_padding  as given to / written by the forward
+///   out      (B,T,C) the forward's output, or null: then D = rowsum(dO .* O) is recomputed
+///            from the scores (about one extra forward's flops)
+///   scratch  attention_fused_scratch_elems(omp_get_max_threads(), T) elements
+/// Math (FlashAttention-2, Algorithm 2): D = rowsum(dO .* O); per tile pair P = exp(S - lse),
+/// dV += P^T dO, dP = dO V^T, dS = P .* (dP - D), dQ += dS K / sqrt(HD), dK += dS^T Q / sqrt(HD).
+/// Parallel over (batch, head); with fewer heads than threads, over query and key tiles in
+/// three passes (D; dk, dv; dq), which recomputes P and dP once more.
+/// Cost: about 5 B NH T^2 HD flops (+2 without out; the tile-split passes add 3).
+/// Errors: loom::input_error when NH does not divide C or a size is negative.
+template <class T>
+void attention_fused_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, T* scratch, int B,
+                              int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+  static_assert(std::is_same_v<T, acc_t<T>>, "attention_fused: storage must be float or double (Note [fused attention storage])");
+  const auto p = detail::checked_shape<T>("attention_fused_backward", B, Tn, C, NH, key_padding);
+  if (B == 0 || Tn == 0) return;
+  detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
+    detail::fused_backward<Tr>(dqkv, dout, qkv, out, lse, scratch, p);
+  });
+}
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,51 @@
+#pragma once
+/// \file The CPU specialization attention<device::cpu, T, fused> (STYLE §3.8): flash-style
+/// attention that saves only the per-row log-sum-exp. Included by kernels/cpu.hpp.
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <loom/core/context.hpp>
+#include <loom/device/cpu.hpp>
+#include <loom/kernels/cpu/attention_fused.hpp>
+#include <loom/kernels/ops.hpp>
+
+namespace loom::kernels {
+
+/// Fused (flash-style) attention on the CPU, for float and double storage (the storage type
+/// is its own accumulator; other types reach the primary template's message).
+/// Saved state: the (B,NH,T) log-sum-exp of each score row — B·NH·T elements instead of the
+/// reference's B·NH·T². Same argument order as attention<cpu, T, reference>, plus an
+/// optional key-padding mask and a backward overload that takes the forward's output.
+/// Kernel docs (shapes, write modes, cost): kernels/cpu/attention_fused.hpp.
+template <class T>
+  requires std::is_same_v<T, cpu::acc_t<T>>
+struct attention<device::cpu, T, fused> {
+  using acc = T;
+  /// Saved-activation elements (accumulator type) for a (B,NH,T) problem: one per row.
+  static constexpr std::size_t saved_elems(std::size_t B, std::size_t NH, std::size_t Tn) { return B * NH * Tn; }
+  /// Backward scratch elements for `threads` worker threads (D rows and two score tiles each).
+  static constexpr std::size_t scratch_elems(std::size_t threads, std::size_t Tn) {
+    return cpu::attention_fused_scratch_elems(threads, Tn);
+  }
+  /// out (B,T,C) =, saved (B,NH,T) = log-sum-exp; qkv (B,T,3C). key_padding (B,T) optional,
+  /// non-zero = padded key (a query with no visible key gets zeros).
+  static void forward(context<device::cpu>&, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH,
+                      const std::uint8_t* key_padding = nullptr) {
+    cpu::attention_fused_forward(out, saved, qkv, B, Tn, C, NH, key_padding);
+  }
+  /// dqkv (B,T,3C) =. Without the forward's output, D = rowsum(dO .* O) is recomputed from
+  /// the scores (about one extra forward); prefer the overload below when `out` is kept.
+  static void backward(context<device::cpu>&, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc* scratch,
+                       int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    cpu::attention_fused_backward(dqkv, dout, qkv, static_cast<const T*>(nullptr), saved, scratch, B, Tn, C, NH,
+                                  key_padding);
+  }
+  /// dqkv (B,T,3C) =, given the forward's output `out` (B,T,C) for D = rowsum(dO .* O).
+  static void backward(context<device::cpu>&, T* dqkv, const T* dout, const T* qkv, const T* out, const acc* saved,
+                       acc* scratch, int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    cpu::attention_fused_backward(dqkv, dout, qkv, out, saved, scratch, B, Tn, C, NH, key_padding);
+  }
+};
+
+}  // namespace loom::kernels

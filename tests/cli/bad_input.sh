@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Bad input to the examples: each case must exit non-zero with one line on stderr that names
+# the problem (checked by a pattern), never a crash or a stack trace; and nothing on disk
+# may be damaged (an existing weights file survives a failed run).
+#   tests/cli/bad_input.sh <dir with train_gpt and sample>
+set -u
+bin="$1"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+fail=0
+pass=0
+
+expect_error() {  # expect_error <pattern> <command...>
+  local pattern="$1"; shift
+  local err status
+  err="$("$@" 2>&1 >/dev/null)"; status=$?
+  local lines; lines=$(printf '%s\n' "$err" | grep -c .)
+  if [[ $status -ne 0 && $status -lt 128 && "$err" =~ $pattern && $lines -eq 1 ]]; then
+    pass=$((pass + 1))
+  else
+    echo "FAILED: $* -> status $status, stderr: $err (wanted one line matching /$pattern/)"
+    fail=$((fail + 1))
+  fi
+}
+
+printf 'hello\0world' > "$work/binary.txt"
+: > "$work/empty.txt"
+printf 'To be, or not to be' > "$work/short.txt"
+printf '\xff\xfe\xfd not utf8 %.0s' {1..100} > "$work/latin1.txt"
+head -c 20000 "${LOOM_DATA_DIR:-../shared/data}/tinyshakespeare.txt" > "$work/ok.txt"
+mkdir "$work/dir.txt"
+
+t="$bin/train_gpt"
+expect_error "does not exist" "$t" --data "$work/missing.txt" --model char_tiny --steps 1
+expect_error "is empty" "$t" --data "$work/empty.txt" --model char_tiny --steps 1
+expect_error "not UTF-8" "$t" --data "$work/binary.txt" --model char_tiny --steps 1
+expect_error "not UTF-8" "$t" --data "$work/latin1.txt" --model char_tiny --steps 1
+expect_error "is a directory" "$t" --data "$work/dir.txt" --model char_tiny --steps 1
+expect_error "too short" "$t" --data "$work/short.txt" --model char_tiny --steps 1
+expect_error "exceeds the maximum sequence length 32" "$t" --data "$work/ok.txt" --model char_tiny --seq-len 33
+expect_error "outside \[1, 8\]" "$t" --data "$work/ok.txt" --model char_tiny --micro-batch 9
+expect_error "not expected|--bogus" "$t" --data "$work/ok.txt" --bogus
+expect_error "--steps" "$t" --data "$work/ok.txt" --steps abc
+expect_error "--model" "$t" --data "$work/ok.txt" --model gpt5
+expect_error "required" "$t"
+expect_error "learning rate" "$t" --data "$work/ok.txt" --model char_tiny --lr -1
+
+# a good run writes weights; a later failing run must leave them intact
+"$t" --data "$work/ok.txt" --model char_tiny --steps 3 --eval-every 0 --sample-tokens 5 --out "$work/w.safetensors" >/dev/null 2>&1 ||
+  { echo "FAILED: a good char_tiny run failed"; fail=$((fail + 1)); }
+sum_before=$(md5sum < "$work/w.safetensors")
+expect_error "does not exist" "$t" --data "$work/missing.txt" --model char_tiny --out "$work/w.safetensors"
+[[ "$(md5sum < "$work/w.safetensors")" == "$sum_before" ]] && pass=$((pass + 1)) ||
+  { echo "FAILED: weights file changed by a failed run"; fail=$((fail + 1)); }
+
+s="$bin/sample"
+expect_error "cannot open" "$s" --weights "$work/missing.safetensors"
+expect_error "not a safetensors file|truncated" "$s" --weights "$work/ok.txt"
+expect_error "temperature" "$s" --weights "$work/w.safetensors" --temperature 0
+expect_error "not expected|--nope" "$s" --weights "$work/w.safetensors" --nope 3
+head -c 100 "$work/w.safetensors" > "$work/cut.safetensors"
+expect_error "truncated|safetensors" "$s" --weights "$work/cut.safetensors"
+
+echo "$pass passed, $fail failed"
+[[ $fail -eq 0 ]]
