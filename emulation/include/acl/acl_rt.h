@@ -1,0 +1,108 @@
+/*
+ * loom's HOST EMULATION of the Huawei CANN ACL API — NOT the vendor header (see acl/acl_base.h).
+ *
+ * acl/acl_rt.h: devices, streams, memory, events — the subset loom uses, with the signatures and
+ * enum values documented in loom's API reference (§1.4–1.7, CANN 8.1.RC1).
+ */
+#ifndef LOOM_EMULATION_ACL_ACL_RT_H_
+#define LOOM_EMULATION_ACL_ACL_RT_H_
+
+#include "acl/acl_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  ACL_MEM_MALLOC_HUGE_FIRST = 0,
+  ACL_MEM_MALLOC_HUGE_ONLY = 1,
+  ACL_MEM_MALLOC_NORMAL_ONLY = 2,
+  ACL_MEM_MALLOC_HUGE_FIRST_P2P = 3,
+  ACL_MEM_MALLOC_HUGE_ONLY_P2P = 4,
+  ACL_MEM_MALLOC_NORMAL_ONLY_P2P = 5,
+  ACL_MEM_MALLOC_HUGE1G_ONLY = 6,
+  ACL_MEM_MALLOC_HUGE1G_ONLY_P2P = 7
+} aclrtMemMallocPolicy;
+
+typedef enum {
+  ACL_MEMCPY_HOST_TO_HOST = 0,
+  ACL_MEMCPY_HOST_TO_DEVICE = 1,
+  ACL_MEMCPY_DEVICE_TO_HOST = 2,
+  ACL_MEMCPY_DEVICE_TO_DEVICE = 3,
+  ACL_MEMCPY_DEFAULT = 4,
+  ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE = 5,
+  ACL_MEMCPY_INNER_DEVICE_TO_DEVICE = 6,
+  ACL_MEMCPY_INTER_DEVICE_TO_DEVICE = 7
+} aclrtMemcpyKind;
+
+typedef enum {
+  ACL_DDR_MEM = 0,
+  ACL_HBM_MEM = 1,
+  ACL_DDR_MEM_HUGE = 2,
+  ACL_DDR_MEM_NORMAL = 3,
+  ACL_HBM_MEM_HUGE = 4,
+  ACL_HBM_MEM_NORMAL = 5,
+  ACL_DDR_MEM_P2P_HUGE = 6,
+  ACL_DDR_MEM_P2P_NORMAL = 7,
+  ACL_HBM_MEM_P2P_HUGE = 8,
+  ACL_HBM_MEM_P2P_NORMAL = 9,
+  ACL_HBM_MEM_HUGE1G = 10,
+  ACL_HBM_MEM_P2P_HUGE1G = 11
+} aclrtMemAttr;
+
+typedef enum { ACL_STREAM_STATUS_COMPLETE = 0, ACL_STREAM_STATUS_NOT_READY = 1 } aclrtStreamStatus;
+
+typedef enum {
+  ACL_EVENT_RECORDED_STATUS_NOT_READY = 0,
+  ACL_EVENT_RECORDED_STATUS_COMPLETE = 1
+} aclrtEventRecordedStatus;
+
+#define ACL_EVENT_SYNC 0x00000001u
+#define ACL_EVENT_CAPTURE_STREAM_PROGRESS 0x00000002u
+#define ACL_EVENT_TIME_LINE 0x00000008u
+#define ACL_EVENT_EXTERNAL 0x00000020u
+
+/* devices */
+ACL_FUNC_VISIBILITY aclError aclrtSetDevice(int32_t deviceId);
+ACL_FUNC_VISIBILITY aclError aclrtResetDevice(int32_t deviceId);
+ACL_FUNC_VISIBILITY aclError aclrtGetDevice(int32_t *deviceId);
+ACL_FUNC_VISIBILITY aclError aclrtGetDeviceCount(uint32_t *count);
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDevice(void);
+
+/* streams */
+ACL_FUNC_VISIBILITY aclError aclrtCreateStream(aclrtStream *stream);
+ACL_FUNC_VISIBILITY aclError aclrtDestroyStream(aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeStream(aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtStreamQuery(aclrtStream stream, aclrtStreamStatus *status);
+ACL_FUNC_VISIBILITY aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event);
+
+/* memory */
+ACL_FUNC_VISIBILITY aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
+ACL_FUNC_VISIBILITY aclError aclrtFree(void *devPtr);
+ACL_FUNC_VISIBILITY aclError aclrtMallocHost(void **hostPtr, size_t size);
+ACL_FUNC_VISIBILITY aclError aclrtFreeHost(void *hostPtr);
+ACL_FUNC_VISIBILITY aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count,
+                                         aclrtMemcpyKind kind);
+ACL_FUNC_VISIBILITY aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count,
+                                              aclrtMemcpyKind kind, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count);
+ACL_FUNC_VISIBILITY aclError aclrtMemsetAsync(void *devPtr, size_t maxCount, int32_t value, size_t count,
+                                              aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *free, size_t *total);
+
+/* events */
+ACL_FUNC_VISIBILITY aclError aclrtCreateEvent(aclrtEvent *event);
+ACL_FUNC_VISIBILITY aclError aclrtCreateEventWithFlag(aclrtEvent *event, uint32_t flag);
+ACL_FUNC_VISIBILITY aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus *status);
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEvent(aclrtEvent event);
+ACL_FUNC_VISIBILITY aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endEvent);
+ACL_FUNC_VISIBILITY aclError aclrtDestroyEvent(aclrtEvent event);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_EMULATION_ACL_ACL_RT_H_ */

@@ -1,0 +1,39 @@
+/*
+ * loom's HOST EMULATION of the Huawei CANN aclnn operator API — NOT the vendor header and NOT the
+ * vendor library. The phase-1 parameter list restates the signature documented in loom's API
+ * reference (§2.5/§2.6, CANN 8.1.RC1 headers) or, where noted in docs/ascend.md, the op's
+ * official documentation; nothing was copied. The emulated operator computes on host memory.
+ */
+#ifndef LOOM_EMULATION_ACLNNOP_ACLNN_CROSS_ENTROPY_LOSS_H_
+#define LOOM_EMULATION_ACLNNOP_ACLNN_CROSS_ENTROPY_LOSS_H_
+
+#include "acl/acl_base.h"
+#include "aclnn/aclnn_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+ACLNN_API aclnnStatus aclnnCrossEntropyLossGetWorkspaceSize(
+    const aclTensor *input,
+    const aclTensor *target,
+    const aclTensor *weightOptional,
+    char *reductionOptional,
+    int64_t ignoreIndex,
+    double labelSmoothing,
+    double lseSquareScaleForZloss,
+    bool returnZloss,
+    const aclTensor *lossOut,
+    const aclTensor *logProbOut,
+    const aclTensor *zlossOut,
+    const aclTensor *lseForZlossOut,
+    uint64_t *workspaceSize,
+    aclOpExecutor **executor);
+ACLNN_API aclnnStatus aclnnCrossEntropyLoss(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+    aclrtStream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_EMULATION_ACLNNOP_ACLNN_CROSS_ENTROPY_LOSS_H_ */

@@ -1,0 +1,47 @@
+/*
+ * loom's HOST EMULATION of the Huawei CANN aclnn operator API — NOT the vendor header and NOT the
+ * vendor library. The phase-1 parameter list restates the signature documented in loom's API
+ * reference (§2.5/§2.6, CANN 8.1.RC1 headers) or, where noted in docs/ascend.md, the op's
+ * official documentation; nothing was copied. The emulated operator computes on host memory.
+ */
+#ifndef LOOM_EMULATION_ACLNNOP_ACLNN_FLASH_ATTENTION_SCORE_H_
+#define LOOM_EMULATION_ACLNNOP_ACLNN_FLASH_ATTENTION_SCORE_H_
+
+#include "acl/acl_base.h"
+#include "aclnn/aclnn_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+ACLNN_API aclnnStatus aclnnFlashAttentionScoreGetWorkspaceSize(
+    const aclTensor *query,
+    const aclTensor *key,
+    const aclTensor *value,
+    const aclTensor *realShiftOptional,
+    const aclTensor *dropMaskOptional,
+    const aclTensor *paddingMaskOptional,
+    const aclTensor *attenMaskOptional,
+    const aclIntArray *prefixOptional,
+    double scaleValue,
+    double keepProb,
+    int64_t preTokens,
+    int64_t nextTokens,
+    int64_t headNum,
+    char *inputLayout,
+    int64_t innerPrecise,
+    int64_t sparseMode,
+    const aclTensor *softmaxMaxOut,
+    const aclTensor *softmaxSumOut,
+    const aclTensor *softmaxOutOut,
+    const aclTensor *attentionOutOut,
+    uint64_t *workspaceSize,
+    aclOpExecutor **executor);
+ACLNN_API aclnnStatus aclnnFlashAttentionScore(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+    aclrtStream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_EMULATION_ACLNNOP_ACLNN_FLASH_ATTENTION_SCORE_H_ */

@@ -1,0 +1,52 @@
+/*
+ * Control interface of loom's HOST EMULATION of CANN (ACL / aclnn / HCCL). NOT part of CANN: a real
+ * toolkit has no such functions. Tests use it to inject failures, shrink device memory, and read
+ * counters that prove the emulation's checks ran.
+ */
+#ifndef LOOM_EMULATION_CONTROL_H_
+#define LOOM_EMULATION_CONTROL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Makes calls to the API named `api` (e.g. "aclrtMalloc", "aclnnMatmulGetWorkspaceSize",
+ * "aclnnMatmul", "HcclAllReduce") fail with `code`: the first `skip` calls succeed, the next
+ * `count` calls fail (count < 0: every call fails until cleared). The failing call sets
+ * aclGetRecentErrMsg() to "loom emulation: injected failure of <api>". */
+void loomemu_inject_failure(const char *api, int code, int skip, int count);
+
+/* Clears every injected failure and restores default limits. Does not free memory. */
+void loomemu_reset(void);
+
+/* Limits the emulated device memory of `device` to `bytes` (default 16 GiB per device). An
+ * allocation beyond it fails with ACL_ERROR_RT_MEMORY_ALLOCATION. */
+void loomemu_set_device_memory_limit(int device, size_t bytes);
+
+/* Number of emulated devices (default 8); takes effect for later aclrtGetDeviceCount calls. */
+void loomemu_set_device_count(int count);
+
+/* Counters since process start. */
+typedef struct {
+  uint64_t device_mallocs;      /* successful aclrtMalloc */
+  uint64_t device_frees;        /* successful aclrtFree */
+  uint64_t live_device_allocs;  /* allocated and not freed */
+  size_t live_device_bytes;     /* requested bytes of live device allocations */
+  uint64_t host_pinned_allocs;  /* live aclrtMallocHost blocks */
+  uint64_t executors_created;   /* phase-1 calls that returned an executor */
+  uint64_t executors_run;       /* phase-2 calls enqueued */
+  uint64_t tasks_executed;      /* stream tasks run by the workers */
+  uint64_t checks_failed;       /* API calls rejected by a validation check */
+  uint64_t async_copies;        /* aclrtMemcpyAsync calls accepted */
+  uint64_t sync_copies;         /* aclrtMemcpy calls accepted */
+} loomemu_counters;
+loomemu_counters loomemu_get_counters(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_EMULATION_CONTROL_H_ */
