@@ -43,7 +43,7 @@ void adamw(ctx_t& ctx, T* param, M* m, M* v, const T* grad, std::size_t n, M lr,
     tensor gw(g, mt, {len});
     copy(ctx, gw, tensor(grad, dtype_of<T>(), {len}));
     if (scale) {
-      scalar s(float(grad_scale));
+      scalar s{float(grad_scale)};
       launch(
           ctx, "aclnnInplaceMuls",
           [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnInplaceMulsGetWorkspaceSize(gw, s, ws, ex); },

@@ -1,0 +1,107 @@
+#pragma once
+// Helpers for the Ascend tests. They run against loom's host emulation of CANN (emulation/), never
+// against an NPU: what they prove is that loom drives the documented APIs correctly as far as the
+// emulation checks them (docs/ascend.md says what that does and does not cover).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include <loom/core/buffer.hpp>
+#include <loom/device/ascend.hpp>
+
+#include <loom_emulation/control.h>
+
+namespace loom_test {
+
+using npu = loom::device::ascend;
+template <class T>
+using dbuf = loom::buffer<npu, T>;
+
+/// n values from N(0, stdev^2) (never all zero), deterministic per seed.
+inline std::vector<float> randn(std::size_t n, std::uint64_t seed, float stdev = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, stdev);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+/// Rounds every value to T and back (so CPU references see exactly the device's inputs).
+template <class T>
+std::vector<float> quantize(std::vector<float> v) {
+  for (auto& x : v) x = float(T(x));
+  return v;
+}
+
+template <class T>
+std::vector<T> to(const std::vector<float>& v) {
+  std::vector<T> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = T(v[i]);
+  return out;
+}
+
+template <class T>
+std::vector<float> to_float(const std::vector<T>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = float(v[i]);
+  return out;
+}
+
+/// A device buffer holding v converted to T.
+template <class T, class S>
+dbuf<T> upload(loom::context<npu>& ctx, const std::vector<S>& v) {
+  dbuf<T> b(v.size(), ctx.stream);
+  std::vector<T> h(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) h[i] = T(v[i]);
+  npu::copy_to_device(b.data(), h.data(), h.size() * sizeof(T), ctx.stream);
+  return b;
+}
+
+/// The device values as floats (synchronizes).
+template <class T>
+std::vector<float> download(loom::context<npu>& ctx, const T* p, std::size_t n) {
+  std::vector<T> h(n);
+  npu::copy_to_host(h.data(), p, n * sizeof(T), ctx.stream);
+  ctx.synchronize();
+  return to_float(h);
+}
+
+/// Normalised mean squared error sum((a-b)^2) / sum(b^2) (ggml test-backend-ops' metric).
+inline double nmse(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+/// NMSE thresholds per storage type: one output rounding of T plus fp32-vs-double accumulation.
+template <class T>
+constexpr double tolerance() {
+  if constexpr (std::is_same_v<T, float>) return 1e-10;
+  else if constexpr (std::is_same_v<T, Eigen::half>) return 1e-6;
+  else return 5e-5;  // bfloat16: 8 significant bits
+}
+
+template <class T>
+const char* type_name() {
+  if constexpr (std::is_same_v<T, float>) return "fp32";
+  else if constexpr (std::is_same_v<T, Eigen::half>) return "fp16";
+  else return "bf16";
+}
+
+/// Clears injected failures after a test that sets them (also on failure).
+struct emulation_reset {
+  ~emulation_reset() { loomemu_reset(); }
+};
+
+}  // namespace loom_test
