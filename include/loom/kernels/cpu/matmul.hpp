@@ -31,13 +31,10 @@ void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, cons
   if (dinp && !accumulate_dinp) map<T>(dinp, N, C).noalias() = dy * cmap<T>(w, OC, C);
   map<T>(dw, OC, C).noalias() += dy.transpose() * cmap<T>(inp, N, C);
   if (dbias) {
+    // column sums, reading dout row by row (contiguous, vectorised); fixed order
     using A = acc_t<T>;
-#pragma omp parallel for schedule(static)
-    for (int o = 0; o < OC; ++o) {
-      A s = 0;
-      for (int n = 0; n < N; ++n) s += A(dout[std::size_t(n) * OC + o]);
-      dbias[o] = T(A(dbias[o]) + s);
-    }
+    Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> db(dbias, OC);
+    db = (db.template cast<A>() + dy.template cast<A>().colwise().sum().array()).template cast<T>();
   }
 }
 
