@@ -44,6 +44,16 @@ struct quickstart {
   static constexpr int vocab = 256, vocab_padded = 256;
 };
 
+/// The quickstart's shape with a SentencePiece vocabulary: for data prepared by prepare_data
+/// with --vocab-size <= 8192 (the default 8000 fits). Same transformer as quickstart (4
+/// layers, 6 heads, width 192, 128 positions); the 8192-row embedding, tied with the output
+/// layer, brings it to about 3.4M parameters.
+struct quickstart_bpe {
+  static constexpr std::string_view name = "quickstart_bpe";
+  static constexpr int n_layer = 4, n_head = 6, d_model = 192, max_seq = 128;
+  static constexpr int vocab = 8192, vocab_padded = 8192;
+};
+
 /// The benchmark config of issue #2: vocab 8192, seq 256, width 384, 6 layers, 6 heads.
 struct bench_small {
   static constexpr std::string_view name = "bench_small";
@@ -60,5 +70,6 @@ struct gpt2_small {
 
 static_assert(model_config<tiny> && model_config<char_tiny> && model_config<quickstart> && model_config<bench_small> &&
               model_config<gpt2_small>);
+static_assert(model_config<quickstart_bpe>);
 
 }  // namespace loom::models
