@@ -1,0 +1,1189 @@
+#pragma once
+/// \file Training checkpoints (save, verify, resume), resharding of logical tensors, and
+/// export/import of Hugging Face GPT-2 weights. The long-form description, with the on-disk
+/// layout and the multi-rank protocol, is docs/checkpoint.md.
+///
+/// On disk (one root directory per run, `--checkpoint-dir`):
+///   <root>/latest                          text: the directory name of the newest complete
+///                                          checkpoint, e.g. "step_00000300\n"
+///   <root>/step_00000300/manifest.json     JSON: step, tokens, model, layout, precision,
+///                                          optimizer, lr schedule, loss scaler, RNG and data
+///                                          state, library version, every tensor's logical
+///                                          shape and shard rule, every file's size and
+///                                          XXH3-64, and a checksum of the manifest itself
+///   <root>/step_00000300/model-tp00-pp00.safetensors
+///                                          one file per model-parallel rank (tp, pp), written
+///                                          by data-parallel rank 0: "param.<name>" in storage
+///                                          precision, "master.<name>" (fp32, only when the
+///                                          storage is narrower), "adam_m.<name>",
+///                                          "adam_v.<name>" (master precision); local shapes
+///   <root>/.tmp-step_00000400-<pid>/       a save in progress (or one a crash interrupted:
+///                                          never read, removed by the next save)
+///
+/// A save is atomic: everything is written into the temporary directory, each file is fsynced,
+/// read back and hashed, the manifest is written and fsynced, the directory is fsynced and
+/// renamed into place (RENAME_EXCHANGE when a directory of the same step exists, so the old one
+/// stays whole until the new one is in place), the root is fsynced, and only then `latest` is
+/// replaced (temporary file, fsync, rename, fsync). A crash at any point leaves the previous
+/// checkpoint intact and `latest` naming it (or the new one, once it is complete).
+///
+/// Resuming on the same layout, precision and thread count reproduces the uninterrupted run
+/// bit for bit: parameters, AdamW moments and step count, the trainer's step (which the
+/// learning-rate schedule reads), and whatever the caller's run_state carries (data position,
+/// RNG state, tokens consumed) come back exactly.
+///
+/// Today loom executes layout<1,1> on one rank; the manifest already records the layout
+/// (tp, pp, dp, zero), the file-per-rank naming, and every tensor's logical (global) shape and
+/// shard rule, so that resharding is the pure function shard_tensor(gather_tensor(...)) below.
+#include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include <loom/core/context.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/view.hpp>
+#include <loom/device/policy.hpp>
+#include <loom/io/detail/checkpoint_fs.hpp>
+#include <loom/io/safetensors.hpp>
+#include <loom/models/configs.hpp>
+#include <loom/nn/params.hpp>
+#include <loom/precision/policy.hpp>
+
+namespace loom::io {
+
+/// The library version recorded in every manifest (the CMake project version).
+inline constexpr std::string_view library_version = "0.1.0";
+/// Manifest format written by this header; readers accept versions <= this one.
+inline constexpr int checkpoint_format_version = 1;
+
+// ============================================================================================
+// Run state, options, results
+// ============================================================================================
+
+/// What a checkpoint carries besides the trainer: the caller's loop state, returned unchanged
+/// by load_checkpoint. The JSON values are free-form objects the caller defines.
+struct run_state {
+  std::uint64_t tokens = 0;                           ///< target tokens consumed so far
+  nlohmann::json data = nlohmann::json::object();     ///< data position, e.g. {"kind": "window_sampler", "position": 96}
+  nlohmann::json rng = nlohmann::json::object();      ///< RNG states beyond the data order (dropout streams, ...)
+  nlohmann::json extra = nlohmann::json::object();    ///< anything else (flags, run name)
+};
+
+/// Settings of save_checkpoint.
+struct checkpoint_options {
+  /// Keep the newest `keep` complete checkpoints of steps <= the saved one; older ones are
+  /// removed after a successful save. 0 keeps all. Checkpoints of later steps (left by a run
+  /// that was resumed from an earlier point) are never removed.
+  int keep = 5;
+  /// Refuse (loom::numeric_error, nothing written) when a parameter or optimizer value is NaN
+  /// or infinite, so a diverged run never overwrites good checkpoints.
+  bool check_finite = true;
+  /// Test hook, called after each durable step of a save with its name: "file_written"
+  /// (a rank file is written, fsynced and verified), "manifest_written", "committed" (the
+  /// step directory is in place), "latest_updated". Throwing from it simulates a failure at
+  /// that point; save_checkpoint then cleans up as it would after a real failure.
+  std::function<void(std::string_view stage)> on_stage;
+};
+
+/// One file of a checkpoint, as the manifest lists it.
+struct checkpoint_file {
+  std::string path;        ///< relative to the checkpoint directory, no '/'
+  int tp = 0, pp = 0, dp = 0;
+  std::uint64_t bytes = 0;
+  std::string xxh3_64;     ///< 16 lower-case hex digits
+};
+
+/// What load_checkpoint restored, and what the caller restores itself.
+struct checkpoint_info {
+  std::filesystem::path dir;          ///< the step directory that was loaded
+  long step = 0;                      ///< completed optimizer steps (trainer::step_count)
+  long optimizer_step = 0;            ///< AdamW updates applied (skipped steps excluded)
+  run_state state;                    ///< as given to save_checkpoint
+  nlohmann::json manifest;            ///< the whole manifest
+  std::vector<std::string> warnings;  ///< settings of the running trainer that differ from the checkpoint's
+};
+
+/// A complete-looking checkpoint directory found under a root (not yet verified).
+struct checkpoint_entry {
+  long step = 0;
+  std::filesystem::path dir;
+};
+
+// ============================================================================================
+// Names
+// ============================================================================================
+
+/// "step_00000300": the directory name of the checkpoint after `step` completed steps.
+inline std::string checkpoint_dir_name(long step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08ld", step);
+  return buf;
+}
+
+/// "model-tp00-pp00.safetensors": the file of model-parallel rank (tp, pp).
+inline std::string checkpoint_file_name(int tp_rank, int pp_rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-tp%02d-pp%02d.safetensors", tp_rank, pp_rank);
+  return buf;
+}
+
+/// The step encoded in a directory name "step_<digits>", or nullopt.
+inline std::optional<long> parse_checkpoint_dir_name(std::string_view name) {
+  if (name.size() < 6 || name.substr(0, 5) != "step_") return std::nullopt;
+  long v = 0;
+  for (char c : name.substr(5)) {
+    if (c < '0' || c > '9' || v > (1L << 50)) return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+/// Every "step_*" directory under `root`, by ascending step. Empty when root does not exist.
+/// Does not look inside them (see verify_checkpoint).
+inline std::vector<checkpoint_entry> list_checkpoints(const std::filesystem::path& root) {
+  std::vector<checkpoint_entry> out;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(root, ec)) return out;
+  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+    const auto step = parse_checkpoint_dir_name(e.path().filename().string());
+    std::error_code ec2;
+    if (step && e.is_directory(ec2)) out.push_back({*step, e.path()});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return out;
+}
+
+// ============================================================================================
+// Logical tensors and resharding (pure functions; see docs/checkpoint.md "Resharding")
+// ============================================================================================
+
+/// How one parameter tensor maps onto ranks. A tensor is viewed as (layers, rows, cols):
+/// per-layer tensors have layers = n_layer (split across pipeline stages), the others
+/// layers = 1 (held whole by every stage). Tensor parallelism splits rows (shard::vocab and
+/// shard::column; a column tensor with `sections` = 3, qkv, splits each of its q, k, v
+/// sections so a rank owns whole heads of all three) or cols (shard::row), or replicates.
+struct shard_geometry {
+  nn::shard rule = nn::shard::replicated;
+  bool per_layer = false;
+  long layers = 1, rows = 1, cols = 1;
+  int sections = 1;
+  std::size_t logical_elems() const noexcept { return std::size_t(layers) * rows * cols; }
+};
+
+/// The geometry of table row k for model M (logical shapes from the unsplit table).
+template <models::model_config M>
+constexpr shard_geometry geometry_of(int k) {
+  constexpr auto t = nn::param_table<M, parallel::layout<1, 1>>();
+  const auto& s = t[std::size_t(k)];
+  shard_geometry g;
+  g.rule = s.rule;
+  g.per_layer = k >= int(nn::param::ln1_w) && k <= int(nn::param::fcproj_b);
+  if (g.per_layer) {
+    g.layers = s.global[0];
+    g.rows = s.global[1];
+    g.cols = s.ndim == 3 ? s.global[2] : 1;
+  } else {
+    g.rows = s.global[0];
+    g.cols = s.ndim == 2 ? s.global[1] : 1;
+  }
+  g.sections = (k == int(nn::param::qkv_w) || k == int(nn::param::qkv_b)) ? 3 : 1;
+  return g;
+}
+
+/// The logical (whole-model) shape of table row k for model M, as recorded in manifests.
+template <models::model_config M>
+std::vector<std::int64_t> logical_shape(int k) {
+  constexpr auto t = nn::param_table<M, parallel::layout<1, 1>>();
+  const auto& s = t[std::size_t(k)];
+  return std::vector<std::int64_t>(s.global.begin(), s.global.begin() + s.ndim);
+}
+
+namespace detail {
+inline void check_split(const shard_geometry& g, int tp, int pp) {
+  const bool ok = tp >= 1 && pp >= 1 && (!g.per_layer || g.layers % pp == 0) &&
+                  (g.rule == nn::shard::replicated || g.rule == nn::shard::row
+                       ? g.cols % tp == 0 || g.rule == nn::shard::replicated
+                       : (g.rows / g.sections) % tp == 0);
+  if (!ok)
+    throw input_error("cannot split a (" + std::to_string(g.layers) + ", " + std::to_string(g.rows) + ", " +
+                      std::to_string(g.cols) + ") tensor over tp = " + std::to_string(tp) + ", pp = " +
+                      std::to_string(pp) + "; choose degrees that divide the model (see parallel::fits)");
+}
+// Calls f(logical_offset, local_offset, count) for every contiguous run of rank (r, s)'s shard.
+template <class F>
+void for_each_run(const shard_geometry& g, int tp, int pp, int r, int s, F&& f) {
+  check_split(g, tp, pp);
+  const long layers = g.per_layer ? g.layers / pp : g.layers;
+  const long first_layer = g.per_layer ? s * layers : 0;
+  std::size_t local = 0;
+  for (long l = 0; l < layers; ++l) {
+    const std::size_t base = std::size_t(first_layer + l) * g.rows * g.cols;
+    switch (g.rule) {
+      case nn::shard::replicated:
+        f(base, local, std::size_t(g.rows) * g.cols);
+        local += std::size_t(g.rows) * g.cols;
+        break;
+      case nn::shard::vocab:
+      case nn::shard::column: {
+        const long sec = g.rows / g.sections, part = sec / tp;
+        for (int q = 0; q < g.sections; ++q) {
+          const std::size_t row0 = std::size_t(q) * sec + std::size_t(r) * part;
+          f(base + row0 * g.cols, local, std::size_t(part) * g.cols);
+          local += std::size_t(part) * g.cols;
+        }
+        break;
+      }
+      case nn::shard::row: {
+        const long part = g.cols / tp;
+        for (long i = 0; i < g.rows; ++i) {
+          f(base + std::size_t(i) * g.cols + std::size_t(r) * part, local, std::size_t(part));
+          local += std::size_t(part);
+        }
+        break;
+      }
+    }
+  }
+}
+}  // namespace detail
+
+/// Elements of rank (tp_rank, pp_rank)'s shard of a tensor of geometry g under degrees (tp, pp).
+inline std::size_t shard_elems(const shard_geometry& g, int tp, int pp) {
+  std::size_t n = 0;
+  detail::for_each_run(g, tp, pp, 0, 0, [&](std::size_t, std::size_t, std::size_t c) { n += c; });
+  return n;
+}
+
+/// The shard of tensor `logical` (row-major, g.logical_elems() elements of elem_size bytes)
+/// held by tensor-parallel rank tp_rank of pipeline stage pp_rank under degrees (tp, pp).
+/// Pure function. Throws loom::input_error when the sizes or degrees do not fit.
+inline std::vector<std::byte> shard_tensor(const shard_geometry& g, std::size_t elem_size,
+                                           std::span<const std::byte> logical, int tp, int pp, int tp_rank,
+                                           int pp_rank) {
+  if (logical.size() != g.logical_elems() * elem_size)
+    throw input_error("shard_tensor: the logical tensor has " + std::to_string(logical.size()) + " bytes, not " +
+                      std::to_string(g.logical_elems() * elem_size) + "; pass the whole tensor");
+  std::vector<std::byte> out(shard_elems(g, tp, pp) * elem_size);
+  detail::for_each_run(g, tp, pp, tp_rank, pp_rank, [&](std::size_t from, std::size_t to, std::size_t n) {
+    std::memcpy(out.data() + to * elem_size, logical.data() + from * elem_size, n * elem_size);
+  });
+  return out;
+}
+
+/// The logical tensor assembled from the shards of all ranks under degrees (tp, pp):
+/// shard(tp_rank, pp_rank) returns that rank's bytes. Replicated pieces are taken from tensor
+/// rank 0 (and, for tensors every stage holds whole, from stage 0). Inverse of shard_tensor.
+template <class ShardFn>
+std::vector<std::byte> gather_tensor(const shard_geometry& g, std::size_t elem_size, ShardFn&& shard, int tp,
+                                     int pp) {
+  std::vector<std::byte> out(g.logical_elems() * elem_size);
+  const int stages = g.per_layer ? pp : 1;
+  const int tps = g.rule == nn::shard::replicated ? 1 : tp;
+  for (int s = 0; s < stages; ++s)
+    for (int r = 0; r < tps; ++r) {
+      const std::span<const std::byte> src = shard(r, s);
+      if (src.size() != shard_elems(g, tp, pp) * elem_size)
+        throw input_error("gather_tensor: the shard of tp rank " + std::to_string(r) + ", stage " + std::to_string(s) +
+                          " has " + std::to_string(src.size()) + " bytes, not " +
+                          std::to_string(shard_elems(g, tp, pp) * elem_size) + "; the checkpoint does not match the layout");
+      detail::for_each_run(g, tp, pp, r, s, [&](std::size_t to, std::size_t from, std::size_t n) {
+        std::memcpy(out.data() + to * elem_size, src.data() + from * elem_size, n * elem_size);
+      });
+    }
+  return out;
+}
+
+/// Reshards one tensor from degrees (tp_a, pp_a) to (tp_b, pp_b): out[pp][tp] = the shard of
+/// rank (tp, pp) under the new degrees. Pure function: shard_tensor(gather_tensor(...)).
+template <class ShardFn>
+std::vector<std::vector<std::vector<std::byte>>> reshard_tensor(const shard_geometry& g, std::size_t elem_size,
+                                                                  ShardFn&& shard, int tp_a, int pp_a, int tp_b,
+                                                                  int pp_b) {
+  const auto logical = gather_tensor(g, elem_size, shard, tp_a, pp_a);
+  std::vector<std::vector<std::vector<std::byte>>> out;
+  out.resize(std::size_t(pp_b));
+  for (int s = 0; s < pp_b; ++s)
+    for (int r = 0; r < tp_b; ++r) out[std::size_t(s)].push_back(shard_tensor(g, elem_size, logical, tp_b, pp_b, r, s));
+  return out;
+}
+
+// ============================================================================================
+// Manifest: verify, read
+// ============================================================================================
+
+namespace detail {
+
+inline constexpr std::string_view manifest_name = "manifest.json";
+inline constexpr std::string_view latest_name = "latest";
+
+inline std::string_view shard_name(nn::shard s) {
+  switch (s) {
+    case nn::shard::replicated: return "replicated";
+    case nn::shard::column: return "column";
+    case nn::shard::row: return "row";
+    case nn::shard::vocab: return "vocab";
+  }
+  return "?";
+}
+
+/// The safetensors dtype of a storage/master element type.
+template <class T>
+constexpr std::string_view tensor_dtype() {
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>) return "BF16";
+  else if constexpr (std::is_same_v<T, Eigen::half>) return "F16";
+  else return dtype_of<T>();
+}
+
+/// The manifest's own checksum: XXH3-64 of its compact dump without the "checksum" key.
+inline std::string manifest_checksum(nlohmann::json j) {
+  j.erase("checksum");
+  const std::string text = j.dump();
+  return xxh3_hex(text.data(), text.size());
+}
+
+inline input_error bad_checkpoint(const std::filesystem::path& dir, const std::string& problem) {
+  return input_error("checkpoint '" + dir.string() + "' is unusable: " + problem +
+                     "; resume from an earlier checkpoint (pass its directory to --resume) or start a new run");
+}
+
+/// j[key] when j is an object holding a string there, else `otherwise` (never throws).
+inline std::string string_or(const nlohmann::json& j, std::string_view key, std::string otherwise) {
+  if (!j.is_object()) return otherwise;
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : otherwise;
+}
+
+/// j[key] as T; throws bad_checkpoint when it is missing or of another type.
+template <class T>
+T field(const nlohmann::json& j, std::string_view key, const std::filesystem::path& dir) {
+  if (!j.is_object()) throw bad_checkpoint(dir, "manifest.json has a section that is not an object");
+  const auto it = j.find(key);
+  if (it == j.end()) throw bad_checkpoint(dir, "manifest.json has no \"" + std::string(key) + "\"");
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw bad_checkpoint(dir, "manifest.json field \"" + std::string(key) + "\" has the wrong type (" +
+                                  std::string(it->type_name()) + ")");
+  }
+}
+
+inline std::vector<checkpoint_file> manifest_files(const nlohmann::json& j, const std::filesystem::path& dir) {
+  const auto files = field<nlohmann::json>(j, "files", dir);
+  if (!files.is_array() || files.empty()) throw bad_checkpoint(dir, "manifest.json lists no files");
+  std::vector<checkpoint_file> out;
+  for (const auto& f : files) {
+    if (!f.is_object()) throw bad_checkpoint(dir, "manifest.json has a file entry that is not an object");
+    checkpoint_file c;
+    c.path = field<std::string>(f, "path", dir);
+    c.tp = field<int>(f, "tp", dir);
+    c.pp = field<int>(f, "pp", dir);
+    c.dp = field<int>(f, "dp", dir);
+    c.bytes = field<std::uint64_t>(f, "bytes", dir);
+    c.xxh3_64 = field<std::string>(f, "xxh3_64", dir);
+    if (c.path.empty() || c.path.find('/') != std::string::npos || c.path == "." || c.path == "..")
+      throw bad_checkpoint(dir, "manifest.json names the file '" + c.path + "', which is not a plain file name");
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// Checks the integrity of checkpoint directory `dir` and returns its manifest: manifest.json
+/// exists, is JSON of this format (version <= checkpoint_format_version), matches its own
+/// checksum, and every file it lists exists with the recorded size and XXH3-64 (each file is
+/// read once). Does not check that the checkpoint fits a model (load_checkpoint does).
+/// Throws loom::input_error naming the checkpoint, the problem and the fix.
+inline nlohmann::json verify_checkpoint(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw input_error("checkpoint directory '" + dir.string() + "' does not exist; pass the directory of a checkpoint "
+                      "(step_NNNNNNNN) or of a run's --checkpoint-dir");
+  const auto mpath = dir / detail::manifest_name;
+  if (!std::filesystem::exists(mpath, ec))
+    throw detail::bad_checkpoint(dir, "it has no manifest.json (the save did not finish, or the file was deleted)");
+  const std::string text = detail::read_small_file(mpath);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw detail::bad_checkpoint(dir, std::string("manifest.json is not valid JSON (") + e.what() + ")");
+  }
+  if (!j.is_object() || detail::string_or(j, "format", "") != "loom.checkpoint")
+    throw detail::bad_checkpoint(dir, "manifest.json is not a loom checkpoint manifest (no \"format\": \"loom.checkpoint\")");
+  const int version = detail::field<int>(j, "format_version", dir);
+  if (version < 1 || version > checkpoint_format_version)
+    throw detail::bad_checkpoint(dir, "manifest format version " + std::to_string(version) + " is not supported by loom " +
+                                          std::string(library_version) + " (it reads versions 1.." +
+                                          std::to_string(checkpoint_format_version) + ")");
+  const auto sum = detail::field<nlohmann::json>(j, "checksum", dir);
+  const std::string stored = detail::string_or(sum, "xxh3_64", "");
+  const std::string computed = detail::manifest_checksum(j);
+  if (stored != computed)
+    throw detail::bad_checkpoint(dir, "manifest.json fails its checksum (stored " + stored + ", computed " + computed +
+                                          "): it was edited or corrupted");
+  (void)detail::field<long>(j, "step", dir);
+  for (const auto& f : detail::manifest_files(j, dir)) {
+    const auto p = dir / f.path;
+    if (!std::filesystem::is_regular_file(p, ec)) throw detail::bad_checkpoint(dir, "its file '" + f.path + "' is missing");
+    const auto size = std::filesystem::file_size(p, ec);
+    if (ec || size != f.bytes)
+      throw detail::bad_checkpoint(dir, "file '" + f.path + "' is " + std::to_string(size) + " bytes but the manifest says " +
+                                            std::to_string(f.bytes) + " (truncated or replaced)");
+    const auto [hash, bytes] = detail::xxh3_file(p);
+    if (hash != f.xxh3_64)
+      throw detail::bad_checkpoint(dir, "file '" + f.path + "' fails its checksum (manifest XXH3-64 " + f.xxh3_64 +
+                                            ", file " + hash + "): its bytes changed after the save");
+  }
+  return j;
+}
+
+/// The checkpoint to resume from, given `dir`:
+///   * a checkpoint directory (it holds manifest.json): that one, verified; no fallback.
+///   * a run's root (--checkpoint-dir): the one `latest` names if it verifies; otherwise, with
+///     a warning through `warn` for each unusable one, the newest older checkpoint that
+///     verifies. Without a readable `latest`, the newest checkpoint that verifies.
+/// Throws loom::input_error when `dir` does not exist, holds no checkpoint, or none verifies
+/// (the message lists each one's problem).
+inline std::filesystem::path find_checkpoint(const std::filesystem::path& dir,
+                                             const std::function<void(const std::string&)>& warn = {}) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw input_error("--resume: '" + dir.string() + "' does not exist or is not a directory; pass the "
+                      "--checkpoint-dir of an earlier run, or one of its step_NNNNNNNN directories");
+  if (std::filesystem::exists(dir / detail::manifest_name, ec)) {
+    (void)verify_checkpoint(dir);
+    return dir;
+  }
+  auto all = list_checkpoints(dir);
+  if (all.empty())
+    throw input_error("--resume: '" + dir.string() + "' holds no checkpoint (no step_NNNNNNNN directory); pass the "
+                      "--checkpoint-dir of an earlier run, or start without --resume");
+  auto say = [&](const std::string& s) {
+    if (warn) warn(s);
+  };
+  long latest = -1;  // the step `latest` names, -1 when there is no usable pointer
+  const auto lpath = dir / detail::latest_name;
+  if (std::filesystem::exists(lpath, ec)) {
+    std::string name;
+    try {
+      name = detail::read_small_file(lpath, 4096);
+    } catch (const input_error&) {
+    }
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    const auto named = parse_checkpoint_dir_name(name);
+    if (named && std::filesystem::is_directory(dir / name, ec))
+      latest = *named;
+    else
+      say("checkpoint pointer '" + lpath.string() + "' names '" + name +
+          "', which is not a checkpoint here; using the newest checkpoint that verifies");
+  }
+  std::string problems;
+  bool first = true;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (latest >= 0 && it->step > latest) continue;  // a later, abandoned branch of the run
+    try {
+      (void)verify_checkpoint(it->dir);
+      return it->dir;
+    } catch (const input_error& e) {
+      const std::string what = e.what();
+      say(what.substr(0, what.find("; resume from")) +
+          (first ? "; falling back to the previous checkpoint" : "; trying an earlier one"));
+      problems += "\n  " + it->dir.filename().string() + ": " + what;
+      first = false;
+    }
+  }
+  throw input_error("--resume: no usable checkpoint in '" + dir.string() + "' (every one failed verification); start "
+                    "a new run without --resume, or restore the files from a backup:" + problems);
+}
+
+// ============================================================================================
+// Save
+// ============================================================================================
+
+namespace detail {
+
+template <class T>
+bool all_finite(std::span<const std::byte> bytes) {
+  const std::size_t n = bytes.size() / sizeof(T);
+  for (std::size_t i = 0; i < n; ++i) {
+    T x;
+    std::memcpy(&x, bytes.data() + i * sizeof(T), sizeof(T));
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!std::isfinite(x)) return false;
+    } else {
+      if (!std::isfinite(static_cast<float>(x))) return false;
+    }
+  }
+  return true;
+}
+
+/// Bytes of a device view on the host: the view itself when the device is host-accessible,
+/// else a copy in `staging`.
+template <class D, class T>
+std::span<const std::byte> host_bytes(context<D>& ctx, view<D, T> v, std::vector<std::byte>& staging) {
+  if constexpr (device::host_accessible_v<D>) {
+    return std::as_bytes(v.span());
+  } else {
+    staging.resize(v.bytes());
+    D::copy_to_host(staging.data(), v.data(), v.bytes(), ctx.stream);
+    ctx.synchronize();
+    return staging;
+  }
+}
+
+/// Writes `text` as the "latest" pointer of `root`.
+inline void write_latest(const std::filesystem::path& root, const std::string& name) {
+  write_file_atomic(root / latest_name, name + "\n");
+}
+
+/// Moves `tmp` to `final` atomically. When `final` exists, RENAME_EXCHANGE swaps them (the old
+/// one stays whole until the new one is in place) and the old one is removed afterwards.
+inline void move_into_place(const std::filesystem::path& tmp, const std::filesystem::path& final) {
+  std::error_code ec;
+  if (std::filesystem::exists(final, ec)) {
+#ifdef RENAME_EXCHANGE
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final.c_str(), RENAME_EXCHANGE) == 0) {
+      fsync_dir(final.parent_path(), "after replacing " + final.filename().string());
+      remove_quietly(tmp);  // now holds the old checkpoint
+      return;
+    }
+#endif
+    // No RENAME_EXCHANGE on this file system: move the old one aside first.
+    const auto aside = final.parent_path() / (".old-" + final.filename().string() + "-" + std::to_string(::getpid()));
+    remove_quietly(aside);
+    if (::rename(final.c_str(), aside.c_str()) != 0)
+      throw error("cannot move the old '" + final.string() + "' aside: " + std::strerror(errno) +
+                  "; check the permissions of the checkpoint directory");
+    if (::rename(tmp.c_str(), final.c_str()) != 0) {
+      const int e = errno;
+      (void)::rename(aside.c_str(), final.c_str());
+      throw error("cannot rename '" + tmp.string() + "' to '" + final.string() + "': " + std::strerror(e) +
+                  "; check the permissions of the checkpoint directory");
+    }
+    fsync_dir(final.parent_path(), "after replacing " + final.filename().string());
+    remove_quietly(aside);
+    return;
+  }
+  if (::rename(tmp.c_str(), final.c_str()) != 0)
+    throw error("cannot rename '" + tmp.string() + "' to '" + final.string() + "': " + std::strerror(errno) +
+                "; check the permissions of the checkpoint directory");
+  fsync_dir(final.parent_path(), "after adding " + final.filename().string());
+}
+
+/// Removes all but the newest `keep` checkpoints of steps <= `step` (never `step` itself).
+inline void prune(const std::filesystem::path& root, long step, int keep) {
+  if (keep <= 0) return;
+  auto all = list_checkpoints(root);
+  std::vector<checkpoint_entry> older;
+  for (const auto& e : all)
+    if (e.step <= step) older.push_back(e);
+  if (older.size() <= std::size_t(keep)) return;
+  for (std::size_t i = 0; i + std::size_t(keep) < older.size(); ++i)
+    if (older[i].step != step) remove_quietly(older[i].dir);
+}
+
+/// A rank file to write: its name, rank coordinates, and its tensors.
+struct rank_file {
+  std::string name;
+  int tp = 0, pp = 0, dp = 0;
+  safetensors_writer writer;
+};
+
+/// Steps 2-7 of a save (docs/checkpoint.md "Save protocol"), for files already snapshotted.
+inline std::filesystem::path commit_checkpoint(const std::filesystem::path& root, long step,
+                                               const std::vector<rank_file>& files, nlohmann::json manifest,
+                                               const checkpoint_options& opt) {
+  const std::string name = checkpoint_dir_name(step);
+  const std::filesystem::path final = root / name;
+  std::filesystem::path tmp;
+  auto stage = [&](std::string_view s) {
+    if (opt.on_stage) opt.on_stage(s);
+  };
+  auto where = [&](const std::string& what) {
+    return "checkpoint save of step " + std::to_string(step) + " to '" + root.string() + "' failed: " + what +
+           "; the previous checkpoint and '" + (root / latest_name).string() + "' are unchanged";
+  };
+  bool committed = false;
+  try {
+    std::error_code ec;
+    std::filesystem::create_directories(root, ec);
+    if (ec || !std::filesystem::is_directory(root))
+      throw input_error("cannot create the checkpoint directory '" + root.string() + "' (" + ec.message() +
+                        "); check the path and its permissions");
+    // Leftovers of interrupted saves are never read; remove them (one writer per root).
+    for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind(".tmp-", 0) == 0 || f.rfind(".old-", 0) == 0) remove_quietly(e.path());
+    }
+    tmp = root / (".tmp-" + name + "-" + std::to_string(::getpid()));
+    remove_quietly(tmp);
+    if (!std::filesystem::create_directory(tmp, ec) || ec)
+      throw input_error("cannot create '" + tmp.string() + "' (" + ec.message() +
+                        "); check that the checkpoint directory is writable");
+    nlohmann::json listed = nlohmann::json::array();
+    for (const auto& f : files) {
+      const auto path = tmp / f.name;
+      f.writer.write(path);               // temporary file, fsync, rename, fsync of tmp
+      (void)safetensors_reader(path);     // the header reads back
+      const auto [hash, bytes] = xxh3_file(path);
+      listed.push_back({{"path", f.name}, {"tp", f.tp}, {"pp", f.pp}, {"dp", f.dp}, {"bytes", bytes}, {"xxh3_64", hash}});
+      stage("file_written");
+    }
+    manifest["files"] = listed;
+    manifest["checksum"] = {{"algorithm", "xxh3_64 of the compact JSON dump of this object without \"checksum\""},
+                            {"xxh3_64", manifest_checksum(manifest)}};
+    write_file_atomic(tmp / manifest_name, manifest.dump(2) + "\n");
+    stage("manifest_written");
+    fsync_dir(tmp, "the new checkpoint");
+    move_into_place(tmp, final);
+    committed = true;
+    stage("committed");
+  } catch (const input_error& e) {
+    if (!committed && !tmp.empty()) remove_quietly(tmp);
+    throw input_error(where(e.what()));
+  } catch (const std::exception& e) {
+    if (!committed && !tmp.empty()) remove_quietly(tmp);
+    throw error(where(e.what()));
+  }
+  try {
+    write_latest(root, name);
+    stage("latest_updated");
+  } catch (const std::exception& e) {
+    throw error("checkpoint " + final.string() + " was written, but updating '" + (root / latest_name).string() +
+                "' failed: " + e.what() + "; it still names the previous checkpoint, which --resume will use");
+  }
+  prune(root, step, opt.keep);
+  return final;
+}
+
+}  // namespace detail
+
+/// Requirements on what save_checkpoint / load_checkpoint accept (loom::train::trainer).
+template <class T>
+concept checkpointable_trainer = requires(T& t, const T& ct, long s) {
+  typename T::model_t;
+  typename T::device;
+  { ct.model() };
+  { t.model() };
+  { ct.optimizer() };
+  { t.optimizer() };
+  { ct.step_count() } -> std::convertible_to<long>;
+  { t.set_step_count(s) };
+  { ct.config() };
+};
+
+/// Saves the state of trainer `tr` and the caller's `state` as checkpoint
+/// `<root>/step_<tr.step_count()>` (see the file comment for the layout and the protocol),
+/// points `<root>/latest` at it, then keeps the newest opt.keep checkpoints. Returns the
+/// checkpoint's directory.
+///
+/// Writes: the rank file and manifest.json; replaces `latest`; removes pruned checkpoints and
+/// leftovers of interrupted saves (".tmp-*", ".old-*"). One writer per root at a time.
+/// Memory: a host copy of the parameters and optimizer moments while it runs.
+/// Errors: loom::numeric_error when a value is not finite (opt.check_finite; nothing is
+/// written); loom::input_error when the root cannot be created; loom::error when a write,
+/// fsync or rename fails. In every failure before the new directory is in place, nothing
+/// changed on disk except the removed temporary directory; the message says so.
+template <checkpointable_trainer Trainer>
+std::filesystem::path save_checkpoint(context<typename Trainer::device>& ctx, const std::filesystem::path& root,
+                                      const Trainer& tr, const run_state& state, const checkpoint_options& opt = {}) {
+  using G = typename Trainer::model_t;
+  using M = typename G::model;
+  using P = typename G::precision;
+  using L = typename G::layout;
+  using storage_t = typename P::storage;
+  using opt_t = std::remove_cvref_t<decltype(tr.optimizer())>;
+  using master_t = typename opt_t::master_t;
+  constexpr bool has_master = precision::has_master_copy_v<P>;
+  static_assert(!has_master || requires(const opt_t& o) { o.master_weights(); },
+                "save_checkpoint: this precision keeps fp32 master weights, but the optimizer has no "
+                "master_weights() view to save them from; add it to optim::adamw");
+  const long step = tr.step_count();
+  const auto& model = tr.model();
+  const auto& optim = tr.optimizer();
+
+  // 1. Snapshot: copy every tensor into the writer (the only part that reads the trainer).
+  detail::rank_file file{checkpoint_file_name(0, 0), 0, 0, 0, {}};
+  std::vector<std::byte> staging;
+  nlohmann::json tensors = nlohmann::json::array();
+  auto add = [&](const std::string& prefix, int k, auto v, std::string_view dtype, auto tag) {
+    using T = decltype(tag);
+    const auto& s = G::table[std::size_t(k)];
+    const auto bytes = detail::host_bytes(ctx, v, staging);
+    if (opt.check_finite && !detail::all_finite<T>(bytes))
+      throw numeric_error("checkpoint of step " + std::to_string(step) + " not saved: tensor '" + prefix + "." +
+                          std::string(s.name) + "' holds NaN or infinite values; the checkpoints in '" + root.string() +
+                          "' are unchanged: resume from the last one with a lower learning rate");
+    file.writer.add_bytes(prefix + "." + std::string(s.name), std::string(dtype),
+                          std::vector<std::int64_t>(s.shape.begin(), s.shape.begin() + s.ndim), bytes);
+  };
+  for (int k = 0; k < nn::num_param_tensors; ++k) {
+    const auto& s = G::table[std::size_t(k)];
+    const auto p = nn::param(k);
+    add("param", k, model.parameter(p), detail::tensor_dtype<storage_t>(), storage_t{});
+    if constexpr (has_master)
+      add("master", k, optim.master_weights().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>(),
+          master_t{});
+    add("adam_m", k, optim.first_moment().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>(), master_t{});
+    add("adam_v", k, optim.second_moment().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>(), master_t{});
+    const auto g = geometry_of<M>(k);
+    tensors.push_back({{"name", std::string(s.name)},
+                       {"shard", std::string(detail::shard_name(s.rule))},
+                       {"per_layer", g.per_layer},
+                       {"sections", g.sections},
+                       {"logical_shape", logical_shape<M>(k)},
+                       {"local_shape", std::vector<long>(s.shape.begin(), s.shape.begin() + s.ndim)},
+                       {"decay", s.decay}});
+  }
+  file.writer.set_metadata("format", "loom.checkpoint.rank");
+  file.writer.set_metadata("step", std::to_string(step));
+
+  // The manifest, except "files" and "checksum" (commit_checkpoint adds them).
+  const auto& cfg = tr.config();
+  const auto now = std::time(nullptr);
+  char when[32] = "";
+  std::tm tm{};
+  if (gmtime_r(&now, &tm)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  nlohmann::json m = {
+      {"format", "loom.checkpoint"},
+      {"format_version", checkpoint_format_version},
+      {"library", {{"name", "loom"}, {"version", std::string(library_version)}}},
+      {"created_utc", when},
+      {"step", step},
+      {"optimizer_step", optim.step()},
+      {"tokens", state.tokens},
+      {"model",
+       {{"name", std::string(M::name)},
+        {"n_layer", M::n_layer},
+        {"n_head", M::n_head},
+        {"d_model", M::d_model},
+        {"max_seq", M::max_seq},
+        {"vocab", M::vocab},
+        {"vocab_padded", M::vocab_padded}}},
+      {"layout",
+       {{"tp", L::tp},
+        {"pp", L::pp},
+        {"dp", 1},
+        {"zero", 0},
+        {"rank_order", "tp fastest, then dp, then pp (Megatron-LM)"}}},
+      {"precision",
+       {{"name", std::string(P::name)},
+        {"storage", std::string(detail::tensor_dtype<storage_t>())},
+        {"master", std::string(detail::tensor_dtype<master_t>())},
+        {"master_copy", has_master}}},
+      {"trainer",
+       {{"micro_batch", cfg.micro_batch},
+        {"seq_len", cfg.seq_len},
+        {"grad_accum", cfg.grad_accum},
+        {"seed", cfg.seed},
+        {"capacity_micro_batch", Trainer::micro_batch},
+        {"capacity_seq_len", Trainer::seq_len}}},
+      {"optimizer",
+       {{"kind", "adamw"},
+        {"beta1", cfg.adamw.beta1},
+        {"beta2", cfg.adamw.beta2},
+        {"eps", cfg.adamw.eps},
+        {"weight_decay", cfg.adamw.weight_decay},
+        {"max_grad_norm", cfg.adamw.max_grad_norm},
+        {"step", optim.step()}}},
+      {"lr_schedule",
+       {{"kind", "cosine"},
+        {"max_lr", cfg.schedule.max_lr},
+        {"min_lr", cfg.schedule.min_lr},
+        {"warmup", cfg.schedule.warmup},
+        {"decay_steps", cfg.schedule.decay_steps},
+        {"step", step},
+        {"next_lr", cfg.schedule(step)}}},
+      {"loss_scaler", {{"enabled", P::needs_loss_scaling}, {"scale", 1.0}, {"growth_tracker", 0}}},
+      {"rng", state.rng},
+      {"data", state.data},
+      {"extra", state.extra},
+      {"tensors", tensors},
+  };
+  m["rng"]["init_seed"] = cfg.seed;
+  std::vector<detail::rank_file> files;
+  files.push_back(std::move(file));
+  return detail::commit_checkpoint(root, step, files, std::move(m), opt);
+}
+
+// ============================================================================================
+// Load
+// ============================================================================================
+
+/// Loads checkpoint directory `dir` (one step_NNNNNNNN; see find_checkpoint to pick one) into
+/// `tr`: parameters, master weights, AdamW moments and step, the trainer's step count. Returns
+/// the caller's run_state, the manifest, and warnings for settings of `tr` that differ from
+/// the checkpoint's (schedule, optimizer, batch shape, seed), which break bitwise resumption
+/// but not loading.
+///
+/// All-or-nothing: every check runs before the first byte is copied into `tr`.
+/// Errors (loom::input_error): the checkpoint fails verify_checkpoint; it was saved for another
+/// model config, layout or precision (naming both); a tensor is missing or has another
+/// shape or dtype.
+template <checkpointable_trainer Trainer>
+checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const std::filesystem::path& dir, Trainer& tr) {
+  using G = typename Trainer::model_t;
+  using M = typename G::model;
+  using P = typename G::precision;
+  using L = typename G::layout;
+  using storage_t = typename P::storage;
+  using opt_t = std::remove_cvref_t<decltype(tr.optimizer())>;
+  using master_t = typename opt_t::master_t;
+  constexpr bool has_master = precision::has_master_copy_v<P>;
+  using D = typename Trainer::device;
+
+  nlohmann::json j = verify_checkpoint(dir);
+  auto mismatch = [&](const std::string& theirs, const std::string& ours, const std::string& fix) {
+    return input_error("checkpoint '" + dir.string() + "' was saved with " + theirs + ", but this run has " + ours +
+                       "; " + fix);
+  };
+  const auto& model_j = detail::field<nlohmann::json>(j, "model", dir);
+  const std::pair<const char*, long> dims[] = {{"n_layer", M::n_layer}, {"n_head", M::n_head},   {"d_model", M::d_model},
+                                               {"max_seq", M::max_seq}, {"vocab", M::vocab},     {"vocab_padded", M::vocab_padded}};
+  for (const auto& [key, ours] : dims) {
+    const long theirs = detail::field<long>(model_j, key, dir);
+    if (theirs != ours)
+      throw mismatch("model " + detail::string_or(model_j, "name", "?") + " (" + key + " = " + std::to_string(theirs) + ")",
+                     "model " + std::string(M::name) + " (" + key + " = " + std::to_string(ours) + ")",
+                     "resume with the checkpoint's --model, or start a new run");
+  }
+  const auto& layout_j = detail::field<nlohmann::json>(j, "layout", dir);
+  const int tp = detail::field<int>(layout_j, "tp", dir), pp = detail::field<int>(layout_j, "pp", dir);
+  const int zero = detail::field<int>(layout_j, "zero", dir);
+  if (tp != L::tp || pp != L::pp || zero != 0)
+    throw mismatch("layout tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " zero=" + std::to_string(zero),
+                   "layout tp=" + std::to_string(L::tp) + " pp=" + std::to_string(L::pp) + " zero=0",
+                   "resume on the same layout (resharding a checkpoint into another layout is not implemented yet)");
+  const auto& prec_j = detail::field<nlohmann::json>(j, "precision", dir);
+  const auto storage = detail::field<std::string>(prec_j, "storage", dir);
+  if (storage != detail::tensor_dtype<storage_t>())
+    throw mismatch("storage precision " + storage,
+                   "storage precision " + std::string(detail::tensor_dtype<storage_t>()) + " (" + std::string(P::name) + ")",
+                   "resume with the checkpoint's precision");
+
+  const auto files = detail::manifest_files(j, dir);
+  const auto it = std::find_if(files.begin(), files.end(), [](const auto& f) { return f.tp == 0 && f.pp == 0; });
+  if (it == files.end()) throw detail::bad_checkpoint(dir, "manifest.json lists no file for rank tp=0 pp=0");
+  const safetensors_reader r(dir / it->path);
+
+  // Check every tensor before touching the trainer.
+  struct copy_job {
+    std::span<const std::byte> src;
+    std::byte* dst;
+  };
+  std::vector<copy_job> jobs;
+  auto plan = [&](const std::string& prefix, int k, auto v, std::string_view dtype) {
+    const auto& s = G::table[std::size_t(k)];
+    const std::string name = prefix + "." + std::string(s.name);
+    if (!r.has(name)) throw detail::bad_checkpoint(dir, "its file has no tensor '" + name + "'");
+    const auto& info = r.info(name);
+    const std::vector<std::int64_t> shape(s.shape.begin(), s.shape.begin() + s.ndim);
+    if (info.shape != shape || info.dtype != dtype)
+      throw detail::bad_checkpoint(dir, "tensor '" + name + "' is " + info.dtype + " " + detail::shape_string(info.shape) +
+                                            ", this model needs " + std::string(dtype) + " " + detail::shape_string(shape));
+    jobs.push_back({r.bytes(name), reinterpret_cast<std::byte*>(v.data())});
+  };
+  auto& model = tr.model();
+  auto& optim = tr.optimizer();
+  for (int k = 0; k < nn::num_param_tensors; ++k) {
+    const auto& s = G::table[std::size_t(k)];
+    plan("param", k, model.parameter(nn::param(k)), detail::tensor_dtype<storage_t>());
+    if constexpr (has_master)
+      plan("master", k, optim.master_weights().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>());
+    plan("adam_m", k, optim.first_moment().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>());
+    plan("adam_v", k, optim.second_moment().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>());
+  }
+  checkpoint_info out;
+  out.dir = dir;
+  out.step = detail::field<long>(j, "step", dir);
+  out.optimizer_step = detail::field<long>(j, "optimizer_step", dir);
+  out.state.tokens = detail::field<std::uint64_t>(j, "tokens", dir);
+  out.state.data = j.value("data", nlohmann::json::object());
+  out.state.rng = j.value("rng", nlohmann::json::object());
+  out.state.extra = j.value("extra", nlohmann::json::object());
+  if (out.step < 0 || out.optimizer_step < 0 || out.optimizer_step > out.step)
+    throw detail::bad_checkpoint(dir, "its step counts (step " + std::to_string(out.step) + ", optimizer step " +
+                                          std::to_string(out.optimizer_step) + ") are inconsistent");
+
+  // Differences that break bitwise resumption, reported, not fatal.
+  const auto& cfg = tr.config();
+  auto differs = [&](const nlohmann::json& section, const char* key, const auto& ours) {
+    using V = std::remove_cvref_t<decltype(ours)>;
+    const auto f = section.find(key);
+    if (f == section.end()) return;
+    V theirs{};
+    try {
+      theirs = f->template get<V>();
+    } catch (const nlohmann::json::exception&) {
+      return;
+    }
+    if (theirs != ours)
+      out.warnings.push_back(std::string(key) + " is " + nlohmann::json(ours).dump() + " now but " + f->dump() +
+                             " in the checkpoint: the run continues, but not bit for bit as the original would have");
+  };
+  const auto sched = j.value("lr_schedule", nlohmann::json::object());
+  differs(sched, "max_lr", cfg.schedule.max_lr);
+  differs(sched, "min_lr", cfg.schedule.min_lr);
+  differs(sched, "warmup", cfg.schedule.warmup);
+  differs(sched, "decay_steps", cfg.schedule.decay_steps);
+  const auto opt_j = j.value("optimizer", nlohmann::json::object());
+  differs(opt_j, "beta1", cfg.adamw.beta1);
+  differs(opt_j, "beta2", cfg.adamw.beta2);
+  differs(opt_j, "eps", cfg.adamw.eps);
+  differs(opt_j, "weight_decay", cfg.adamw.weight_decay);
+  differs(opt_j, "max_grad_norm", cfg.adamw.max_grad_norm);
+  const auto tr_j = j.value("trainer", nlohmann::json::object());
+  differs(tr_j, "micro_batch", cfg.micro_batch);
+  differs(tr_j, "seq_len", cfg.seq_len);
+  differs(tr_j, "grad_accum", cfg.grad_accum);
+
+  for (const auto& job : jobs) D::copy_to_device(job.dst, job.src.data(), job.src.size(), ctx.stream);
+  ctx.synchronize();
+  tr.set_step_count(out.step);
+  optim.set_step(out.optimizer_step);
+  out.manifest = std::move(j);
+  return out;
+}
+
+/// find_checkpoint(dir, warn) then load_checkpoint: what `train_gpt --resume DIR` does.
+template <checkpointable_trainer Trainer>
+checkpoint_info resume_checkpoint(context<typename Trainer::device>& ctx, const std::filesystem::path& dir, Trainer& tr,
+                                  const std::function<void(const std::string&)>& warn = {}) {
+  return load_checkpoint(ctx, find_checkpoint(dir, warn), tr);
+}
+
+// ============================================================================================
+// Hugging Face GPT-2 export / import
+// ============================================================================================
+
+/// One tensor of a Hugging Face GPT-2 checkpoint (GPT2Model state dict, as in the hub's
+/// model.safetensors: no "transformer." prefix).
+struct gpt2_tensor {
+  std::string name;                 ///< e.g. "h.3.attn.c_attn.weight"
+  std::vector<std::int64_t> shape;  ///< GPT-2's shape (Conv1D weights are (in, out))
+  int param = 0;                    ///< loom table row (nn::param)
+  int layer = -1;                   ///< layer index for per-layer tensors, else -1
+  bool transposed = false;          ///< GPT-2 stores the transpose of loom's (out, in) weight
+};
+
+/// The tensors of a GPT-2 checkpoint for model M, in GPT-2's order: wte, wpe, h.{i}.(ln_1,
+/// attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj).(weight, bias), ln_f. wte has
+/// M::vocab rows (loom's padding rows are not exported). Source: transformers
+/// modeling_gpt2.py (GPT2Model, GPT2Attention, GPT2MLP, Conv1D).
+template <models::model_config M>
+std::vector<gpt2_tensor> gpt2_tensors() {
+  using nn::param;
+  const std::int64_t C = M::d_model;
+  std::vector<gpt2_tensor> out;
+  out.push_back({"wte.weight", {M::vocab, C}, int(param::wte), -1, false});
+  out.push_back({"wpe.weight", {M::max_seq, C}, int(param::wpe), -1, false});
+  for (int i = 0; i < M::n_layer; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    out.push_back({h + "ln_1.weight", {C}, int(param::ln1_w), i, false});
+    out.push_back({h + "ln_1.bias", {C}, int(param::ln1_b), i, false});
+    out.push_back({h + "attn.c_attn.weight", {C, 3 * C}, int(param::qkv_w), i, true});
+    out.push_back({h + "attn.c_attn.bias", {3 * C}, int(param::qkv_b), i, false});
+    out.push_back({h + "attn.c_proj.weight", {C, C}, int(param::attproj_w), i, true});
+    out.push_back({h + "attn.c_proj.bias", {C}, int(param::attproj_b), i, false});
+    out.push_back({h + "ln_2.weight", {C}, int(param::ln2_w), i, false});
+    out.push_back({h + "ln_2.bias", {C}, int(param::ln2_b), i, false});
+    out.push_back({h + "mlp.c_fc.weight", {C, 4 * C}, int(param::fc_w), i, true});
+    out.push_back({h + "mlp.c_fc.bias", {4 * C}, int(param::fc_b), i, false});
+    out.push_back({h + "mlp.c_proj.weight", {4 * C, C}, int(param::fcproj_w), i, true});
+    out.push_back({h + "mlp.c_proj.bias", {C}, int(param::fcproj_b), i, false});
+  }
+  out.push_back({"ln_f.weight", {C}, int(param::lnf_w), -1, false});
+  out.push_back({"ln_f.bias", {C}, int(param::lnf_b), -1, false});
+  return out;
+}
+
+/// The config.json of a GPT-2 export of model M (transformers GPT2Config keys).
+template <models::model_config M>
+nlohmann::json gpt2_config() {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", M::vocab},
+          {"n_positions", M::max_seq},
+          {"n_ctx", M::max_seq},
+          {"n_embd", M::d_model},
+          {"n_layer", M::n_layer},
+          {"n_head", M::n_head},
+          {"n_inner", nullptr},
+          {"activation_function", "gelu_new"},  // tanh approximation, as loom's kernels
+          {"layer_norm_epsilon", 1e-5},
+          {"initializer_range", 0.02},
+          {"resid_pdrop", 0.0},
+          {"embd_pdrop", 0.0},
+          {"attn_pdrop", 0.0},
+          {"scale_attn_weights", true},
+          {"tie_word_embeddings", true},
+          {"bos_token_id", M::vocab - 1},
+          {"eos_token_id", M::vocab - 1},
+          {"torch_dtype", "float32"},
+          {"loom", {{"model", std::string(M::name)}, {"vocab_padded", M::vocab_padded}, {"version", std::string(library_version)}}}};
+}
+
+namespace detail {
+/// Element (row, col) of a GPT-2 tensor t from loom's tensor data `src` of table row t.param
+/// (layer slice already applied), both row-major.
+template <class M, class T>
+void gpt2_from_loom(const gpt2_tensor& t, const T* src, float* dst) {
+  if (!t.transposed) {
+    std::size_t n = 1;
+    for (auto d : t.shape) n *= std::size_t(d);
+    for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+    return;
+  }
+  const std::size_t in = std::size_t(t.shape[0]), outd = std::size_t(t.shape[1]);  // loom: (out, in)
+  for (std::size_t o = 0; o < outd; ++o)
+    for (std::size_t i = 0; i < in; ++i) dst[i * outd + o] = static_cast<float>(src[o * in + i]);
+}
+template <class G>
+std::size_t loom_offset(const gpt2_tensor& t) {
+  const auto& s = G::table[std::size_t(t.param)];
+  const std::size_t per = t.layer >= 0 ? s.size() / std::size_t(s.shape[0]) : 0;
+  return G::offsets[std::size_t(t.param)] + std::size_t(t.layer >= 0 ? t.layer : 0) * per;
+}
+}  // namespace detail
+
+/// Exports the parameters of `model` (a loom::gpt on layout<1,1>) as a Hugging Face GPT-2
+/// checkpoint: `<dir>/model.safetensors` (F32, GPT-2 names and Conv1D orientation, metadata
+/// {"format": "pt"} as transformers requires) and `<dir>/config.json`. Loads with
+/// transformers.GPT2LMHeadModel.from_pretrained(dir). Each file is written atomically.
+/// Errors: loom::input_error when `dir` cannot be created; loom::error when a write fails.
+template <class G>
+void export_gpt2(context<typename G::device>& ctx, const G& model, const std::filesystem::path& dir) {
+  using M = typename G::model;
+  using T = typename G::storage_t;
+  static_assert(G::layout::tp == 1 && G::layout::pp == 1,
+                "export_gpt2: export from one rank holding the whole model (gather the shards first)");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir))
+    throw input_error("cannot create the export directory '" + dir.string() + "' (" + ec.message() +
+                      "); check the path and its permissions");
+  std::vector<T> host(G::num_parameters);
+  G::device::copy_to_host(host.data(), model.parameters().data(), model.parameters().bytes(), ctx.stream);
+  ctx.synchronize();
+  safetensors_writer w;
+  w.set_metadata("format", "pt");
+  w.set_metadata("loom_model", std::string(M::name));
+  std::vector<float> buf;
+  for (const auto& t : gpt2_tensors<M>()) {
+    std::size_t n = 1;
+    for (auto d : t.shape) n *= std::size_t(d);
+    buf.resize(n);
+    detail::gpt2_from_loom<M>(t, host.data() + detail::loom_offset<G>(t), buf.data());
+    w.add(t.name, t.shape, buf);
+  }
+  w.write(dir / "model.safetensors");
+  detail::write_file_atomic(dir / "config.json", gpt2_config<M>().dump(2) + "\n");
+}
+
+/// Loads Hugging Face GPT-2 weights from `dir` (config.json and model.safetensors, as written
+/// by export_gpt2 or transformers' save_pretrained; names may carry a "transformer." prefix;
+/// F32, F16 or BF16) into `model`. loom's padding rows of wte (vocab..vocab_padded) are set to 0.
+/// Extra tensors (attn.bias masks, a tied lm_head.weight) are ignored.
+/// All-or-nothing: every check runs before `model` is written.
+/// Errors (loom::input_error): a file is missing or corrupt; config.json describes another
+/// shape (naming the key and both values), another activation or LayerNorm epsilon; a tensor is
+/// missing or has the wrong shape; lm_head.weight differs from wte.weight (an untied head,
+/// which loom's GPT does not have).
+template <class G>
+void import_gpt2(context<typename G::device>& ctx, G& model, const std::filesystem::path& dir) {
+  using M = typename G::model;
+  using T = typename G::storage_t;
+  static_assert(G::layout::tp == 1 && G::layout::pp == 1, "import_gpt2: import into one rank holding the whole model");
+  const auto cpath = dir / "config.json";
+  nlohmann::json cfg;
+  try {
+    cfg = nlohmann::json::parse(detail::read_small_file(cpath));
+  } catch (const nlohmann::json::exception& e) {
+    throw input_error("'" + cpath.string() + "' is not valid JSON (" + e.what() + "); export the model again");
+  } catch (const input_error& e) {
+    throw input_error(std::string(e.what()) + "; pass a directory with a GPT-2 config.json and model.safetensors");
+  }
+  if (!cfg.is_object()) throw input_error("'" + cpath.string() + "' is not a JSON object; export the model again");
+  if (cfg.contains("model_type") && cfg["model_type"] != "gpt2")
+    throw input_error("'" + cpath.string() + "' describes a " + cfg["model_type"].dump() + " model, not gpt2; "
+                      "loom imports GPT-2 checkpoints only");
+  const std::pair<const char*, long> dims[] = {{"n_layer", M::n_layer}, {"n_head", M::n_head}, {"n_embd", M::d_model},
+                                               {"n_positions", M::max_seq}, {"vocab_size", M::vocab}};
+  for (const auto& [key, ours] : dims) {
+    const auto f = cfg.find(key);
+    if (f == cfg.end() || !f->is_number_integer())
+      throw input_error("'" + cpath.string() + "' has no integer \"" + key + "\"; it is not a GPT-2 config.json");
+    if (f->template get<long>() != ours)
+      throw input_error("'" + cpath.string() + "' has " + key + " = " + f->dump() + " but model " + std::string(M::name) +
+                        " has " + std::to_string(ours) + "; choose the matching --model");
+  }
+  const std::string act = detail::string_or(cfg, "activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    throw input_error("'" + cpath.string() + "' uses activation " + act + "; loom's GPT uses the tanh GELU (gelu_new)");
+  const auto eps_it = cfg.find("layer_norm_epsilon");
+  if (const double e = eps_it != cfg.end() && eps_it->is_number() ? eps_it->get<double>() : 1e-5; std::abs(e - 1e-5) > 1e-12)
+    throw input_error("'" + cpath.string() + "' has layer_norm_epsilon " + std::to_string(e) + "; loom's LayerNorm uses 1e-5");
+  if (cfg.contains("n_inner") && !cfg["n_inner"].is_null() && cfg["n_inner"] != 4 * M::d_model)
+    throw input_error("'" + cpath.string() + "' has n_inner " + cfg["n_inner"].dump() + "; loom's MLP is 4*n_embd wide");
+
+  const safetensors_reader r(dir / "model.safetensors");
+  auto key_of = [&](const std::string& name) -> std::string {
+    if (r.has(name)) return name;
+    if (r.has("transformer." + name)) return "transformer." + name;
+    throw input_error("'" + r.path().string() + "' has no tensor '" + name + "'; it is not a complete GPT-2 checkpoint");
+  };
+  const auto tensors = gpt2_tensors<M>();
+  for (const auto& t : tensors) {
+    const auto& info = r.info(key_of(t.name));
+    if (info.shape != t.shape)
+      throw input_error("tensor '" + info.name + "' in '" + r.path().string() + "' has shape " +
+                        detail::shape_string(info.shape) + ", GPT-2 " + std::string(M::name) + " needs " +
+                        detail::shape_string(t.shape) + "; choose the matching --model");
+    if (info.dtype != "F32" && info.dtype != "F16" && info.dtype != "BF16")
+      throw input_error("tensor '" + info.name + "' has dtype " + info.dtype + "; GPT-2 weights are F32, F16 or BF16");
+  }
+  if (r.has("lm_head.weight") && r.info("lm_head.weight").shape == std::vector<std::int64_t>{M::vocab, M::d_model}) {
+    const auto head = r.read<float>("lm_head.weight"), wte = r.read<float>(key_of("wte.weight"));
+    if (head != wte)
+      throw input_error("'" + r.path().string() + "' has an lm_head.weight different from wte.weight (an untied LM "
+                        "head); loom's GPT ties the head to the token embedding");
+  }
+  std::vector<T> host(G::num_parameters, T(0));
+  std::vector<float> buf;
+  for (const auto& t : tensors) {
+    buf.resize(r.info(key_of(t.name)).numel());
+    r.read_into(key_of(t.name), std::span<float>(buf));
+    T* dst = host.data() + detail::loom_offset<G>(t);
+    if (!t.transposed) {
+      for (std::size_t i = 0; i < buf.size(); ++i) dst[i] = static_cast<T>(buf[i]);
+    } else {
+      const std::size_t in = std::size_t(t.shape[0]), outd = std::size_t(t.shape[1]);
+      for (std::size_t o = 0; o < outd; ++o)
+        for (std::size_t i = 0; i < in; ++i) dst[o * in + i] = static_cast<T>(buf[i * outd + o]);
+    }
+  }
+  G::device::copy_to_device(model.parameters().data(), host.data(), model.parameters().bytes(), ctx.stream);
+  ctx.synchronize();
+}
+
+}  // namespace loom::io
