@@ -89,6 +89,7 @@ class trainer {
   model_t& model() noexcept { return model_; }
   const model_t& model() const noexcept { return model_; }
   optim::adamw<model_t>& optimizer() noexcept { return opt_; }
+  const optim::adamw<model_t>& optimizer() const noexcept { return opt_; }
   const trainer_config& config() const noexcept { return cfg_; }
   const acts_t& activations() const noexcept { return acts_; }
   /// Completed optimizer steps (skipped steps count too: the schedule advances).
