@@ -313,6 +313,7 @@ struct event_state {
   std::mutex m;
   std::condition_variable cv;
   uint64_t recorded = 0, completed = 0;
+  int waiters = 0;  // stream waits enqueued and not yet finished
   std::chrono::steady_clock::time_point when{};
 };
 
@@ -581,10 +582,13 @@ aclError aclrtStreamWaitEvent(aclrtStream s, aclrtEvent e) {
   {
     std::lock_guard lock(ev->m);
     target = ev->recorded;
+    ++ev->waiters;
   }
   enqueue(st, [ev, target] {
     std::unique_lock lock(ev->m);
     ev->cv.wait(lock, [&] { return ev->completed >= target; });
+    --ev->waiters;
+    ev->cv.notify_all();
   });
   return ACL_SUCCESS;
 }
@@ -860,6 +864,10 @@ aclError aclrtDestroyEvent(aclrtEvent e) {
     std::lock_guard lock(ev->m);
     if (ev->completed < ev->recorded)
       return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyEvent: the event is still pending on a stream");
+    if (ev->waiters > 0)
+      return fail(ACL_ERROR_INVALID_PARAM,
+                  "aclrtDestroyEvent: a stream still has a pending aclrtStreamWaitEvent on this event (documented: "
+                  "ensure no pending wait/sync before destroying; synchronize the waiting stream first)");
   }
   {
     std::lock_guard lock(event_mutex);

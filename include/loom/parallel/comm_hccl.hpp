@@ -1,0 +1,483 @@
+#pragma once
+/// \file comm::hccl — a communicator over HCCL (Huawei Collective Communication Library) for NPUs.
+///
+///   loom::device::ascend_device npu(local_rank);                       // on the rank's thread
+///   auto world = loom::comm::hccl::create(mpi_world, npu.context());  // root info over MPI
+///   world.all_reduce(std::span{grads_on_npu, n});                      // spans of NPU memory
+///
+/// Every span is NPU memory of the calling thread's current device (the context's device). Semantics
+/// are those of loom::parallel::communicator (parallel/comm.hpp), with these HCCL specifics (loom's
+/// API reference §3, §6, §7, §8):
+///  * Creation: rank 0 calls HcclGetRootInfo; the opaque 4108-byte root info is broadcast over a
+///    bootstrap communicator (any loom communicator — comm::mpi across processes, comm::threads in
+///    one process) or a file (single node); every rank then calls HcclCommInitRootInfo. The rank
+///    order is the bootstrap's. HCCL_CONNECT_TIMEOUT bounds the rendezvous.
+///  * Streams: collectives run on a communication stream owned by the communicator, ordered after
+///    the work already queued on the context's compute stream (event record + stream wait) and
+///    before work queued later (the compute stream waits on the collective's completion event).
+///    Blocking calls then synchronize the communication stream with comm_options::timeout
+///    (aclrtSynchronizeStreamWithTimeout): an expiry throws comm_timeout; HCCL's own
+///    HCCL_EXEC_TIMEOUT (default 1836 s on A2) still applies underneath. Asynchronous variants
+///    return a request that waits on the completion event.
+///  * In place: whether HcclAllReduce accepts sendBuf == recvBuf is unconfirmed (reference §8), so
+///    by default loom reduces into pool scratch and copies back (one extra device copy);
+///    hccl_options::in_place = true passes the same buffer, once verified on the target CANN.
+///    reduce_scatter/all_gather with overlapping input and output stage through scratch likewise.
+///  * No AVG in HCCL: avg = SUM then aclnnInplaceMuls(1/size) on the communication stream. No fp64
+///    reductions and no PROD for bf16/int16 on A2 (documented): fp64 reductions throw input_error.
+///  * send/recv: HcclSend/HcclRecv are paired and synchronous; HCCL has no tags, so messages between
+///    a pair are matched in issue order and the tag is only checked to be >= 0.
+///  * split(color, key): the (color, key) pairs are all-gathered over this communicator, then the
+///    members call HcclCreateSubCommConfig with a sub-communicator id derived from the parent's
+///    split count and the color (color must be < 2^20).
+/// Failures of HCCL calls throw loom::device_error(HcclResult, "HcclXxx", HcclGetErrorString +
+/// aclGetRecentErrMsg, call site); errors of the asynchronous work surface at the synchronize.
+#include <aclnnop/aclnn_mul.h>
+#include <hccl/hccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/device/ascend.hpp>
+#include <loom/kernels/ascend/common.hpp>
+#include <loom/parallel/comm.hpp>
+#include <loom/parallel/detail/reduce.hpp>
+
+namespace loom::parallel::detail {
+
+/// Throws device_error unless rc == HCCL_SUCCESS.
+inline void hccl_check(HcclResult rc, std::string_view api, std::source_location where = std::source_location::current()) {
+  if (rc == HCCL_SUCCESS) [[likely]]
+    return;
+  std::string msg = HcclGetErrorString(rc);
+  if (const std::string recent = device::detail::acl_recent_message(); !recent.empty()) msg += ": " + recent;
+  throw device_error(int(rc), api, msg, where);
+}
+
+/// HCCL's element type for T (its numbering differs from aclDataType); RESERVED = move bytes.
+template <class T>
+constexpr HcclDataType hccl_dtype() {
+  if constexpr (std::is_same_v<T, float>) return HCCL_DATA_TYPE_FP32;
+  else if constexpr (std::is_same_v<T, double>) return HCCL_DATA_TYPE_FP64;
+  else if constexpr (std::is_same_v<T, Eigen::half>) return HCCL_DATA_TYPE_FP16;
+  else if constexpr (std::is_same_v<T, Eigen::bfloat16>) return HCCL_DATA_TYPE_BFP16;
+  else if constexpr (std::is_same_v<T, std::int8_t>) return HCCL_DATA_TYPE_INT8;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return HCCL_DATA_TYPE_UINT8;
+  else if constexpr (std::is_same_v<T, std::int16_t>) return HCCL_DATA_TYPE_INT16;
+  else if constexpr (std::is_same_v<T, std::uint16_t>) return HCCL_DATA_TYPE_UINT16;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return HCCL_DATA_TYPE_INT32;
+  else if constexpr (std::is_same_v<T, std::uint32_t>) return HCCL_DATA_TYPE_UINT32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return HCCL_DATA_TYPE_INT64;
+  else if constexpr (std::is_same_v<T, std::uint64_t>) return HCCL_DATA_TYPE_UINT64;
+  else return HCCL_DATA_TYPE_RESERVED;
+}
+
+inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) noexcept {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return an && bn && x < y + bn && y < x + an;
+}
+
+}  // namespace loom::parallel::detail
+
+namespace loom::parallel::comm {
+
+/// Options of an HCCL communicator (inherited by split()).
+struct hccl_options {
+  /// Blocking calls and request waits longer than this throw comm_timeout; zero waits forever.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  /// Pass sendBuf == recvBuf to HcclAllReduce (unconfirmed legality; see the file comment).
+  bool in_place = false;
+};
+
+/// One rank of an HCCL communicator. Move-only; used by one thread at a time, a thread whose
+/// current NPU is the context's. Models loom::parallel::communicator for spans of NPU memory.
+class hccl_communicator {
+ public:
+  hccl_communicator(hccl_communicator&&) noexcept = default;
+  hccl_communicator& operator=(hccl_communicator&&) noexcept = default;
+  ~hccl_communicator() = default;
+
+  /// Collective over `bootstrap` (any loom communicator): rank 0 creates the root info, the
+  /// bootstrap broadcasts it, every rank joins with its bootstrap rank. `ctx` is this rank's NPU
+  /// context; its stream orders the collectives. Throws device_error on HCCL failure.
+  template <class Bootstrap>
+  static hccl_communicator create(Bootstrap& bootstrap, context<device::ascend>& ctx, hccl_options options = {}) {
+    HcclRootInfo root{};
+    if (bootstrap.rank() == 0) detail::hccl_check(HcclGetRootInfo(&root), "HcclGetRootInfo");
+    bootstrap.broadcast(std::span<char>(root.internal, HCCL_ROOT_INFO_BYTES), 0);
+    return join(root, bootstrap.size(), bootstrap.rank(), ctx, options);
+  }
+
+  /// Single-node creation without a bootstrap communicator: rank 0 writes the root info to `path`
+  /// (temporary file + rename, so readers never see a partial file) and removes it once every rank
+  /// has joined; the other ranks poll for it up to options.timeout. `path` must not exist when
+  /// rank 0 starts (a stale file from an earlier job would pair ranks with a dead root): rank 0
+  /// throws input_error if it does — use a per-job name.
+  static hccl_communicator create_from_file(const std::filesystem::path& path, int nranks, int rank,
+                                            context<device::ascend>& ctx, hccl_options options = {}) {
+    namespace fs = std::filesystem;
+    HcclRootInfo root{};
+    if (rank == 0) {
+      if (fs::exists(path))
+        throw input_error("comm::hccl::create_from_file: " + path.string() +
+                          " already exists (a stale root-info file?); delete it or use a per-job path");
+      detail::hccl_check(HcclGetRootInfo(&root), "HcclGetRootInfo");
+      const fs::path tmp = path.string() + ".tmp";
+      {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out.write(root.internal, HCCL_ROOT_INFO_BYTES);
+        out.flush();
+        if (!out) throw input_error("comm::hccl::create_from_file: cannot write " + tmp.string() + "; check the directory");
+      }
+      fs::rename(tmp, path);
+    } else {
+      const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+      for (;;) {
+        std::error_code ec;
+        if (fs::file_size(path, ec) == HCCL_ROOT_INFO_BYTES && !ec) {
+          std::ifstream in(path, std::ios::binary);
+          if (in.read(root.internal, HCCL_ROOT_INFO_BYTES)) break;
+        }
+        if (options.timeout.count() > 0 && std::chrono::steady_clock::now() > deadline)
+          throw comm_timeout("comm::hccl::create_from_file: rank " + std::to_string(rank) + " waited " +
+                             std::to_string(options.timeout.count()) + " ms for " + path.string() +
+                             " from rank 0; is rank 0 running, with the same path?");
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    auto c = join(root, nranks, rank, ctx, options);
+    if (rank == 0) std::filesystem::remove(path);
+    return c;
+  }
+
+  int rank() const noexcept { return s_->rank; }
+  int size() const noexcept { return s_->size; }
+  const std::string& name() const noexcept { return s_->name; }
+  const hccl_options& options() const noexcept { return s_->options; }
+  HcclComm native_handle() const noexcept { return s_->comm; }
+  /// The communication stream the collectives run on.
+  aclrtStream stream() const noexcept { return s_->comm_ctx.stream; }
+
+  /// x = op over ranks of x (x in NPU memory). Throws input_error for fp64 and for avg on
+  /// integers, comm_timeout, device_error.
+  template <reducible T>
+  void all_reduce(std::span<T> x, reduce_op op = reduce_op::sum) {
+    issue_all_reduce(x, op);
+    complete("all_reduce");
+  }
+  template <reducible T>
+  request all_reduce_async(std::span<T> x, reduce_op op = reduce_op::sum) {
+    issue_all_reduce(x, op);
+    return make_request("all_reduce_async");
+  }
+
+  /// Rank r: out = op over ranks of in[r*m, (r+1)*m), m = out.size(); in.size() == size()*m.
+  template <class In, reducible T>
+    requires std::same_as<std::remove_const_t<In>, T>
+  void reduce_scatter(std::span<In> in, std::span<T> out, reduce_op op = reduce_op::sum) {
+    issue_reduce_scatter(std::span<const T>(in.data(), in.size()), out, op);
+    complete("reduce_scatter");
+  }
+  template <class In, reducible T>
+    requires std::same_as<std::remove_const_t<In>, T>
+  request reduce_scatter_async(std::span<In> in, std::span<T> out, reduce_op op = reduce_op::sum) {
+    issue_reduce_scatter(std::span<const T>(in.data(), in.size()), out, op);
+    return make_request("reduce_scatter_async");
+  }
+
+  /// out[j*m, (j+1)*m) = in of rank j, m = in.size(); out.size() == size()*m.
+  template <class In, transferable T>
+    requires std::same_as<std::remove_const_t<In>, T>
+  void all_gather(std::span<In> in, std::span<T> out) {
+    issue_all_gather(std::span<const T>(in.data(), in.size()), out);
+    complete("all_gather");
+  }
+  template <class In, transferable T>
+    requires std::same_as<std::remove_const_t<In>, T>
+  request all_gather_async(std::span<In> in, std::span<T> out) {
+    issue_all_gather(std::span<const T>(in.data(), in.size()), out);
+    return make_request("all_gather_async");
+  }
+
+  /// x = x of rank root on every rank (HcclBroadcast, in place).
+  template <transferable T>
+  void broadcast(std::span<T> x, int root) {
+    check_rank(root, "broadcast", "root");
+    order_after_compute();
+    const auto [dt, count] = wire<T>(x.size());
+    detail::hccl_check(HcclBroadcast(x.data(), count, dt, uint32_t(root), s_->comm, stream()), "HcclBroadcast");
+    complete("broadcast");
+  }
+
+  /// Sends in to rank dst (HcclSend; paired with the peer's recv, matched in issue order).
+  template <class In>
+    requires transferable<std::remove_const_t<In>>
+  void send(std::span<In> in, int dst, int tag) {
+    using T = std::remove_const_t<In>;
+    check_rank(dst, "send", "destination");
+    check_tag(tag, "send");
+    order_after_compute();
+    const auto [dt, count] = wire<T>(in.size());
+    detail::hccl_check(HcclSend(const_cast<T*>(in.data()), count, dt, uint32_t(dst), s_->comm, stream()), "HcclSend");
+    complete("send");
+  }
+  /// Receives into x from rank src (HcclRecv); sizes must match the peer's send.
+  template <transferable T>
+  void recv(std::span<T> x, int src, int tag) {
+    check_rank(src, "recv", "source");
+    check_tag(tag, "recv");
+    order_after_compute();
+    const auto [dt, count] = wire<T>(x.size());
+    detail::hccl_check(HcclRecv(x.data(), count, dt, uint32_t(src), s_->comm, stream()), "HcclRecv");
+    complete("recv");
+  }
+
+  /// Returns once every rank has entered barrier() (HcclBarrier + synchronize).
+  void barrier() {
+    order_after_compute();
+    detail::hccl_check(HcclBarrier(s_->comm, stream()), "HcclBarrier");
+    complete("barrier");
+  }
+
+  /// MPI_Comm_split semantics (see the file comment). Collective over this communicator.
+  hccl_communicator split(int color, int key, std::string name = {}) {
+    if (color < 0 || color >= (1 << 20))
+      throw input_error("comm::hccl::split: color " + std::to_string(color) +
+                        " must be in [0, 2^20); every rank must pass a color >= 0");
+    const int n = size();
+    auto& ctx = s_->comm_ctx;
+    kernels::ascend::scratch<std::int32_t> buf(ctx, 2 + 2 * std::size_t(n));
+    std::int32_t mine[2] = {color, key};
+    device::ascend::copy_to_device(buf.data(), mine, sizeof mine, ctx.stream);
+    all_gather(std::span<const std::int32_t>(buf.data(), 2), std::span<std::int32_t>(buf.data() + 2, 2 * std::size_t(n)));
+    std::vector<std::int32_t> all(2 * std::size_t(n));
+    device::ascend::copy_to_host(all.data(), buf.data() + 2, all.size() * sizeof(std::int32_t), ctx.stream);
+    std::vector<std::uint32_t> members;
+    for (int r = 0; r < n; ++r)
+      if (all[2 * std::size_t(r)] == color) members.push_back(std::uint32_t(r));
+    std::stable_sort(members.begin(), members.end(),
+                     [&](std::uint32_t a, std::uint32_t b) { return all[2 * a + 1] < all[2 * b + 1]; });
+    const auto me = std::uint32_t(std::find(members.begin(), members.end(), std::uint32_t(rank())) - members.begin());
+    const std::uint64_t sub_id = (std::uint64_t(++s_->splits) << 20) | std::uint64_t(color);
+    HcclCommConfig cfg;
+    HcclCommConfigInit(&cfg);
+    HcclComm sub = nullptr;
+    detail::hccl_check(HcclCreateSubCommConfig(&s_->comm, std::uint32_t(members.size()), members.data(), sub_id, me,
+                                               &cfg, &sub),
+                       "HcclCreateSubCommConfig");
+    if (name.empty()) name = s_->name + "/" + std::to_string(color);
+    return hccl_communicator(std::make_unique<state>(sub, int(me), int(members.size()), s_->compute, s_->options,
+                                                     std::move(name)));
+  }
+
+ private:
+  struct state {
+    HcclComm comm = nullptr;
+    int rank = 0, size = 1;
+    context<device::ascend> compute;   // the rank's compute context
+    device::ascend_stream comm_stream;  // collectives run here
+    context<device::ascend> comm_ctx;  // {comm stream, same device}
+    device::ascend_event before, after;
+    hccl_options options;
+    std::string name;
+    std::uint64_t splits = 0;
+
+    state(HcclComm c, int r, int n, const context<device::ascend>& ctx, hccl_options opt, std::string nm)
+        : comm(c), rank(r), size(n), compute(ctx), options(opt), name(std::move(nm)) {
+      comm_ctx.stream = comm_stream.get();
+      comm_ctx.ordinal = ctx.ordinal;
+      comm_ctx.constants = ctx.constants;
+    }
+    ~state() {
+      // the compute stream may still hold waits on `after`: drain both before the events die
+      device::detail::acl_warn(aclrtSynchronizeStream(comm_stream.get()), "aclrtSynchronizeStream");
+      device::detail::acl_warn(aclrtSynchronizeStream(compute.stream), "aclrtSynchronizeStream");
+      if (comm) {
+        const HcclResult rc = HcclCommDestroy(comm);
+        if (rc != HCCL_SUCCESS) std::fprintf(stderr, "loom: warning: HcclCommDestroy failed with code %d\n", int(rc));
+      }
+    }
+  };
+
+  explicit hccl_communicator(std::unique_ptr<state> s) : s_(std::move(s)) {}
+
+  static hccl_communicator join(const HcclRootInfo& root, int nranks, int rank, context<device::ascend>& ctx,
+                                hccl_options options) {
+    HcclComm comm = nullptr;
+    detail::hccl_check(HcclCommInitRootInfo(std::uint32_t(nranks), &root, std::uint32_t(rank), &comm),
+                       "HcclCommInitRootInfo");
+    return hccl_communicator(std::make_unique<state>(comm, rank, nranks, ctx, options, "world"));
+  }
+
+  /// (HCCL dtype, element count) for moving n elements of T; types HCCL lacks move as bytes.
+  template <class T>
+  static std::pair<HcclDataType, std::uint64_t> wire(std::size_t n) {
+    constexpr HcclDataType dt = detail::hccl_dtype<T>();
+    if constexpr (dt == HCCL_DATA_TYPE_RESERVED) return {HCCL_DATA_TYPE_UINT8, n * sizeof(T)};
+    else return {dt, n};
+  }
+
+  template <class T>
+  static HcclReduceOp hccl_op(reduce_op op, const char* api) {
+    if constexpr (std::is_same_v<T, double>)
+      throw input_error(std::string("comm::hccl::") + api +
+                        ": HCCL has no fp64 reduction (documented A2 types: int8, int16, int32, int64, fp16, fp32, "
+                        "bf16); reduce in fp32, or use comm::threads / comm::mpi for double");
+    detail::check_op<T>(op, std::string("comm::hccl::") + api);
+    switch (op) {
+      case reduce_op::max: return HCCL_REDUCE_MAX;
+      case reduce_op::min: return HCCL_REDUCE_MIN;
+      default: return HCCL_REDUCE_SUM;  // sum, and avg = sum then a scale
+    }
+  }
+
+  void check_rank(int r, const char* api, const char* what) const {
+    if (r < 0 || r >= size())
+      throw input_error(std::string("comm::hccl::") + api + ": " + what + " " + std::to_string(r) +
+                        " is outside the group [0, " + std::to_string(size()) + "); pass a rank of this communicator");
+  }
+  static void check_tag(int tag, const char* api) {
+    if (tag < 0)
+      throw input_error(std::string("comm::hccl::") + api + ": tag " + std::to_string(tag) + " is negative; use a tag >= 0");
+  }
+  void check_scatter(std::size_t whole, std::size_t part, const char* api) const {
+    if (whole != std::size_t(size()) * part)
+      throw input_error(std::string("comm::hccl::") + api + ": the full buffer has " + std::to_string(whole) +
+                        " elements but size() * chunk = " + std::to_string(size()) + " * " + std::to_string(part) +
+                        "; the full buffer must hold exactly one chunk per rank");
+  }
+
+  /// The communication stream waits for everything already queued on the compute stream.
+  void order_after_compute() {
+    s_->before.record(s_->compute.stream);
+    s_->before.wait(stream());
+  }
+  /// Later compute work waits for the collective; records the completion event.
+  void order_before_compute() {
+    s_->after.record(stream());
+    s_->after.wait(s_->compute.stream);
+  }
+
+  /// x / size() on the communication stream (HCCL has no AVG).
+  template <class T>
+  void scale_by_size(T* p, std::size_t n) {
+    if (!n) return;
+    namespace ka = kernels::ascend;
+    ka::tensor t(p, ka::dtype_of<T>(), {std::int64_t(n)});
+    ka::scalar s{1.0f / float(size())};
+    ka::launch(
+        s_->comm_ctx, "aclnnInplaceMuls",
+        [&](std::uint64_t* ws, aclOpExecutor** ex) { return aclnnInplaceMulsGetWorkspaceSize(t, s, ws, ex); },
+        aclnnInplaceMuls);
+  }
+
+  template <class T>
+  void issue_all_reduce(std::span<T> x, reduce_op op) {
+    const HcclReduceOp hop = hccl_op<T>(op, "all_reduce");
+    order_after_compute();
+    const auto [dt, count] = wire<T>(x.size());
+    if (s_->options.in_place || x.empty()) {
+      detail::hccl_check(HcclAllReduce(x.data(), x.data(), count, dt, hop, s_->comm, stream()), "HcclAllReduce");
+    } else {
+      kernels::ascend::scratch<T> tmp(s_->comm_ctx, x.size());  // stream-ordered on the comm stream
+      detail::hccl_check(HcclAllReduce(x.data(), tmp.data(), count, dt, hop, s_->comm, stream()), "HcclAllReduce");
+      device::ascend::copy(x.data(), tmp.data(), x.size_bytes(), stream());
+    }
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>)
+      if (op == reduce_op::avg) scale_by_size(x.data(), x.size());
+    order_before_compute();
+  }
+
+  template <class T>
+  void issue_reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    check_scatter(in.size(), out.size(), "reduce_scatter");
+    const HcclReduceOp hop = hccl_op<T>(op, "reduce_scatter");
+    order_after_compute();
+    const auto [dt, count] = wire<T>(out.size());
+    if (detail::overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes())) {
+      kernels::ascend::scratch<T> tmp(s_->comm_ctx, out.size());
+      detail::hccl_check(HcclReduceScatter(const_cast<T*>(in.data()), tmp.data(), count, dt, hop, s_->comm, stream()),
+                         "HcclReduceScatter");
+      device::ascend::copy(out.data(), tmp.data(), out.size_bytes(), stream());
+    } else {
+      detail::hccl_check(HcclReduceScatter(const_cast<T*>(in.data()), out.data(), count, dt, hop, s_->comm, stream()),
+                         "HcclReduceScatter");
+    }
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>)
+      if (op == reduce_op::avg) scale_by_size(out.data(), out.size());
+    order_before_compute();
+  }
+
+  template <class T>
+  void issue_all_gather(std::span<const T> in, std::span<T> out) {
+    check_scatter(out.size(), in.size(), "all_gather");
+    order_after_compute();
+    const auto [dt, count] = wire<T>(in.size());
+    if (detail::overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes())) {
+      kernels::ascend::scratch<T> tmp(s_->comm_ctx, in.size());
+      device::ascend::copy(tmp.data(), in.data(), in.size_bytes(), stream());
+      detail::hccl_check(HcclAllGather(tmp.data(), out.data(), count, dt, s_->comm, stream()), "HcclAllGather");
+    } else {
+      detail::hccl_check(HcclAllGather(const_cast<T*>(in.data()), out.data(), count, dt, s_->comm, stream()),
+                         "HcclAllGather");
+    }
+    order_before_compute();
+  }
+
+  /// Waits for the communication stream, turning a timeout into comm_timeout.
+  void complete(const char* what) {
+    order_before_compute();
+    const auto ms = s_->options.timeout.count();
+    const aclError rc = aclrtSynchronizeStreamWithTimeout(stream(), ms > 0 ? std::int32_t(std::min<long long>(ms, INT32_MAX)) : -1);
+    if (rc == device::detail::acl_status::rt_stream_sync_timeout)
+      throw comm_timeout(std::string("comm::hccl::") + what + " on group '" + name() + "' rank " +
+                         std::to_string(rank()) + " did not complete within " + std::to_string(ms) +
+                         " ms (a rank is missing or stuck); the communicator is unusable, end the run");
+    device::detail::acl_check(rc, "aclrtSynchronizeStreamWithTimeout");
+  }
+
+  struct hccl_request final : detail::request_state {
+    std::unique_ptr<device::ascend_event> done;
+    std::chrono::milliseconds timeout;
+    std::string what;
+    void wait() override {
+      const auto ms = timeout.count();
+      const aclError rc = aclrtSynchronizeEventWithTimeout(done->get(), ms > 0 ? std::int32_t(std::min<long long>(ms, INT32_MAX)) : -1);
+      if (rc == device::detail::acl_status::rt_event_sync_timeout)
+        throw comm_timeout("comm::hccl::" + what + " did not complete within " + std::to_string(ms) + " ms");
+      device::detail::acl_check(rc, "aclrtSynchronizeEventWithTimeout");
+    }
+    bool test() override { return done->query(); }
+  };
+
+  request make_request(const char* what) {
+    auto r = std::make_unique<hccl_request>();
+    r->done = std::make_unique<device::ascend_event>();
+    r->done->record(stream());
+    r->timeout = s_->options.timeout;
+    r->what = what;
+    return request(std::move(r));
+  }
+
+  std::unique_ptr<state> s_;
+};
+
+/// comm::hccl — the name used in DESIGN §4.
+using hccl = hccl_communicator;
+
+static_assert(communicator<hccl_communicator>);
+
+}  // namespace loom::parallel::comm
