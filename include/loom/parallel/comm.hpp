@@ -190,6 +190,8 @@ inline void wait_all(std::span<request> requests) {
 ///   all_reduce_async / reduce_scatter_async / all_gather_async -> request
 ///                                         as above, completing at request::wait(); async operations
 ///                                         match across ranks by issue order, like blocking ones.
+///                                         All ranks must use the same variant for a given collective
+///                                         (MPI nonblocking collectives never match blocking ones).
 template <class C, class T>
 concept communicator_for =
     std::movable<C> &&

@@ -278,9 +278,11 @@ class threads_communicator {
     detail::check_rank(dst, size(), "send", "destination");
     check_tag(tag, "send");
     group_->world().check("comm::threads::send");
-    detail::message m{rank_, tag, detail::dtype_name<T>(), sizeof(T), in.size(), {}};
-    m.payload.resize(in.size_bytes());
-    if (!in.empty()) std::memcpy(m.payload.data(), in.data(), in.size_bytes());
+    detail::message m{rank_, tag, detail::dtype_name<T>(), sizeof(T), in.size(), nullptr};
+    if (!in.empty()) {
+      m.payload.reset(new std::byte[in.size_bytes()]);
+      std::memcpy(m.payload.get(), in.data(), in.size_bytes());
+    }
     group_->post(dst, std::move(m));
   }
 
@@ -299,7 +301,7 @@ class threads_communicator {
     if (m.elem_size * m.count != x.size_bytes() || std::strcmp(m.dtype, detail::dtype_name<T>()) != 0)
       throw input_error(what() + ": the message holds " + m.dtype + " x " + std::to_string(m.count) +
                         "; send and recv must agree on element type and count");
-    if (!x.empty()) std::memcpy(x.data(), m.payload.data(), x.size_bytes());
+    if (!x.empty()) std::memcpy(x.data(), m.payload.get(), x.size_bytes());
   }
 
   /// Returns once every rank of the group has entered barrier().

@@ -1,7 +1,8 @@
 #pragma once
-/// \file Private: the progress thread of a comm::threads communicator — a FIFO of tasks run on
-/// one worker thread, so asynchronous collectives execute in issue order (and therefore match
-/// across ranks) while the caller keeps computing.
+/// \file Private: the progress thread of a communicator (comm::threads; comm::mpi when MPI provides
+/// MPI_THREAD_MULTIPLE) — a FIFO of tasks run on one worker thread, so asynchronous collectives
+/// execute in issue order (and therefore match across ranks) while the caller keeps computing.
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -19,6 +20,7 @@
 namespace loom::parallel::detail {
 
 /// One queued operation and its completion state; also the backend state of its request.
+/// `world` (may be null) is aborted when the request is abandoned during stack unwinding.
 class thread_task final : public request_state {
  public:
   thread_task(std::function<void()> fn, std::shared_ptr<thread_world> world, std::string what)
@@ -45,12 +47,20 @@ class thread_task final : public request_state {
     cv_.wait(lock, [&] { return done_; });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
+  /// Like wait(), but returns false (without throwing) if not done by `deadline`.
+  bool wait_until(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    if (!cv_.wait_until(lock, deadline, [&] { return done_; })) return false;
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    return true;
+  }
   bool test() override {
     std::lock_guard lock(mutex_);
     return done_;
   }
   void abandon() noexcept override {
-    if (!test()) world_->abort(what_ + " was still pending when its request was destroyed during stack unwinding");
+    if (world_ && !test())
+      world_->abort(what_ + " was still pending when its request was destroyed during stack unwinding");
   }
 
  private:
