@@ -424,3 +424,20 @@ TEST_CASE("emulation check: NULL streams for aclnn, frees on the wrong device") 
   }
   ctx.synchronize();
 }
+
+TEST_CASE("ascend device: a buffer made without a stream is zero-filled before its constructor returns") {
+  loom::device::ascend_device dev(0);
+  auto& ctx = dev.context();
+  void* reused = nullptr;
+  {
+    dbuf<float> dirty(3000, ctx.stream);
+    npu::memset(dirty.data(), 0xFF, dirty.bytes(), ctx.stream);
+    ctx.synchronize();
+    reused = dirty.data();
+  }
+  dbuf<float> b(3000);  // the default (null) stream: the fill must not race with later streams
+  CHECK(b.data() == reused);
+  std::vector<float> host(3000, 1.0f);
+  REQUIRE(aclrtMemcpy(host.data(), host.size() * 4, b.data(), b.bytes(), ACL_MEMCPY_DEVICE_TO_HOST) == ACL_SUCCESS);
+  CHECK(host == std::vector<float>(3000, 0.0f));
+}

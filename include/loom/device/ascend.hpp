@@ -225,7 +225,7 @@ struct ascend {
   }
 
   /// Device-to-device copy ordered on s (aclrtMemcpyAsync; synchronous aclrtMemcpy after a
-  /// stream synchronize when an address is not 64-byte aligned).
+  /// stream synchronize when an address is not 64-byte aligned, or when s is nullptr).
   static void copy(void* dst, const void* src, std::size_t bytes, stream_type s) {
     transfer(dst, src, bytes, s, ACL_MEMCPY_DEVICE_TO_DEVICE, true);
   }
@@ -240,9 +240,15 @@ struct ascend {
   static void copy_to_host(void* dst, const void* src, std::size_t bytes, stream_type s) {
     transfer(dst, src, bytes, s, ACL_MEMCPY_DEVICE_TO_HOST, is_pinned(dst, bytes));
   }
-  /// Fills bytes with the low byte of `byte`, ordered on s (aclrtMemsetAsync).
+  /// Fills bytes with the low byte of `byte`, ordered on s (aclrtMemsetAsync). With s == nullptr
+  /// (e.g. buffer's default argument) the fill is synchronous (aclrtMemset): the ACL default stream
+  /// is not ordered with loom's streams, so an asynchronous fill there could race with them.
   static void memset(void* p, int byte, std::size_t bytes, stream_type s) {
     if (!bytes) return;
+    if (!s) {
+      detail::acl_check(aclrtMemset(p, bytes, byte, bytes), "aclrtMemset");
+      return;
+    }
     detail::acl_check(aclrtMemsetAsync(p, bytes, byte, bytes, s), "aclrtMemsetAsync");
   }
   /// Blocks until all work on s has finished; errors of earlier asynchronous work surface here.
@@ -256,11 +262,11 @@ struct ascend {
   static void transfer(void* dst, const void* src, std::size_t bytes, stream_type s, aclrtMemcpyKind kind,
                        bool host_side_pinned) {
     if (!bytes) return;
-    if (host_side_pinned && detail::aligned64(dst) && detail::aligned64(src)) {
+    if (s && host_side_pinned && detail::aligned64(dst) && detail::aligned64(src)) {
       detail::acl_check(aclrtMemcpyAsync(dst, bytes, src, bytes, kind, s), "aclrtMemcpyAsync");
       return;
     }
-    synchronize(s);  // the synchronous copy is not ordered with the stream: drain it first
+    if (s) synchronize(s);  // the synchronous copy is not ordered with the stream: drain it first
     detail::acl_check(aclrtMemcpy(dst, bytes, src, bytes, kind), "aclrtMemcpy");
   }
 };
