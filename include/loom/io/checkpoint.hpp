@@ -506,14 +506,14 @@ inline std::filesystem::path find_checkpoint(const std::filesystem::path& dir,
       return it->dir;
     } catch (const input_error& e) {
       const std::string what = e.what();
-      say(what.substr(0, what.find("; resume from")) +
-          (first ? "; falling back to the previous checkpoint" : "; trying an earlier one"));
-      problems += "\n  " + it->dir.filename().string() + ": " + what;
+      const std::string problem = what.substr(0, what.find("; resume from"));
+      say(problem + (first ? "; falling back to the previous checkpoint" : "; trying an earlier one"));
+      problems += " [" + problem + "]";
       first = false;
     }
   }
-  throw input_error("--resume: no usable checkpoint in '" + dir.string() + "' (every one failed verification); start "
-                    "a new run without --resume, or restore the files from a backup:" + problems);
+  throw input_error("--resume: no usable checkpoint in '" + dir.string() + "':" + problems +
+                    "; start a new run without --resume, or restore the files from a backup");
 }
 
 // ============================================================================================

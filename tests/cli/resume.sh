@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Checkpoints as a user meets them, with separate train_gpt processes:
+#   1. exact resume: 6 steps in one run == 3 steps, stop, a new process resumes, 3 steps
+#      (every loss bit for bit, from metrics.jsonl, and the final weights byte for byte);
+#   2. a damaged newest checkpoint: resume falls back to the previous one with a warning and
+#      still reproduces the losses;
+#   3. SIGKILL at random moments of a run that saves every step (so often mid-save): the
+#      resumed run always finds a valid checkpoint and continues with the reference losses;
+#   4. bad input: --resume on a missing, empty or foreign directory, another model, a fresh run
+#      into another run's checkpoints -> exit 2 with one clear line;
+#   5. --export-hf writes GPT-2 files, --init-from-hf starts from them.
+#   tests/cli/resume.sh <dir with train_gpt>
+set -u
+bin="$1"
+t="$bin/train_gpt"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+fail=0
+pass=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAILED: $*"; fail=$((fail + 1)); }
+
+data="$work/data.txt"
+head -c 60000 "${LOOM_DATA_DIR:-../shared/data}/tinyshakespeare.txt" > "$data"
+common=(--data "$data" --model char_tiny --eval-every 0 --sample-tokens 1 --peak-gflops 1 --summary-every 0)
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"  # bitwise resumption holds for a fixed thread count
+
+# "step loss" lines of a metrics.jsonl, the loss printed exactly (shortest round-trip text)
+losses() { grep -o '"step":[0-9]*\|"train/loss":[^,}]*' "$1" | paste -d' ' - - | sed 's/"step"://; s/"train\/loss"://'; }
+
+# --- 1. exact resume ----------------------------------------------------------------------------
+"$t" "${common[@]}" --steps 6 --log-dir "$work/a/logs" --out "$work/a/w.safetensors" \
+  --checkpoint-dir "$work/a/ckpt" --save-every 3 > "$work/a.txt" 2>&1 || bad "uninterrupted run: $(tail -3 "$work/a.txt")"
+"$t" "${common[@]}" --steps 6 --log-dir "$work/b/logs1" --out "$work/b/w.safetensors" \
+  --checkpoint-dir "$work/b/ckpt" --stop-at-step 3 > "$work/b1.txt" 2>&1 || bad "run stopped at 3: $(tail -3 "$work/b1.txt")"
+[[ "$(cat "$work/b/ckpt/latest" 2>/dev/null)" == "step_00000003" ]] && ok || bad "latest after --stop-at-step 3"
+"$t" "${common[@]}" --steps 6 --log-dir "$work/b/logs2" --out "$work/b/w.safetensors" \
+  --resume "$work/b/ckpt" > "$work/b2.txt" 2>&1 || bad "resumed run: $(tail -3 "$work/b2.txt")"
+grep -q "resumed from .*step_00000003: step 3" "$work/b2.txt" && ok || bad "resume message: $(head -5 "$work/b2.txt")"
+ref="$(losses "$work/a/logs/metrics.jsonl")"
+got="$(cat <(losses "$work/b/logs1/metrics.jsonl") <(losses "$work/b/logs2/metrics.jsonl"))"
+[[ $(wc -l <<< "$ref") -eq 6 && "$ref" == "$got" ]] && ok || bad "losses differ:
+$ref
+vs
+$got"
+cmp -s "$work/a/w.safetensors" "$work/b/w.safetensors" && ok || bad "final weights differ"
+[[ "$(cat "$work/b/ckpt/latest")" == "step_00000006" ]] && ok || bad "latest after the resumed run"
+
+# --- 2. a damaged newest checkpoint -------------------------------------------------------------
+f="$work/b/ckpt/step_00000006/model-tp00-pp00.safetensors"
+printf '\x5a' | dd of="$f" bs=1 seek=4000 conv=notrunc status=none
+"$t" "${common[@]}" --steps 6 --log-dir "$work/b/logs3" --out "$work/b/w3.safetensors" \
+  --resume "$work/b/ckpt" > "$work/b3.txt" 2> "$work/b3.err" || bad "resume past a damaged checkpoint: $(cat "$work/b3.err")"
+grep -q "step_00000006.*fails its checksum.*falling back" "$work/b3.err" && ok || bad "no fallback warning: $(cat "$work/b3.err")"
+grep -q "resumed from .*step_00000003" "$work/b3.txt" && ok || bad "did not resume from step 3"
+[[ "$(losses "$work/b/logs3/metrics.jsonl")" == "$(losses "$work/b/logs2/metrics.jsonl")" ]] && ok || bad "losses after fallback"
+cmp -s "$work/a/w.safetensors" "$work/b/w3.safetensors" && ok || bad "final weights after fallback"
+
+# --- 3. SIGKILL at random moments ---------------------------------------------------------------
+"$t" "${common[@]}" --steps 14 --log-dir "$work/k/ref" --out "$work/k/ref.safetensors" \
+  --checkpoint-dir "$work/k/refckpt" --save-every 1 --keep 2 > /dev/null 2>&1 || bad "reference run for kills"
+declare -A reference
+while read -r s l; do reference[$s]="$l"; done < <(losses "$work/k/ref/metrics.jsonl")
+for i in 1 2 3; do
+  d="$work/k/run$i"
+  "$t" "${common[@]}" --steps 14 --log-dir "$d/logs0" --out "$d/w.safetensors" \
+    --checkpoint-dir "$d/ckpt" --save-every 1 --keep 2 > "$d.log" 2>&1 &
+  pid=$!
+  # wait for the first checkpoint, then kill at a random moment (steps and saves interleave)
+  for _ in $(seq 200); do [[ -e "$d/ckpt/latest" ]] && break; sleep 0.05; done
+  sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
+  kill -9 "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  "$t" "${common[@]}" --steps 14 --log-dir "$d/logs1" --out "$d/w.safetensors" \
+    --resume "$d/ckpt" > "$d.resume.log" 2>&1 || { bad "resume after kill $i: $(tail -3 "$d.resume.log")"; continue; }
+  same=1
+  while read -r s l; do [[ "${reference[$s]}" == "$l" ]] || same=0; done < <(losses "$d/logs1/metrics.jsonl")
+  [[ $same -eq 1 ]] && ok || bad "losses after kill $i differ from the reference"
+  cmp -s "$work/k/ref.safetensors" "$d/w.safetensors" && ok || bad "weights after kill $i differ from the reference"
+  ls -a "$d/ckpt" | grep -q '^\.tmp' && bad "a temporary directory survived the resumed run's saves" || ok
+done
+
+# --- 4. bad input -------------------------------------------------------------------------------
+expect_error() {  # expect_error <pattern> <command...>
+  local pattern="$1"; shift
+  local err status
+  err="$("$@" 2>&1 >/dev/null)"; status=$?
+  local lines; lines=$(printf '%s\n' "$err" | grep -c .)
+  if [[ $status -eq 2 && "$err" =~ $pattern && $lines -eq 1 ]]; then ok
+  else bad "$* -> status $status, stderr: $err (wanted one line matching /$pattern/)"; fi
+}
+mkdir -p "$work/empty" "$work/foreign/stepping"
+echo hi > "$work/foreign/notes.txt"
+expect_error "does not exist" "$t" "${common[@]}" --steps 2 --resume "$work/missing"
+expect_error "holds no checkpoint" "$t" "${common[@]}" --steps 2 --resume "$work/empty"
+expect_error "holds no checkpoint" "$t" "${common[@]}" --steps 2 --resume "$work/foreign"
+expect_error "saved with model char_tiny" "$t" --data "$data" --model quickstart --steps 2 --peak-gflops 1 \
+  --resume "$work/a/ckpt"
+expect_error "already holds checkpoints" "$t" "${common[@]}" --steps 2 --checkpoint-dir "$work/a/ckpt"
+cp -r "$work/a/ckpt" "$work/broken"
+rm "$work/broken/step_00000003/manifest.json"
+truncate -s 1000 "$work/broken/step_00000006/model-tp00-pp00.safetensors"
+# every checkpoint damaged: one warning per checkpoint, then one error line naming both
+err="$("$t" "${common[@]}" --steps 2 --resume "$work/broken" 2>&1 >/dev/null)"; status=$?
+[[ $status -eq 2 && $(grep -c 'warning: .*is unusable' <<< "$err") -eq 2 && $(grep -c . <<< "$err") -eq 3 &&
+   "$(tail -1 <<< "$err")" =~ error:.*no\ usable\ checkpoint.*step_00000006.*truncated.*step_00000003.*no\ manifest ]] &&
+  ok || bad "all damaged -> status $status, stderr: $err"
+expect_error "excludes|--init-from-hf" "$t" "${common[@]}" --steps 2 --resume "$work/a/ckpt" --init-from-hf "$work/x"
+expect_error "config.json" "$t" "${common[@]}" --steps 2 --init-from-hf "$work/missing"
+
+# --- 5. GPT-2 export and import -----------------------------------------------------------------
+"$t" "${common[@]}" --steps 6 --log-dir "" --out "$work/e/w.safetensors" --export-hf "$work/e/hf" > "$work/e.txt" 2>&1 ||
+  bad "export run: $(tail -3 "$work/e.txt")"
+[[ -s "$work/e/hf/model.safetensors" ]] && grep -q '"model_type": "gpt2"' "$work/e/hf/config.json" && ok || bad "export files"
+"$t" "${common[@]}" --steps 1 --log-dir "$work/i/logs" --out "$work/i/w.safetensors" --init-from-hf "$work/e/hf" \
+  > "$work/i.txt" 2>&1 || bad "init-from-hf run: $(tail -3 "$work/i.txt")"
+grep -q "initialised from the GPT-2 weights" "$work/i.txt" && ok || bad "no init message"
+first_fresh=$(losses "$work/a/logs/metrics.jsonl" | head -1 | cut -d' ' -f2)
+first_init=$(losses "$work/i/logs/metrics.jsonl" | head -1 | cut -d' ' -f2)
+awk -v a="$first_init" -v b="$first_fresh" 'BEGIN { exit !(a < b - 0.1) }' && ok ||
+  bad "a run from trained GPT-2 weights should start lower: $first_init vs fresh $first_fresh"
+
+echo "$pass passed, $fail failed"
+[[ $fail -eq 0 ]]
