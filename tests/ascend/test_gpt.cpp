@@ -10,6 +10,7 @@
 #include <loom/kernels/cpu.hpp>
 #include <loom/nn/gpt.hpp>
 #include <loom/optim/adamw.hpp>
+#include <loom/train/trainer.hpp>
 
 #include "support.hpp"
 
@@ -101,4 +102,28 @@ TEST_CASE("gpt<tiny> on ascend/fp32 (emulated): loss, every gradient and an Adam
 
 TEST_CASE("gpt<tiny> on ascend/bf16 storage (emulated): forward and backward agree with cpu/fp32") {
   compare_with_cpu<bf16_storage>(2e-2, 5e-3, 5e-4);
+}
+
+TEST_CASE("trainer<tiny> on ascend/fp32 (emulated): three steps with gradient accumulation track cpu/fp32") {
+  using M = loom::models::tiny;
+  constexpr int B = 2, T = 8;
+  loom::train::trainer_config cfg;
+  cfg.grad_accum = 2;
+  cfg.schedule = {3e-3, 3e-4, 1, 10};
+  cfg.seed = 11;
+  loom::context<loom::device::cpu> cctx;
+  loom::device::ascend_device dev(0);
+  loom::train::trainer<M, loom::policy<loom::device::cpu, loom::precision::fp32>, B, T> ct(cctx, cfg);
+  loom::train::trainer<M, loom::policy<npu, loom::precision::fp32>, B, T, loom::kernels::fused> nt(dev.context(), cfg);
+  std::vector<std::int32_t> windows(ct.windows_per_step() * ct.window());
+  for (int s = 0; s < 3; ++s) {
+    for (std::size_t i = 0; i < windows.size(); ++i) windows[i] = std::int32_t((i * 7 + std::size_t(s) * 13 + 1) % M::vocab);
+    const auto cr = ct.step(cctx, windows);
+    const auto nr = nt.step(dev.context(), windows);
+    CAPTURE(s);
+    CHECK(nr.loss == doctest::Approx(cr.loss).epsilon(1e-5));
+    CHECK(nr.grad_norm == doctest::Approx(cr.grad_norm).epsilon(1e-4));
+    CHECK(nr.lr == cr.lr);
+    CHECK_FALSE(nr.skipped);
+  }
 }
