@@ -1,25 +1,36 @@
 // sample — generate text from weights saved by train_gpt, with temperature and top-k.
 //
 //   sample --weights out/quickstart.safetensors --prompt "ROMEO:" --tokens 500 --temperature 0.8 --top-k 40
+//   sample --weights out/quickstart_bpe.safetensors --tokenizer out/shakespeare.model --prompt "ROMEO:"
 //
-// The model config is read from the file's metadata. Errors (missing/corrupt file, unknown
-// model, bad flag) exit with status 2 and one line naming the problem and the fix.
+// The model config is read from the file's metadata. Byte-level models (vocabulary 256) read
+// and write bytes; a model trained on a prepare_data dataset (quickstart_bpe) needs that
+// data's SentencePiece model: --tokenizer, else the "tokenizer" path train_gpt recorded in the
+// weights' metadata (a build with LOOM_WITH_TEXT). The prompt is encoded with it and the ids
+// decoded, a blank line for each end-of-document id. Errors (missing/corrupt file, unknown
+// model, missing tokenizer, bad flag) exit with status 2 and one line naming the problem and the fix.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <loom/data/source.hpp>
+#if LOOM_WITH_TEXT
+#include <loom/data/text/tokenizer.hpp>  // SentencePiece: links loom::text
+#endif
 #include <loom/device/cpu.hpp>
 #include <loom/io/weights.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/generate.hpp>
+#include <loom/nn/generate_in_vocab.hpp>
 #include <loom/nn/gpt.hpp>
 
 namespace {
 
 struct options {
-  std::string weights, prompt = "\n";
+  std::string weights, prompt = "\n", tokenizer;  // tokenizer: a SentencePiece .model, or empty for bytes
   int tokens = 500, top_k = 0;
   double temperature = 0.8;
   std::uint64_t seed = 42;
@@ -35,8 +46,24 @@ int run(const options& o) {
   typename nn::gpt<M, P>::template activations<1, M::max_seq> acts(ctx);
   std::vector<std::int32_t> tokens;
   for (unsigned char ch : o.prompt) tokens.push_back(ch);
-  nn::generate(model, ctx, acts, tokens, o.tokens, {o.temperature, o.top_k, o.seed});
-  const std::string text(tokens.begin(), tokens.end());
+  int vocab = M::vocab;  // ids that have text: the tokenizer's pieces (quickstart_bpe has more rows)
+#if LOOM_WITH_TEXT
+  std::optional<data::text::tokenizer> tok;
+  if (!o.tokenizer.empty()) {
+    tok = data::text::tokenizer::load(o.tokenizer);
+    if (tok->vocab_size() > M::vocab)
+      throw input_error("tokenizer '" + o.tokenizer + "' has a vocabulary of " + std::to_string(tok->vocab_size()) +
+                        " tokens, more than the " + std::to_string(M::vocab) + " of model " + std::string(M::name) +
+                        "; pass the tokenizer of the data these weights were trained on");
+    tokens = tok->encode(o.prompt);
+    vocab = tok->vocab_size();
+  }
+#endif
+  nn::generate_in_vocab(model, ctx, acts, tokens, o.tokens, {o.temperature, o.top_k, o.seed}, vocab);
+  std::string text(tokens.begin(), tokens.end());
+#if LOOM_WITH_TEXT
+  if (tok) text = data::decode_documents(*tok, tokens, tok->eod_id());
+#endif
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
   return 0;
@@ -46,10 +73,13 @@ int run(const options& o) {
 
 int main(int argc, char** argv) {
   options o;
-  CLI::App app{"sample: generate text from a byte-level GPT saved by train_gpt"};
+  CLI::App app{"sample: generate text from a GPT saved by train_gpt (byte-level, or SentencePiece with --tokenizer)"};
   app.add_option("--weights", o.weights, "weights file written by train_gpt")->required();
   app.add_option("--prompt", o.prompt, "text to continue");
-  app.add_option("--tokens", o.tokens, "bytes to generate")->check(CLI::NonNegativeNumber);
+  app.add_option("--tokenizer", o.tokenizer,
+                 "SentencePiece .model of the data the weights were trained on (prepare_data's PREFIX.model; "
+                 "default: the one recorded in the weights, if any)");
+  app.add_option("--tokens", o.tokens, "tokens to generate (bytes for a byte-level model)")->check(CLI::NonNegativeNumber);
   app.add_option("--temperature", o.temperature, "sampling temperature (> 0)");
   app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o.seed, "seed of the sampling draws");
@@ -65,6 +95,24 @@ int main(int argc, char** argv) {
     const loom::io::safetensors_reader file(o.weights);
     const auto it = file.metadata().find("model");
     const std::string name = it == file.metadata().end() ? "" : it->second;
+    // the tokenizer: --tokenizer, else the one train_gpt recorded (if it is still there)
+    if (const auto t = file.metadata().find("tokenizer"); o.tokenizer.empty() && t != file.metadata().end()) {
+      if (!std::filesystem::exists(t->second))
+        throw loom::input_error("weights file '" + o.weights + "' was trained with the tokenizer '" + t->second +
+                                "', which does not exist; pass --tokenizer PREFIX.model (written by prepare_data)");
+      o.tokenizer = t->second;
+    }
+#if !LOOM_WITH_TEXT
+    if (!o.tokenizer.empty())
+      throw loom::input_error("this sample was built without LOOM_WITH_TEXT, so it cannot use the SentencePiece tokenizer '" +
+                              o.tokenizer + "'; rebuild loom with SentencePiece (scripts/setup.sh)");
+#endif
+    if (name == loom::models::quickstart_bpe::name) {
+      if (o.tokenizer.empty())
+        throw loom::input_error("weights file '" + o.weights + "' is for model quickstart_bpe, whose ids are SentencePiece "
+                                "tokens; pass --tokenizer PREFIX.model, the tokenizer of the data it was trained on");
+      return run<loom::models::quickstart_bpe>(o);
+    }
     if (name == loom::models::quickstart::name) return run<loom::models::quickstart>(o);
     if (name == loom::models::char_tiny::name) return run<loom::models::char_tiny>(o);
     throw loom::input_error("weights file '" + o.weights + "' is for model '" + name +

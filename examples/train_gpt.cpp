@@ -1,9 +1,16 @@
-// train_gpt — the main job: train a byte-level GPT on a UTF-8 text file on the CPU, report
-// loss, learning rate, gradient norm, step time and tokens/s per step, validation loss in
-// nats per token and bits per byte, then save the weights and print a sample.
+// train_gpt — the main job: train a GPT on the CPU from a UTF-8 text file (byte tokens) or
+// from a dataset written by prepare_data (SentencePiece tokens), report loss, learning rate,
+// gradient norm, step time and tokens/s per step, validation loss in nats per token and bits
+// per byte, then save the weights and print a sample.
 //
 //   train_gpt --data ../shared/data/tinyshakespeare.txt            # the quickstart
 //   train_gpt --data my.txt --model char_tiny --steps 50 --out out/tiny.safetensors
+//   prepare_data --input ../shared/data/tinyshakespeare.txt --output-prefix out/shakespeare
+//   train_gpt --data out/shakespeare                                # quickstart_bpe on the tokens
+//
+// --data names a dataset when it ends in .idx/.bin or PREFIX.idx exists (data::batch_source):
+// then the model defaults to quickstart_bpe, the validation split is by document, and the
+// sample is decoded with PREFIX.model (needs a build with LOOM_WITH_TEXT).
 //
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or
 // malformed flag, a sequence length above the model's maximum) exits with status 2 and one
@@ -16,13 +23,16 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <loom/bench/peak.hpp>
 #include <loom/core/memory.hpp>
-#include <loom/data/byte_dataset.hpp>
-#include <loom/data/sampler.hpp>
+#include <loom/data/source.hpp>
+#if LOOM_WITH_TEXT
+#include <loom/data/text/tokenizer.hpp>  // SentencePiece: links loom::text
+#endif
 #include <loom/device/cpu.hpp>
 #include <loom/io/jsonl.hpp>
 #include <loom/io/tensorboard.hpp>
@@ -30,6 +40,7 @@
 #include <loom/io/weights.hpp>
 #include <loom/kernels/cpu.hpp>
 #include <loom/nn/generate.hpp>
+#include <loom/nn/generate_in_vocab.hpp>
 #include <loom/train/console.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/trainer.hpp>
@@ -71,18 +82,40 @@ int run(const options& o) {
                       std::to_string(M::max_seq));
   train::trainer<M, P, B, T> tr(ctx, cfg);
   const auto& c = tr.config();
-  data::byte_dataset ds(o.data, tr.window(), o.val_fraction);
-  data::window_sampler sampler(ds.train().size(), tr.window(), o.seed);
-  const std::span<const std::uint8_t> train_bytes(ds.train()), val_bytes(ds.validation());
+  // Training data: a text file (byte tokens) or a prepare_data dataset (data/source.hpp). The
+  // data's vocabulary must fit the model's: an id >= M::vocab has no embedding row.
+  const auto prefix = data::indexed_dataset_prefix(o.data);
+  auto check_vocab = [&](std::int64_t n, const std::string& what) {
+    if (n <= M::vocab) return;
+    constexpr int bpe = models::quickstart_bpe::vocab;
+    throw input_error(what + " has a vocabulary of " + std::to_string(n) + " tokens, more than the " +
+                      std::to_string(M::vocab) + " of model " + std::string(M::name) + "; " +
+                      (n <= bpe ? std::string("train it with --model quickstart_bpe (vocabulary 8192)")
+                                : "prepare the data again with --vocab-size <= " + std::to_string(bpe) +
+                                      " and train it with --model quickstart_bpe"));
+  };
+  if (prefix)
+    if (const auto s = data::read_dataset_summary(*prefix)) check_vocab(s->vocab_size, "dataset " + prefix->string());
+  data::batch_source<> src(o.data, {.micro_batch = std::size_t(c.micro_batch), .seq_len = std::size_t(c.seq_len),
+                                    .grad_accum = std::size_t(c.grad_accum), .valid_fraction = o.val_fraction,
+                                    .seed = o.seed, .vocab = M::vocab});
+#if LOOM_WITH_TEXT
+  std::optional<data::text::tokenizer> tok;  // encodes the prompt, decodes the sample, counts bytes exactly
+  if (prefix) {
+    tok = data::text::tokenizer::load(src.tokenizer_path());
+    check_vocab(tok->vocab_size(), "tokenizer " + src.tokenizer_path().string());
+    src.set_token_bytes(data::token_byte_lengths(*tok));
+  }
+#endif
   const std::size_t val_rows = std::max<std::size_t>(c.micro_batch, std::size_t(o.eval_windows) / c.micro_batch * c.micro_batch);
-  std::vector<std::int32_t> batch(tr.windows_per_step() * tr.window()), val(val_rows * tr.window());
-  data::sequential_windows(val_bytes, tr.window(), 0, std::span(val));
+  std::span<const std::int32_t> batch;
+  const std::vector<std::int32_t> val = src.validation_batch(val_rows);
 
   std::printf("model %s: %d layers, %d heads, width %d, %zu parameters | micro-batch %d x seq %d x accum %d = %zu tokens/step\n",
               std::string(M::name).c_str(), M::n_layer, M::n_head, M::d_model, nn::parameter_count<M>(), c.micro_batch,
               c.seq_len, c.grad_accum, tr.tokens_per_step());
-  std::printf("data %s: %zu training bytes, %zu validation bytes | %ld steps, lr %.1e -> %.1e, warm-up %ld\n",
-              o.data.c_str(), ds.train().size(), ds.validation().size(), o.steps, o.lr, o.min_lr, o.warmup);
+  std::printf("data %s | %ld steps, lr %.1e -> %.1e, warm-up %ld\n", src.describe().c_str(), o.steps, o.lr, o.min_lr,
+              o.warmup);
   std::fflush(stdout);
 
   // observability: step breakdown, MFU, memory, console, TensorBoard, JSON lines, trace window
@@ -123,11 +156,11 @@ int run(const options& o) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto report_val = [&](long step) {
-    const double nats = tr.evaluate(ctx, val);
+    const double nats = tr.evaluate(ctx, val), bpb = src.bits_per_byte(nats, val);
     con.message("step " + std::to_string(step) + " | val loss " + std::to_string(nats).substr(0, 6) + " nats/token | " +
-                std::to_string(nats / std::log(2.0)).substr(0, 6) + " bits/byte | " +
+                std::to_string(bpb).substr(0, 6) + " bits/byte | " +
                 std::to_string(long(std::chrono::duration<double>(clock::now() - t0).count())) + " s");
-    const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", nats / std::log(2.0)}};
+    const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};
     if (tb) tb->add_scalars(step, sc);
     if (jsonl) jsonl->write_scalars(step, sc);
     return nats;
@@ -142,7 +175,7 @@ int run(const options& o) {
     timer.begin_step();
     {
       auto d = timer.scope(train::phase::data_wait);
-      sampler.next(train_bytes, std::span(batch));
+      batch = src.next();  // valid until the next call
     }
     const auto r = tr.step(ctx, batch);
     const auto rec = metrics.record({.step = step, .tokens = r.tokens, .loss = r.loss, .lr = r.lr, .grad_norm = r.grad_norm,
@@ -161,25 +194,43 @@ int run(const options& o) {
   trace.stop();
   con.finish();
   // final validation over the whole validation split
-  std::vector<std::int32_t> all_val((val_bytes.size() - 1) / (tr.window() - 1) / c.micro_batch * c.micro_batch * tr.window());
-  if (!all_val.empty()) {
-    data::sequential_windows(val_bytes, tr.window(), 0, std::span(all_val));
+  if (const auto all_val = src.validation_batch(src.validation_rows()); !all_val.empty()) {
     const double nats = tr.evaluate(ctx, all_val);
-    std::printf("final validation (%zu windows) | val loss %.4f nats/token | %.4f bits/byte | trained %ld steps in %.0f s\n",
-                all_val.size() / tr.window(), nats, nats / std::log(2.0), step,
-                std::chrono::duration<double>(clock::now() - t0).count());
+    const std::string how = src.kind() == data::source_kind::indexed ? " (" + src.byte_counting_note() + ")" : "";
+    std::printf("final validation (%zu windows) | val loss %.4f nats/token | %.4f bits/byte | trained %ld steps in %.0f s%s\n",
+                all_val.size() / tr.window(), nats, src.bits_per_byte(nats, all_val), step,
+                std::chrono::duration<double>(clock::now() - t0).count(), how.c_str());
   }
   std::string out = o.out.empty() ? "out/" + std::string(M::name) + ".safetensors" : o.out;
   const auto parent = std::filesystem::path(out).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  io::save_weights(tr.model(), out, {{"steps", std::to_string(step)}, {"data", o.data}});
-  std::printf("saved weights to %s\n", out.c_str());
+  std::map<std::string, std::string> meta = {{"steps", std::to_string(step)}, {"data", o.data}};
+  if (src.kind() == data::source_kind::indexed)  // sample finds the tokenizer from any directory
+    meta["tokenizer"] = std::filesystem::absolute(src.tokenizer_path()).lexically_normal().string();
+  io::save_weights(tr.model(), out, meta);  std::printf("saved weights to %s\n", out.c_str());
 
+  // the sample: bytes for a text file; SentencePiece ids for a dataset (prompt encoded, ids
+  // decoded with the dataset's tokenizer, a blank line for each end of document)
   typename decltype(tr)::model_t::template activations<1, T> sacts(ctx);
   std::vector<std::int32_t> tokens(o.prompt.begin(), o.prompt.end());
   for (auto& t : tokens) t = std::int32_t(std::uint8_t(t));
-  nn::generate(tr.model(), ctx, sacts, tokens, o.sample_tokens, {o.temperature, o.top_k, o.seed});
+  int sample_vocab = M::vocab;  // ids that have text: the tokenizer's pieces (quickstart_bpe has more rows)
+#if LOOM_WITH_TEXT
+  if (tok) {
+    tokens = tok->encode(o.prompt);
+    sample_vocab = tok->vocab_size();
+  }
+#else
+  if (src.kind() == data::source_kind::indexed) {
+    std::printf("(no sample: this train_gpt was built without LOOM_WITH_TEXT, so it cannot decode SentencePiece ids)\n");
+    return 0;
+  }
+#endif
+  nn::generate_in_vocab(tr.model(), ctx, sacts, tokens, o.sample_tokens, {o.temperature, o.top_k, o.seed}, sample_vocab);
   std::string text(tokens.begin(), tokens.end());
+#if LOOM_WITH_TEXT
+  if (tok) text = data::decode_documents(*tok, tokens, tok->eod_id());
+#endif
   std::printf("---- sample (temperature %.2f) ----\n%s\n----\n", o.temperature, text.c_str());
   return 0;
 }
@@ -189,9 +240,12 @@ int run(const options& o) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // one line at a time, also into a file or a pipe
   options o;
-  CLI::App app{"train_gpt: train a byte-level GPT on a UTF-8 text file (CPU, fp32), then sample from it"};
-  app.add_option("--data", o.data, "UTF-8 text file to train on (e.g. ../shared/data/tinyshakespeare.txt)")->required();
-  app.add_option("--model", o.model, "model config")->check(CLI::IsMember({"quickstart", "char_tiny"}));
+  CLI::App app{"train_gpt: train a GPT on a UTF-8 text file (byte tokens) or a prepare_data dataset (SentencePiece ids) "
+               "(CPU, fp32), then sample from it"};
+  app.add_option("--data", o.data, "UTF-8 text file (e.g. ../shared/data/tinyshakespeare.txt), or a dataset written by "
+                                   "prepare_data: its prefix or its .idx/.bin (e.g. out/shakespeare)")->required();
+  app.add_option("--model", o.model, "model config (default: quickstart for a text file, quickstart_bpe for a dataset)")
+      ->check(CLI::IsMember({"quickstart", "char_tiny", "quickstart_bpe"}));
   app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (default: the compiled capacity)");
   app.add_option("--seq-len", o.seq_len, "tokens per sequence (default: the model's maximum)");
@@ -201,7 +255,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "linear warm-up steps");
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (matrices only)");
   app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)");
-  app.add_option("--val-fraction", o.val_fraction, "fraction of the file held out for validation");
+  app.add_option("--val-fraction", o.val_fraction, "held out for validation: a fraction of a text file's bytes, of a dataset's documents");
   app.add_option("--eval-every", o.eval_every, "steps between validation evaluations (0: only at the end)");
   app.add_option("--eval-windows", o.eval_windows, "validation windows per periodic evaluation");
   app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling");
@@ -211,7 +265,7 @@ int main(int argc, char** argv) {
   app.add_option("--peak-gflops", o.peak_gflops, "fp32 peak for MFU (default: measured at start-up)");
   app.add_option("--summary-every", o.summary_every, "steps between breakdown tables (0: never)");
   app.add_option("--out", o.out, "where to save the weights (default out/<model>.safetensors)");
-  app.add_option("--sample-tokens", o.sample_tokens, "bytes to sample after training");
+  app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training (bytes for a text file)");
   app.add_option("--prompt", o.prompt, "prompt for the sample");
   app.add_option("--temperature", o.temperature, "sampling temperature");
   app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)");
@@ -225,7 +279,9 @@ int main(int argc, char** argv) {
   }
   if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
   try {
+    if (app.count("--model") == 0 && loom::data::indexed_dataset_prefix(o.data)) o.model = "quickstart_bpe";
     if (o.model == "char_tiny") return run<loom::models::char_tiny, 8, 32>(o);
+    if (o.model == "quickstart_bpe") return run<loom::models::quickstart_bpe, 16, 128>(o);
     return run<loom::models::quickstart, 16, 128>(o);
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "train_gpt: error: %s\n", e.what());

@@ -113,6 +113,31 @@ inline std::optional<dataset_summary> read_dataset_summary(const std::filesystem
   return s;
 }
 
+/// The SentencePiece model of the dataset at `prefix`: PREFIX.json's "tokenizer" (relative to
+/// the prefix's folder) if the summary exists, else PREFIX.model. The file may not exist.
+inline std::filesystem::path dataset_tokenizer_path(const std::filesystem::path& prefix) {
+  if (const auto s = read_dataset_summary(prefix)) return s->tokenizer;
+  auto p = prefix;
+  p += ".model";
+  return p;
+}
+
+/// The text of `ids` decoded by `tok`, with "\n\n" (a blank line, prepare_data's default
+/// document separator) for each end-of-document id `eod` (which decodes to nothing on its
+/// own). For showing samples; `Tok` as for token_byte_lengths.
+template <class Tok>
+std::string decode_documents(const Tok& tok, std::span<const std::int32_t> ids, std::int32_t eod) {
+  std::string out;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i <= ids.size(); ++i)
+    if (i == ids.size() || ids[i] == eod) {
+      out += tok.decode(ids.subspan(at, i - at));
+      if (i < ids.size()) out += "\n\n";
+      at = i + 1;
+    }
+  return out;
+}
+
 /// UTF-8 bytes of text each id of `tok` stands for: a byte-fallback piece <0xNN> is 1, the
 /// unknown id and control ids (bos, eos = end of document) are 0, any other piece the length
 /// of its decoded text (SentencePiece's "▁" decodes to one space). The sum over a dataset's
@@ -166,8 +191,8 @@ class batch_source {
  public:
   /// Opens `path` (a text file or an indexed dataset, see indexed_dataset_prefix). Throws
   /// loom::input_error for a missing, empty, binary or too-short file; a corrupt dataset; a
-  /// dataset whose vocabulary (PREFIX.json) exceeds options.vocab; or a validation split with
-  /// fewer windows than one micro-batch.
+  /// dataset whose vocabulary (PREFIX.json) exceeds options.vocab; or (indexed) a validation
+  /// split with no document or fewer windows than one micro-batch.
   batch_source(const std::filesystem::path& path, const source_options& o) : path_(path), opt_(o) {
     if (o.micro_batch < 1 || o.seq_len < 1 || o.grad_accum < 1)
       throw input_error("batch_source: micro_batch, seq_len and grad_accum must be >= 1");
@@ -195,10 +220,7 @@ class batch_source {
   /// PREFIX.model (may not exist). Empty for a text file.
   std::filesystem::path tokenizer_path() const {
     if (kind_ == source_kind::bytes) return {};
-    if (summary_) return summary_->tokenizer;
-    auto p = path_;
-    p += ".model";
-    return p;
+    return dataset_tokenizer_path(path_);
   }
   /// Vocabulary of the data: 256 for bytes; PREFIX.json's vocab_size (0 if unknown) otherwise.
   std::int64_t data_vocab() const noexcept {

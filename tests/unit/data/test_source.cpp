@@ -303,6 +303,28 @@ TEST_CASE("source: PREFIX.json vocabulary check and bits per byte from average a
   CHECK_THROWS_WITH_AS(batch_source<>(tmp.path / "c", o), doctest::Contains("not valid JSON"), loom::input_error);
 }
 
+namespace {
+// A stand-in tokenizer: id k decodes to letter 'a'+k, ids 0..2 (unk, bos, eos) to nothing.
+struct letters {
+  int vocab_size() const { return 6; }
+  bool is_byte(int) const { return false; }
+  int unk_id() const { return 0; }
+  std::string decode(std::span<const std::int32_t> ids) const {
+    std::string s;
+    for (auto id : ids)
+      if (id > 2) s += char('a' + id);
+    return s;
+  }
+};
+}  // namespace
+
+TEST_CASE("source: decode_documents marks document ends with a blank line") {
+  const std::vector<std::int32_t> ids = {3, 4, 2, 5, 2, 2, 3};
+  CHECK(decode_documents(letters{}, ids, 2) == "de\n\nf\n\n\n\nd");
+  CHECK(decode_documents(letters{}, std::span<const std::int32_t>(), 2).empty());
+  CHECK(token_byte_lengths(letters{}) == std::vector<std::uint32_t>{0, 0, 0, 1, 1, 1});
+}
+
 #ifdef LOOM_TEST_TEXT
 TEST_CASE("source: token_byte_lengths sums to prepare_data's text_bytes on both corpora") {
   loom_test::scratch_dir tmp("source_token_bytes");
