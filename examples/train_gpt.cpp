@@ -207,7 +207,8 @@ int run(const options& o) {
   std::map<std::string, std::string> meta = {{"steps", std::to_string(step)}, {"data", o.data}};
   if (src.kind() == data::source_kind::indexed)  // sample finds the tokenizer from any directory
     meta["tokenizer"] = std::filesystem::absolute(src.tokenizer_path()).lexically_normal().string();
-  io::save_weights(tr.model(), out, meta);  std::printf("saved weights to %s\n", out.c_str());
+  io::save_weights(tr.model(), out, meta);
+  std::printf("saved weights to %s\n", out.c_str());
 
   // the sample: bytes for a text file; SentencePiece ids for a dataset (prompt encoded, ids
   // decoded with the dataset's tokenizer, a blank line for each end of document)
