@@ -242,7 +242,8 @@ static aclnnStatus binary(const char* name, const aclTensor* self, const aclTens
   NEED(out, name, "out");
   if (!other && !other_s) return reject(name, param_nullptr, "other is NULL");
   if (!mul && !alpha) return reject(name, param_nullptr, "alpha is NULL");
-  if (!is_nn_float(self->dtype) && self->dtype != ACL_INT32 && self->dtype != ACL_INT64)
+  if (!is_nn_float(self->dtype) && self->dtype != ACL_INT32 && self->dtype != ACL_INT64 && self->dtype != ACL_UINT8 &&
+      self->dtype != ACL_INT8)
     return invalid(name, std::string("self dtype ") + dtype_name(self->dtype) + " not supported");
   if (out->dtype != self->dtype) return invalid(name, "out dtype differs from self");
   dims_t want = self->dims;

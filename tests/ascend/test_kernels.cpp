@@ -303,9 +303,50 @@ TEST_CASE_TEMPLATE("ascend attention<fused>: flash attention forward, saved soft
     CAPTURE(given_out);
     dbuf<T> dqkv(3 * BTC, ctx.stream);
     if (given_out)
-      attn::backward_with_output(ctx, dqkv.data(), ddy.data(), dqkv_in.data(), out.data(), saved.data(), B, Tn, C, NH);
+      attn::backward(ctx, dqkv.data(), ddy.data(), dqkv_in.data(), out.data(), saved.data(), nullptr, B, Tn, C, NH);
     else
       attn::backward(ctx, dqkv.data(), ddy.data(), dqkv_in.data(), saved.data(), nullptr, B, Tn, C, NH);
     CHECK(nmse(download(ctx, dqkv.data(), 3 * BTC), rdqkv) < tol);
   }
+}
+
+TEST_CASE_TEMPLATE("ascend attention<fused>: key padding matches attention<cpu, float, fused>", T, LOOM_ASCEND_TYPES) {
+  loom::device::ascend_device dev(0);
+  auto& ctx = dev.context();
+  using attn = loom::kernels::attention<npu, T, loom::kernels::fused>;
+  using cattn = loom::kernels::attention<loom::device::cpu, float, loom::kernels::fused>;
+  const int B = 2, Tn = 11, NH = 2, C = 12;
+  const std::size_t BTC = std::size_t(B) * Tn * C;
+  const auto qkv = quantize<T>(randn(3 * BTC, 80));
+  std::vector<std::uint8_t> pad(std::size_t(B) * Tn, 0);
+  pad[0] = 1;  // batch 0: key 0 padded -> query 0 sees no key at all (output 0)
+  pad[5] = 1;
+  for (int t = 7; t < Tn; ++t) pad[std::size_t(Tn + t)] = 1;  // batch 1: a padded tail
+  auto dqkv_in = upload<T>(ctx, qkv);
+  auto dpad = upload<std::uint8_t>(ctx, pad);
+  dbuf<T> out(BTC, ctx.stream);
+  dbuf<float> saved(attn::saved_elems(B, NH, Tn), ctx.stream);
+  attn::forward(ctx, out.data(), saved.data(), dqkv_in.data(), B, Tn, C, NH, dpad.data());
+
+  loom::context<loom::device::cpu> cctx;
+#ifdef _OPENMP
+  const int threads = omp_get_max_threads();
+#else
+  const int threads = 1;
+#endif
+  std::vector<float> ref(BTC), lse(cattn::saved_elems(B, NH, Tn)), scratch(cattn::scratch_elems(std::size_t(threads), Tn));
+  cattn::forward(cctx, ref.data(), lse.data(), qkv.data(), B, Tn, C, NH, pad.data());
+  const auto got = download(ctx, out.data(), BTC);
+  CHECK(nmse(got, ref) < tolerance<T>());
+  for (int c = 0; c < C; ++c) CHECK(got[std::size_t(c)] == 0.0f);  // the query with no visible key
+
+  const auto dy = quantize<T>(randn(BTC, 81));
+  auto ddy = upload<T>(ctx, dy);
+  std::vector<float> rdqkv(3 * BTC);
+  cattn::backward(cctx, rdqkv.data(), dy.data(), qkv.data(), ref.data(), lse.data(), scratch.data(), B, Tn, C, NH,
+                  pad.data());
+  dbuf<T> dqkv(3 * BTC, ctx.stream);
+  attn::backward(ctx, dqkv.data(), ddy.data(), dqkv_in.data(), saved.data(), nullptr, B, Tn, C, NH, dpad.data());
+  const double tol = std::is_same_v<T, float> ? 1e-10 : std::is_same_v<T, Eigen::half> ? 1e-5 : 5e-4;
+  CHECK(nmse(download(ctx, dqkv.data(), 3 * BTC), rdqkv) < tol);
 }

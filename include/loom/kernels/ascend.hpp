@@ -131,19 +131,21 @@ struct attention<device::ascend, T, fused> {
     return impl::saved_elems(B, NH, Tn);
   }
   static constexpr std::size_t scratch_elems(std::size_t, std::size_t) { return 0; }
-  /// out (B,T,C) =; saved =; qkv (B,T,3C).
-  static void forward(context<device::ascend>& ctx, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH) {
-    impl::forward(ctx, out, saved, qkv, B, Tn, C, NH);
+  /// out (B,T,C) =; saved =; qkv (B,T,3C); key_padding (B,T) optional, non-zero = padded key
+  /// (same arguments as attention<cpu, T, fused>).
+  static void forward(context<device::ascend>& ctx, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH,
+                      const std::uint8_t* key_padding = nullptr) {
+    impl::forward(ctx, out, saved, qkv, B, Tn, C, NH, key_padding);
   }
-  /// dqkv (B,T,3C) =. Recomputes the forward output, which the interface does not pass.
+  /// dqkv (B,T,3C) =. Recomputes the forward output, which this overload does not receive.
   static void backward(context<device::ascend>& ctx, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc*,
-                       int B, int Tn, int C, int NH) {
-    impl::backward_with_output(ctx, dqkv, dout, qkv, nullptr, saved, B, Tn, C, NH);
+                       int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    impl::backward(ctx, dqkv, dout, qkv, nullptr, saved, B, Tn, C, NH, key_padding);
   }
-  /// Same, given the forward output `out` (B,T,C): no recomputation.
-  static void backward_with_output(context<device::ascend>& ctx, T* dqkv, const T* dout, const T* qkv, const T* out,
-                       const acc* saved, int B, int Tn, int C, int NH) {
-    impl::backward_with_output(ctx, dqkv, dout, qkv, out, saved, B, Tn, C, NH);
+  /// dqkv (B,T,3C) =, given the forward output `out` (B,T,C): no recomputation.
+  static void backward(context<device::ascend>& ctx, T* dqkv, const T* dout, const T* qkv, const T* out,
+                       const acc* saved, acc*, int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    impl::backward(ctx, dqkv, dout, qkv, out, saved, B, Tn, C, NH, key_padding);
   }
 };
 

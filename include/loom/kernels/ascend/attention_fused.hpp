@@ -13,14 +13,20 @@
 /// innerPrecise = 0, no pse, no padding mask, inputLayout a NUL-terminated non-const char*.
 /// Saved state (kernel's `saved`, fp32): softmaxMax then softmaxSum, each [B, NH, T, 8] (the row
 /// statistic replicated 8 times, as documented). The backward also needs the forward output
-/// (attentionIn); loom's op interface does not pass it, so backward() recomputes it with one more
-/// forward call (backward_with_output() skips that when the caller has it). See Note [attention
-/// output in backward] in docs/ascend.md.
+/// (attentionIn); when the caller does not pass it, one more forward call recomputes it. See
+/// Note [attention output in backward] in docs/ascend.md.
+/// Key padding (optional, (B,T) bytes, non-zero = padded key, as attention<cpu, T, fused>): the
+/// compressed mask cannot express it, so a full [B,1,T,T] BOOL mask is built on the device
+/// (causal block of the 2048 mask + padding row, aclnnInplaceCopy/aclnnInplaceAdd on UINT8, then
+/// a copy to BOOL: non-zero = masked) and passed with sparseMode 0 (pre/nextTokens unbounded) and
+/// innerPrecise 2, the documented handling of rows with every key masked (their output is 0).
 #include <aclnnop/aclnn_flash_attention_score.h>
 #include <aclnnop/aclnn_flash_attention_score_grad.h>
 
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include <loom/kernels/ascend/common.hpp>
 
@@ -65,41 +71,73 @@ struct flash_attention {
            tensor(qkv + s * p.C, dt, {p.B, p.Tn, p.C}, {int64_t(p.Tn) * 3 * p.C, 3 * int64_t(p.C), 1}));
   }
 
+  /// The attention mask and its mode: the cached compressed causal mask (sparseMode 2), or, with
+  /// key padding, a [B,1,T,T] BOOL mask built in `storage` (B*T*T*2 bytes) (sparseMode 0).
+  struct mask_args {
+    const void* data;
+    std::vector<int64_t> dims;
+    int64_t sparse_mode, pre_tokens, next_tokens, inner_precise;
+  };
+  static mask_args make_mask(ctx_t& ctx, const std::uint8_t* key_padding, std::uint8_t* storage, const problem& p) {
+    const std::uint8_t* causal = causal_mask(ctx);
+    if (!key_padding) return {causal, {2048, 2048}, 2, 2147483647, 0, 0};
+    if (p.Tn > 2048)
+      throw input_error("loom::kernels::attention<ascend, T, fused>: key padding supports T <= 2048 (the causal block "
+                        "is cut from the compressed 2048x2048 mask); got T = " + std::to_string(p.Tn));
+    const int64_t B = p.B, Tn = p.Tn;
+    std::uint8_t* sum = storage;                              // (B,T,T) UINT8: causal + padding
+    std::uint8_t* mask = storage + std::size_t(B * Tn * Tn);  // (B,1,T,T) BOOL
+    tensor s(sum, ACL_UINT8, {B, Tn, Tn});
+    copy(ctx, s, tensor(causal, ACL_UINT8, {Tn, Tn}, {2048, 1}));  // broadcast over the batch
+    add_inplace(ctx, s, tensor(key_padding, ACL_UINT8, {B, 1, Tn}));  // padding row, broadcast over queries
+    copy(ctx, tensor(mask, ACL_BOOL, {B, 1, Tn, Tn}), tensor(sum, ACL_UINT8, {B, 1, Tn, Tn}));
+    return {mask, {B, 1, Tn, Tn}, 0, 2147483647, 2147483647, 2};
+  }
+
   /// out (B,T,C) =; stats: softmaxMax then softmaxSum (fp32, [B,NH,T,8] each) =; q,k,v contiguous.
-  static void run_forward(ctx_t& ctx, T* out, float* stats, const T* q, const T* k, const T* v, const problem& p) {
+  static void run_forward(ctx_t& ctx, T* out, float* stats, const T* q, const T* k, const T* v, const problem& p,
+                          const mask_args& m) {
     constexpr auto dt = dtype_of<T>();
     const std::size_t per = std::size_t(p.B) * p.NH * p.Tn * 8;
     tensor Q(q, dt, {p.B, p.Tn, p.C}), K(k, dt, {p.B, p.Tn, p.C}), V(v, dt, {p.B, p.Tn, p.C});
-    tensor O(out, dt, {p.B, p.Tn, p.C}), M(causal_mask(ctx), ACL_BOOL, {2048, 2048});
+    tensor O(out, dt, {p.B, p.Tn, p.C}), M(m.data, ACL_BOOL, m.dims, {});
     tensor mx(stats, ACL_FLOAT, {p.B, p.NH, p.Tn, 8}), sm(stats + per, ACL_FLOAT, {p.B, p.NH, p.Tn, 8});
     char layout[] = "BSH";
     launch(
         ctx, "aclnnFlashAttentionScore",
         [&](uint64_t* ws, aclOpExecutor** ex) {
           return aclnnFlashAttentionScoreGetWorkspaceSize(Q, K, V, nullptr, nullptr, nullptr, M, nullptr, p.scale(),
-                                                          /*keepProb=*/1.0, /*preTokens=*/2147483647,
-                                                          /*nextTokens=*/0, p.NH, layout, /*innerPrecise=*/0,
-                                                          /*sparseMode=*/2, mx, sm, nullptr, O, ws, ex);
+                                                          /*keepProb=*/1.0, m.pre_tokens, m.next_tokens, p.NH, layout,
+                                                          m.inner_precise, m.sparse_mode, mx, sm, nullptr, O, ws, ex);
         },
         aclnnFlashAttentionScore);
   }
 
+  static std::size_t mask_bytes(const problem& p, const std::uint8_t* key_padding) {
+    return key_padding ? 2 * std::size_t(p.B) * p.Tn * p.Tn : 0;
+  }
+
   /// out (B,T,C) = attention(qkv); saved (saved_elems) = softmax statistics.
-  static void forward(ctx_t& ctx, T* out, float* saved, const T* qkv, int B, int Tn, int C, int NH) {
+  static void forward(ctx_t& ctx, T* out, float* saved, const T* qkv, int B, int Tn, int C, int NH,
+                      const std::uint8_t* key_padding = nullptr) {
     const problem p{B, Tn, C, NH};
     scratch<T> qkvc(ctx, 3 * std::size_t(B) * Tn * C);
+    scratch<std::uint8_t> mask_storage(ctx, mask_bytes(p, key_padding));
+    const mask_args m = make_mask(ctx, key_padding, mask_storage.data(), p);
     split_qkv(ctx, qkvc.data(), qkv, p);
     const std::size_t BTC = std::size_t(B) * Tn * C;
-    run_forward(ctx, out, saved, qkvc.data(), qkvc.data() + BTC, qkvc.data() + 2 * BTC, p);
+    run_forward(ctx, out, saved, qkvc.data(), qkvc.data() + BTC, qkvc.data() + 2 * BTC, p, m);
   }
 
   /// dqkv (B,T,3C) =; dout (B,T,C); out = the forward output (B,T,C), or null to recompute it.
-  static void backward_with_output(ctx_t& ctx, T* dqkv, const T* dout, const T* qkv, const T* out, const float* saved,
-                                   int B, int Tn, int C, int NH) {
+  static void backward(ctx_t& ctx, T* dqkv, const T* dout, const T* qkv, const T* out, const float* saved, int B,
+                       int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
     constexpr auto dt = dtype_of<T>();
     const problem p{B, Tn, C, NH};
     const std::size_t BTC = std::size_t(B) * Tn * C, per = std::size_t(B) * NH * Tn * 8;
     scratch<T> work(ctx, (out ? 6 : 7) * BTC);
+    scratch<std::uint8_t> mask_storage(ctx, mask_bytes(p, key_padding));
+    const mask_args m = make_mask(ctx, key_padding, mask_storage.data(), p);
     T* q = work.data();
     T* k = q + BTC;
     T* v = k + BTC;
@@ -107,11 +145,11 @@ struct flash_attention {
     split_qkv(ctx, q, qkv, p);
     scratch<float> stats(ctx, out ? 0 : 2 * per);
     if (!out) {
-      run_forward(ctx, grads + 3 * BTC, stats.data(), q, k, v, p);
+      run_forward(ctx, grads + 3 * BTC, stats.data(), q, k, v, p, m);
       out = grads + 3 * BTC;
     }
     tensor Q(q, dt, {B, Tn, C}), K(k, dt, {B, Tn, C}), V(v, dt, {B, Tn, C}), DY(dout, dt, {B, Tn, C});
-    tensor O(out, dt, {B, Tn, C}), M(causal_mask(ctx), ACL_BOOL, {2048, 2048});
+    tensor O(out, dt, {B, Tn, C}), M(m.data, ACL_BOOL, m.dims, {});
     tensor mx(saved, ACL_FLOAT, {B, NH, Tn, 8}), sm(saved + per, ACL_FLOAT, {B, NH, Tn, 8});
     tensor DQ(grads, dt, {B, Tn, C}), DK(grads + BTC, dt, {B, Tn, C}), DV(grads + 2 * BTC, dt, {B, Tn, C});
     char layout[] = "BSH";
@@ -119,8 +157,8 @@ struct flash_attention {
         ctx, "aclnnFlashAttentionScoreGrad",
         [&](uint64_t* ws, aclOpExecutor** ex) {
           return aclnnFlashAttentionScoreGradGetWorkspaceSize(
-              Q, K, V, DY, nullptr, nullptr, nullptr, M, mx, sm, nullptr, O, nullptr, p.scale(), 1.0, 2147483647, 0,
-              NH, layout, 0, 2, DQ, DK, DV, nullptr, ws, ex);
+              Q, K, V, DY, nullptr, nullptr, nullptr, M, mx, sm, nullptr, O, nullptr, p.scale(), 1.0, m.pre_tokens,
+              m.next_tokens, NH, layout, m.inner_precise, m.sparse_mode, DQ, DK, DV, nullptr, ws, ex);
         },
         aclnnFlashAttentionScoreGrad);
     for (int s = 0; s < 3; ++s)
