@@ -41,18 +41,22 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -537,20 +541,6 @@ bool all_finite(std::span<const std::byte> bytes) {
   return true;
 }
 
-/// Bytes of a device view on the host: the view itself when the device is host-accessible,
-/// else a copy in `staging`.
-template <class D, class T>
-std::span<const std::byte> host_bytes(context<D>& ctx, view<D, T> v, std::vector<std::byte>& staging) {
-  if constexpr (device::host_accessible_v<D>) {
-    return std::as_bytes(v.span());
-  } else {
-    staging.resize(v.bytes());
-    D::copy_to_host(staging.data(), v.data(), v.bytes(), ctx.stream);
-    ctx.synchronize();
-    return staging;
-  }
-}
-
 /// Writes `text` as the "latest" pointer of `root`.
 inline void write_latest(const std::filesystem::path& root, const std::string& name) {
   write_file_atomic(root / latest_name, name + "\n");
@@ -602,11 +592,14 @@ inline void prune(const std::filesystem::path& root, long step, int keep) {
     if (older[i].step != step) remove_quietly(older[i].dir);
 }
 
-/// A rank file to write: its name, rank coordinates, and its tensors.
+/// A rank file to write: its name, rank coordinates, its tensors (bytes held elsewhere: by
+/// the trainer for a synchronous save, by a staging buffer for an asynchronous one) and
+/// safetensors metadata.
 struct rank_file {
   std::string name;
   int tp = 0, pp = 0, dp = 0;
-  safetensors_writer writer;
+  std::vector<tensor_ref> tensors;
+  std::map<std::string, std::string> metadata;
 };
 
 /// Steps 2-7 of a save (docs/checkpoint.md "Save protocol"), for files already snapshotted.
@@ -643,9 +636,12 @@ inline std::filesystem::path commit_checkpoint(const std::filesystem::path& root
     nlohmann::json listed = nlohmann::json::array();
     for (const auto& f : files) {
       const auto path = tmp / f.name;
-      f.writer.write(path);               // temporary file, fsync, rename, fsync of tmp
-      (void)safetensors_reader(path);     // the header reads back
-      const auto [hash, bytes] = xxh3_file(path);
+      const std::string written = write_safetensors(path, f.tensors, f.metadata);  // tmp file, fsync, rename
+      (void)safetensors_reader(path);                                             // the header reads back
+      const auto [hash, bytes] = xxh3_file(path);                                 // and so do the bytes
+      if (hash != written)
+        throw error("'" + path.string() + "' reads back with XXH3-64 " + hash + " but " + written +
+                    " was written: the storage corrupted it; check the disk");
       listed.push_back({{"path", f.name}, {"tp", f.tp}, {"pp", f.pp}, {"dp", f.dp}, {"bytes", bytes}, {"xxh3_64", hash}});
       stage("file_written");
     }
@@ -692,25 +688,24 @@ concept checkpointable_trainer = requires(T& t, const T& ct, long s) {
   { ct.config() };
 };
 
-/// Saves the state of trainer `tr` and the caller's `state` as checkpoint
-/// `<root>/step_<tr.step_count()>` (see the file comment for the layout and the protocol),
-/// points `<root>/latest` at it, then keeps the newest opt.keep checkpoints. Returns the
-/// checkpoint's directory.
-///
-/// Writes: the rank file and manifest.json; replaces `latest`; removes pruned checkpoints and
-/// leftovers of interrupted saves (".tmp-*", ".old-*"). One writer per root at a time.
-/// Memory: a host copy of the parameters and optimizer moments while it runs.
-/// Errors: loom::numeric_error when a value is not finite (opt.check_finite; nothing is
-/// written); loom::input_error when the root cannot be created; loom::error when a write,
-/// fsync or rename fails. In every failure before the new directory is in place, nothing
-/// changed on disk except the removed temporary directory; the message says so.
-template <checkpointable_trainer Trainer>
-std::filesystem::path save_checkpoint(context<typename Trainer::device>& ctx, const std::filesystem::path& root,
-                                      const Trainer& tr, const run_state& state, const checkpoint_options& opt = {}) {
+namespace detail {
+
+/// Step 1 of a save: the rank file's tensor list and the manifest (without "files" and
+/// "checksum", which commit_checkpoint adds). With copy = false the tensors point into the
+/// trainer's memory (host-accessible devices only), which must not change until the file is
+/// written; with copy = true every tensor is first copied into `staging` (grown to the total
+/// and reused across calls). Throws loom::numeric_error when opt.check_finite finds a NaN or
+/// an infinity.
+template <class Trainer>
+std::pair<rank_file, nlohmann::json> snapshot(context<typename Trainer::device>& ctx, const Trainer& tr,
+                                              const run_state& state, const checkpoint_options& opt,
+                                              const std::filesystem::path& root, bool copy,
+                                              std::vector<std::byte>& staging) {
   using G = typename Trainer::model_t;
   using M = typename G::model;
   using P = typename G::precision;
   using L = typename G::layout;
+  using D = typename Trainer::device;
   using storage_t = typename P::storage;
   using opt_t = std::remove_cvref_t<decltype(tr.optimizer())>;
   using master_t = typename opt_t::master_t;
@@ -718,47 +713,57 @@ std::filesystem::path save_checkpoint(context<typename Trainer::device>& ctx, co
   static_assert(!has_master || requires(const opt_t& o) { o.master_weights(); },
                 "save_checkpoint: this precision keeps fp32 master weights, but the optimizer has no "
                 "master_weights() view to save them from; add it to optim::adamw");
+  if constexpr (!device::host_accessible_v<D>) copy = true;
   const long step = tr.step_count();
   const auto& model = tr.model();
   const auto& optim = tr.optimizer();
+  if (copy) {
+    const std::size_t total = G::num_parameters * (sizeof(storage_t) + (has_master ? 3 : 2) * sizeof(master_t));
+    if (staging.size() < total) staging.resize(total);
+  }
 
-  // 1. Snapshot: copy every tensor into the writer (the only part that reads the trainer).
-  detail::rank_file file{checkpoint_file_name(0, 0), 0, 0, 0, {}};
-  std::vector<std::byte> staging;
+  rank_file file{checkpoint_file_name(0, 0), 0, 0, 0, {}, {}};
+  std::size_t used = 0;
   nlohmann::json tensors = nlohmann::json::array();
-  auto add = [&](const std::string& prefix, int k, auto v, std::string_view dtype, auto tag) {
+  auto add = [&](const std::string& prefix, int k, auto v, auto tag) {
     using T = decltype(tag);
     const auto& s = G::table[std::size_t(k)];
-    const auto bytes = detail::host_bytes(ctx, v, staging);
-    if (opt.check_finite && !detail::all_finite<T>(bytes))
-      throw numeric_error("checkpoint of step " + std::to_string(step) + " not saved: tensor '" + prefix + "." +
-                          std::string(s.name) + "' holds NaN or infinite values; the checkpoints in '" + root.string() +
-                          "' are unchanged: resume from the last one with a lower learning rate");
-    file.writer.add_bytes(prefix + "." + std::string(s.name), std::string(dtype),
-                          std::vector<std::int64_t>(s.shape.begin(), s.shape.begin() + s.ndim), bytes);
+    std::span<const std::byte> bytes;
+    if (copy) {
+      D::copy_to_host(staging.data() + used, v.data(), v.bytes(), ctx.stream);
+      bytes = {staging.data() + used, v.bytes()};
+      used += v.bytes();
+    } else if constexpr (device::host_accessible_v<D>) {
+      bytes = std::as_bytes(v.span());
+    }
+    if (opt.check_finite) {
+      if (copy) ctx.synchronize();
+      if (!all_finite<T>(bytes))
+        throw numeric_error("checkpoint of step " + std::to_string(step) + " not saved: tensor '" + prefix + "." +
+                            std::string(s.name) + "' holds NaN or infinite values; the checkpoints in '" +
+                            root.string() + "' are unchanged: resume from the last one with a lower learning rate");
+    }
+    file.tensors.push_back({prefix + "." + std::string(s.name), std::string(tensor_dtype<T>()),
+                            std::vector<std::int64_t>(s.shape.begin(), s.shape.begin() + s.ndim), bytes});
   };
   for (int k = 0; k < nn::num_param_tensors; ++k) {
     const auto& s = G::table[std::size_t(k)];
-    const auto p = nn::param(k);
-    add("param", k, model.parameter(p), detail::tensor_dtype<storage_t>(), storage_t{});
-    if constexpr (has_master)
-      add("master", k, optim.master_weights().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>(),
-          master_t{});
-    add("adam_m", k, optim.first_moment().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>(), master_t{});
-    add("adam_v", k, optim.second_moment().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>(), master_t{});
+    add("param", k, model.parameter(nn::param(k)), storage_t{});
+    if constexpr (has_master) add("master", k, optim.master_weights().subview(G::offsets[k], s.size()), master_t{});
+    add("adam_m", k, optim.first_moment().subview(G::offsets[k], s.size()), master_t{});
+    add("adam_v", k, optim.second_moment().subview(G::offsets[k], s.size()), master_t{});
     const auto g = geometry_of<M>(k);
     tensors.push_back({{"name", std::string(s.name)},
-                       {"shard", std::string(detail::shard_name(s.rule))},
+                       {"shard", std::string(shard_name(s.rule))},
                        {"per_layer", g.per_layer},
                        {"sections", g.sections},
                        {"logical_shape", logical_shape<M>(k)},
                        {"local_shape", std::vector<long>(s.shape.begin(), s.shape.begin() + s.ndim)},
                        {"decay", s.decay}});
   }
-  file.writer.set_metadata("format", "loom.checkpoint.rank");
-  file.writer.set_metadata("step", std::to_string(step));
+  if (copy) ctx.synchronize();
+  file.metadata = {{"format", "loom.checkpoint.rank"}, {"step", std::to_string(step)}};
 
-  // The manifest, except "files" and "checksum" (commit_checkpoint adds them).
   const auto& cfg = tr.config();
   const auto now = std::time(nullptr);
   char when[32] = "";
@@ -788,8 +793,8 @@ std::filesystem::path save_checkpoint(context<typename Trainer::device>& ctx, co
         {"rank_order", "tp fastest, then dp, then pp (Megatron-LM)"}}},
       {"precision",
        {{"name", std::string(P::name)},
-        {"storage", std::string(detail::tensor_dtype<storage_t>())},
-        {"master", std::string(detail::tensor_dtype<master_t>())},
+        {"storage", std::string(tensor_dtype<storage_t>())},
+        {"master", std::string(tensor_dtype<master_t>())},
         {"master_copy", has_master}}},
       {"trainer",
        {{"micro_batch", cfg.micro_batch},
@@ -821,10 +826,105 @@ std::filesystem::path save_checkpoint(context<typename Trainer::device>& ctx, co
       {"tensors", tensors},
   };
   m["rng"]["init_seed"] = cfg.seed;
+  return {std::move(file), std::move(m)};
+}
+
+}  // namespace detail
+
+/// Saves the state of trainer `tr` and the caller's `state` as checkpoint
+/// `<root>/step_<tr.step_count()>` (see the file comment for the layout and the protocol),
+/// points `<root>/latest` at it, then keeps the newest opt.keep checkpoints. Returns the
+/// checkpoint's directory. Blocks until everything is on disk; async_checkpointer is the
+/// variant that writes in the background.
+///
+/// Writes: the rank file and manifest.json; replaces `latest`; removes pruned checkpoints and
+/// leftovers of interrupted saves (".tmp-*", ".old-*"). One writer per root at a time.
+/// Memory: none extra on host-accessible devices (the file is written straight from the
+/// trainer's buffers); a host copy of parameters and moments otherwise.
+/// Cost: the bytes (12 per parameter in fp32) written and fsynced once, then read back once to
+/// verify their XXH3-64.
+/// Errors: loom::numeric_error when a value is not finite (opt.check_finite; nothing is
+/// written); loom::input_error when the root cannot be created; loom::error when a write,
+/// fsync or rename fails. In every failure before the new directory is in place, nothing
+/// changed on disk except the removed temporary directory; the message says so.
+template <checkpointable_trainer Trainer>
+std::filesystem::path save_checkpoint(context<typename Trainer::device>& ctx, const std::filesystem::path& root,
+                                      const Trainer& tr, const run_state& state, const checkpoint_options& opt = {}) {
+  std::vector<std::byte> staging;
+  auto [file, manifest] = detail::snapshot(ctx, tr, state, opt, root, false, staging);
   std::vector<detail::rank_file> files;
   files.push_back(std::move(file));
-  return detail::commit_checkpoint(root, step, files, std::move(m), opt);
+  return detail::commit_checkpoint(root, tr.step_count(), files, std::move(manifest), opt);
 }
+
+/// Checkpoints written in the background, so that saving holds the training loop only for a
+/// copy in memory. save() waits for the previous save, copies parameters and optimizer state
+/// into a staging buffer (allocated on the first save, reused after: 12 bytes per parameter in
+/// fp32), and returns; a worker thread then writes, verifies and commits the checkpoint exactly
+/// as save_checkpoint does (same files, same atomicity; opt.on_stage runs on that thread).
+/// The trainer may keep training at once. Not copyable or movable; one saver per root.
+///
+///   io::async_checkpointer<decltype(tr)> saver;
+///   saver.save(ctx, "out/ckpt", tr, state);   // ~ a memcpy of the state
+///   ...                                       // training continues while it is written
+///   saver.wait();                             // before exit: on disk, or its error rethrown
+template <checkpointable_trainer Trainer>
+class async_checkpointer {
+ public:
+  using device = typename Trainer::device;
+
+  async_checkpointer() = default;
+  async_checkpointer(const async_checkpointer&) = delete;
+  async_checkpointer& operator=(const async_checkpointer&) = delete;
+  /// Waits for a save in flight; its error, if any, is dropped: call wait() to see it.
+  ~async_checkpointer() {
+    if (worker_.joinable()) worker_.join();
+  }
+
+  /// Snapshots `tr` and `state` (checkpoint `<root>/step_<tr.step_count()>`) and starts
+  /// writing it in the background. First waits for the previous save and rethrows its error
+  /// (then nothing new was started: call save() again). Throws loom::numeric_error when a
+  /// value is not finite (nothing is written).
+  void save(context<device>& ctx, const std::filesystem::path& root, const Trainer& tr, const run_state& state,
+            checkpoint_options opt = {}) {
+    (void)wait();
+    auto [file, manifest] = detail::snapshot(ctx, tr, state, opt, root, true, staging_);
+    const long step = tr.step_count();
+    worker_ = std::thread([this, root, step, opt = std::move(opt), file = std::move(file),
+                           manifest = std::move(manifest)]() mutable {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        std::vector<detail::rank_file> files;
+        files.push_back(std::move(file));
+        done_ = detail::commit_checkpoint(root, step, files, std::move(manifest), opt);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  }
+
+  /// Blocks until the save in flight is on disk and returns its directory (nullopt when no
+  /// save was in flight). Rethrows the error the background save raised (once).
+  std::optional<std::filesystem::path> wait() {
+    if (!worker_.joinable()) return std::nullopt;
+    worker_.join();
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    return done_;
+  }
+
+  /// True while a save may still be running (until wait() is called).
+  bool pending() const noexcept { return worker_.joinable(); }
+  /// Seconds the last finished background save took (write, fsync, verify, commit).
+  double last_write_seconds() const noexcept { return seconds_; }
+
+ private:
+  std::vector<std::byte> staging_;
+  std::thread worker_;
+  std::exception_ptr error_;
+  std::filesystem::path done_;
+  double seconds_ = 0;
+};
 
 // ============================================================================================
 // Load
@@ -1082,21 +1182,29 @@ void export_gpt2(context<typename G::device>& ctx, const G& model, const std::fi
   if (ec || !std::filesystem::is_directory(dir))
     throw input_error("cannot create the export directory '" + dir.string() + "' (" + ec.message() +
                       "); check the path and its permissions");
-  std::vector<T> host(G::num_parameters);
-  G::device::copy_to_host(host.data(), model.parameters().data(), model.parameters().bytes(), ctx.stream);
-  ctx.synchronize();
-  safetensors_writer w;
-  w.set_metadata("format", "pt");
-  w.set_metadata("loom_model", std::string(M::name));
-  std::vector<float> buf;
-  for (const auto& t : gpt2_tensors<M>()) {
-    std::size_t n = 1;
-    for (auto d : t.shape) n *= std::size_t(d);
-    buf.resize(n);
-    detail::gpt2_from_loom<M>(t, host.data() + detail::loom_offset<G>(t), buf.data());
-    w.add(t.name, t.shape, buf);
+  std::vector<T> staged;  // only for devices the host cannot read
+  const T* host = model.parameters().data();
+  if constexpr (!device::host_accessible_v<typename G::device>) {
+    staged.resize(G::num_parameters);
+    G::device::copy_to_host(staged.data(), model.parameters().data(), model.parameters().bytes(), ctx.stream);
+    ctx.synchronize();
+    host = staged.data();
   }
-  w.write(dir / "model.safetensors");
+  const auto tensors = gpt2_tensors<M>();
+  std::vector<std::size_t> first(tensors.size() + 1, 0);  // element offsets in `all`
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    std::size_t n = 1;
+    for (auto d : tensors[i].shape) n *= std::size_t(d);
+    first[i + 1] = first[i] + n;
+  }
+  std::vector<float> all(first.back());
+  std::vector<detail::tensor_ref> refs;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    detail::gpt2_from_loom<M>(tensors[i], host + detail::loom_offset<G>(tensors[i]), all.data() + first[i]);
+    refs.push_back({tensors[i].name, "F32", tensors[i].shape,
+                    std::as_bytes(std::span<const float>(all.data() + first[i], first[i + 1] - first[i]))});
+  }
+  (void)detail::write_safetensors(dir / "model.safetensors", refs, {{"format", "pt"}, {"loom_model", std::string(M::name)}});
   detail::write_file_atomic(dir / "config.json", gpt2_config<M>().dump(2) + "\n");
 }
 

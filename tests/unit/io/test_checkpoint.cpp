@@ -710,3 +710,44 @@ TEST_CASE("reshard: a tensor-parallel rank owns whole heads of q, k and v, whole
   // A split that does not divide is refused.
   CHECK_THROWS_AS(io::shard_tensor(g, 4, iota_tensor(g), 3, 1, 0, 0), input_error);
 }
+
+TEST_CASE("async checkpoint: training goes on while it is written; the files equal a synchronous save's") {
+  context<device::cpu> ctx;
+  temp_dir dir;
+  const auto tokens = corpus();
+  trainer_t tr(ctx, test_config());
+  data::window_sampler s(tokens.size(), tr.window(), 7);
+  for (int i = 0; i < 3; ++i) step(ctx, tr, s, tokens);
+  const std::vector<float> at3(tr.model().parameters().begin(), tr.model().parameters().end());
+  io::save_checkpoint(ctx, dir / "sync", tr, state_of(s, 0));
+  io::async_checkpointer<trainer_t> saver;
+  CHECK_FALSE(saver.wait().has_value());  // nothing in flight
+  saver.save(ctx, dir / "async", tr, state_of(s, 0));
+  for (int i = 0; i < 2; ++i) step(ctx, tr, s, tokens);  // mutates the trainer while the save runs
+  const auto where = saver.wait();
+  REQUIRE(where.has_value());
+  CHECK(*where == dir / "async" / "step_00000003");
+  CHECK_FALSE(saver.pending());
+  const std::string file = "step_00000003/" + io::checkpoint_file_name(0, 0);
+  CHECK(read_bytes(dir / "async" / file) == read_bytes(dir / "sync" / file));
+  trainer_t other(ctx, test_config(8));
+  CHECK(io::resume_checkpoint(ctx, dir / "async", other).step == 3);
+  CHECK(same_bits(other.model().parameters().span(), at3));
+  // A background failure surfaces in wait(), once; the previous checkpoint stays.
+  io::checkpoint_options opt;
+  opt.on_stage = [](std::string_view st) {
+    if (st == "manifest_written") throw std::runtime_error("disk on fire");
+  };
+  saver.save(ctx, dir / "async", tr, state_of(s, 0), opt);
+  std::string what;
+  try {
+    saver.wait();
+  } catch (const error& e) {
+    what = e.what();
+  }
+  CHECK(what.find("disk on fire") != std::string::npos);
+  CHECK_FALSE(saver.wait().has_value());
+  CHECK(latest_of(dir / "async") == "step_00000003\n");
+  saver.save(ctx, dir / "async", tr, state_of(s, 0));
+  CHECK(saver.wait() == dir / "async" / "step_00000005");
+}
