@@ -258,8 +258,8 @@ void fused_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const A*
 #pragma omp parallel
   {
     const int tid = thread_id();
-    A* s = tiles + std::size_t(tid) * 2 * attention_max_tile_elems;
-    A* dp = s + attention_max_tile_elems;
+    A* s = tiles + std::size_t(tid) * 2 * BQ * BK;  // BQ * BK <= attention_max_tile_elems
+    A* dp = s + BQ * BK;
     if (heads >= threads) {
       // One head per work item: key tiles outer (dk, dv of a tile complete before the next),
       // query tiles inner, dq accumulated in place. D lives in this thread's T elements.

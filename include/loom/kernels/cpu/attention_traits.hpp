@@ -4,12 +4,14 @@
 /// kernels/cpu/attention_fused.hpp dispatches a run-time head size to the specialization
 /// listed in attention_tuned_head_dims, or to the generic traits otherwise.
 ///
-/// Tile sizes were chosen with bench/bench_attention (`--tiles`) on a 2-core AMD EPYC (Zen 4,
-/// 32 KiB L1d, 1 MiB L2), fp32, B·NH = 12, T = 1024; see docs/attention.md. A query tile is
-/// block_q rows of q, dO and dq; a key tile is block_k rows of k, v, dk and dv; the per-thread
-/// working set of one (query tile, key tile) pair is about
-///   (2 block_q + 4 block_k) HD + 2 block_q block_k   accumulator elements,
-/// which these choices keep within L2 (64 KiB .. 160 KiB in fp32).
+/// Tile sizes were chosen with `bench_attention --tiles --T 256,1024` (one thread, CPU time,
+/// fp32, B·NH = 12) on a 2-core AVX-512 AMD EPYC (1 MiB L2 per core); see docs/attention.md.
+/// 64 x 64 is within noise (±5 % on that shared machine) of the best everywhere; 32-row tiles
+/// lose 10-30 % (more GEMM calls, more packing); 64 x 128 is 4-6 % faster for HD 64 in every
+/// run, so HD 64 uses it. A query tile is block_q rows of q, dO and dq; a key tile is block_k
+/// rows of k, v, dk and dv; one (query tile, key tile) pair touches about
+///   (2 block_q + 4 block_k) HD + 2 block_q block_k   accumulator elements
+/// (64 KiB .. 192 KiB in fp32), which stays in L2.
 #include <algorithm>
 #include <utility>
 
@@ -37,7 +39,7 @@ template <>
 struct attention_traits<64> {
   static constexpr int head_dim = 64;
   static constexpr int block_q = 64;
-  static constexpr int block_k = 64;
+  static constexpr int block_k = 128;
 };
 
 template <>
