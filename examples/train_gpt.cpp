@@ -12,6 +12,13 @@
 // then the model defaults to quickstart_bpe, the validation split is by document, and the
 // sample is decoded with PREFIX.model (needs a build with LOOM_WITH_TEXT).
 //
+// Checkpoints (docs/checkpoint.md): --checkpoint-dir DIR saves every --save-every steps (100)
+// and at the end, keeping the newest --keep (5); --resume DIR continues bit for bit from the
+// newest valid one (a damaged newest one falls back to the previous, with a warning);
+// --export-hf / --init-from-hf write / read Hugging Face GPT-2 weights.
+//   train_gpt --data x.txt --model char_tiny --steps 600 --checkpoint-dir out/ckpt
+//   train_gpt --data x.txt --model char_tiny --steps 600 --resume out/ckpt     # after a crash
+//
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or
 // malformed flag, a sequence length above the model's maximum) exits with status 2 and one
 // line naming the problem and the fix.
@@ -34,6 +41,7 @@
 #include <loom/data/text/tokenizer.hpp>  // SentencePiece: links loom::text
 #endif
 #include <loom/device/cpu.hpp>
+#include <loom/io/checkpoint.hpp>
 #include <loom/io/jsonl.hpp>
 #include <loom/io/tensorboard.hpp>
 #include <loom/io/trace.hpp>
@@ -61,7 +69,18 @@ struct options {
   std::string log_dir = "out/logs", profile_steps;
   double peak_gflops = 0;  // 0 = measure at start-up
   long summary_every = 500;
+  // checkpoints (io/checkpoint.hpp, docs/checkpoint.md)
+  std::string checkpoint_dir, resume, export_hf, init_from_hf;
+  long save_every = 100, stop_at_step = 0;
+  int keep = 5;
 };
+
+/// Where a run resumed from `resume` keeps saving: the run's root (the parent of a
+/// step_NNNNNNNN directory given directly).
+inline std::string checkpoint_root_of(const std::string& resume) {
+  const std::filesystem::path p(resume);
+  return std::filesystem::exists(p / "manifest.json") ? p.parent_path().string() : resume;
+}
 
 template <class M, int B, int T>
 int run(const options& o) {
@@ -118,6 +137,49 @@ int run(const options& o) {
               o.warmup);
   std::fflush(stdout);
 
+  // checkpoints: resume (model, optimizer, step, data position), or a fresh run, optionally
+  // from Hugging Face GPT-2 weights; a fresh run never writes into another run's checkpoints
+  const std::string ckpt_dir = !o.checkpoint_dir.empty() ? o.checkpoint_dir
+                               : o.resume.empty()         ? std::string()
+                                                          : checkpoint_root_of(o.resume);
+  long start = 0;
+  std::uint64_t tokens_seen = 0;
+  auto warn = [](const std::string& w) { std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str()); };
+  if (!o.resume.empty()) {
+    const auto info = io::resume_checkpoint(ctx, o.resume, tr, warn);
+    for (const auto& w : info.warnings) warn(w);
+    const nlohmann::json& d = info.state.data;
+    data::source_state pos;
+    try {
+      pos = {data::source_kind(d.at("kind").get<int>()), d.at("epoch").get<std::uint64_t>(),
+             d.at("index").get<std::uint64_t>(), d.at("seed").get<std::uint64_t>()};
+    } catch (const nlohmann::json::exception&) {
+      throw input_error("checkpoint '" + info.dir.string() + "' has no data position (kind, epoch, index, seed); it was "
+                        "not written by train_gpt: start a new run, or load its weights with --init-from-hf after export");
+    }
+    src.restore(pos);
+    start = info.step;
+    tokens_seen = info.state.tokens;
+    std::printf("resumed from %s: step %ld, %llu tokens seen\n", info.dir.c_str(), start,
+                static_cast<unsigned long long>(tokens_seen));
+  } else {
+    if (!o.init_from_hf.empty()) {
+      io::import_gpt2(ctx, tr.model(), o.init_from_hf);
+      std::printf("initialised from the GPT-2 weights in %s\n", o.init_from_hf.c_str());
+    }
+    if (const auto old = io::list_checkpoints(ckpt_dir); !ckpt_dir.empty() && !old.empty())
+      throw input_error("checkpoint directory '" + ckpt_dir + "' already holds checkpoints of an earlier run (newest " +
+                        old.back().dir.filename().string() + "); pass --resume " + ckpt_dir +
+                        " to continue it, or choose another --checkpoint-dir");
+  }
+  if (!ckpt_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(ckpt_dir, ec);
+    if (ec) throw input_error("cannot create --checkpoint-dir '" + ckpt_dir + "': " + ec.message() + "; check the path");
+  }
+  long last_saved = start;  // never save the step we resumed from again
+  std::fflush(stdout);
+
   // observability: step breakdown, MFU, memory, console, TensorBoard, JSON lines, trace window
   memory_counter mem;
   mem.add(memory_kind::parameters, tr.model().parameters().bytes());
@@ -165,10 +227,41 @@ int run(const options& o) {
     if (jsonl) jsonl->write_scalars(step, sc);
     return nats;
   };
-  long step = 0;
+  // A checkpoint of the state after tr.step_count() steps (no-op without --checkpoint-dir),
+  // written in the background: the loop waits only while the state is copied. A failed save
+  // is reported (when the next one starts, or at the end) and training goes on; NaN weights
+  // stop it.
+  io::async_checkpointer<decltype(tr)> saver;
+  auto finish_save = [&] {
+    try {
+      if (const auto where = saver.wait())
+        con.message("saved checkpoint " + where->string() + " (written in the background in " +
+                    std::to_string(saver.last_write_seconds()).substr(0, 5) + " s)");
+    } catch (const error& e) {
+      warn(e.what());
+    }
+  };
+  auto save_checkpoint = [&] {
+    if (ckpt_dir.empty() || tr.step_count() == last_saved) return;
+    finish_save();
+    const auto s = src.state();
+    io::run_state st;
+    st.tokens = tokens_seen;
+    st.data = {{"kind", int(s.kind)}, {"epoch", s.epoch}, {"index", s.index}, {"seed", s.seed}};
+    st.extra = {{"program", "train_gpt"}, {"data_path", o.data}};
+    io::checkpoint_options copt;
+    copt.keep = o.keep;
+    saver.save(ctx, ckpt_dir, tr, st, copt);  // throws numeric_error on NaN weights: nothing written
+    last_saved = tr.step_count();
+  };
+  long step = start;
   for (; step < o.steps; ++step) {
     if (o.time_budget > 0 && std::chrono::duration<double>(clock::now() - t0).count() > o.time_budget) {
       con.message("time budget of " + std::to_string(long(o.time_budget)) + " s reached after " + std::to_string(step) + " steps");
+      break;
+    }
+    if (o.stop_at_step > 0 && step >= o.stop_at_step) {
+      con.message("stopping at step " + std::to_string(step) + " (--stop-at-step); continue with --resume");
       break;
     }
     trace.begin_step(step);
@@ -190,7 +283,11 @@ int run(const options& o) {
       if (jsonl) jsonl->write_scalars(step, sc);
     }
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) report_val(step + 1);
+    tokens_seen += std::uint64_t(r.tokens);
+    if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_checkpoint();
   }
+  save_checkpoint();  // the last step, also after --stop-at-step or the time budget
+  finish_save();
   trace.stop();
   con.finish();
   // final validation over the whole validation split
@@ -209,6 +306,10 @@ int run(const options& o) {
     meta["tokenizer"] = std::filesystem::absolute(src.tokenizer_path()).lexically_normal().string();
   io::save_weights(tr.model(), out, meta);
   std::printf("saved weights to %s\n", out.c_str());
+  if (!o.export_hf.empty()) {
+    io::export_gpt2(ctx, tr.model(), o.export_hf);
+    std::printf("exported Hugging Face GPT-2 weights to %s (model.safetensors, config.json)\n", o.export_hf.c_str());
+  }
 
   // the sample: bytes for a text file; SentencePiece ids for a dataset (prompt encoded, ids
   // decoded with the dataset's tokenizer, a blank line for each end of document)
@@ -270,6 +371,22 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", o.prompt, "prompt for the sample");
   app.add_option("--temperature", o.temperature, "sampling temperature");
   app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "save checkpoints here (step_NNNNNNNN/ directories and a 'latest' pointer; off by default)");
+  app.add_option("--save-every", o.save_every, "steps between checkpoints (0: only at the end of the run)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", o.keep, "newest checkpoints to keep (0: all)")->check(CLI::NonNegativeNumber);
+  auto* resume = app.add_option("--resume", o.resume,
+                                "continue from the newest valid checkpoint in DIR (a --checkpoint-dir) or from one "
+                                "step_NNNNNNNN directory, bit for bit; checkpoints keep going to DIR");
+  app.add_option("--stop-at-step", o.stop_at_step,
+                 "end this run after this many completed steps, saving a checkpoint; the schedule still spans --steps")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--export-hf", o.export_hf,
+                 "after training, write Hugging Face GPT-2 weights (model.safetensors, config.json) to this directory");
+  app.add_option("--init-from-hf", o.init_from_hf,
+                 "start from the GPT-2 weights in this directory (config.json, model.safetensors)")
+      ->excludes(resume);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
