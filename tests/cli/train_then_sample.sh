@@ -11,8 +11,8 @@ data="${LOOM_DATA_DIR:-../shared/data}/tinyshakespeare.txt"
 
 "$bin/train_gpt" --data "$data" --model char_tiny --steps 60 --eval-every 30 --lr 3e-3 \
   --out "$work/w.safetensors" --sample-tokens 50 > "$work/log.txt"
-first=$(grep -m1 -oP 'step +1/60 \| loss \K[0-9.]+' "$work/log.txt")
-last=$(grep -oP 'step +60/60 \| loss \K[0-9.]+' "$work/log.txt")
+first=$(grep -m1 -oP '^step +0/60 \| loss \K[0-9.]+' "$work/log.txt")
+last=$(grep -oP '^step +59/60 \| loss \K[0-9.]+' "$work/log.txt")
 grep -q 'final validation' "$work/log.txt"
 grep -q 'bits/byte' "$work/log.txt"
 [[ -s "$work/w.safetensors" ]]
