@@ -58,6 +58,7 @@ void run(int steps, double peak_flops) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  loom::device::configure_host_malloc_for_gemm();
   int steps = 10;
   double peak_gflops = 0;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -72,6 +72,7 @@ int run(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  loom::device::configure_host_malloc_for_gemm();
   options o;
   CLI::App app{"sample: generate text from a GPT saved by train_gpt (byte-level, or SentencePiece with --tokenizer)"};
   app.add_option("--weights", o.weights, "weights file written by train_gpt")->required();
