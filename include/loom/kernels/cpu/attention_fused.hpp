@@ -159,7 +159,8 @@ void backward_pair(A* dqkv, const A* dout, const A* qkv, const A* lse, const A* 
                    int h, int i0, int j0, A* s, A* dp, unsigned grads) {
   constexpr int BQ = Tr::block_q, BK = Tr::block_k;
   constexpr int HD = Tr::head_dim == 0 ? Eigen::Dynamic : Tr::head_dim;
-  const int bq = std::min(BQ, p.T - i0), bk = std::min(BK, p.T - j0);
+  const int bq = std::min(BQ, p.T - i0);
+  const int bk = std::min(BK, i0 + bq - j0);  // keys after the tile's last query get nothing from it
   const Eigen::OuterStride<> ld(p.ld()), ldo(p.C);
   const std::size_t qi = p.qkv_at(b, h, i0), kj = p.qkv_at(b, h, j0);
   chead_rows<A, HD> q(qkv + qi, bq, p.hd, ld), k(qkv + kj + p.C, bk, p.hd, ld), v(qkv + kj + 2 * p.C, bk, p.hd, ld);
@@ -196,7 +197,7 @@ void delta_tile(A* D, const A* dout, const A* out, const A* qkv, const A* lse, c
   chead_rows<A, HD> q(qkv + p.qkv_at(b, h, i0), bq, p.hd, ld);
   std::fill_n(D + i0, bq, A(0));
   for (int j0 = 0; j0 < i0 + bq; j0 += BK) {
-    const int bk = std::min(BK, p.T - j0);
+    const int bk = std::min(BK, i0 + bq - j0);
     chead_rows<A, HD> k(qkv + p.qkv_at(b, h, j0) + p.C, bk, p.hd, ld), v(qkv + p.qkv_at(b, h, j0) + 2 * p.C, bk, p.hd, ld);
     map<A> P(s, bq, bk), dP(dp, bq, bk);
     P.noalias() = p.scale * (q * k.transpose());
