@@ -23,6 +23,7 @@
 // malformed flag, a sequence length above the model's maximum) exits with status 2 and one
 // line naming the problem and the fix.
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
@@ -82,6 +83,21 @@ inline std::string checkpoint_root_of(const std::string& resume) {
   return std::filesystem::exists(p / "manifest.json") ? p.parent_path().string() : resume;
 }
 
+/// Creates `dir` if needed and checks that a file can be created in it; throws
+/// loom::input_error naming `flag` otherwise, so a long run never ends unable to save.
+inline void ensure_writable_directory(const std::filesystem::path& dir, const char* flag) {
+  const std::filesystem::path d = dir.empty() ? std::filesystem::path(".") : dir;
+  std::error_code ec;
+  std::filesystem::create_directories(d, ec);
+  const auto probe = d / (".loom_write_test." + std::to_string(::getpid()));
+  std::FILE* f = ec ? nullptr : std::fopen(probe.c_str(), "wb");
+  if (!f)
+    throw loom::input_error(std::string(flag) + ": cannot create files in '" + d.string() +
+                            "'; choose a directory you can write to");
+  std::fclose(f);
+  std::filesystem::remove(probe, ec);
+}
+
 template <class M, int B, int T>
 int run(const options& o) {
   using namespace loom;
@@ -126,6 +142,9 @@ int run(const options& o) {
     src.set_token_bytes(data::token_byte_lengths(*tok));
   }
 #endif
+  // fail before training, not after it, when the weights cannot be written
+  const std::string out = o.out.empty() ? "out/" + std::string(M::name) + ".safetensors" : o.out;
+  ensure_writable_directory(std::filesystem::path(out).parent_path(), "--out");
   const std::size_t val_rows = std::max<std::size_t>(c.micro_batch, std::size_t(o.eval_windows) / c.micro_batch * c.micro_batch);
   std::span<const std::int32_t> batch;
   const std::vector<std::int32_t> val = src.validation_batch(val_rows);
@@ -298,7 +317,6 @@ int run(const options& o) {
                 all_val.size() / tr.window(), nats, src.bits_per_byte(nats, all_val), step,
                 std::chrono::duration<double>(clock::now() - t0).count(), how.c_str());
   }
-  std::string out = o.out.empty() ? "out/" + std::string(M::name) + ".safetensors" : o.out;
   const auto parent = std::filesystem::path(out).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   std::map<std::string, std::string> meta = {{"steps", std::to_string(step)}, {"data", o.data}};
@@ -349,8 +367,15 @@ int main(int argc, char** argv) {
                                    "prepare_data: its prefix or its .idx/.bin (e.g. out/shakespeare)")->required();
   app.add_option("--model", o.model, "model config (default: quickstart for a text file, quickstart_bpe for a dataset)")
       ->check(CLI::IsMember({"quickstart", "char_tiny", "quickstart_bpe"}));
-  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
-  app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (default: the compiled capacity)");
+  app.add_option("--steps", o.steps, "optimizer steps (>= 1)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            char* end = nullptr;
+            const long n = std::strtol(v.c_str(), &end, 10);
+            return end != v.c_str() && *end == '\0' && n >= 1 ? std::string() : std::string("--steps must be a whole number >= 1");
+          },
+          "INT>=1"));
+  app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch, 1..compiled capacity (0 or unset: the capacity)");
   app.add_option("--seq-len", o.seq_len, "tokens per sequence (default: the model's maximum)");
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");
   app.add_option("--lr", o.lr, "peak learning rate");

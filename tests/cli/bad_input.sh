@@ -44,6 +44,8 @@ expect_error "--steps" "$t" --data "$work/ok.txt" --steps abc
 expect_error "--model" "$t" --data "$work/ok.txt" --model gpt5
 expect_error "required" "$t"
 expect_error "learning rate" "$t" --data "$work/ok.txt" --model char_tiny --lr -1
+expect_error "steps must be a whole number >= 1" "$t" --data "$work/ok.txt" --model char_tiny --steps 0
+expect_error "--out: cannot create files" "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --out /proc/nonexistent/w.safetensors
 
 # a good run writes weights; a later failing run must leave them intact
 "$t" --data "$work/ok.txt" --model char_tiny --steps 3 --eval-every 0 --sample-tokens 5 --out "$work/w.safetensors" >/dev/null 2>&1 ||
