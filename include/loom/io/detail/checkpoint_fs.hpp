@@ -29,14 +29,25 @@
 // xxHash, inlined (header only, no -lxxhash): https://github.com/Cyan4973/xxHash.
 // XXH_INLINE_ALL renames the functions (XXH_INLINE_ prefix), so this coexists with a plain
 // #include <xxhash.h> elsewhere in the same translation unit.
+// On AVX-512 builds (-march=native) the AVX2 kernel is used: GCC 12 warns (falsely, from its
+// own avx512fintrin.h) in xxHash's AVX-512 kernel, and AVX2 already hashes far faster than a
+// disk writes.
 #ifndef XXH_INLINE_ALL
 #define XXH_INLINE_ALL
 #define LOOM_UNDEF_XXH_INLINE_ALL
+#endif
+#if defined(__AVX512F__) && defined(__AVX2__) && !defined(XXH_VECTOR)
+#define XXH_VECTOR 2  // XXH_AVX2
+#define LOOM_UNDEF_XXH_VECTOR
 #endif
 #include <xxhash.h>
 #ifdef LOOM_UNDEF_XXH_INLINE_ALL
 #undef XXH_INLINE_ALL
 #undef LOOM_UNDEF_XXH_INLINE_ALL
+#endif
+#ifdef LOOM_UNDEF_XXH_VECTOR
+#undef XXH_VECTOR
+#undef LOOM_UNDEF_XXH_VECTOR
 #endif
 
 namespace loom::io::detail {
