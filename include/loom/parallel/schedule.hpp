@@ -1,0 +1,333 @@
+#pragma once
+/// \file The non-interleaved 1F1B pipeline schedule as a pure function, its bubble formula, and a
+/// discrete-event simulator that executes the schedules of all stages together.
+///
+/// Source: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+/// Megatron-LM" (SC'21, arXiv:2104.04473) §2.2.1 (PipeDream-Flush / 1F1B, bubble fraction
+/// (p-1)/(m+p-1)); Megatron-LM core `forward_backward_pipelining_without_interleaving`
+/// (num_warmup_microbatches = min(pipeline_size - rank - 1, num_microbatches)).
+///
+/// Worked example, 4 stages, 6 micro-batches (F3 = forward of micro-batch 3, B = backward):
+///   stage 0: F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5      warm-up 3 = 4 - 0 - 1
+///   stage 1:    F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5   warm-up 2
+///   stage 2:       F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5  warm-up 1
+///   stage 3:          F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5  warm-up 0: alternates at once
+/// Stage s holds at most min(warm-up + 1, m) micro-batches' activations at a time, which sizes
+/// its saved-activation ring; the first stage holds the most (p), the last one.
+///
+/// Communication is part of the schedule: every action list also says when to receive a
+/// micro-batch's input activation from stage s-1 (recv_forward), send the output to stage s+1
+/// (send_forward), receive the output gradient from stage s+1 (recv_backward) and send the input
+/// gradient to stage s-1 (send_backward). Messages between two stages flow in micro-batch order
+/// on each of the two channels (activations down, gradients up), so a receiver never needs to
+/// look at tags to tell micro-batches apart. The schedule assumes sends do not wait for their
+/// receiver (eager or asynchronous sends: comm::threads::send is eager; with MPI use buffered or
+/// nonblocking sends) — with rendezvous sends, send_forward followed by recv_backward on stage s
+/// and send_backward followed by recv_forward on stage s+1 wait for each other, which is why
+/// Megatron batches them into one send_forward_recv_backward call. simulate_schedule() checks
+/// deadlock freedom under the eager semantics.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <loom/core/error.hpp>
+
+namespace loom::parallel {
+
+/// One step of a stage's pipeline schedule.
+enum class pipe_op : std::uint8_t {
+  recv_forward,   ///< receive micro-batch `micro`'s input activation from stage s-1
+  forward,        ///< run the stage's layers forward on micro-batch `micro`, saving activations
+  send_forward,   ///< send its output activation to stage s+1
+  recv_backward,  ///< receive the gradient of its output from stage s+1
+  backward,       ///< run backward on micro-batch `micro`, releasing its saved activations
+  send_backward,  ///< send the gradient of its input to stage s-1
+};
+
+/// "recv_forward", "forward", ...
+constexpr std::string_view to_string(pipe_op op) noexcept {
+  switch (op) {
+    case pipe_op::recv_forward: return "recv_forward";
+    case pipe_op::forward: return "forward";
+    case pipe_op::send_forward: return "send_forward";
+    case pipe_op::recv_backward: return "recv_backward";
+    case pipe_op::backward: return "backward";
+    case pipe_op::send_backward: return "send_backward";
+  }
+  return "?";
+}
+
+/// An action: what to do, and on which micro-batch (0-based, in data order).
+struct pipe_action {
+  pipe_op op;
+  int micro;
+  friend constexpr bool operator==(pipe_action, pipe_action) = default;
+};
+
+/// True for forward and backward (the actions that compute); false for the four transfers.
+constexpr bool is_compute(pipe_op op) noexcept { return op == pipe_op::forward || op == pipe_op::backward; }
+
+namespace detail {
+constexpr void check_schedule_args(int stages, int micro_batches, int stage, const char* api) {
+  if (stages < 1)
+    throw input_error(std::string(api) + ": " + std::to_string(stages) +
+                      " pipeline stages; the pipeline-parallel degree must be at least 1");
+  if (micro_batches < 1)
+    throw input_error(std::string(api) + ": " + std::to_string(micro_batches) +
+                      " micro-batches; a step needs at least one micro-batch");
+  if (stage < 0 || stage >= stages)
+    throw input_error(std::string(api) + ": stage " + std::to_string(stage) + " is outside [0, " +
+                      std::to_string(stages) + "); pass this rank's pipeline rank (groups.pp.rank())");
+}
+}  // namespace detail
+
+/// Forward passes stage `stage` runs before its first backward: min(stages - stage - 1, m).
+/// Throws loom::input_error for stages < 1, micro_batches < 1 or a stage outside [0, stages).
+constexpr int warmup_depth(int stages, int micro_batches, int stage) {
+  detail::check_schedule_args(stages, micro_batches, stage, "warmup_depth");
+  return std::min(stages - stage - 1, micro_batches);
+}
+
+/// The most micro-batches whose activations stage `stage` holds at once under 1F1B:
+/// min(warmup_depth + 1, m). Size the saved-activation ring with it.
+constexpr int max_in_flight(int stages, int micro_batches, int stage) {
+  return std::min(warmup_depth(stages, micro_batches, stage) + 1, micro_batches);
+}
+
+/// Idle fraction of every stage when forward and backward of one micro-batch take the same time
+/// on every stage and communication is free: (p-1)/(m+p-1) (Narayanan et al. 2021, §2.2.1).
+/// Throws loom::input_error for stages < 1 or micro_batches < 1.
+constexpr double bubble_fraction(int stages, int micro_batches) {
+  detail::check_schedule_args(stages, micro_batches, 0, "bubble_fraction");
+  return double(stages - 1) / double(micro_batches + stages - 1);
+}
+
+/// The 1F1B action list of pipeline stage `stage` (0 = first, holds the embedding) of `stages`,
+/// for `micro_batches` micro-batches (m). Pure function; usable in constant expressions.
+///
+/// Order (w = warmup_depth):
+///   warm-up   for i < w:      [recv_forward i] forward i [send_forward i]
+///   steady    for i < m - w:  [recv_forward w+i] forward w+i [send_forward w+i]
+///                             [recv_backward i] backward i [send_backward i]
+///   cool-down for i >= m - w: [recv_backward i] backward i [send_backward i]
+/// where [..] is present only if the neighbouring stage exists (no recv_forward/send_backward on
+/// stage 0, no send_forward/recv_backward on the last stage). With stages == 1 this is
+/// forward 0, backward 0, forward 1, ... — gradient accumulation over micro-batches.
+/// Size: 2m compute actions + 2m transfers per existing neighbour.
+/// Works for any m >= 1; with m < stages the warm-up is cut to m and the bubble grows (see
+/// pipeline_fills). Throws loom::input_error for bad arguments (see warmup_depth).
+constexpr std::vector<pipe_action> one_f_one_b(int stages, int micro_batches, int stage) {
+  detail::check_schedule_args(stages, micro_batches, stage, "one_f_one_b");
+  const int m = micro_batches, w = warmup_depth(stages, m, stage);
+  const bool first = stage == 0, last = stage == stages - 1;
+  std::vector<pipe_action> s;
+  s.reserve(std::size_t(2 * m + 2 * m * (int(!first) + int(!last))));
+  auto fwd = [&](int i) {
+    if (!first) s.push_back({pipe_op::recv_forward, i});
+    s.push_back({pipe_op::forward, i});
+    if (!last) s.push_back({pipe_op::send_forward, i});
+  };
+  auto bwd = [&](int i) {
+    if (!last) s.push_back({pipe_op::recv_backward, i});
+    s.push_back({pipe_op::backward, i});
+    if (!first) s.push_back({pipe_op::send_backward, i});
+  };
+  for (int i = 0; i < w; ++i) fwd(i);
+  for (int i = 0; i < m - w; ++i) {
+    fwd(w + i);
+    bwd(i);
+  }
+  for (int i = m - w; i < m; ++i) bwd(i);
+  return s;
+}
+
+/// The compute actions of a schedule (forward and backward only), in order.
+constexpr std::vector<pipe_action> compute_actions(const std::vector<pipe_action>& schedule) {
+  std::vector<pipe_action> out;
+  for (const auto& a : schedule)
+    if (is_compute(a.op)) out.push_back(a);
+  return out;
+}
+
+namespace detail {
+template <int Stages, int MicroBatches>
+[[deprecated(
+    "1F1B with fewer micro-batches than pipeline stages: correct, but every stage idles (PP-1)/(M+PP-1) "
+    ">= 1/2 of the step; raise the gradient-accumulation micro-batch count M to at least PP (4*PP or "
+    "more keeps the bubble under 20%)")]] constexpr void pipeline_underfilled() noexcept {}
+}  // namespace detail
+
+/// Compile-time check that M micro-batches fill a PP-stage 1F1B pipeline: returns M >= PP. When
+/// M < PP it still returns (false) but the compiler prints a deprecation *warning* naming the
+/// bubble; it is not an error because the schedule stays correct for any M >= 1 (warm-up cut to
+/// M, results identical), and small M is legitimate for debugging, evaluation and tiny runs.
+/// PP < 1 or M < 1 is an error. Use `(void)parallel::pipeline_fills<L::pp, M>();` where the
+/// micro-batch count is a compile-time constant; the runtime value is checked by the caller.
+template <int PP, int M>
+constexpr bool pipeline_fills() noexcept {
+  static_assert(PP >= 1, "pipeline_fills<PP, M>: the pipeline-parallel degree PP must be at least 1");
+  static_assert(M >= 1, "pipeline_fills<PP, M>: a step needs at least one micro-batch (M >= 1)");
+  if constexpr (M < PP) detail::pipeline_underfilled<PP, M>();
+  return M >= PP;
+}
+
+/// What simulate_schedule observed.
+struct schedule_trace {
+  bool ok = false;                     ///< every stage ran its whole list, every check held
+  std::string problem;                 ///< first violated rule or the deadlock, when !ok
+  double makespan = 0;                 ///< time when the last stage finished
+  std::vector<double> busy;            ///< per stage: time spent in forward/backward
+  std::vector<double> idle_fraction;   ///< per stage: 1 - busy / makespan
+  std::vector<int> peak_in_flight;     ///< per stage: most micro-batches forwarded, not yet backwarded
+};
+
+/// Runs the schedules of all stages together as a discrete-event simulation: forward takes
+/// t_forward, backward t_backward, transfers take no time, sends never wait (eager), a receive
+/// waits for its matching send. Checks, per stage: every micro-batch's forward exactly once and
+/// before its backward; a forward only after its input arrived (stage > 0), a backward only
+/// after its output gradient arrived (last stage: after its own forward); a send only after the
+/// compute that produces it; messages taken in the order they were sent, with the expected
+/// micro-batch; at the end every message consumed. Deadlock = no stage can move while some
+/// still have actions. `schedule(stages, m, stage)` returns each stage's list (one_f_one_b by
+/// default). Cost O(p * m) actions, O(p^2 * m) scans in the worst case.
+template <class ScheduleFn>
+schedule_trace simulate_schedule(int stages, int micro_batches, double t_forward, double t_backward,
+                                 ScheduleFn&& schedule) {
+  detail::check_schedule_args(stages, micro_batches, 0, "simulate_schedule");
+  const int p = stages, m = micro_batches;
+  const auto P = std::size_t(p), Mb = std::size_t(m);
+  schedule_trace tr;
+  tr.busy.assign(P, 0.0);
+  tr.idle_fraction.assign(P, 0.0);
+  tr.peak_in_flight.assign(P, 0);
+  struct message {
+    int micro;
+    double time;
+  };
+  // down[s]: activations sent by stage s to s+1; up[s]: gradients sent by stage s+1 to s.
+  std::vector<std::vector<message>> down(P), up(P);
+  std::vector<std::size_t> down_taken(P, 0), up_taken(P, 0);
+  std::vector<std::vector<pipe_action>> lists;
+  for (int s = 0; s < p; ++s) lists.push_back(schedule(p, m, s));
+  std::vector<std::size_t> pc(P, 0);
+  std::vector<double> clock(P, 0.0);
+  // per stage, per micro-batch: 0 nothing, 1 input arrived, 2 forwarded, 3 gradient arrived, 4 backwarded
+  std::vector<std::vector<int>> input_in(P, std::vector<int>(Mb, 0));
+  std::vector<std::vector<int>> grad_in(P, std::vector<int>(Mb, 0));
+  std::vector<std::vector<int>> done_f(P, std::vector<int>(Mb, 0));
+  std::vector<std::vector<int>> done_b(P, std::vector<int>(Mb, 0));
+  std::vector<int> live(P, 0);
+  auto fail = [&](int s, const pipe_action& a, const std::string& why) {
+    tr.ok = false;
+    tr.problem = "stage " + std::to_string(s) + " action " + std::to_string(pc[std::size_t(s)]) + " (" +
+                 std::string(to_string(a.op)) + " " + std::to_string(a.micro) + "): " + why;
+    return tr;
+  };
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int s = 0; s < p; ++s) {
+      const auto S = std::size_t(s);
+      while (pc[S] < lists[S].size()) {
+        const pipe_action a = lists[S][pc[S]];
+        if (a.micro < 0 || a.micro >= m) return fail(s, a, "micro-batch out of range");
+        const auto M = std::size_t(a.micro);
+        bool ran = true;
+        switch (a.op) {
+          case pipe_op::recv_forward: {
+            if (s == 0) return fail(s, a, "the first stage has no previous stage");
+            auto& q = down[S - 1];
+            if (down_taken[S - 1] >= q.size()) {
+              ran = false;
+              break;
+            }
+            const message msg = q[down_taken[S - 1]++];
+            if (msg.micro != a.micro)
+              return fail(s, a, "the next activation message is for micro-batch " + std::to_string(msg.micro));
+            input_in[S][M] = 1;
+            clock[S] = std::max(clock[S], msg.time);
+            break;
+          }
+          case pipe_op::recv_backward: {
+            if (s == p - 1) return fail(s, a, "the last stage has no next stage");
+            auto& q = up[S];
+            if (up_taken[S] >= q.size()) {
+              ran = false;
+              break;
+            }
+            const message msg = q[up_taken[S]++];
+            if (msg.micro != a.micro)
+              return fail(s, a, "the next gradient message is for micro-batch " + std::to_string(msg.micro));
+            grad_in[S][M] = 1;
+            clock[S] = std::max(clock[S], msg.time);
+            break;
+          }
+          case pipe_op::forward:
+            if (done_f[S][M]) return fail(s, a, "forward runs twice");
+            if (s > 0 && !input_in[S][M]) return fail(s, a, "forward before its input activation was received");
+            done_f[S][M] = 1;
+            clock[S] += t_forward;
+            tr.busy[S] += t_forward;
+            tr.peak_in_flight[S] = std::max(tr.peak_in_flight[S], ++live[S]);
+            break;
+          case pipe_op::backward:
+            if (!done_f[S][M]) return fail(s, a, "backward before its forward");
+            if (done_b[S][M]) return fail(s, a, "backward runs twice");
+            if (s < p - 1 && !grad_in[S][M]) return fail(s, a, "backward before its output gradient was received");
+            done_b[S][M] = 1;
+            clock[S] += t_backward;
+            tr.busy[S] += t_backward;
+            --live[S];
+            break;
+          case pipe_op::send_forward:
+            if (s == p - 1) return fail(s, a, "the last stage has no next stage");
+            if (!done_f[S][M]) return fail(s, a, "sends an activation its forward has not produced");
+            down[S].push_back({a.micro, clock[S]});
+            break;
+          case pipe_op::send_backward:
+            if (s == 0) return fail(s, a, "the first stage has no previous stage");
+            if (!done_b[S][M]) return fail(s, a, "sends a gradient its backward has not produced");
+            up[S - 1].push_back({a.micro, clock[S]});
+            break;
+        }
+        if (!ran) break;
+        ++pc[S];
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < p; ++s) {
+    const auto S = std::size_t(s);
+    if (pc[S] < lists[S].size()) {
+      const pipe_action a = lists[S][pc[S]];
+      tr.problem = "deadlock: stage " + std::to_string(s) + " waits forever at action " + std::to_string(pc[S]) +
+                   " (" + std::string(to_string(a.op)) + " " + std::to_string(a.micro) + ")";
+      return tr;
+    }
+    for (int i = 0; i < m; ++i)
+      if (!done_f[S][std::size_t(i)] || !done_b[S][std::size_t(i)]) {
+        tr.problem = "stage " + std::to_string(s) + " never ran forward and backward of micro-batch " + std::to_string(i);
+        return tr;
+      }
+    if (down_taken[S] != down[S].size() || up_taken[S] != up[S].size()) {
+      tr.problem = "messages between stages " + std::to_string(s) + " and " + std::to_string(s + 1) + " left unreceived";
+      return tr;
+    }
+    tr.makespan = std::max(tr.makespan, clock[S]);
+  }
+  for (int s = 0; s < p; ++s)
+    tr.idle_fraction[std::size_t(s)] = tr.makespan > 0 ? 1.0 - tr.busy[std::size_t(s)] / tr.makespan : 0.0;
+  tr.ok = true;
+  return tr;
+}
+
+/// simulate_schedule over one_f_one_b.
+inline schedule_trace simulate_one_f_one_b(int stages, int micro_batches, double t_forward = 1.0,
+                                           double t_backward = 2.0) {
+  return simulate_schedule(stages, micro_batches, t_forward, t_backward,
+                           [](int p, int m, int s) { return one_f_one_b(p, m, s); });
+}
+
+}  // namespace loom::parallel
