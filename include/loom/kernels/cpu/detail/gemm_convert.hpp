@@ -1,0 +1,105 @@
+#pragma once
+/// \file Private: the portable GEMM behind loom::kernels::cpu::gemm. Converts bf16/half operands
+/// to fp32 and runs Eigen's blocked fp32 GEMM (threaded by OpenMP when compiled with -fopenmp).
+/// Used for float, for Eigen::half, and for Eigen::bfloat16 on CPUs without AVX512-BF16.
+#include <Eigen/Core>
+#include <cstddef>
+#include <memory>
+#include <type_traits>
+
+namespace loom::kernels::cpu::detail {
+
+/// Row-major fp32 view with a row stride (elements).
+using gemm_fmap = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, Eigen::Unaligned,
+                             Eigen::OuterStride<>>;
+using gemm_cfmap = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>,
+                              Eigen::Unaligned, Eigen::OuterStride<>>;
+
+/// Element i of a T array as float (T: float, Eigen::bfloat16, Eigen::half).
+template <class T>
+inline float gemm_to_float(T x) noexcept {
+  return static_cast<float>(x);
+}
+
+/// dst (rows, cols) contiguous fp32 = src (rows, cols) with row stride ld, converted from T.
+template <class T>
+void gemm_convert_rows(float* dst, const T* src, int rows, int cols, int ld) {
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (std::size_t(rows) * std::size_t(cols) > (std::size_t(1) << 16))
+#endif
+  for (int r = 0; r < rows; ++r) {
+    const T* s = src + std::size_t(r) * std::size_t(ld);
+    float* d = dst + std::size_t(r) * std::size_t(cols);
+    for (int c = 0; c < cols; ++c) d[c] = gemm_to_float(s[c]);
+  }
+}
+
+/// C (M,N) = alpha * op(A) op(B) + beta * C with fp32 accumulation (see cpu::gemm for the
+/// argument contract, which the caller has already checked). OutT is float or T; beta == 0
+/// means C is not read.
+template <class T, class OutT>
+void gemm_convert(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* A, int lda, const T* B,
+                  int ldb, float beta, OutT* C, int ldc) {
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  // fp32 operands: the caller's memory for float, converted contiguous copies otherwise.
+  std::unique_ptr<float[]> a32, b32;
+  const float* pa;
+  const float* pb;
+  int la = lda, lb = ldb;
+  if constexpr (std::is_same_v<T, float>) {
+    pa = A;
+    pb = B;
+  } else {
+    a32.reset(new float[std::size_t(a_rows) * std::size_t(a_cols)]);
+    b32.reset(new float[std::size_t(b_rows) * std::size_t(b_cols)]);
+    gemm_convert_rows(a32.get(), A, a_rows, a_cols, lda);
+    gemm_convert_rows(b32.get(), B, b_rows, b_cols, ldb);
+    pa = a32.get();
+    pb = b32.get();
+    la = a_cols;
+    lb = b_cols;
+  }
+  const gemm_cfmap a(pa, a_rows, a_cols, Eigen::OuterStride<>(la));
+  const gemm_cfmap b(pb, b_rows, b_cols, Eigen::OuterStride<>(lb));
+
+  // out (M,N) = alpha * op(A) op(B): the four transpose combinations, each one Eigen GEMM.
+  auto product_into = [&](gemm_fmap out, bool accumulate) {
+    auto run = [&](const auto& x, const auto& y) {
+      if (accumulate)
+        out.noalias() += alpha * (x * y);
+      else
+        out.noalias() = alpha * (x * y);
+    };
+    if (!trans_a && !trans_b) run(a, b);
+    if (!trans_a && trans_b) run(a, b.transpose());
+    if (trans_a && !trans_b) run(a.transpose(), b);
+    if (trans_a && trans_b) run(a.transpose(), b.transpose());
+  };
+
+  if constexpr (std::is_same_v<OutT, float>) {
+    gemm_fmap c(C, M, N, Eigen::OuterStride<>(ldc));
+    if (beta == 0.0f) {
+      product_into(c, false);
+    } else {
+      if (beta != 1.0f) c *= beta;
+      product_into(c, true);
+    }
+  } else {
+    std::unique_ptr<float[]> c32(new float[std::size_t(M) * std::size_t(N)]);
+    product_into(gemm_fmap(c32.get(), M, N, Eigen::OuterStride<>(N)), false);
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (std::size_t(M) * std::size_t(N) > (std::size_t(1) << 16))
+#endif
+    for (int i = 0; i < M; ++i) {
+      OutT* ci = C + std::size_t(i) * std::size_t(ldc);
+      const float* ti = c32.get() + std::size_t(i) * std::size_t(N);
+      if (beta == 0.0f)
+        for (int j = 0; j < N; ++j) ci[j] = OutT(ti[j]);
+      else
+        for (int j = 0; j < N; ++j) ci[j] = OutT(ti[j] + beta * gemm_to_float(ci[j]));
+    }
+  }
+}
+
+}  // namespace loom::kernels::cpu::detail

@@ -1,0 +1,141 @@
+#pragma once
+/// \file General matrix product for fp32, bf16 and fp16 operands with fp32 accumulation (CPU).
+///
+/// The linear layers' three products map onto it as
+///   forward          y (N,OC)  = x (N,C) * W (OC,C)^T    gemm(false, true,  N, OC, C, ...)
+///   backward, data   dx (N,C)  = dy (N,OC) * W (OC,C)    gemm(false, false, N, C, OC, ...)
+///   backward, weight dW (OC,C) += dy^T * x               gemm(true,  false, OC, C, N, ..., beta=1, float* dW)
+///
+/// Implementations (detail::gemm_impl), chosen at run time:
+///   avx512_bf16   T = Eigen::bfloat16 on a CPU with AVX512-BF16: packed pair-interleaved panels
+///                 and a 12x32 VDPBF16PS micro-kernel (detail/gemm_avx512_bf16.hpp). Compiled with
+///                 function-level target attributes, so the build never needs -mavx512*.
+///   fp32_convert  everything else: bf16/half operands converted to fp32, then Eigen's fp32 GEMM
+///                 (detail/gemm_convert.hpp).
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#include <Eigen/Core>
+
+#include <loom/core/error.hpp>
+#include <loom/kernels/cpu/detail/gemm_avx512_bf16.hpp>
+#include <loom/kernels/cpu/detail/gemm_convert.hpp>
+
+namespace loom::kernels::cpu {
+
+namespace detail {
+
+/// Which GEMM implementation to run; `automatic` picks the fastest one this CPU supports.
+enum class gemm_impl {
+  automatic,     ///< avx512_bf16 for bf16 operands when the CPU has it, else fp32_convert
+  avx512_bf16,   ///< VDPBF16PS micro-kernel; bf16 operands only; throws on a CPU without it
+  fp32_convert,  ///< convert to fp32 and run Eigen's fp32 GEMM; any T
+};
+
+/// True when this CPU executes AVX512-BF16 (and the compiler could build the kernel for it).
+inline bool cpu_has_avx512_bf16() noexcept { return gemm_avx512_bf16_supported(); }
+
+/// The implementation `automatic` resolves to for operand type T on this CPU.
+template <class T>
+gemm_impl gemm_default_impl() noexcept {
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+    return cpu_has_avx512_bf16() ? gemm_impl::avx512_bf16 : gemm_impl::fp32_convert;
+  else
+    return gemm_impl::fp32_convert;
+}
+
+inline void gemm_check(bool trans_a, bool trans_b, int M, int N, int K, const void* A, int lda, const void* B,
+                       int ldb, const void* C, int ldc) {
+  if (M < 0 || N < 0 || K < 0)
+    throw input_error("loom::kernels::cpu::gemm: negative size M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                      " K=" + std::to_string(K) + "; pass sizes >= 0");
+  const int a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
+  auto check_ld = [](const char* name, int ld, int cols) {
+    if (ld < (cols > 1 ? cols : 1))
+      throw input_error(std::string("loom::kernels::cpu::gemm: leading dimension ") + name + "=" + std::to_string(ld) +
+                        " is smaller than the " + std::to_string(cols) +
+                        " columns its row-major matrix holds; pass ld >= columns");
+  };
+  check_ld("lda", lda, a_cols);
+  check_ld("ldb", ldb, b_cols);
+  check_ld("ldc", ldc, N);
+  if (M > 0 && N > 0 && ((K > 0 && (!A || !B)) || !C))
+    throw input_error("loom::kernels::cpu::gemm: null matrix pointer for a non-empty product; pass valid A, B, C");
+}
+
+/// C = beta * C, with beta == 0 writing zeros without reading C (NaN in C does not survive).
+template <class OutT>
+void gemm_scale(int M, int N, float beta, OutT* C, int ldc) {
+  for (int i = 0; i < M; ++i) {
+    OutT* c = C + std::size_t(i) * std::size_t(ldc);
+    for (int j = 0; j < N; ++j) c[j] = beta == 0.0f ? OutT(0.0f) : OutT(beta * static_cast<float>(c[j]));
+  }
+}
+
+/// cpu::gemm with an explicit implementation (tests force each one). Same contract as
+/// cpu::gemm; additionally throws loom::input_error when `impl` is avx512_bf16 and T is not
+/// Eigen::bfloat16 or the CPU lacks AVX512-BF16.
+template <class T, class OutT>
+void gemm(gemm_impl impl, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* A, int lda,
+          const T* B, int ldb, float beta, OutT* C, int ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, Eigen::half>,
+                "loom::kernels::cpu::gemm: T must be float, Eigen::bfloat16 or Eigen::half");
+  static_assert(std::is_same_v<OutT, float> || std::is_same_v<OutT, T>,
+                "loom::kernels::cpu::gemm: C must be float or the operand type T");
+  gemm_check(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+  if (impl == gemm_impl::automatic) impl = gemm_default_impl<T>();
+  if (impl == gemm_impl::avx512_bf16 && !(std::is_same_v<T, Eigen::bfloat16> && cpu_has_avx512_bf16()))
+    throw input_error(
+        "loom::kernels::cpu::gemm: gemm_impl::avx512_bf16 needs Eigen::bfloat16 operands and a CPU with "
+        "AVX512-BF16; use gemm_impl::automatic");
+  if (M == 0 || N == 0) return;
+  if (K == 0 || alpha == 0.0f) return gemm_scale(M, N, beta, C, ldc);
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
+    if (impl == gemm_impl::avx512_bf16)
+      return gemm_avx512_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  gemm_convert(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace detail
+
+/// General matrix product with fp32 accumulation, fp32 result:
+///   C (M,N) = alpha * op(A) * op(B) + beta * C
+///
+/// Shapes (all row-major, leading dimensions in elements):
+///   A   (M,K), or stored (K,M) when trans_a     lda >= its stored column count
+///   B   (K,N), or stored (N,K) when trans_b     ldb >= its stored column count
+///   C   (M,N) fp32                              ldc >= N
+/// T is float, Eigen::bfloat16 or Eigen::half. Products and sums are fp32 whatever T is.
+/// Writes: C (=). beta == 0 means C is not read (BLAS convention: NaN/garbage in C is
+/// overwritten); beta == 1 accumulates (+=), e.g. into an fp32 gradient buffer.
+/// K == 0 or alpha == 0 gives C = beta * C without reading A or B.
+/// Threads: OpenMP (all threads of the enclosing team size); call it from outside a parallel region.
+/// Numerics: the AVX512-BF16 path treats bf16 subnormal inputs (|x| < 2^-126) as zero (DAZ), as
+/// VDPBF16PS does; the fp32-convert path keeps them.
+/// Errors: loom::input_error for negative sizes, ld smaller than the stored row width, or null
+/// pointers with a non-empty product.
+/// Cost: 2 M N K flops. Source: BLAS xGEMM argument convention (netlib); Intel Intrinsics Guide,
+/// _mm512_dpbf16_ps (VDPBF16PS); Goto & van de Geijn, "Anatomy of High-Performance Matrix
+/// Multiplication" (ACM TOMS 34(3), 2008) for the packing and blocking.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* A, int lda, const T* B, int ldb,
+          float beta, float* C, int ldc) {
+  detail::gemm<T, float>(detail::gemm_impl::automatic, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                         ldc);
+}
+
+/// Same product, result rounded to T (round to nearest even) on store:
+///   C (M,N) = round_T(alpha * op(A) * op(B) + beta * C),  C read as T and widened to fp32.
+/// The whole K sum stays in fp32; the only rounding to T is the final store (one rounding:
+/// relative 2^-8 for bf16, 2^-11 for fp16). Same shapes, errors, threads and cost as above.
+/// (For T = float this is the overload above; the constraint only removes the ambiguity.)
+template <class T>
+  requires(!std::is_same_v<T, float>)
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* A, int lda, const T* B, int ldb,
+          float beta, T* C, int ldc) {
+  detail::gemm<T, T>(detail::gemm_impl::automatic, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace loom::kernels::cpu

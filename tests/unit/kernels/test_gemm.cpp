@@ -1,0 +1,202 @@
+// loom::kernels::cpu::gemm against a float64 reference computed from the same (already rounded)
+// bf16 / fp16 / fp32 inputs, for every transpose combination, sizes that are not multiples of
+// the 12x32 micro-tile, K above the kernel's K block, leading dimensions larger than the rows,
+// and both implementations (the AVX512-BF16 kernel when this CPU has it, and the fp32 fallback).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <typeinfo>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/core/random.hpp>
+#include <loom/kernels/cpu/gemm.hpp>
+
+namespace {
+
+using loom::kernels::cpu::detail::gemm_impl;
+using bf16 = Eigen::bfloat16;
+using f16 = Eigen::half;
+
+// Unit roundoff of each storage format: 2^-p for p significand bits (8 bf16, 11 fp16, 24 fp32).
+template <class T>
+constexpr double unit_roundoff() {
+  if constexpr (std::is_same_v<T, bf16>) return std::ldexp(1.0, -8);
+  else if constexpr (std::is_same_v<T, f16>) return std::ldexp(1.0, -11);
+  else return std::ldexp(1.0, -24);
+}
+
+// A row-major (rows, cols) matrix stored with row stride ld > cols; the padding holds NaN so a
+// kernel that reads past a row's end produces NaN and fails the comparison.
+template <class T>
+struct strided {
+  int rows, cols, ld;
+  std::vector<T> data;
+  strided(int r, int c, int pad, std::uint64_t seed, double lo, double hi)
+      : rows(r), cols(c), ld(c + pad), data(std::size_t(r) * std::size_t(c + pad) + 1, T(std::nanf(""))) {
+    for (int i = 0; i < r; ++i)
+      for (int j = 0; j < c; ++j)
+        at(i, j) = T(float(lo + (hi - lo) * loom::random_uniform(seed, 0, std::uint64_t(i) * 100003u + j)));
+  }
+  T& at(int i, int j) { return data[std::size_t(i) * ld + j]; }
+  double get(int i, int j) const { return double(float(data[std::size_t(i) * ld + j])); }
+};
+
+struct shape {
+  int M, N, K;
+};
+
+// Sizes around the 12x32 micro-tile and the K block, and the degenerate 1s.
+const shape shapes[] = {{1, 1, 1},     {1, 7, 63},     {7, 1, 65},     {63, 65, 7},     {65, 63, 257},
+                        {257, 383, 65}, {383, 257, 383}, {13, 1, 383},   {1, 383, 257},   {100, 37, 2},
+                        {37, 100, 1},  {257, 65, 1031}, {24, 64, 1100}};
+
+// Runs one case and checks every element against the float64 reference within the bound
+//   |c - ref| <= (K + 2) 2^-24 (|alpha| sum_k |a_ik b_kj| + |beta c_ij|)           (fp32 result)
+//              + u_T |ref| + denorm_min_T / 2                                        (T result)
+// The first term is the classical bound for K fp32 additions of exact products (products of two
+// bf16 or fp16 values are exact in fp32: 2*8 and 2*11 significand bits <= 24), two more roundings
+// for alpha and beta; VDPBF16PS adds two products per instruction with one rounding each, which
+// is the same count. Rounding the result to T on store adds at most u_T relative (2^-8 bf16,
+// 2^-11 fp16) in the normal range, and half the subnormal spacing below it (fp16 products of
+// values in [-1, 1] do fall below 2^-14 = 6.1e-5, where the spacing is 2^-24). A wrong index, transpose or edge tile gives errors of the order of |ref| itself.
+template <class T, class OutT>
+void check_case(gemm_impl impl, bool ta, bool tb, shape s, float alpha, float beta, std::uint64_t seed) {
+  const int M = s.M, N = s.N, K = s.K;
+  strided<T> a(ta ? K : M, ta ? M : K, 3, seed, -1.0, 1.0);
+  strided<T> b(tb ? N : K, tb ? K : N, 5, seed + 1, -1.0, 1.0);
+  strided<OutT> c(M, N, 2, seed + 2, -1.0, 1.0);
+  if (beta == 0.0f)  // beta == 0: C must not be read, so NaN in it must not survive
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) c.at(i, j) = OutT(std::nanf(""));
+  const strided<OutT> c0 = c;
+
+  loom::kernels::cpu::detail::gemm<T, OutT>(impl, ta, tb, M, N, K, alpha, a.data.data(), a.ld, b.data.data(), b.ld,
+                                           beta, c.data.data(), c.ld);
+
+  const double u_out = std::is_same_v<OutT, float> ? 0.0 : unit_roundoff<T>();
+  const double eta_out = std::is_same_v<OutT, float> ? 0.0 : double(float(std::numeric_limits<T>::denorm_min())) / 2;
+  const double gamma = (K + 2) * std::ldexp(1.0, -24);
+  double worst = 0;  // largest error / bound seen
+  int bad = 0;
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double ref = 0, mag = 0;
+      for (int k = 0; k < K; ++k) {
+        const double p = (ta ? a.get(k, i) : a.get(i, k)) * (tb ? b.get(j, k) : b.get(k, j));
+        ref += p;
+        mag += std::abs(p);
+      }
+      const double old = beta == 0.0f ? 0.0 : c0.get(i, j);
+      ref = double(alpha) * ref + double(beta) * old;
+      mag = std::abs(double(alpha)) * mag + std::abs(double(beta) * old);
+      const double bound = gamma * mag + u_out * std::abs(ref) + eta_out + 1e-30;
+      const double err = std::abs(c.get(i, j) - ref);
+      if (!(err <= bound)) ++bad;
+      worst = std::max(worst, err / bound);
+    }
+  // the padding of C (columns N..ldc) is untouched
+  int pad_changed = 0;
+  for (int i = 0; i < M; ++i)
+    for (int j = N; j < c.ld; ++j)
+      if (!std::isnan(c.get(i, j))) ++pad_changed;
+  INFO(std::string(typeid(T).name()) << "/" << std::string(typeid(OutT).name()) << " M=" << M << " N=" << N << " K=" << K << " trans_a=" << ta << " trans_b=" << tb << " alpha=" << alpha
+            << " beta=" << beta << " worst err/bound=" << worst);
+  CHECK(bad == 0);
+  CHECK(pad_changed == 0);
+}
+
+template <class T, class OutT>
+void check_all(gemm_impl impl) {
+  std::uint64_t seed = 11;
+  for (const shape& s : shapes)
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      // (alpha, beta) cycles through general, overwrite (C not read) and accumulate
+      const float ab[3][2] = {{0.75f, -0.5f}, {1.0f, 0.0f}, {-1.25f, 1.0f}};
+      const int v = int(seed % 3);
+      check_case<T, OutT>(impl, ta, tb, s, ab[v][0], ab[v][1], seed++);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("gemm fp32_convert: bf16, fp16, fp32 operands, fp32 and T results, all transposes, odd sizes") {
+  check_all<bf16, float>(gemm_impl::fp32_convert);
+  check_all<bf16, bf16>(gemm_impl::fp32_convert);
+  check_all<f16, float>(gemm_impl::fp32_convert);
+  check_all<f16, f16>(gemm_impl::fp32_convert);
+  check_all<float, float>(gemm_impl::fp32_convert);
+}
+
+TEST_CASE("gemm avx512_bf16: bf16 operands, fp32 and bf16 results, all transposes, odd sizes") {
+  if (!loom::kernels::cpu::detail::cpu_has_avx512_bf16()) {
+    MESSAGE("this CPU lacks AVX512-BF16: the VDPBF16PS kernel is not tested here");
+    return;
+  }
+  check_all<bf16, float>(gemm_impl::avx512_bf16);
+  check_all<bf16, bf16>(gemm_impl::avx512_bf16);
+}
+
+TEST_CASE("gemm T result is the fp32 result rounded once (round to nearest even)") {
+  // Same implementation, same inputs, beta = 0: the bf16/fp16 store must equal T(fp32 store) bit for bit.
+  auto run = [](auto tag, gemm_impl impl) {
+    using T = decltype(tag);
+    const int M = 65, N = 70, K = 600;
+    strided<T> a(M, K, 0, 5, -2.0, 2.0), b(N, K, 0, 6, -2.0, 2.0);
+    std::vector<float> c32(std::size_t(M) * N);
+    std::vector<T> c16(std::size_t(M) * N);
+    loom::kernels::cpu::detail::gemm<T, float>(impl, false, true, M, N, K, 0.5f, a.data.data(), a.ld, b.data.data(),
+                                               b.ld, 0.0f, c32.data(), N);
+    loom::kernels::cpu::detail::gemm<T, T>(impl, false, true, M, N, K, 0.5f, a.data.data(), a.ld, b.data.data(), b.ld,
+                                           0.0f, c16.data(), N);
+    int diff = 0;
+    for (std::size_t i = 0; i < c32.size(); ++i) {
+      const T r(c32[i]);
+      if (std::memcmp(&r, &c16[i], sizeof(T)) != 0) ++diff;
+    }
+    CHECK(diff == 0);
+  };
+  run(bf16{}, gemm_impl::fp32_convert);
+  run(f16{}, gemm_impl::fp32_convert);
+  if (loom::kernels::cpu::detail::cpu_has_avx512_bf16()) run(bf16{}, gemm_impl::avx512_bf16);
+}
+
+TEST_CASE("gemm public overloads pick the implementation and agree with the fallback") {
+  const int M = 50, N = 45, K = 77;
+  strided<bf16> x(M, K, 0, 21, -1.0, 1.0), w(N, K, 0, 22, -1.0, 1.0);
+  std::vector<float> y(std::size_t(M) * N), y_ref(y.size());
+  loom::kernels::cpu::gemm(false, true, M, N, K, 1.0f, x.data.data(), K, w.data.data(), K, 0.0f, y.data(), N);
+  loom::kernels::cpu::detail::gemm<bf16, float>(gemm_impl::fp32_convert, false, true, M, N, K, 1.0f, x.data.data(),
+                                                K, w.data.data(), K, 0.0f, y_ref.data(), N);
+  double worst = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) worst = std::max(worst, double(std::abs(y[i] - y_ref[i])));
+  // both within (K+2) 2^-24 * sum|a b| <= 79 * 2^-24 * 77 of the exact value
+  CHECK(worst <= 2 * 79 * 77 * std::ldexp(1.0, -24));
+  std::vector<bf16> y16(y.size());
+  loom::kernels::cpu::gemm(false, true, M, N, K, 1.0f, x.data.data(), K, w.data.data(), K, 0.0f, y16.data(), N);
+  CHECK(float(y16[7]) == doctest::Approx(y[7]).epsilon(1.0 / 256));
+}
+
+TEST_CASE("gemm bad input: negative sizes, short leading dimensions, impossible forced kernel") {
+  std::vector<float> a(64, 1.0f), b(64, 1.0f), c(64, 0.0f);
+  using loom::kernels::cpu::gemm;
+  CHECK_THROWS_AS(gemm(false, false, -1, 2, 2, 1.0f, a.data(), 2, b.data(), 2, 0.0f, c.data(), 2), loom::input_error);
+  CHECK_THROWS_AS(gemm(false, false, 2, 2, 4, 1.0f, a.data(), 3, b.data(), 2, 0.0f, c.data(), 2), loom::input_error);
+  CHECK_THROWS_AS(gemm(false, true, 2, 2, 4, 1.0f, a.data(), 4, b.data(), 3, 0.0f, c.data(), 2), loom::input_error);
+  CHECK_THROWS_AS(gemm(false, false, 2, 5, 4, 1.0f, a.data(), 4, b.data(), 5, 0.0f, c.data(), 4), loom::input_error);
+  CHECK_THROWS_WITH_AS(gemm(false, false, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2, 0.0f, (float*)nullptr, 2),
+                       doctest::Contains("null"), loom::input_error);
+  std::vector<f16> h(64, f16(1.0f));
+  CHECK_THROWS_AS((loom::kernels::cpu::detail::gemm<f16, float>(gemm_impl::avx512_bf16, false, false, 2, 2, 2, 1.0f,
+                                                               h.data(), 2, h.data(), 2, 0.0f, c.data(), 2)),
+                  loom::input_error);
+  // K = 0: C = beta * C, A and B not read
+  std::vector<float> c2 = {1, 2, 3, 4};
+  gemm(false, false, 2, 2, 0, 1.0f, (const float*)nullptr, 1, (const float*)nullptr, 2, 0.5f, c2.data(), 2);
+  CHECK(c2 == std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f});
+}
