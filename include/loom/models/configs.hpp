@@ -29,6 +29,14 @@ struct tiny {
   static constexpr int vocab = 61, vocab_padded = 64;
 };
 
+/// A tiny model for the tensor- and pipeline-parallel tests: 4 heads and 4 layers, so TP and PP
+/// in {1, 2, 4} divide it; per-rank widths stay odd-sized (head 5, C/TP 10 or 5, Vp/TP 32 or 16).
+struct tiny_parallel {
+  static constexpr std::string_view name = "tiny_parallel";
+  static constexpr int n_layer = 4, n_head = 4, d_model = 20, max_seq = 16;
+  static constexpr int vocab = 61, vocab_padded = 64;
+};
+
 /// A tiny byte-level model (vocabulary 256) for smoke tests of the examples: seconds per run.
 struct char_tiny {
   static constexpr std::string_view name = "char_tiny";
@@ -70,6 +78,6 @@ struct gpt2_small {
 
 static_assert(model_config<tiny> && model_config<char_tiny> && model_config<quickstart> && model_config<bench_small> &&
               model_config<gpt2_small>);
-static_assert(model_config<quickstart_bpe>);
+static_assert(model_config<quickstart_bpe> && model_config<tiny_parallel>);
 
 }  // namespace loom::models
