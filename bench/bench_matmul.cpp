@@ -5,15 +5,24 @@
 // half speed; run `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE build/bench/bench_matmul`
 // for OpenBLAS's own choice).
 //
-//   build/bench/bench_matmul [--reps N]
+// Second table: kernels::cpu::gemm with bf16 operands (AVX512-BF16 kernel when the CPU has it,
+// bf16 results for y and dx, fp32 dW as the model stores them) against the same call with fp32
+// operands (Eigen), at the model shapes N = 8*256 rows, (C, OC) in {(384,1152), (384,384),
+// (384,1536), (1536,384), (384,8192)}, plus the bf16 fp32-convert fallback; ratio in one run.
+//
+//   build/bench/bench_matmul [--reps N] [--table eigen|bf16|all]
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include <loom/core/random.hpp>
+#include <loom/device/cpu.hpp>
+#include <loom/kernels/cpu/gemm.hpp>
 #include <loom/kernels/cpu/matmul.hpp>
 
 #if LOOM_BENCH_CBLAS
@@ -33,11 +42,75 @@ double best_seconds(int reps, F&& f) {
   return best;
 }
 
+// bf16 vs fp32 through kernels::cpu::gemm at the model's linear-layer shapes.
+void bf16_table(int reps) {
+  using bf16 = Eigen::bfloat16;
+  namespace cpu = loom::kernels::cpu;
+  using cpu::detail::gemm_impl;
+  loom::device::configure_host_malloc_for_gemm();  // as train_gpt does: no mmap per GEMM buffer
+  const bool fast = cpu::detail::cpu_has_avx512_bf16();
+  std::printf("\nkernels::cpu::gemm, bf16 vs fp32 operands | AVX512-BF16 kernel: %s | best of %d | GFLOP/s\n",
+              fast ? "yes" : "no (bf16 column = fp32-convert fallback)", reps);
+  std::printf("| shape (N x C -> OC)      | product      | fp32 (Eigen) | bf16  | bf16 / fp32 | bf16 fallback |\n");
+  std::printf("|--------------------------|--------------|--------------|-------|-------------|---------------|\n");
+  const int N = 8 * 256;
+  const int shapes[][2] = {{384, 1152}, {384, 384}, {384, 1536}, {1536, 384}, {384, 8192}};
+  double sum_ratio_log = 0;
+  int n_ratio = 0;
+  for (const auto& s : shapes) {
+    const int C = s[0], OC = s[1];
+    auto fill = [](std::vector<float>& v, std::uint64_t stream) {
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(loom::random_uniform(3, stream, i) - 0.5);
+    };
+    std::vector<float> x(std::size_t(N) * C), w(std::size_t(OC) * C), dy(std::size_t(N) * OC);
+    fill(x, 0), fill(w, 1), fill(dy, 2);
+    std::vector<float> y(dy.size()), dx(x.size()), dw(w.size(), 0.0f);
+    std::vector<bf16> xh(x.begin(), x.end()), wh(w.begin(), w.end()), dyh(dy.begin(), dy.end());
+    std::vector<bf16> yh(y.size()), dxh(dx.size());
+    const double flops = 2.0 * N * C * OC;
+    auto rate = [&](auto&& f) { return flops / best_seconds(reps, f) / 1e9; };
+    struct row { const char* name; double f32, b16, fb; };
+    const gemm_impl hi = fast ? gemm_impl::avx512_bf16 : gemm_impl::fp32_convert;
+    auto fwd = [&](gemm_impl impl) {  // y (N,OC) = x (N,C) W (OC,C)^T
+      return rate([&] { cpu::detail::gemm<bf16, bf16>(impl, false, true, N, OC, C, 1.f, xh.data(), C, wh.data(), C, 0.f, yh.data(), OC); });
+    };
+    auto bwd_data = [&](gemm_impl impl) {  // dx (N,C) = dy (N,OC) W (OC,C)
+      return rate([&] { cpu::detail::gemm<bf16, bf16>(impl, false, false, N, C, OC, 1.f, dyh.data(), OC, wh.data(), C, 0.f, dxh.data(), C); });
+    };
+    auto bwd_weight = [&](gemm_impl impl) {  // dW (OC,C) += dy^T x, fp32 gradient buffer
+      return rate([&] { cpu::detail::gemm<bf16, float>(impl, true, false, OC, C, N, 1.f, dyh.data(), OC, xh.data(), C, 1.f, dw.data(), C); });
+    };
+    row rows[3] = {
+        {"y = x W^T", rate([&] { cpu::gemm(false, true, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); }),
+         fwd(hi), fwd(gemm_impl::fp32_convert)},
+        {"dx = dy W", rate([&] { cpu::gemm(false, false, N, C, OC, 1.f, dy.data(), OC, w.data(), C, 0.f, dx.data(), C); }),
+         bwd_data(hi), bwd_data(gemm_impl::fp32_convert)},
+        {"dW += dy^T x", rate([&] { cpu::gemm(true, false, OC, C, N, 1.f, dy.data(), OC, x.data(), C, 1.f, dw.data(), C); }),
+         bwd_weight(hi), bwd_weight(gemm_impl::fp32_convert)},
+    };
+    for (const auto& r : rows) {
+      std::printf("| %5d x %4d -> %5d      | %-12s | %12.1f | %5.1f | %11.2f | %13.1f |\n", N, C, OC, r.name, r.f32, r.b16,
+                  r.b16 / r.f32, r.fb);
+      sum_ratio_log += std::log(r.b16 / r.f32);
+      ++n_ratio;
+    }
+  }
+  std::printf("geometric mean bf16 / fp32 over the %d products: %.2f\n", n_ratio, std::exp(sum_ratio_log / n_ratio));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int reps = 20;
-  if (argc == 3 && std::string(argv[1]) == "--reps") reps = std::max(1, std::atoi(argv[2]));
+  std::string table = "all";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) == "--reps") reps = std::max(1, std::atoi(argv[i + 1]));
+    if (std::string(argv[i]) == "--table") table = argv[i + 1];
+  }
+  if (table == "bf16") {
+    bf16_table(reps);
+    return 0;
+  }
   const char* ct = std::getenv("OPENBLAS_CORETYPE");
   std::printf("OPENBLAS_CORETYPE=%s | best of %d | GFLOP/s\n", ct ? ct : "(unset)", reps);
   std::printf("| shape (N x C -> OC)      | product      | Eigen (loom) | OpenBLAS | OpenBLAS / Eigen |\n");
@@ -78,4 +151,5 @@ int main(int argc, char** argv) {
 #if !LOOM_BENCH_CBLAS
   std::printf("(built without cblas.h: OpenBLAS column is empty)\n");
 #endif
+  if (table == "all") bf16_table(reps);
 }

@@ -1,19 +1,310 @@
 #pragma once
-/// \file Private: AVX512-BF16 GEMM for Eigen::bfloat16 operands (placeholder: the micro-kernel
-/// lands next; until then the CPU is reported as lacking AVX512-BF16 and the fp32 path runs).
+/// \file Private: the AVX512-BF16 GEMM behind loom::kernels::cpu::gemm for Eigen::bfloat16.
+///
+/// VDPBF16PS (_mm512_dpbf16_ps) multiplies 32 bf16 pairs and adds each pair's two products to
+/// one of 16 fp32 lanes: dst.fp32[i] += a.bf16[2i+1]*b.bf16[2i+1] + a.bf16[2i]*b.bf16[2i]
+/// (Intel Intrinsics Guide / SDM, VDPBF16PS: round to nearest even, denormal inputs treated as
+/// zero, denormal results flushed to zero, MXCSR ignored). K is therefore consumed in pairs,
+/// and both operands are packed so that a pair (k, k+1) of one row/column is one 32-bit word:
+///
+///   packed A micro-panel  [kp][12]  word = A(m,2kp) | A(m,2kp+1) << 16   (12 rows m)
+///   packed B micro-panel  [kp][32]  word = B(2kp,n) | B(2kp+1,n) << 16   (32 columns n)
+///
+/// The 12x32 micro-kernel keeps C in 24 zmm accumulators; per pair it loads two B vectors,
+/// broadcasts 12 A words and issues 24 VDPBF16PS (1,536 flops). Odd K and edge tiles are padded
+/// with zeros in the packs; partial tiles are stored with masks.
+///
+/// Blocking (Goto & van de Geijn, ACM TOMS 2008): op(B) is packed once per call into NR-wide
+/// panels (all threads, shared); work items are (MC rows) x (a run of B panels); each thread
+/// packs its item's A block per K block of KC pairs and runs the micro-kernel with one B
+/// micro-panel (KC x 32, 32 KiB) in L1 while the A block (MC x KC, 96 KiB) streams from L2.
+/// When K spans several K blocks, partial sums stay in an fp32 per-thread staging tile, so the
+/// rounding to bf16 (for a bf16 C) happens once, on the final store.
+///
+/// Compiled with function-level target attributes: the translation unit needs no -mavx512*, and
+/// gemm_avx512_bf16_supported() decides at run time (cpuid, via __builtin_cpu_supports).
 #include <Eigen/Core>
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <type_traits>
 
 #include <loom/core/error.hpp>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && \
+    ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define LOOM_GEMM_HAS_AVX512_BF16 1
+#include <immintrin.h>
+#define LOOM_TARGET_AVX512_BF16 __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
+#else
+#define LOOM_GEMM_HAS_AVX512_BF16 0
+#endif
+
 namespace loom::kernels::cpu::detail {
 
-/// True when the VDPBF16PS kernel can run here.
-inline bool gemm_avx512_bf16_supported() noexcept { return false; }
+/// True when the VDPBF16PS kernel is compiled in and this CPU (and OS) executes AVX512-BF16.
+inline bool gemm_avx512_bf16_supported() noexcept {
+#if LOOM_GEMM_HAS_AVX512_BF16
+  static const bool supported = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  }();
+  return supported;
+#else
+  return false;
+#endif
+}
+
+/// Blocking of the bf16 kernel (micro-tile MR x NR; K block in pairs; M block in rows).
+struct gemm_bf16_blocking {
+  static constexpr int mr = 12;    // rows of C per micro-tile (broadcast A words)
+  static constexpr int nr = 32;    // columns of C per micro-tile (two zmm of 16 fp32)
+  static constexpr int kc = 256;   // K pairs per K block: B micro-panel kc*nr*4 B = 32 KiB (L1)
+  static constexpr int mc = 96;    // rows per M block: A block mc*kc*4 B = 96 KiB (L2)
+};
+
+/// Raw 16-bit pattern of a bf16 array element.
+inline const std::uint16_t* gemm_bits(const Eigen::bfloat16* p) noexcept {
+  return reinterpret_cast<const std::uint16_t*>(p);
+}
+
+/// Packs `width`-wide words from pairs of rows: dst[p][i] = row(2p)[i] | row(2p+1)[i] << 16 for
+/// pairs p in [p0, p1), i < count; columns count..width and the missing odd row are zeros.
+/// src is the (rows >= K) x (>= count) row-major matrix whose pair index runs down its rows.
+inline void gemm_pack_interleave(std::uint32_t* dst, int width, const std::uint16_t* src, std::size_t ld, int K,
+                                 int p0, int p1, int count) {
+  for (int p = p0; p < p1; ++p, dst += width) {
+    const std::uint16_t* r0 = src + std::size_t(2 * p) * ld;
+    if (2 * p + 1 < K) {
+      const std::uint16_t* r1 = r0 + ld;
+      for (int i = 0; i < count; ++i) dst[i] = std::uint32_t(r0[i]) | (std::uint32_t(r1[i]) << 16);
+    } else {
+      for (int i = 0; i < count; ++i) dst[i] = r0[i];
+    }
+    for (int i = count; i < width; ++i) dst[i] = 0;
+  }
+}
+
+/// Packs `width`-wide words from rows whose pair index runs along the row: dst[p][i] =
+/// row(i)[2p] | row(i)[2p+1] << 16 for pairs p in [p0, p1), rows i < count (the missing
+/// element of an odd K is zero); rows count..width are zeros. A 32-bit transpose.
+inline void gemm_pack_transpose(std::uint32_t* dst, int width, const std::uint16_t* src, std::size_t ld, int K,
+                                int p0, int p1, int count) {
+  const int full = std::min(p1, K / 2);  // pairs with both elements present
+  for (int i = 0; i < count; ++i) {
+    const std::uint16_t* r = src + std::size_t(i) * ld;
+    std::uint32_t* d = dst + i;
+    for (int p = p0; p < full; ++p, d += width) {
+      std::uint32_t w;
+      std::memcpy(&w, r + 2 * p, sizeof w);
+      *d = w;
+    }
+    for (int p = std::max(p0, full); p < p1; ++p, d += width) *d = r[2 * p];
+  }
+  for (int i = count; i < width; ++i)
+    for (int p = p0; p < p1; ++p) dst[std::size_t(p - p0) * width + i] = 0;
+}
+
+#if LOOM_GEMM_HAS_AVX512_BF16
+
+/// 16 fp32 -> 16 bf16 bit patterns, round to nearest even; NaN -> quiet NaN with its sign.
+/// Bit-identical to Eigen::bfloat16(float) (float_to_bfloat16_rtne), subnormals included.
+/// (The maskz_ forms with a full mask avoid GCC 12's false -Wmaybe-uninitialized on the
+/// _mm512_undefined_* inside the unmasked intrinsics.)
+LOOM_TARGET_AVX512_BF16 inline __m256i gemm_bf16_round(__m512 x) {
+  constexpr __mmask16 all = 0xffff;
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i hi = _mm512_maskz_srli_epi32(all, u, 16);
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  __m512i r = _mm512_maskz_srli_epi32(all, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7fc0));
+  r = _mm512_mask_mov_epi32(r, nan, qnan);
+  return _mm512_maskz_cvtepi32_epi16(all, r);
+}
+
+/// 12x32 micro-kernel over kp pairs: acc = (in ? in : 0) + A_panel * B_panel, then either
+///   stage != null: acc stored raw (full tile) to stage (row stride ld_stage), or
+///   stage == null: C(mr x nr) = alpha*acc + beta*C (C not read when beta == 0), stored as OutT.
+/// a: [kp][12] words, b: [kp][32] words (gemm_pack_*); in: fp32 tile (row stride ld_in) or null.
+template <class OutT>
+LOOM_TARGET_AVX512_BF16 void gemm_bf16_micro_12x32(int kp, const std::uint32_t* a, const std::uint32_t* b,
+                                                   const float* in, int ld_in, float* stage, int ld_stage, OutT* C,
+                                                   int ldc, float alpha, float beta, int mr, int nr) {
+  __m512 c[12][2];
+  if (in) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      c[i][0] = _mm512_loadu_ps(in + std::size_t(i) * ld_in);
+      c[i][1] = _mm512_loadu_ps(in + std::size_t(i) * ld_in + 16);
+    }
+  } else {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
+  }
+  for (int p = 0; p < kp; ++p) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      const __m512bh ai = (__m512bh)_mm512_set1_epi32(int(a[i]));
+      c[i][0] = _mm512_dpbf16_ps(c[i][0], ai, b0);
+      c[i][1] = _mm512_dpbf16_ps(c[i][1], ai, b1);
+    }
+    a += 12;
+    b += 32;
+  }
+  if (stage) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      _mm512_storeu_ps(stage + std::size_t(i) * ld_stage, c[i][0]);
+      _mm512_storeu_ps(stage + std::size_t(i) * ld_stage + 16, c[i][1]);
+    }
+    return;
+  }
+  const __mmask16 m0 = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
+  const __mmask16 m1 = nr >= 32 ? __mmask16(0xffff) : nr <= 16 ? __mmask16(0) : __mmask16((1u << (nr - 16)) - 1);
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) {
+    if (i >= mr) break;
+    OutT* ci = C + std::size_t(i) * std::size_t(ldc);
+    for (int h = 0; h < 2; ++h) {
+      const __mmask16 m = h ? m1 : m0;
+      if (!m) continue;
+      __m512 r = _mm512_mul_ps(va, c[i][h]);
+      if constexpr (std::is_same_v<OutT, float>) {
+        if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, ci + 16 * h), r);
+        _mm512_mask_storeu_ps(ci + 16 * h, m, r);
+      } else {
+        if (beta != 0.0f) {
+          const __m256i old = _mm256_maskz_loadu_epi16(m, ci + 16 * h);
+          const __m512i wide = _mm512_maskz_cvtepu16_epi32(__mmask16(0xffff), old);
+          const __m512 oldf = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), wide, 16));
+          r = _mm512_fmadd_ps(vb, oldf, r);
+        }
+        _mm256_mask_storeu_epi16(ci + 16 * h, m, gemm_bf16_round(r));
+      }
+    }
+  }
+}
+
+/// C (M,N) = alpha op(A) op(B) + beta C for bf16 operands on AVX512-BF16 (contract: cpu::gemm;
+/// sizes already checked, M, N, K >= 1). OutT is float or Eigen::bfloat16.
+/// The driver itself is plain code (packing, OpenMP); only the micro-kernel carries the target.
+template <class OutT>
+void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                                              const Eigen::bfloat16* A, int lda, const Eigen::bfloat16* B, int ldb,
+                                              float beta, OutT* C, int ldc) {
+  using blk = gemm_bf16_blocking;
+  constexpr int MR = blk::mr, NR = blk::nr, KC = blk::kc, MC = blk::mc;
+  const int KP = (K + 1) / 2;              // K pairs
+  const int NP = (N + NR - 1) / NR;        // B panels
+  const int nkb = (KP + KC - 1) / KC;      // K blocks
+  const int nmb = (M + MC - 1) / MC;       // M blocks
+  int threads = 1;
+#if defined(_OPENMP)
+  const double flops = 2.0 * M * N * K;
+  threads = flops < 4e6 ? 1 : std::max(1, omp_get_max_threads());
+#endif
+  // B panels per work item: all of them when the M blocks alone keep every thread busy.
+  const int n_split = nmb >= 2 * threads ? 1 : std::min(NP, (2 * threads + nmb - 1) / nmb);
+  const int NCP = (NP + n_split - 1) / n_split;
+  const int nnb = (NP + NCP - 1) / NCP;
+  const int items = nmb * nnb;
+
+  struct aligned_delete {
+    void operator()(void* p) const noexcept { ::operator delete(p, std::align_val_t{64}); }
+  };
+  auto alloc = [](std::size_t bytes) {
+    return std::unique_ptr<void, aligned_delete>(::operator new(bytes, std::align_val_t{64}));
+  };
+  const std::size_t b_panel = std::size_t(KP) * NR;  // words per packed B panel
+  auto bbuf = alloc(std::size_t(NP) * b_panel * sizeof(std::uint32_t));
+  auto* bp = static_cast<std::uint32_t*>(bbuf.get());
+  const std::uint16_t* a_bits = gemm_bits(A);
+  const std::uint16_t* b_bits = gemm_bits(B);
+
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+#endif
+  {
+    // 1. pack op(B) (K x N) into NP panels [KP][NR], shared by all threads
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+    for (int q = 0; q < NP; ++q) {
+      const int n0 = q * NR, cnt = std::min(NR, N - n0);
+      if (trans_b)  // stored (N,K): the pair runs along each stored row
+        gemm_pack_transpose(bp + q * b_panel, NR, b_bits + std::size_t(n0) * ldb, std::size_t(ldb), K, 0, KP, cnt);
+      else  // stored (K,N): the pair is two stored rows
+        gemm_pack_interleave(bp + q * b_panel, NR, b_bits + n0, std::size_t(ldb), K, 0, KP, cnt);
+    }
+    // (implicit barrier)
+
+    // 2. per-thread A block and fp32 staging for multi-K-block sums
+    const int mc_pad = MC;  // MC is a multiple of MR
+    auto abuf = alloc(std::size_t(mc_pad) * std::min(KC, KP) * sizeof(std::uint32_t));
+    auto* ap = static_cast<std::uint32_t*>(abuf.get());
+    const int ld_stage = NCP * NR;
+    std::unique_ptr<void, aligned_delete> sbuf;
+    if (nkb > 1) sbuf = alloc(std::size_t(mc_pad) * ld_stage * sizeof(float));
+    auto* stage = static_cast<float*>(sbuf.get());
+    int packed_ib = -1;  // M block whose A (single K block) is already in abuf
+
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+    for (int it = 0; it < items; ++it) {
+      const int ib = it / nnb, jb = it % nnb;
+      const int m0 = ib * MC, mlen = std::min(MC, M - m0), tiles = (mlen + MR - 1) / MR;
+      const int q0 = jb * NCP, q1 = std::min(NP, q0 + NCP);
+      for (int kb = 0; kb < nkb; ++kb) {
+        const int p0 = kb * KC, p1 = std::min(KP, p0 + KC), kpl = p1 - p0;
+        if (!(nkb == 1 && packed_ib == ib)) {
+          for (int t = 0; t < tiles; ++t) {
+            const int mt = m0 + t * MR, cnt = std::min(MR, M - mt);
+            std::uint32_t* dst = ap + std::size_t(t) * MR * kpl;
+            if (trans_a)  // stored (K,M): the pair is two stored rows
+              gemm_pack_interleave(dst, MR, a_bits + mt, std::size_t(lda), K, p0, p1, cnt);
+            else  // stored (M,K): the pair runs along each stored row
+              gemm_pack_transpose(dst, MR, a_bits + std::size_t(mt) * lda, std::size_t(lda), K, p0, p1, cnt);
+          }
+          packed_ib = nkb == 1 ? ib : -1;
+        }
+        const bool first = kb == 0, last = kb == nkb - 1;
+        for (int q = q0; q < q1; ++q) {
+          const std::uint32_t* bq = bp + q * b_panel + std::size_t(p0) * NR;
+          const int n0 = q * NR, nr = std::min(NR, N - n0);
+          for (int t = 0; t < tiles; ++t) {
+            const int mt = m0 + t * MR, mr = std::min(MR, M - mt);
+            float* st = stage ? stage + std::size_t(t) * MR * ld_stage + std::size_t(q - q0) * NR : nullptr;
+            gemm_bf16_micro_12x32<OutT>(kpl, ap + std::size_t(t) * MR * kpl, bq, first ? nullptr : st, ld_stage,
+                                        last ? nullptr : st, ld_stage, C + std::size_t(mt) * ldc + n0, ldc, alpha,
+                                        beta, mr, nr);
+          }
+        }
+      }
+    }
+  }
+}
+
+#else  // no compiler support: never called (gemm_avx512_bf16_supported() is false)
 
 template <class OutT>
 void gemm_avx512_bf16(bool, bool, int, int, int, float, const Eigen::bfloat16*, int, const Eigen::bfloat16*, int,
                       float, OutT*, int) {
-  throw error("loom::kernels::cpu::gemm: the AVX512-BF16 kernel is not built");
+  throw error("loom::kernels::cpu::gemm: this compiler cannot build the AVX512-BF16 kernel");
 }
+
+#endif
 
 }  // namespace loom::kernels::cpu::detail
