@@ -73,6 +73,12 @@ struct attention<device::cpu, T, reference> {
                        int B, int Tn, int C, int NH) {
     cpu::attention_backward(dqkv, dout, qkv, saved, scratch, B, Tn, C, NH);
   }
+  /// Same as above, in the signature of the fused kernel (which takes the forward's output
+  /// to form D = rowsum(dout ∘ out)); the reference does not need `out`.
+  static void backward(context<device::cpu>& ctx, T* dqkv, const T* dout, const T* qkv, const T* /*out*/,
+                       const acc* saved, acc* scratch, int B, int Tn, int C, int NH) {
+    backward(ctx, dqkv, dout, qkv, saved, scratch, B, Tn, C, NH);
+  }
 };
 
 }  // namespace loom::kernels

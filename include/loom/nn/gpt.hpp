@@ -44,10 +44,12 @@ inline int max_threads() noexcept {
 /// A GPT model's parameters and gradients on one rank, and its forward/backward passes.
 ///
 /// Template arguments: M a models::model_config; Policy a loom::policy<Device, Precision,
-/// Layout>; Attn the attention implementation tag (kernels::reference or kernels::fused).
+/// Layout>; Attn the attention implementation tag: kernels::fused (the default: flash-style,
+/// saves O(B·NH·T) statistics) or kernels::reference (unfused, saves the O(B·NH·T²)
+/// probabilities; for debugging and consistency checks).
 /// Memory: 2 * parameter_count * sizeof(storage) bytes, allocated once at construction.
 /// Errors: construction throws what Device::allocate throws.
-template <models::model_config M, class Policy, class Attn = kernels::reference>
+template <models::model_config M, class Policy, class Attn = kernels::fused>
 class gpt {
  public:
   using model = M;
@@ -242,7 +244,7 @@ class gpt {
       // attention: dres now holds d(residual2) = d(attproj out) and the direct part of d(input)
       ops::matmul_backward(ctx, p.datty, g(param::attproj_w, l), g(param::attproj_b, l), p.dres, atty,
                            w(param::attproj_w, l), n, C, C, false);
-      attention::backward(ctx, p.dqkv, p.datty, qkv, att, p.attn_scratch, b, t, C, NH);
+      attention::backward(ctx, p.dqkv, p.datty, qkv, atty, att, p.attn_scratch, b, t, C, NH);
       ops::matmul_backward(ctx, p.dln, g(param::qkv_w, l), g(param::qkv_b, l), p.dqkv, ln1, w(param::qkv_w, l), n,
                            C, 3 * C, false);
       ops::layernorm_backward(ctx, p.dres, g(param::ln1_w, l), g(param::ln1_b, l), p.dln, residual,

@@ -55,7 +55,7 @@ inline void validate_tokens(std::span<const std::int32_t> ids, int vocab, std::s
                         " tokens or choose a model with a larger vocabulary");
 }
 
-template <models::model_config M, class Policy, int B, int T, class Attn = kernels::reference>
+template <models::model_config M, class Policy, int B, int T, class Attn = kernels::fused>
 class trainer {
  public:
   using model_t = nn::gpt<M, Policy, Attn>;
