@@ -3,31 +3,52 @@
 # vendor toolkit: emulation/include restates the documented signatures, emulation/src implements
 # them on host memory (see docs/ascend.md). Test-only; loom itself stays header-only.
 #
+# The emulation is a fake toolkit tree, <build>/ascend_emulation/lib64/ with the CANN library
+# names, which loom loads exactly as it loads a real toolkit (dlopen through ASCEND_HOME_PATH):
+#   libascendcl.so   emulation/src/runtime.cpp, elements.cpp    (+ the emulation's control functions loomemu_*)
+#   libnnopbase.so   emulation/src/meta.cpp
+#   libopapi.so      emulation/src/ops.cpp, ops_attention.cpp
+#   libhccl.so       emulation/src/hccl.cpp
+# Nothing links them: the test binaries find them through ASCEND_HOME_PATH (set by CTest) or the
+# compile definition LOOM_ASCEND_EMULATION_HOME (the fallback when run by hand).
+#
 # include() it after loom::loom exists. Defines:
-#   loom_ascend_emulation         STATIC library built from emulation/src/*.cpp
-#   loom::ascend_emulated         INTERFACE: loom::loom + emulation/include + the library +
-#                                 the compile definition LOOM_ASCEND_EMULATION=1
-#   loom_ascend_emulation_tests() adds the test binary loom_ascend_tests (tests/unit/main.cpp +
-#                                 tests/ascend/*.cpp), one CTest test per TEST_CASE, label "ascend",
-#                                 and the compile-fail pairs tests/ascend/compile_fail/<name>.cpp
-#                                 (<name>_ok must compile; <name>_ko, with -DLOOM_SHOULD_FAIL, must
-#                                 fail printing the text of the file's `// expect: <text>` first line)
+#   loom_ascend_emulation              custom target building the four libraries
+#   LOOM_ASCEND_EMULATION_HOME         the fake toolkit root (cache, internal)
+#   loom_ascend_emulation_tests()      the test binary loom_ascend_tests (tests/unit/main.cpp +
+#                                      tests/ascend/*.cpp), one CTest test per TEST_CASE, label
+#                                      "ascend"; the compile-fail pairs tests/ascend/compile_fail/
+#                                      <name>.cpp (<name>_ok must compile; <name>_ko, with
+#                                      -DLOOM_SHOULD_FAIL, must fail printing the text of the file's
+#                                      `// expect: <text>` first line); and the header-drift check
+#                                      (loom's declarations vs the emulation's headers, compiled with
+#                                      LOOM_ASCEND_USE_CANN_HEADERS=1)
 include_guard(GLOBAL)
 cmake_path(SET _loom_emu_root NORMALIZE "${CMAKE_CURRENT_LIST_DIR}/..")
 set(LOOM_ASCEND_EMULATION_ROOT "${_loom_emu_root}" CACHE INTERNAL "loom source root for the Ascend emulation")
+set(LOOM_ASCEND_EMULATION_HOME "${CMAKE_BINARY_DIR}/ascend_emulation" CACHE INTERNAL
+    "fake CANN toolkit root holding the emulation libraries")
 
 find_package(Threads REQUIRED)
-file(GLOB _loom_emu_sources CONFIGURE_DEPENDS "${_loom_emu_root}/emulation/src/*.cpp")
-add_library(loom_ascend_emulation STATIC ${_loom_emu_sources})
-target_include_directories(loom_ascend_emulation PUBLIC "${_loom_emu_root}/emulation/include")
-target_compile_features(loom_ascend_emulation PUBLIC cxx_std_20)
-target_link_libraries(loom_ascend_emulation PUBLIC Threads::Threads)
-set_target_properties(loom_ascend_emulation PROPERTIES POSITION_INDEPENDENT_CODE ON)
-
-add_library(loom_ascend_emulated INTERFACE)
-add_library(loom::ascend_emulated ALIAS loom_ascend_emulated)
-target_link_libraries(loom_ascend_emulated INTERFACE loom::loom loom_ascend_emulation)
-target_compile_definitions(loom_ascend_emulated INTERFACE LOOM_ASCEND_EMULATION=1)
+set(_loom_emu_src "${_loom_emu_root}/emulation/src")
+function(_loom_emu_library target output)
+  add_library(${target} SHARED ${ARGN})
+  target_include_directories(${target} PRIVATE "${_loom_emu_root}/emulation/include")
+  target_compile_features(${target} PRIVATE cxx_std_20)
+  target_link_libraries(${target} PRIVATE Threads::Threads)
+  set_target_properties(${target} PROPERTIES
+    OUTPUT_NAME ${output}
+    LIBRARY_OUTPUT_DIRECTORY "${LOOM_ASCEND_EMULATION_HOME}/lib64"
+    BUILD_RPATH "$ORIGIN")
+endfunction()
+_loom_emu_library(loom_emu_ascendcl ascendcl "${_loom_emu_src}/runtime.cpp" "${_loom_emu_src}/elements.cpp")
+_loom_emu_library(loom_emu_nnopbase nnopbase "${_loom_emu_src}/meta.cpp")
+_loom_emu_library(loom_emu_opapi opapi "${_loom_emu_src}/ops.cpp" "${_loom_emu_src}/ops_attention.cpp")
+_loom_emu_library(loom_emu_hccl hccl "${_loom_emu_src}/hccl.cpp")
+target_link_libraries(loom_emu_nnopbase PRIVATE loom_emu_ascendcl)
+target_link_libraries(loom_emu_opapi PRIVATE loom_emu_nnopbase loom_emu_ascendcl)
+target_link_libraries(loom_emu_hccl PRIVATE loom_emu_nnopbase loom_emu_ascendcl)
+add_custom_target(loom_ascend_emulation DEPENDS loom_emu_ascendcl loom_emu_nnopbase loom_emu_opapi loom_emu_hccl)
 
 function(loom_ascend_emulation_tests)
   set(root "${LOOM_ASCEND_EMULATION_ROOT}")
@@ -37,27 +58,51 @@ function(loom_ascend_emulation_tests)
   endif()
   find_package(doctest REQUIRED)
   add_executable(loom_ascend_tests "${root}/tests/unit/main.cpp" ${sources})
-  target_link_libraries(loom_ascend_tests PRIVATE loom::ascend_emulated doctest::doctest)
-  target_include_directories(loom_ascend_tests PRIVATE "${root}/tests")
+  # loom::ascend: the policy over loom's own declarations; the emulation is loaded, never linked
+  target_link_libraries(loom_ascend_tests PRIVATE loom::ascend doctest::doctest)
+  target_include_directories(loom_ascend_tests PRIVATE "${root}/tests" "${root}/emulation/include")
+  target_compile_definitions(loom_ascend_tests PRIVATE LOOM_ASCEND_EMULATION_HOME="${LOOM_ASCEND_EMULATION_HOME}")
+  add_dependencies(loom_ascend_tests loom_ascend_emulation)
   if(COMMAND loom_target_defaults)
     loom_target_defaults(loom_ascend_tests)
   endif()
+  set(env "ASCEND_HOME_PATH=${LOOM_ASCEND_EMULATION_HOME}")
   if(COMMAND loom_doctest_discover_tests)
-    loom_doctest_discover_tests(loom_ascend_tests WORKING_DIRECTORY "${root}" LABELS ascend TIMEOUT 900)
+    loom_doctest_discover_tests(loom_ascend_tests WORKING_DIRECTORY "${root}" LABELS ascend TIMEOUT 900
+                                ENVIRONMENT "${env}")
   else()
     add_test(NAME loom_ascend_tests COMMAND loom_ascend_tests WORKING_DIRECTORY "${root}")
+    set_tests_properties(loom_ascend_tests PROPERTIES ENVIRONMENT "${env}")
   endif()
 
-  # compile-fail pairs: syntax-only compiles with the include flags of loom::ascend_emulated
-  file(GLOB failtests CONFIGURE_DEPENDS "${root}/tests/ascend/compile_fail/*.cpp")
-  if(failtests)
-    set(probe "${CMAKE_CURRENT_BINARY_DIR}/loom_ascend_probe.cpp")
-    file(WRITE "${probe}" "// include flags probe, never built\n")
-    add_library(loom_ascend_probe OBJECT EXCLUDE_FROM_ALL "${probe}")
-    target_link_libraries(loom_ascend_probe PRIVATE loom::ascend_emulated)
-    set(inc "$<REMOVE_DUPLICATES:$<TARGET_PROPERTY:loom_ascend_probe,INCLUDE_DIRECTORIES>>")
-    set(flags -std=c++20 -fsyntax-only "$<$<BOOL:${inc}>:-I$<JOIN:${inc},$<SEMICOLON>-I>>")
+  # Loading, not linking: the test binary must not depend on any CANN library name.
+  find_program(LOOM_READELF readelf)
+  if(LOOM_READELF)
+    add_test(NAME ascend_tests_link_no_cann_library COMMAND "${LOOM_READELF}" -d $<TARGET_FILE:loom_ascend_tests>)
+    set_tests_properties(ascend_tests_link_no_cann_library PROPERTIES LABELS ascend
+                         FAIL_REGULAR_EXPRESSION "libascendcl|libnnopbase|libopapi|libhccl|libhcomm"
+                         PASS_REGULAR_EXPRESSION "NEEDED")
   endif()
+
+  # syntax-only compiles with the include flags of loom::ascend
+  set(probe "${CMAKE_CURRENT_BINARY_DIR}/loom_ascend_probe.cpp")
+  file(WRITE "${probe}" "// include flags probe, never built\n")
+  add_library(loom_ascend_probe OBJECT EXCLUDE_FROM_ALL "${probe}")
+  target_link_libraries(loom_ascend_probe PRIVATE loom::ascend)
+  set(inc "$<REMOVE_DUPLICATES:$<TARGET_PROPERTY:loom_ascend_probe,INCLUDE_DIRECTORIES>>")
+  set(flags -std=c++20 -fsyntax-only "$<$<BOOL:${inc}>:-I$<JOIN:${inc},$<SEMICOLON>-I>>")
+
+  # Drift check: loom's declarations (device/detail/acl_api.hpp) against headers at the vendor
+  # include paths — here the emulation's, which restate the same reference. With a real toolkit,
+  # -DLOOM_ASCEND_USE_CANN_HEADERS=ON does the same against CANN's own headers.
+  add_test(NAME ascend_declarations_match_headers
+           COMMAND "${CMAKE_CXX_COMPILER}" ${flags} -DLOOM_ASCEND_USE_CANN_HEADERS=1
+                   "-I${root}/emulation/include" -x c++ "${root}/include/loom/kernels/ascend.hpp"
+                   -include "${root}/include/loom/parallel/comm_hccl.hpp"
+           COMMAND_EXPAND_LISTS)
+  set_tests_properties(ascend_declarations_match_headers PROPERTIES LABELS "ascend;failtest" TIMEOUT 300)
+
+  file(GLOB failtests CONFIGURE_DEPENDS "${root}/tests/ascend/compile_fail/*.cpp")
   foreach(src IN LISTS failtests)
     get_filename_component(name "${src}" NAME_WE)
     file(STRINGS "${src}" first_line LIMIT_COUNT 1)

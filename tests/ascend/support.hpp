@@ -2,6 +2,11 @@
 // Helpers for the Ascend tests. They run against loom's host emulation of CANN (emulation/), never
 // against an NPU: what they prove is that loom drives the documented APIs correctly as far as the
 // emulation checks them (docs/ascend.md says what that does and does not cover).
+//
+// The emulation is a fake toolkit (<build>/ascend_emulation/lib64/libascendcl.so, ...) that the
+// tests load exactly as loom loads CANN — through ascend_runtime, from ASCEND_HOME_PATH (set by
+// CTest) or LOOM_ASCEND_EMULATION_HOME. Nothing is linked: the emulation's control functions
+// (loomemu_*) are resolved with dlsym too.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -15,12 +20,58 @@
 
 #include <loom/core/buffer.hpp>
 #include <loom/device/ascend.hpp>
+#include <loom/device/ascend_runtime.hpp>
 
-#include <loom_emulation/control.h>
+#include <cstdlib>
+#include <memory>
+#include <stdexcept>
 
 namespace loom_test {
 
 using npu = loom::device::ascend;
+namespace acl = loom::device::acl;
+
+/// The emulation, loaded once for the test process (test-local; loom itself has no such global).
+inline const std::shared_ptr<const loom::device::ascend_runtime>& runtime() {
+  static const std::shared_ptr<const loom::device::ascend_runtime> rt = [] {
+    loom::device::ascend_runtime_options o;
+    const char* home = std::getenv("ASCEND_HOME_PATH");
+    if (!home || !*home) o.roots = {LOOM_ASCEND_EMULATION_HOME};
+    o.use_default_roots = false;  // never pick up a real toolkit by accident
+    o.use_loader_path = false;
+    auto r = loom::device::ascend_runtime::load(o);
+    if (!r->symbol("loomemu_reset"))
+      throw std::runtime_error("the loaded libascendcl.so is not loom's emulation (no loomemu_reset)");
+    return r;
+  }();
+  return rt;
+}
+/// The emulation's function table.
+inline const acl::api_table& api() { return runtime()->api(); }
+
+/// An emulation control function (emulation/include/loom_emulation/control.h), by dlsym.
+template <class F>
+F* emu(const char* name) {
+  auto* f = reinterpret_cast<F*>(runtime()->symbol(name));
+  if (!f) throw std::runtime_error(std::string("the emulation does not export ") + name);
+  return f;
+}
+/// Mirrors loomemu_counters of emulation/include/loom_emulation/control.h (keep in sync).
+struct loomemu_counters {
+  std::uint64_t device_mallocs, device_frees, live_device_allocs;
+  std::size_t live_device_bytes;
+  std::uint64_t host_pinned_allocs, executors_created, executors_run, tasks_executed, checks_failed, async_copies,
+      sync_copies;
+};
+inline void loomemu_inject_failure(const char* api, int code, int skip, int count) {
+  emu<void(const char*, int, int, int)>("loomemu_inject_failure")(api, code, skip, count);
+}
+inline void loomemu_reset() { emu<void()>("loomemu_reset")(); }
+inline void loomemu_set_device_memory_limit(int device, std::size_t bytes) {
+  emu<void(int, std::size_t)>("loomemu_set_device_memory_limit")(device, bytes);
+}
+inline void loomemu_set_device_count(int count) { emu<void(int)>("loomemu_set_device_count")(count); }
+inline loomemu_counters loomemu_get_counters() { return emu<loomemu_counters()>("loomemu_get_counters")(); }
 template <class T>
 using dbuf = loom::buffer<npu, T>;
 

@@ -37,7 +37,7 @@ void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
   const int b = 2, t = 7;      // a shorter micro-batch than the capacity
 
   loom::context<loom::device::cpu> cctx;
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& nctx = dev.context();
   cpu_model cm(cctx, 7);
   npu_model nm(nctx, 7);
@@ -96,8 +96,8 @@ void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
 
 }  // namespace
 
-TEST_CASE("gpt<tiny> on ascend/fp32 (emulated): loss, every gradient and an AdamW step match cpu/fp32") {
-  compare_with_cpu<loom::precision::fp32>(1e-5, 1e-9, 1e-8);  // Adam amplifies tiny-gradient noise
+TEST_CASE("gpt<tiny> on ascend/fp32 (deliberate fp32 matmul, emulated): loss, every gradient and an AdamW step match cpu/fp32") {
+  compare_with_cpu<loom::precision::fp32_ascend_matmul>(1e-5, 1e-9, 1e-8);  // Adam amplifies tiny-gradient noise
 }
 
 TEST_CASE("gpt<tiny> on ascend/bf16 storage (emulated): forward and backward agree with cpu/fp32") {
@@ -112,9 +112,9 @@ TEST_CASE("trainer<tiny> on ascend/fp32 (emulated): three steps with gradient ac
   cfg.schedule = {3e-3, 3e-4, 1, 10};
   cfg.seed = 11;
   loom::context<loom::device::cpu> cctx;
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   loom::train::trainer<M, loom::policy<loom::device::cpu, loom::precision::fp32>, B, T> ct(cctx, cfg);
-  loom::train::trainer<M, loom::policy<npu, loom::precision::fp32>, B, T, loom::kernels::fused> nt(dev.context(), cfg);
+  loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::kernels::fused> nt(dev.context(), cfg);
   std::vector<std::int32_t> windows(ct.windows_per_step() * ct.window());
   for (int s = 0; s < 3; ++s) {
     for (std::size_t i = 0; i < windows.size(); ++i) windows[i] = std::int32_t((i * 7 + std::size_t(s) * 13 + 1) % M::vocab);

@@ -26,7 +26,7 @@ TEST_CASE_TEMPLATE("comm::hccl: all_reduce (sum, avg, max, min) equals comm::thr
   const int world = 4;
   const std::size_t n = 1001;
   loom::comm::run_threads(world, [&](loom::comm::threads& boot) {
-    loom::device::ascend_device dev(boot.rank());
+    loom::device::ascend_device dev(runtime(), boot.rank());
     auto& ctx = dev.context();
     auto hc = loom::comm::hccl::create(boot, ctx);
     REQUIRE(hc.size() == world);
@@ -49,7 +49,7 @@ TEST_CASE("comm::hccl: reduce_scatter, all_gather (also in place), broadcast, se
   const std::size_t m = 37;
   loom::comm::run_threads(world, [&](loom::comm::threads& boot) {
     const int r = boot.rank();
-    loom::device::ascend_device dev(r);
+    loom::device::ascend_device dev(runtime(), r);
     auto& ctx = dev.context();
     auto hc = loom::comm::hccl::create(boot, ctx);
 
@@ -95,7 +95,7 @@ TEST_CASE("comm::hccl: split into sub-communicators, and the async all_reduce or
   const std::size_t n = 257;
   loom::comm::run_threads(world, [&](loom::comm::threads& boot) {
     const int r = boot.rank();
-    loom::device::ascend_device dev(r);
+    loom::device::ascend_device dev(runtime(), r);
     auto& ctx = dev.context();
     auto hc = loom::comm::hccl::create(boot, ctx);
     auto half = hc.split(r % 2, -r);  // keys reverse the order inside each group
@@ -124,7 +124,7 @@ TEST_CASE("comm::hccl: root info through a file, bad input, mismatched calls and
   ::setenv("HCCL_EXEC_TIMEOUT", "1", 1);  // the emulated peer wait: keep the stuck collective short
   loom::comm::run_threads(world, [&](loom::comm::threads& boot) {
     const int r = boot.rank();
-    loom::device::ascend_device dev(r);
+    loom::device::ascend_device dev(runtime(), r);
     auto& ctx = dev.context();
     loom::comm::hccl_options opt;
     opt.timeout = std::chrono::milliseconds(300);

@@ -22,7 +22,7 @@ namespace cpu = loom::kernels::cpu;
 #define LOOM_ASCEND_TYPES float, Eigen::half, Eigen::bfloat16
 
 TEST_CASE_TEMPLATE("ascend ops: matmul forward with and without bias matches the CPU kernel", T, LOOM_ASCEND_TYPES) {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   using ops = loom::kernels::ops<npu, T>;
   const int N = 37, C = 29, OC = 23;
@@ -40,7 +40,7 @@ TEST_CASE_TEMPLATE("ascend ops: matmul forward with and without bias matches the
 }
 
 TEST_CASE_TEMPLATE("ascend ops: matmul backward accumulates dw, dbias and (optionally) dinp", T, LOOM_ASCEND_TYPES) {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   using ops = loom::kernels::ops<npu, T>;
   const int N = 31, C = 19, OC = 27;
@@ -69,7 +69,7 @@ TEST_CASE_TEMPLATE("ascend ops: matmul backward accumulates dw, dbias and (optio
 }
 
 TEST_CASE_TEMPLATE("ascend ops: layernorm forward and backward match the CPU kernels", T, LOOM_ASCEND_TYPES) {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   using ops = loom::kernels::ops<npu, T>;
   const int N = 13, C = 37;
@@ -105,7 +105,7 @@ TEST_CASE_TEMPLATE("ascend ops: layernorm forward and backward match the CPU ker
 }
 
 TEST_CASE_TEMPLATE("ascend ops: gelu (tanh) forward/backward and the residual add", T, LOOM_ASCEND_TYPES) {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   using ops = loom::kernels::ops<npu, T>;
   const std::size_t n = 1001;
@@ -130,7 +130,7 @@ TEST_CASE_TEMPLATE("ascend ops: gelu (tanh) forward/backward and the residual ad
 }
 
 TEST_CASE_TEMPLATE("ascend ops: token + position embedding forward and backward", T, LOOM_ASCEND_TYPES) {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   using ops = loom::kernels::ops<npu, T>;
   const int B = 3, Tn = 7, C = 19, V = 53, maxT = 11;
@@ -159,7 +159,7 @@ TEST_CASE_TEMPLATE("ascend ops: token + position embedding forward and backward"
 }
 
 TEST_CASE_TEMPLATE("ascend ops: fused cross-entropy loss, dlogits, padding and ignore_index", T, LOOM_ASCEND_TYPES) {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   using ops = loom::kernels::ops<npu, T>;
   const int N = 9, V = 41;
@@ -187,7 +187,7 @@ TEST_CASE_TEMPLATE("ascend ops: fused cross-entropy loss, dlogits, padding and i
 }
 
 TEST_CASE_TEMPLATE("ascend ops: sum of squares and the non-finite check", T, LOOM_ASCEND_TYPES) {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   using ops = loom::kernels::ops<npu, T>;
   const std::size_t n = 100003;
@@ -205,7 +205,7 @@ TEST_CASE_TEMPLATE("ascend ops: sum of squares and the non-finite check", T, LOO
 }
 
 TEST_CASE_TEMPLATE("ascend ops: AdamW step (aclnnApplyAdamWV2) matches the CPU update", T, LOOM_ASCEND_TYPES) {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   using ops = loom::kernels::ops<npu, T>;
   const std::size_t n = 1003;
@@ -262,7 +262,7 @@ void softmax_stats(const std::vector<float>& qkv, int B, int Tn, int C, int NH, 
 
 TEST_CASE_TEMPLATE("ascend attention<fused>: flash attention forward, saved softmax stats and backward", T,
                    LOOM_ASCEND_TYPES) {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   using attn = loom::kernels::attention<npu, T, loom::kernels::fused>;
   const int B = 2, Tn = 13, NH = 3, C = 15;
@@ -311,7 +311,7 @@ TEST_CASE_TEMPLATE("ascend attention<fused>: flash attention forward, saved soft
 }
 
 TEST_CASE_TEMPLATE("ascend attention<fused>: key padding matches attention<cpu, float, fused>", T, LOOM_ASCEND_TYPES) {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   using attn = loom::kernels::attention<npu, T, loom::kernels::fused>;
   using cattn = loom::kernels::attention<loom::device::cpu, float, loom::kernels::fused>;

@@ -3,8 +3,6 @@
 // code, message and call site), and one test per misuse check of the emulation.
 #include <doctest/doctest.h>
 
-#include <acl/acl.h>
-#include <aclnnop/aclnn_copy.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -140,7 +138,7 @@ TEST_CASE("caching allocator: out of memory flushes the cache once, then throws 
 }
 
 TEST_CASE("ascend device: buffers come from the per-device caching allocator and are reused") {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   auto& pool = dev.memory();
   const auto before = loomemu_get_counters();
@@ -167,7 +165,7 @@ TEST_CASE("ascend device: buffers come from the per-device caching allocator and
 
 TEST_CASE("ascend device: out of device memory flushes the cache, then reports the code and the summary") {
   emulation_reset reset;
-  loom::device::ascend_device dev(2);
+  loom::device::ascend_device dev(runtime(), 2);
   auto& pool = dev.memory();
   pool.empty_cache();
   loomemu_set_device_memory_limit(2, std::size_t(6) << 20);
@@ -192,7 +190,7 @@ TEST_CASE("ascend device: out of device memory flushes the cache, then reports t
 
 TEST_CASE("ascend device: an injected ACL failure becomes device_error with code, message and call site") {
   emulation_reset reset;
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   dbuf<float> x(64, ctx.stream);
   loomemu_inject_failure("aclrtMemsetAsync", 507899, 0, 1);
@@ -203,7 +201,7 @@ TEST_CASE("ascend device: an injected ACL failure becomes device_error with code
     CHECK(e.code() == 507899);
     const std::string what = e.what();
     CHECK(what.find("aclrtMemsetAsync failed with code 507899") != std::string::npos);
-    CHECK(what.find("injected failure of aclrtMemsetAsync") != std::string::npos);  // aclGetRecentErrMsg()
+    CHECK(what.find("injected failure of aclrtMemsetAsync") != std::string::npos);  // api().aclGetRecentErrMsg()
     CHECK(what.find("ascend.hpp:") != std::string::npos);                           // file:line of the call
   }
   // the next call works again (count = 1)
@@ -213,7 +211,7 @@ TEST_CASE("ascend device: an injected ACL failure becomes device_error with code
 
 TEST_CASE("ascend kernels: failures of either aclnn phase name the phase, the code and the kernel's call site") {
   emulation_reset reset;
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   dbuf<float> a(6, ctx.stream), w(6, ctx.stream), y(4, ctx.stream);
   using ops = loom::kernels::ops<npu, float>;
@@ -236,7 +234,7 @@ TEST_CASE("ascend kernels: failures of either aclnn phase name the phase, the co
 }
 
 TEST_CASE("ascend kernels: a fault inside asynchronous work surfaces at the next synchronize") {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   const int B = 1, Tn = 3, C = 4, V = 5;
   auto tok = upload<std::int32_t>(ctx, std::vector<std::int32_t>{1, 7, 2});  // 7 is outside [0, 5)
@@ -255,7 +253,7 @@ TEST_CASE("ascend kernels: a fault inside asynchronous work surfaces at the next
 }
 
 TEST_CASE("ascend device: host copies are asynchronous only from pinned, aligned memory") {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   const std::size_t n = 4096;
   dbuf<float> d(n, ctx.stream);
@@ -280,9 +278,9 @@ TEST_CASE("ascend device: host copies are asynchronous only from pinned, aligned
 }
 
 TEST_CASE("ascend device: events time stream work; guards restore the previous device") {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
-  loom::device::ascend_event start, stop;
+  loom::device::ascend_event start(*runtime()), stop(*runtime());
   start.record(ctx.stream);
   dbuf<float> x(1 << 16, ctx.stream);
   stop.record(ctx.stream);
@@ -290,143 +288,143 @@ TEST_CASE("ascend device: events time stream work; guards restore the previous d
   CHECK(stop.query());
   CHECK(loom::device::ascend_event::elapsed_ms(start, stop) >= 0.0f);
   {
-    loom::device::device_guard g(3);
-    CHECK(loom::device::detail::ascend_current_device() == 3);
+    loom::device::device_guard g(*runtime(), 3);
+    CHECK(loom::device::detail::ascend_current_device(api()) == 3);
   }
-  CHECK(loom::device::detail::ascend_current_device() == 0);
+  CHECK(loom::device::detail::ascend_current_device(api()) == 0);
   // another thread has no current device until it makes one
   std::thread([] {
     CHECK_THROWS_WITH_AS(npu::allocate(64), doctest::Contains("has no current NPU"), loom::device_error);
-    loom::device::ascend_device other(1);
+    loom::device::ascend_device other(runtime(), 1);
     void* p = npu::allocate(64);
     npu::deallocate(p);
   }).join();
-  CHECK(loom::device::ascend_device::count() >= 4);
+  CHECK(loom::device::ascend_device::count(*runtime()) >= 4);
 }
 
 // --- the emulation's own checks, one per kind of misuse ---------------------------------------------------
 namespace {
 /// Runs aclnnInplaceCopy's phase 1 on raw descriptors and returns the status.
-int copy_phase1(aclTensor* dst, aclTensor* src, uint64_t* ws, aclOpExecutor** ex) {
-  return aclnnInplaceCopyGetWorkspaceSize(dst, src, ws, ex);
+int copy_phase1(acl::aclTensor* dst, acl::aclTensor* src, uint64_t* ws, acl::aclOpExecutor** ex) {
+  return api().aclnnInplaceCopyGetWorkspaceSize(dst, src, ws, ex);
 }
-aclTensor* raw_tensor(void* p, std::vector<int64_t> dims, std::vector<int64_t> strides, int64_t storage) {
-  return aclCreateTensor(dims.data(), dims.size(), ACL_FLOAT, strides.data(), 0, ACL_FORMAT_ND, &storage, 1, p);
+acl::aclTensor* raw_tensor(void* p, std::vector<int64_t> dims, std::vector<int64_t> strides, int64_t storage) {
+  return api().aclCreateTensor(dims.data(), dims.size(), acl::dt_float, strides.data(), 0, acl::format_nd, &storage, 1, p);
 }
 }  // namespace
 
 TEST_CASE("emulation check: a view that does not fit its storage (wrong stride) is rejected in phase 1") {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   dbuf<float> a(64, ctx.stream), b(64, ctx.stream);
-  aclTensor* dst = raw_tensor(a.data(), {8, 8}, {8, 1}, 64);
-  aclTensor* bad = raw_tensor(b.data(), {8, 8}, {9, 1}, 64);  // row stride 9 reaches element 70
+  acl::aclTensor* dst = raw_tensor(a.data(), {8, 8}, {8, 1}, 64);
+  acl::aclTensor* bad = raw_tensor(b.data(), {8, 8}, {9, 1}, 64);  // row stride 9 reaches element 70
   uint64_t ws = 0;
-  aclOpExecutor* ex = nullptr;
+  acl::aclOpExecutor* ex = nullptr;
   CHECK(copy_phase1(dst, bad, &ws, &ex) == 161002);
-  CHECK(std::string(aclGetRecentErrMsg()).find("does not fit in the storage") != std::string::npos);
-  aclDestroyTensor(dst);
-  aclDestroyTensor(bad);
+  CHECK(std::string(api().aclGetRecentErrMsg()).find("does not fit in the storage") != std::string::npos);
+  api().aclDestroyTensor(dst);
+  api().aclDestroyTensor(bad);
 }
 
 TEST_CASE("emulation check: a workspace smaller than phase 1 asked for is rejected in phase 2") {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   dbuf<float> a(16, ctx.stream), w(16, ctx.stream), y(16, ctx.stream), work(4096, ctx.stream);
-  loom::kernels::ascend::tensor A(a.data(), ACL_FLOAT, {4, 4}), W(w.data(), ACL_FLOAT, {4, 4}), Y(y.data(), ACL_FLOAT, {4, 4});
+  loom::kernels::ascend::tensor A(ctx, a.data(), acl::dt_float, {4, 4}), W(ctx, w.data(), acl::dt_float, {4, 4}), Y(ctx, y.data(), acl::dt_float, {4, 4});
   uint64_t ws = 0;
-  aclOpExecutor* ex = nullptr;
-  REQUIRE(aclnnMatmulGetWorkspaceSize(A, W, Y, 0, &ws, &ex) == 0);
+  acl::aclOpExecutor* ex = nullptr;
+  REQUIRE(api().aclnnMatmulGetWorkspaceSize(A, W, Y, 0, &ws, &ex) == 0);
   REQUIRE(ws > 0);
-  CHECK(aclnnMatmul(work.data(), ws - 1, ex, ctx.stream) == 161002);
-  CHECK(std::string(aclGetRecentErrMsg()).find("smaller than") != std::string::npos);
-  CHECK(aclnnMatmul(work.data(), ws, ex, ctx.stream) == 0);     // the executor is still usable
-  CHECK(aclnnMatmul(work.data(), ws, ex, ctx.stream) == 161002);  // but only once
-  CHECK(std::string(aclGetRecentErrMsg()).find("single use") != std::string::npos);
+  CHECK(api().aclnnMatmul(work.data(), ws - 1, ex, ctx.stream) == 161002);
+  CHECK(std::string(api().aclGetRecentErrMsg()).find("smaller than") != std::string::npos);
+  CHECK(api().aclnnMatmul(work.data(), ws, ex, ctx.stream) == 0);     // the executor is still usable
+  CHECK(api().aclnnMatmul(work.data(), ws, ex, ctx.stream) == 161002);  // but only once
+  CHECK(std::string(api().aclGetRecentErrMsg()).find("single use") != std::string::npos);
   ctx.synchronize();
 }
 
 TEST_CASE("emulation check: a freed pointer passed to an operator is rejected") {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   void* p = nullptr;
-  REQUIRE(aclrtMalloc(&p, 256, ACL_MEM_MALLOC_HUGE_FIRST) == ACL_SUCCESS);
+  REQUIRE(api().aclrtMalloc(&p, 256, acl::malloc_huge_first) == 0);
   dbuf<float> other(64, dev.context().stream);
-  REQUIRE(aclrtFree(p) == ACL_SUCCESS);
-  aclTensor* dst = raw_tensor(other.data(), {64}, {1}, 64);
-  aclTensor* freed = raw_tensor(p, {64}, {1}, 64);
+  REQUIRE(api().aclrtFree(p) == 0);
+  acl::aclTensor* dst = raw_tensor(other.data(), {64}, {1}, 64);
+  acl::aclTensor* freed = raw_tensor(p, {64}, {1}, 64);
   uint64_t ws = 0;
-  aclOpExecutor* ex = nullptr;
+  acl::aclOpExecutor* ex = nullptr;
   CHECK(copy_phase1(dst, freed, &ws, &ex) == 161002);
-  CHECK(std::string(aclGetRecentErrMsg()).find("not in any live device allocation") != std::string::npos);
-  CHECK(aclrtFree(p) == ACL_ERROR_INVALID_PARAM);  // double free
-  aclDestroyTensor(dst);
-  aclDestroyTensor(freed);
+  CHECK(std::string(api().aclGetRecentErrMsg()).find("not in any live device allocation") != std::string::npos);
+  CHECK(api().aclrtFree(p) == 100000);  // double free
+  api().aclDestroyTensor(dst);
+  api().aclDestroyTensor(freed);
 }
 
 TEST_CASE("emulation check: memory freed before the stream ran the operator is reported at synchronize") {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   const int n = 320;  // a slow emulated matmul keeps the stream busy while the host frees
   dbuf<float> a(std::size_t(n) * n, ctx.stream), y(std::size_t(n) * n, ctx.stream);
   loom::kernels::ops<npu, float>::matmul_forward(ctx, y.data(), a.data(), a.data(), nullptr, n, n, n);
   void* p = nullptr;
-  REQUIRE(aclrtMalloc(&p, 4096, ACL_MEM_MALLOC_HUGE_FIRST) == ACL_SUCCESS);
-  REQUIRE(aclrtMemsetAsync(p, 4096, 0, 4096, ctx.stream) == ACL_SUCCESS);
-  REQUIRE(aclrtFree(p) == ACL_SUCCESS);  // too early: the memset has not run yet
+  REQUIRE(api().aclrtMalloc(&p, 4096, acl::malloc_huge_first) == 0);
+  REQUIRE(api().aclrtMemsetAsync(p, 4096, 0, 4096, ctx.stream) == 0);
+  REQUIRE(api().aclrtFree(p) == 0);  // too early: the memset has not run yet
   CHECK_THROWS_WITH_AS(ctx.synchronize(), doctest::Contains("after its memory was freed"), loom::device_error);
 }
 
 TEST_CASE("emulation check: host memory where device memory is required, and pageable memory in async copies") {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   std::vector<float> host(64, 1.0f);
   dbuf<float> d(64, ctx.stream);
   // a host pointer as an operator's tensor
-  aclTensor* dst = raw_tensor(d.data(), {64}, {1}, 64);
-  aclTensor* src = raw_tensor(host.data(), {64}, {1}, 64);
+  acl::aclTensor* dst = raw_tensor(d.data(), {64}, {1}, 64);
+  acl::aclTensor* src = raw_tensor(host.data(), {64}, {1}, 64);
   uint64_t ws = 0;
-  aclOpExecutor* ex = nullptr;
+  acl::aclOpExecutor* ex = nullptr;
   CHECK(copy_phase1(dst, src, &ws, &ex) == 161002);
-  aclDestroyTensor(dst);
-  aclDestroyTensor(src);
+  api().aclDestroyTensor(dst);
+  api().aclDestroyTensor(src);
   // pageable host memory in an asynchronous host-to-device copy
-  CHECK(aclrtMemcpyAsync(d.data(), 256, host.data(), 256, ACL_MEMCPY_HOST_TO_DEVICE, ctx.stream) ==
-        ACL_ERROR_INVALID_PARAM);
-  CHECK(std::string(aclGetRecentErrMsg()).find("pageable host memory") != std::string::npos);
+  CHECK(api().aclrtMemcpyAsync(d.data(), 256, host.data(), 256, acl::memcpy_host_to_device, ctx.stream) ==
+        100000);
+  CHECK(std::string(api().aclGetRecentErrMsg()).find("pageable host memory") != std::string::npos);
   // a host pointer as the destination of a "host to device" copy
-  CHECK(aclrtMemcpy(host.data(), 256, host.data() + 8, 128, ACL_MEMCPY_HOST_TO_DEVICE) == ACL_ERROR_INVALID_PARAM);
+  CHECK(api().aclrtMemcpy(host.data(), 256, host.data() + 8, 128, acl::memcpy_host_to_device) == 100000);
   // loom's policy never trips these: it falls back to a synchronous copy for pageable memory
   npu::copy_to_device(d.data(), host.data(), 256, ctx.stream);
   ctx.synchronize();
 }
 
 TEST_CASE("emulation check: NULL streams for aclnn, frees on the wrong device") {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   dbuf<float> a(16, ctx.stream), y(16, ctx.stream);
-  loom::kernels::ascend::tensor A(a.data(), ACL_FLOAT, {16}), Y(y.data(), ACL_FLOAT, {16});
+  loom::kernels::ascend::tensor A(ctx, a.data(), acl::dt_float, {16}), Y(ctx, y.data(), acl::dt_float, {16});
   uint64_t ws = 0;
-  aclOpExecutor* ex = nullptr;
-  REQUIRE(aclnnInplaceCopyGetWorkspaceSize(Y, A, &ws, &ex) == 0);
-  CHECK(aclnnInplaceCopy(nullptr, ws, ex, nullptr) == 161002);
-  CHECK(std::string(aclGetRecentErrMsg()).find("NULL stream") != std::string::npos);
-  CHECK(aclnnInplaceCopy(nullptr, ws, ex, ctx.stream) == 0);
+  acl::aclOpExecutor* ex = nullptr;
+  REQUIRE(api().aclnnInplaceCopyGetWorkspaceSize(Y, A, &ws, &ex) == 0);
+  CHECK(api().aclnnInplaceCopy(nullptr, ws, ex, nullptr) == 161002);
+  CHECK(std::string(api().aclGetRecentErrMsg()).find("NULL stream") != std::string::npos);
+  CHECK(api().aclnnInplaceCopy(nullptr, ws, ex, ctx.stream) == 0);
   void* p = nullptr;
   {
-    loom::device::device_guard g(1);
-    REQUIRE(aclrtMalloc(&p, 64, ACL_MEM_MALLOC_HUGE_FIRST) == ACL_SUCCESS);
+    loom::device::device_guard g(*runtime(), 1);
+    REQUIRE(api().aclrtMalloc(&p, 64, acl::malloc_huge_first) == 0);
   }
-  CHECK(aclrtFree(p) == ACL_ERROR_INVALID_PARAM);
-  CHECK(std::string(aclGetRecentErrMsg()).find("belongs to device 1") != std::string::npos);
+  CHECK(api().aclrtFree(p) == 100000);
+  CHECK(std::string(api().aclGetRecentErrMsg()).find("belongs to device 1") != std::string::npos);
   {
-    loom::device::device_guard g(1);
-    CHECK(aclrtFree(p) == ACL_SUCCESS);
+    loom::device::device_guard g(*runtime(), 1);
+    CHECK(api().aclrtFree(p) == 0);
   }
   ctx.synchronize();
 }
 
 TEST_CASE("ascend device: a buffer made without a stream is zero-filled before its constructor returns") {
-  loom::device::ascend_device dev(0);
+  loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
   void* reused = nullptr;
   {
@@ -438,6 +436,6 @@ TEST_CASE("ascend device: a buffer made without a stream is zero-filled before i
   dbuf<float> b(3000);  // the default (null) stream: the fill must not race with later streams
   CHECK(b.data() == reused);
   std::vector<float> host(3000, 1.0f);
-  REQUIRE(aclrtMemcpy(host.data(), host.size() * 4, b.data(), b.bytes(), ACL_MEMCPY_DEVICE_TO_HOST) == ACL_SUCCESS);
+  REQUIRE(api().aclrtMemcpy(host.data(), host.size() * 4, b.data(), b.bytes(), acl::memcpy_device_to_host) == 0);
   CHECK(host == std::vector<float>(3000, 0.0f));
 }

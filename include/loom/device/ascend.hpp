@@ -1,7 +1,8 @@
 #pragma once
 /// \file loom::device::ascend — Huawei Ascend NPUs through the ACL runtime (CANN).
 ///
-///   loom::device::ascend_device npu(0);            // aclInit once, aclrtSetDevice(0) on this thread,
+///   auto rt = loom::device::ascend_runtime::load();  // dlopen CANN (device/ascend_runtime.hpp)
+///   loom::device::ascend_device npu(rt, 0);        // aclInit once, aclrtSetDevice(0) on this thread,
 ///   auto& ctx = npu.context();                     // a compute stream; ctx is what kernels take
 ///   loom::buffer<loom::device::ascend, float> x(n, ctx.stream);   // from the caching allocator
 ///   loom::device::ascend::copy_to_device(x.data(), host, n * 4, ctx.stream);
@@ -21,14 +22,23 @@
 ///   * ascend_stream, ascend_event   RAII over aclrtStream / aclrtEvent (timing: TIME_LINE events).
 ///   * ascend_device    one thread's handle on one NPU: guard + compute stream + context.
 ///   * context<ascend>  {stream, device ordinal, kernel constants (causal mask, ones vectors)}.
-/// Every ACL call is checked: failures throw loom::device_error(code, api, aclGetRecentErrMsg(),
-/// call site). Destructors and deallocate never throw (failures are reported on stderr).
+/// Every ACL call goes through the runtime's function table (ascend_runtime, loaded at run time,
+/// nothing linked) and is checked: failures throw loom::device_error(code, api,
+/// aclGetRecentErrMsg(), call site). Destructors and deallocate never throw (failures are
+/// reported on stderr).
+///
+/// Which runtime a call uses: kernels and communicators take it from the context
+/// (context<ascend>::runtime, passed explicitly). The stateless policy functions (allocate,
+/// copy, memset, synchronize — the device_policy concept gives them no context) use the calling
+/// thread's binding, made by device_guard / ascend_device together with aclrtSetDevice and
+/// undone with it: ACL's current device is per thread, and so is the table it was set through.
+/// Memory frees need no binding: each pool and pinned block remembers its runtime.
 ///
 /// Global state, deliberately: ACL itself is process-global (aclInit, devices), and so is device
 /// memory; the caching allocators (one per device, created on first use, never destroyed so no
-/// aclrtFree runs after aclFinalize at exit) and the pinned-block registry mirror that. Streams,
-/// contexts and communicators are still passed explicitly.
-#include <acl/acl.h>
+/// aclrtFree runs after aclFinalize at exit) and the pinned-block registry mirror that. The
+/// function table is not global (see ascend_runtime); streams, contexts and communicators are
+/// passed explicitly.
 
 #include <array>
 #include <atomic>
@@ -46,27 +56,35 @@
 #include <loom/core/error.hpp>
 #include <loom/device/caching_allocator.hpp>
 #include <loom/device/detail/acl_check.hpp>
+#include <loom/device/ascend_runtime.hpp>
 #include <loom/device/policy.hpp>
 
 namespace loom::device {
 
 namespace detail {
 
-/// aclInit(NULL) once per process. ACL_ERROR_REPEAT_INITIALIZE counts as success: CANN 8.1 allows
-/// one aclInit per process and another component may have called it (the reference's advice).
-inline void ascend_initialize() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const aclError rc = aclInit(nullptr);
-    if (rc != ACL_SUCCESS && rc != acl_status::repeat_initialize) acl_check(rc, "aclInit");
-  });
+/// The runtime the calling thread's current NPU was selected through (device_guard), or null.
+inline const ascend_runtime*& thread_runtime() noexcept {
+  thread_local const ascend_runtime* rt = nullptr;
+  return rt;
+}
+
+/// The calling thread's runtime; throws device_error naming the fix when the thread has none.
+inline const ascend_runtime& bound_runtime(std::source_location where = std::source_location::current()) {
+  if (const ascend_runtime* rt = thread_runtime()) return *rt;
+  throw device_error(acl_status::invalid_device, "loom::device::ascend",
+                     "this thread has no current NPU: create a loom::device::ascend_device(runtime, ordinal) or "
+                     "device_guard(runtime, ordinal) on every thread that issues Ascend work (aclrtSetDevice is per "
+                     "thread)",
+                     where);
 }
 
 /// The calling thread's current NPU. Throws device_error when the thread never selected one.
-inline int ascend_current_device(std::source_location where = std::source_location::current()) {
+inline int ascend_current_device(const acl::api_table& api,
+                                 std::source_location where = std::source_location::current()) {
   int32_t dev = -1;
-  const aclError rc = aclrtGetDevice(&dev);
-  if (rc != ACL_SUCCESS)
+  const acl::aclError rc = api.aclrtGetDevice(&dev);
+  if (rc != acl::success)
     throw device_error(rc, "aclrtGetDevice",
                        "this thread has no current NPU: create a loom::device::ascend_device or device_guard on every "
                        "thread that issues Ascend work (aclrtSetDevice is per thread)",
@@ -77,62 +95,72 @@ inline int ascend_current_device(std::source_location where = std::source_locati
 /// Switches the thread to `device` for the lifetime of the object if it is not current already.
 class scoped_device {
  public:
-  explicit scoped_device(int device) {
+  scoped_device(const acl::api_table& api, int device) : api_(api) {
     int32_t cur = -1;
-    if (aclrtGetDevice(&cur) == ACL_SUCCESS && cur == device) return;
-    acl_check(aclrtSetDevice(device), "aclrtSetDevice");
+    if (api.aclrtGetDevice(&cur) == acl::success && cur == device) return;
+    acl_check(api, api.aclrtSetDevice(device), "aclrtSetDevice");
     previous_ = cur;
     switched_ = true;
   }
   ~scoped_device() {
-    if (switched_ && previous_ >= 0) acl_warn(aclrtSetDevice(previous_), "aclrtSetDevice");
+    if (switched_ && previous_ >= 0) acl_warn(api_, api_.aclrtSetDevice(previous_), "aclrtSetDevice");
   }
   scoped_device(const scoped_device&) = delete;
   scoped_device& operator=(const scoped_device&) = delete;
 
  private:
+  const acl::api_table& api_;
   int previous_ = -1;
   bool switched_ = false;
 };
 
 /// Raw device memory for caching_allocator: aclrtMalloc / aclrtFree on one device.
 struct acl_memory_backend {
+  std::shared_ptr<const ascend_runtime> runtime;
   int device = 0;
   static constexpr int out_of_memory_code = acl_status::rt_memory_allocation;
   static constexpr std::string_view allocate_api = "aclrtMalloc";
 
   void* raw_allocate(std::size_t bytes) {
-    scoped_device on(device);
+    const auto& api = runtime->api();
+    scoped_device on(api, device);
     void* p = nullptr;
-    const aclError rc = aclrtMalloc(&p, bytes, ACL_MEM_MALLOC_HUGE_FIRST);
+    const acl::aclError rc = api.aclrtMalloc(&p, bytes, acl::malloc_huge_first);
     if (rc == acl_status::rt_memory_allocation || rc == acl_status::bad_alloc) return nullptr;
-    acl_check(rc, "aclrtMalloc");
+    acl_check(api, rc, "aclrtMalloc");
     return p;
   }
   void raw_free(void* p) noexcept {
     try {
-      scoped_device on(device);
-      acl_warn(aclrtFree(p), "aclrtFree");
+      const auto& api = runtime->api();
+      scoped_device on(api, device);
+      acl_warn(api, api.aclrtFree(p), "aclrtFree");
     } catch (const std::exception& e) {
       std::fprintf(stderr, "loom: warning: could not free NPU memory: %s\n", e.what());
     }
   }
   void synchronize() {
-    scoped_device on(device);
-    acl_check(aclrtSynchronizeDevice(), "aclrtSynchronizeDevice");
+    const auto& api = runtime->api();
+    scoped_device on(api, device);
+    acl_check(api, api.aclrtSynchronizeDevice(), "aclrtSynchronizeDevice");
   }
 };
 
 /// The aclrtMallocHost blocks loom handed out, so copies know when they may be asynchronous.
 class pinned_registry {
  public:
-  void add(const void* p, std::size_t bytes) {
+  void add(const void* p, std::size_t bytes, const ascend_runtime* rt) {
     std::lock_guard lock(m_);
-    blocks_[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+    blocks_[reinterpret_cast<std::uintptr_t>(p)] = {bytes, rt};
   }
-  void remove(const void* p) noexcept {
+  /// Forgets p; returns the runtime it was allocated through (null when p is not a block).
+  const ascend_runtime* remove(const void* p) noexcept {
     std::lock_guard lock(m_);
-    blocks_.erase(reinterpret_cast<std::uintptr_t>(p));
+    auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == blocks_.end()) return nullptr;
+    const ascend_runtime* rt = it->second.second;
+    blocks_.erase(it);
+    return rt;
   }
   /// True when [p, p+bytes) lies inside one pinned block.
   bool contains(const void* p, std::size_t bytes) const noexcept {
@@ -141,7 +169,7 @@ class pinned_registry {
     auto it = blocks_.upper_bound(key);
     if (it == blocks_.begin()) return false;
     --it;
-    return key - it->first + bytes <= it->second;
+    return key - it->first + bytes <= it->second.first;
   }
   static pinned_registry& instance() {
     static auto* r = new pinned_registry;  // leaked: used from deallocate_host during exit
@@ -150,7 +178,7 @@ class pinned_registry {
 
  private:
   mutable std::mutex m_;
-  std::map<std::uintptr_t, std::size_t> blocks_;
+  std::map<std::uintptr_t, std::pair<std::size_t, const ascend_runtime*>> blocks_;
 };
 
 inline bool aligned64(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p) % 64 == 0; }
@@ -160,7 +188,7 @@ inline bool aligned64(const void* p) noexcept { return reinterpret_cast<std::uin
 /// The Ascend NPU as a device policy (STYLE §3.2). All functions act on the calling thread's
 /// current NPU (see device_guard / ascend_device) and order their work on the given stream.
 struct ascend {
-  using stream_type = aclrtStream;
+  using stream_type = acl::aclrtStream;
   using memory_pool = caching_allocator<detail::acl_memory_backend>;
   static constexpr std::string_view name = "ascend";
   /// Block starts are raw aclrtMalloc starts (no sub-allocation); the runtime documents 64-byte
@@ -168,9 +196,9 @@ struct ascend {
   static constexpr std::size_t alignment = 64;
   static constexpr int max_devices = 64;
 
-  /// The caching allocator of NPU `device`, created on first use. Throws input_error for an
-  /// ordinal outside [0, 64).
-  static memory_pool& memory(int device) {
+  /// The caching allocator of NPU `device`, created on first use with `runtime` (which it keeps
+  /// alive). Throws input_error for an ordinal outside [0, 64).
+  static memory_pool& memory(const std::shared_ptr<const ascend_runtime>& runtime, int device) {
     if (device < 0 || device >= max_devices)
       throw input_error("loom::device::ascend::memory: device " + std::to_string(device) +
                         " is outside [0, 64); pass an NPU ordinal from ascend_device::count()");
@@ -179,12 +207,21 @@ struct ascend {
     static std::mutex m;
     std::lock_guard lock(m);
     if (memory_pool* p = slot.load(std::memory_order_relaxed)) return *p;
-    auto* p = new memory_pool(detail::acl_memory_backend{device}, "ascend:" + std::to_string(device));
+    auto* p = new memory_pool(detail::acl_memory_backend{runtime, device}, "ascend:" + std::to_string(device));
     slot.store(p, std::memory_order_release);
     return *p;
   }
+  /// The caching allocator of NPU `device`; it must exist already (an ascend_device for it was
+  /// created). Throws device_error otherwise.
+  static memory_pool& memory(int device) {
+    if (device >= 0 && device < max_devices)
+      if (memory_pool* p = pools()[std::size_t(device)].load(std::memory_order_acquire)) return *p;
+    throw device_error(detail::acl_status::invalid_device, "loom::device::ascend::memory",
+                       "no memory pool for NPU " + std::to_string(device) +
+                           ": create a loom::device::ascend_device(runtime, " + std::to_string(device) + ") first");
+  }
   /// The caching allocator of the calling thread's current NPU.
-  static memory_pool& memory() { return memory(detail::ascend_current_device()); }
+  static memory_pool& memory() { return memory(detail::ascend_current_device(detail::bound_runtime().api())); }
 
   /// `bytes` of device memory on the current NPU (not initialised), for use on the default
   /// stream key. Throws device_error (out of memory after flushing the cache, no current NPU).
@@ -207,17 +244,22 @@ struct ascend {
   }
 
   /// Page-locked host memory (aclrtMallocHost): what asynchronous host<->device copies need.
+  /// Uses the calling thread's runtime (device_guard / ascend_device).
   static void* allocate_host(std::size_t bytes) {
-    detail::ascend_initialize();
+    const ascend_runtime& rt = detail::bound_runtime();
     void* p = nullptr;
-    detail::acl_check(aclrtMallocHost(&p, bytes ? bytes : 1), "aclrtMallocHost");
-    detail::pinned_registry::instance().add(p, bytes ? bytes : 1);
+    detail::acl_check(rt.api(), rt.api().aclrtMallocHost(&p, bytes ? bytes : 1), "aclrtMallocHost");
+    detail::pinned_registry::instance().add(p, bytes ? bytes : 1, &rt);
     return p;
   }
   static void deallocate_host(void* p) noexcept {
     if (!p) return;
-    detail::pinned_registry::instance().remove(p);
-    detail::acl_warn(aclrtFreeHost(p), "aclrtFreeHost");
+    const ascend_runtime* rt = detail::pinned_registry::instance().remove(p);
+    if (!rt) {
+      std::fprintf(stderr, "loom: warning: ascend::deallocate_host(%p): not a block of allocate_host\n", p);
+      return;
+    }
+    detail::acl_warn(rt->api(), rt->api().aclrtFreeHost(p), "aclrtFreeHost");
   }
   /// True when [p, p+bytes) is inside a block from allocate_host.
   static bool is_pinned(const void* p, std::size_t bytes) noexcept {
@@ -227,137 +269,156 @@ struct ascend {
   /// Device-to-device copy ordered on s (aclrtMemcpyAsync; synchronous aclrtMemcpy after a
   /// stream synchronize when an address is not 64-byte aligned, or when s is nullptr).
   static void copy(void* dst, const void* src, std::size_t bytes, stream_type s) {
-    transfer(dst, src, bytes, s, ACL_MEMCPY_DEVICE_TO_DEVICE, true);
+    transfer(dst, src, bytes, s, acl::memcpy_device_to_device, true);
   }
   /// Host-to-device copy ordered on s. Asynchronous only when src is pinned (allocate_host) and
   /// both addresses are 64-byte aligned; otherwise it synchronizes s and copies synchronously, so
   /// src may be reused as soon as the call returns.
   static void copy_to_device(void* dst, const void* src, std::size_t bytes, stream_type s) {
-    transfer(dst, src, bytes, s, ACL_MEMCPY_HOST_TO_DEVICE, is_pinned(src, bytes));
+    transfer(dst, src, bytes, s, acl::memcpy_host_to_device, is_pinned(src, bytes));
   }
   /// Device-to-host copy ordered on s; same rule. With a pinned dst, read it only after
   /// synchronize(s).
   static void copy_to_host(void* dst, const void* src, std::size_t bytes, stream_type s) {
-    transfer(dst, src, bytes, s, ACL_MEMCPY_DEVICE_TO_HOST, is_pinned(dst, bytes));
+    transfer(dst, src, bytes, s, acl::memcpy_device_to_host, is_pinned(dst, bytes));
   }
   /// Fills bytes with the low byte of `byte`, ordered on s (aclrtMemsetAsync). With s == nullptr
   /// (e.g. buffer's default argument) the fill is synchronous (aclrtMemset): the ACL default stream
   /// is not ordered with loom's streams, so an asynchronous fill there could race with them.
   static void memset(void* p, int byte, std::size_t bytes, stream_type s) {
     if (!bytes) return;
+    const auto& api = detail::bound_runtime().api();
     if (!s) {
-      detail::acl_check(aclrtMemset(p, bytes, byte, bytes), "aclrtMemset");
+      detail::acl_check(api, api.aclrtMemset(p, bytes, byte, bytes), "aclrtMemset");
       return;
     }
-    detail::acl_check(aclrtMemsetAsync(p, bytes, byte, bytes, s), "aclrtMemsetAsync");
+    detail::acl_check(api, api.aclrtMemsetAsync(p, bytes, byte, bytes, s), "aclrtMemsetAsync");
   }
   /// Blocks until all work on s has finished; errors of earlier asynchronous work surface here.
-  static void synchronize(stream_type s) { detail::acl_check(aclrtSynchronizeStream(s), "aclrtSynchronizeStream"); }
+  static void synchronize(stream_type s) {
+    const auto& api = detail::bound_runtime().api();
+    detail::acl_check(api, api.aclrtSynchronizeStream(s), "aclrtSynchronizeStream");
+  }
 
  private:
   static std::array<std::atomic<memory_pool*>, max_devices>& pools() {
     static std::array<std::atomic<memory_pool*>, max_devices> p{};
     return p;
   }
-  static void transfer(void* dst, const void* src, std::size_t bytes, stream_type s, aclrtMemcpyKind kind,
+  static void transfer(void* dst, const void* src, std::size_t bytes, stream_type s, acl::aclrtMemcpyKind kind,
                        bool host_side_pinned) {
     if (!bytes) return;
+    const auto& api = detail::bound_runtime().api();
     if (s && host_side_pinned && detail::aligned64(dst) && detail::aligned64(src)) {
-      detail::acl_check(aclrtMemcpyAsync(dst, bytes, src, bytes, kind, s), "aclrtMemcpyAsync");
+      detail::acl_check(api, api.aclrtMemcpyAsync(dst, bytes, src, bytes, kind, s), "aclrtMemcpyAsync");
       return;
     }
     if (s) synchronize(s);  // the synchronous copy is not ordered with the stream: drain it first
-    detail::acl_check(aclrtMemcpy(dst, bytes, src, bytes, kind), "aclrtMemcpy");
+    detail::acl_check(api, api.aclrtMemcpy(dst, bytes, src, bytes, kind), "aclrtMemcpy");
   }
 };
 static_assert(device_policy<ascend>);
 
-/// Makes `device` the calling thread's current NPU (aclrtSetDevice, after aclInit if needed) and
-/// restores the previous one on destruction. Throws device_error for a missing NPU.
+/// Makes `device` the calling thread's current NPU (aclrtSetDevice through `runtime`, after its
+/// aclInit) and binds the thread to `runtime` (see the file comment); restores the previous
+/// device and binding on destruction. Throws device_error for a missing NPU. `runtime` must
+/// outlive the guard.
 class device_guard {
  public:
-  explicit device_guard(int device) {
-    detail::ascend_initialize();
+  device_guard(const ascend_runtime& runtime, int device) : api_(runtime.api()) {
+    runtime.initialize();
     int32_t cur = -1;
-    had_previous_ = aclrtGetDevice(&cur) == ACL_SUCCESS;
+    had_previous_ = api_.aclrtGetDevice(&cur) == acl::success;
     previous_ = cur;
-    detail::acl_check(aclrtSetDevice(device), "aclrtSetDevice");
+    detail::acl_check(api_, api_.aclrtSetDevice(device), "aclrtSetDevice");
+    previous_runtime_ = std::exchange(detail::thread_runtime(), &runtime);
   }
   ~device_guard() {
-    if (had_previous_) detail::acl_warn(aclrtSetDevice(previous_), "aclrtSetDevice");
+    if (had_previous_) detail::acl_warn(api_, api_.aclrtSetDevice(previous_), "aclrtSetDevice");
+    detail::thread_runtime() = previous_runtime_;
   }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
 
  private:
+  const acl::api_table& api_;
   int32_t previous_ = -1;
   bool had_previous_ = false;
+  const ascend_runtime* previous_runtime_ = nullptr;
 };
 
 /// An owned aclrtStream on the current NPU. Destruction synchronizes, then destroys (the header
-/// restriction: synchronize before aclrtDestroyStream); it never throws.
+/// restriction: synchronize before aclrtDestroyStream); it never throws. `runtime` must outlive it.
 class ascend_stream {
  public:
-  ascend_stream() { detail::acl_check(aclrtCreateStream(&s_), "aclrtCreateStream"); }
+  explicit ascend_stream(const ascend_runtime& runtime) : api_(&runtime.api()) {
+    detail::acl_check(*api_, api_->aclrtCreateStream(&s_), "aclrtCreateStream");
+  }
   ~ascend_stream() { reset(); }
-  ascend_stream(ascend_stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  ascend_stream(ascend_stream&& o) noexcept : api_(o.api_), s_(std::exchange(o.s_, nullptr)) {}
   ascend_stream& operator=(ascend_stream&& o) noexcept {
     if (this != &o) {
       reset();
+      api_ = o.api_;
       s_ = std::exchange(o.s_, nullptr);
     }
     return *this;
   }
-  aclrtStream get() const noexcept { return s_; }
-  void synchronize() const { ascend::synchronize(s_); }
+  acl::aclrtStream get() const noexcept { return s_; }
+  void synchronize() const { detail::acl_check(*api_, api_->aclrtSynchronizeStream(s_), "aclrtSynchronizeStream"); }
 
  private:
   void reset() noexcept {
     if (!s_) return;
-    detail::acl_warn(aclrtSynchronizeStream(s_), "aclrtSynchronizeStream");
-    detail::acl_warn(aclrtDestroyStream(s_), "aclrtDestroyStream");
+    detail::acl_warn(*api_, api_->aclrtSynchronizeStream(s_), "aclrtSynchronizeStream");
+    detail::acl_warn(*api_, api_->aclrtDestroyStream(s_), "aclrtDestroyStream");
     s_ = nullptr;
   }
-  aclrtStream s_ = nullptr;
+  const acl::api_table* api_;
+  acl::aclrtStream s_ = nullptr;
 };
 
 /// An owned aclrtEvent that can time and order streams (ACL_EVENT_TIME_LINE | ACL_EVENT_SYNC,
 /// torch_npu's choice for timing events). Timing: record(start) ... record(end), end.synchronize(),
-/// then elapsed_ms(start, end) — the documented order.
+/// then elapsed_ms(start, end) — the documented order. `runtime` must outlive it.
 class ascend_event {
  public:
-  ascend_event() {
-    detail::acl_check(aclrtCreateEventWithFlag(&e_, ACL_EVENT_TIME_LINE | ACL_EVENT_SYNC), "aclrtCreateEventWithFlag");
+  explicit ascend_event(const ascend_runtime& runtime) : api_(runtime.api()) {
+    detail::acl_check(api_, api_.aclrtCreateEventWithFlag(&e_, acl::event_time_line | acl::event_sync),
+                      "aclrtCreateEventWithFlag");
   }
   ~ascend_event() {
     if (!e_) return;
-    detail::acl_warn(aclrtSynchronizeEvent(e_), "aclrtSynchronizeEvent");
-    detail::acl_warn(aclrtDestroyEvent(e_), "aclrtDestroyEvent");
+    detail::acl_warn(api_, api_.aclrtSynchronizeEvent(e_), "aclrtSynchronizeEvent");
+    detail::acl_warn(api_, api_.aclrtDestroyEvent(e_), "aclrtDestroyEvent");
   }
   ascend_event(const ascend_event&) = delete;
   ascend_event& operator=(const ascend_event&) = delete;
 
   /// Marks the point in s's work; completes when s reaches it.
-  void record(aclrtStream s) { detail::acl_check(aclrtRecordEvent(e_, s), "aclrtRecordEvent"); }
+  void record(acl::aclrtStream s) { detail::acl_check(api_, api_.aclrtRecordEvent(e_, s), "aclrtRecordEvent"); }
   /// Makes s wait (on the device) until this event completes.
-  void wait(aclrtStream s) const { detail::acl_check(aclrtStreamWaitEvent(s, e_), "aclrtStreamWaitEvent"); }
-  void synchronize() const { detail::acl_check(aclrtSynchronizeEvent(e_), "aclrtSynchronizeEvent"); }
+  void wait(acl::aclrtStream s) const {
+    detail::acl_check(api_, api_.aclrtStreamWaitEvent(s, e_), "aclrtStreamWaitEvent");
+  }
+  void synchronize() const { detail::acl_check(api_, api_.aclrtSynchronizeEvent(e_), "aclrtSynchronizeEvent"); }
   /// True when the last record has completed (non-blocking).
   bool query() const {
-    aclrtEventRecordedStatus st{};
-    detail::acl_check(aclrtQueryEventStatus(e_, &st), "aclrtQueryEventStatus");
-    return st == ACL_EVENT_RECORDED_STATUS_COMPLETE;
+    acl::aclrtEventRecordedStatus st{};
+    detail::acl_check(api_, api_.aclrtQueryEventStatus(e_, &st), "aclrtQueryEventStatus");
+    return st == acl::event_recorded_complete;
   }
   /// Milliseconds between two completed events.
   static float elapsed_ms(const ascend_event& start, const ascend_event& end) {
     float ms = 0;
-    detail::acl_check(aclrtEventElapsedTime(&ms, start.e_, end.e_), "aclrtEventElapsedTime");
+    detail::acl_check(end.api_, end.api_.aclrtEventElapsedTime(&ms, start.e_, end.e_), "aclrtEventElapsedTime");
     return ms;
   }
-  aclrtEvent get() const noexcept { return e_; }
+  acl::aclrtEvent get() const noexcept { return e_; }
 
  private:
-  aclrtEvent e_ = nullptr;
+  const acl::api_table& api_;
+  acl::aclrtEvent e_ = nullptr;
 };
 
 namespace detail {
@@ -374,7 +435,7 @@ class ascend_constants {
   /// The buffer named `key` of at least `bytes`; (re)created by `fill(ptr, bytes)` (which must
   /// enqueue its initialisation on the context's stream) when missing or too small.
   template <class Fill>
-  void* get(const std::string& key, std::size_t bytes, int device, aclrtStream s, Fill&& fill) {
+  void* get(const std::string& key, std::size_t bytes, int device, acl::aclrtStream s, Fill&& fill) {
     std::lock_guard lock(m_);
     auto it = blocks_.find(key);
     if (it != blocks_.end() && it->second.second >= bytes) return it->second.first;
@@ -403,38 +464,49 @@ class ascend_constants {
 
 namespace loom {
 
-/// The Ascend context: the stream kernels are ordered on, the NPU it belongs to, and the kernels'
-/// per-context constants. Cheap to copy (copies share the constants). Usually obtained from
-/// device::ascend_device::context().
+/// The Ascend context: the runtime (function table) every call goes through, the stream kernels
+/// are ordered on, the NPU it belongs to, and the kernels' per-context constants. Cheap to copy
+/// (copies share the runtime and the constants). Usually obtained from ascend_device::context().
 template <>
 struct context<device::ascend> {
   using device = loom::device::ascend;
-  aclrtStream stream = nullptr;
+  std::shared_ptr<const loom::device::ascend_runtime> runtime;
+  loom::device::acl::aclrtStream stream = nullptr;
   int ordinal = 0;
   std::shared_ptr<loom::device::detail::ascend_constants> constants =
       std::make_shared<loom::device::detail::ascend_constants>();
+  /// The resolved CANN functions (runtime must be set: contexts come from ascend_device).
+  const loom::device::acl::api_table& api() const noexcept { return runtime->api(); }
   /// Blocks until everything queued on this context's stream has finished.
-  void synchronize() const { loom::device::ascend::synchronize(stream); }
+  void synchronize() const {
+    loom::device::detail::acl_check(api(), api().aclrtSynchronizeStream(stream), "aclrtSynchronizeStream");
+  }
   /// The caching allocator of this context's NPU.
-  loom::device::ascend::memory_pool& memory() const { return loom::device::ascend::memory(ordinal); }
+  loom::device::ascend::memory_pool& memory() const { return loom::device::ascend::memory(runtime, ordinal); }
 };
 
 }  // namespace loom
 
 namespace loom::device {
 
-/// One thread's handle on one NPU: initialises ACL (once per process), makes `ordinal` the
-/// thread's current device, creates a compute stream and the context kernels take. Destruction
-/// synchronizes the stream, releases the context's constants, destroys the stream and restores the
-/// previously current device; it never throws. Not copyable or movable (contexts refer to it).
+/// One thread's handle on one NPU: initialises ACL through `runtime` (once per runtime object),
+/// makes `ordinal` the thread's current device, creates a compute stream and the context kernels
+/// take. Destruction synchronizes the stream, releases the context's constants, destroys the
+/// stream and restores the previously current device; it never throws. Not copyable or movable
+/// (contexts refer to it). Throws input_error for a negative ordinal, device_error for a missing
+/// NPU.
 class ascend_device {
  public:
-  explicit ascend_device(int ordinal = 0) : guard_(check_ordinal(ordinal)), ordinal_(ordinal) {
+  ascend_device(std::shared_ptr<const ascend_runtime> runtime, int ordinal = 0)
+      : runtime_(check(std::move(runtime), ordinal)), guard_(*runtime_, ordinal), ordinal_(ordinal),
+        stream_(*runtime_) {
+    ctx_.runtime = runtime_;
     ctx_.stream = stream_.get();
     ctx_.ordinal = ordinal;
+    (void)ascend::memory(runtime_, ordinal);  // the pool of this NPU, bound to this runtime
   }
   ~ascend_device() {
-    detail::acl_warn(aclrtSynchronizeStream(stream_.get()), "aclrtSynchronizeStream");
+    detail::acl_warn(runtime_->api(), runtime_->api().aclrtSynchronizeStream(stream_.get()), "aclrtSynchronizeStream");
     ctx_.constants.reset();
   }
   ascend_device(const ascend_device&) = delete;
@@ -442,22 +514,24 @@ class ascend_device {
 
   loom::context<ascend>& context() noexcept { return ctx_; }
   int ordinal() const noexcept { return ordinal_; }
-  ascend::memory_pool& memory() const { return ascend::memory(ordinal_); }
+  ascend::memory_pool& memory() const { return ascend::memory(runtime_, ordinal_); }
+  const ascend_runtime& runtime() const noexcept { return *runtime_; }
 
   /// Number of visible NPUs (aclrtGetDeviceCount; honours ASCEND_RT_VISIBLE_DEVICES).
-  static int count() {
-    detail::ascend_initialize();
+  static int count(const ascend_runtime& runtime) {
+    runtime.initialize();
     uint32_t n = 0;
-    detail::acl_check(aclrtGetDeviceCount(&n), "aclrtGetDeviceCount");
+    detail::acl_check(runtime.api(), runtime.api().aclrtGetDeviceCount(&n), "aclrtGetDeviceCount");
     return int(n);
   }
 
  private:
-  static int check_ordinal(int ordinal) {
-    detail::ascend_initialize();
+  static std::shared_ptr<const ascend_runtime> check(std::shared_ptr<const ascend_runtime> rt, int ordinal) {
+    if (!rt) throw input_error("ascend_device: no runtime; pass loom::device::ascend_runtime::load()");
     if (ordinal < 0) throw input_error("ascend_device: NPU ordinal " + std::to_string(ordinal) + " is negative");
-    return ordinal;
+    return rt;
   }
+  std::shared_ptr<const ascend_runtime> runtime_;
   device_guard guard_;
   int ordinal_;
   ascend_stream stream_;

@@ -6,7 +6,9 @@
 /// ctx.stream. Members returning a host value (crossentropy, sum_of_squares, all_finite)
 /// synchronize the stream. Storage types: float, Eigen::half, Eigen::bfloat16 — what the aclnn
 /// operators document. Any other T compiles until a member is used; using one is a compile error
-/// naming the member, its aclnn operator and the type (static_assert in each member).
+/// naming the member, its aclnn operator and the type (static_assert in each member). A model's
+/// (operator, precision) pairs are checked once more by kernels::coverage (kernels/ascend/
+/// coverage.hpp): there fp32 matmul needs the opt-in precision::fp32_ascend_matmul.
 /// Which aclnn call implements which member: docs/ascend.md, and each kernels/ascend/*.hpp file.
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include <loom/device/ascend.hpp>
 #include <loom/kernels/ascend/attention_fused.hpp>
 #include <loom/kernels/ascend/common.hpp>
+#include <loom/kernels/ascend/coverage.hpp>
 #include <loom/kernels/ascend/crossentropy.hpp>
 #include <loom/kernels/ascend/elementwise.hpp>
 #include <loom/kernels/ascend/encoder.hpp>

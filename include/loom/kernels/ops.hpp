@@ -32,6 +32,17 @@ struct ops {
                 "or choose a precision the device supports.");
 };
 
+/// Compile-time operator coverage of a device for a precision policy: which (operator,
+/// precision) pairs a model may use. A device lacking some specializes coverage<Device, P> with
+/// one static_assert per operator whose message names the operator and the precision, and
+/// `static constexpr bool ok = true;`. Models check coverage<device, precision>::ok where the
+/// policy meets the kernels (nn::gpt), so a missing pair is a compile error there, not a
+/// "kernel not found" at step 1 (DESIGN §1). Primary: everything (the CPU).
+template <class Device, class Precision>
+struct coverage {
+  static constexpr bool ok = true;
+};
+
 template <class Device, class T, class Impl>
 struct attention {
   static_assert(dependent_false<Device, T, Impl>,

@@ -63,6 +63,7 @@ class gpt {
   using acc_t = typename ops::acc;
 
   static_assert(parallel::fits<layout, M>());
+  static_assert(kernels::coverage<device, precision>::ok);  // names a missing (operator, precision) pair
   static_assert(layout::tp == 1 && layout::pp == 1,
                 "loom::gpt: this build executes layout<1,1> (one replica per rank, data parallel "
                 "only); tensor- and pipeline-parallel execution is not implemented yet");

@@ -1,7 +1,7 @@
 #pragma once
 /// \file comm::hccl — a communicator over HCCL (Huawei Collective Communication Library) for NPUs.
 ///
-///   loom::device::ascend_device npu(local_rank);                       // on the rank's thread
+///   loom::device::ascend_device npu(runtime, local_rank);              // on the rank's thread
 ///   auto world = loom::comm::hccl::create(mpi_world, npu.context());  // root info over MPI
 ///   world.all_reduce(std::span{grads_on_npu, n});                      // spans of NPU memory
 ///
@@ -32,8 +32,6 @@
 ///    split count and the color (color must be < 2^20).
 /// Failures of HCCL calls throw loom::device_error(HcclResult, "HcclXxx", HcclGetErrorString +
 /// aclGetRecentErrMsg, call site); errors of the asynchronous work surface at the synchronize.
-#include <aclnnop/aclnn_mul.h>
-#include <hccl/hccl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -58,31 +56,49 @@
 
 namespace loom::parallel::detail {
 
+namespace acl = loom::device::acl;
+
 /// Throws device_error unless rc == HCCL_SUCCESS.
-inline void hccl_check(HcclResult rc, std::string_view api, std::source_location where = std::source_location::current()) {
-  if (rc == HCCL_SUCCESS) [[likely]]
+inline void hccl_check(const acl::api_table& t, acl::HcclResult rc, std::string_view api,
+                       std::source_location where = std::source_location::current()) {
+  if (rc == acl::hccl_success) [[likely]]
     return;
-  std::string msg = HcclGetErrorString(rc);
-  if (const std::string recent = device::detail::acl_recent_message(); !recent.empty()) msg += ": " + recent;
+  const char* text = t.HcclGetErrorString ? t.HcclGetErrorString(rc) : nullptr;
+  std::string msg = text ? text : "";
+  if (const std::string recent = device::detail::acl_recent_message(t); !recent.empty()) msg += ": " + recent;
   throw device_error(int(rc), api, msg, where);
+}
+
+/// Throws device_error when the runtime has no (complete) HCCL: names the libraries and the fix.
+inline void require_hccl(const device::ascend_runtime& rt, std::source_location where = std::source_location::current()) {
+  if (rt.has_hccl()) [[likely]]
+    return;
+  std::string missing;
+  for (const auto& m : rt.missing())
+    if (m.starts_with("Hccl")) missing += (missing.empty() ? "" : ", ") + m;
+  throw device_error(5 /* HCCL_E_NOT_SUPPORT */, "comm::hccl",
+                     "HCCL is not available: libhccl.so / libhcomm.so next to libascendcl.so (or on the loader path) "
+                     "do not export " + missing + "; install the CANN toolkit's HCCL package (set_env.sh puts it on "
+                     "LD_LIBRARY_PATH)",
+                     where);
 }
 
 /// HCCL's element type for T (its numbering differs from aclDataType); RESERVED = move bytes.
 template <class T>
-constexpr HcclDataType hccl_dtype() {
-  if constexpr (std::is_same_v<T, float>) return HCCL_DATA_TYPE_FP32;
-  else if constexpr (std::is_same_v<T, double>) return HCCL_DATA_TYPE_FP64;
-  else if constexpr (std::is_same_v<T, Eigen::half>) return HCCL_DATA_TYPE_FP16;
-  else if constexpr (std::is_same_v<T, Eigen::bfloat16>) return HCCL_DATA_TYPE_BFP16;
-  else if constexpr (std::is_same_v<T, std::int8_t>) return HCCL_DATA_TYPE_INT8;
-  else if constexpr (std::is_same_v<T, std::uint8_t>) return HCCL_DATA_TYPE_UINT8;
-  else if constexpr (std::is_same_v<T, std::int16_t>) return HCCL_DATA_TYPE_INT16;
-  else if constexpr (std::is_same_v<T, std::uint16_t>) return HCCL_DATA_TYPE_UINT16;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return HCCL_DATA_TYPE_INT32;
-  else if constexpr (std::is_same_v<T, std::uint32_t>) return HCCL_DATA_TYPE_UINT32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return HCCL_DATA_TYPE_INT64;
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return HCCL_DATA_TYPE_UINT64;
-  else return HCCL_DATA_TYPE_RESERVED;
+constexpr acl::HcclDataType hccl_dtype() {
+  if constexpr (std::is_same_v<T, float>) return acl::hccl_fp32;
+  else if constexpr (std::is_same_v<T, double>) return acl::hccl_fp64;
+  else if constexpr (std::is_same_v<T, Eigen::half>) return acl::hccl_fp16;
+  else if constexpr (std::is_same_v<T, Eigen::bfloat16>) return acl::hccl_bfp16;
+  else if constexpr (std::is_same_v<T, std::int8_t>) return acl::hccl_int8;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return acl::hccl_uint8;
+  else if constexpr (std::is_same_v<T, std::int16_t>) return acl::HcclDataType(1);   // HCCL_DATA_TYPE_INT16
+  else if constexpr (std::is_same_v<T, std::uint16_t>) return acl::HcclDataType(8);  // HCCL_DATA_TYPE_UINT16
+  else if constexpr (std::is_same_v<T, std::int32_t>) return acl::hccl_int32;
+  else if constexpr (std::is_same_v<T, std::uint32_t>) return acl::HcclDataType(9);  // HCCL_DATA_TYPE_UINT32
+  else if constexpr (std::is_same_v<T, std::int64_t>) return acl::hccl_int64;
+  else if constexpr (std::is_same_v<T, std::uint64_t>) return acl::HcclDataType(6);  // HCCL_DATA_TYPE_UINT64
+  else return acl::HcclDataType(255);                                                // HCCL_DATA_TYPE_RESERVED
 }
 
 inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) noexcept {
@@ -93,6 +109,8 @@ inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t b
 }  // namespace loom::parallel::detail
 
 namespace loom::parallel::comm {
+
+namespace acl = loom::device::acl;
 
 /// Options of an HCCL communicator (inherited by split()).
 struct hccl_options {
@@ -115,9 +133,11 @@ class hccl_communicator {
   /// context; its stream orders the collectives. Throws device_error on HCCL failure.
   template <class Bootstrap>
   static hccl_communicator create(Bootstrap& bootstrap, context<device::ascend>& ctx, hccl_options options = {}) {
-    HcclRootInfo root{};
-    if (bootstrap.rank() == 0) detail::hccl_check(HcclGetRootInfo(&root), "HcclGetRootInfo");
-    bootstrap.broadcast(std::span<char>(root.internal, HCCL_ROOT_INFO_BYTES), 0);
+    detail::require_hccl(*ctx.runtime);
+    const auto& api = ctx.api();
+    acl::HcclRootInfo root{};
+    if (bootstrap.rank() == 0) detail::hccl_check(api, api.HcclGetRootInfo(&root), "HcclGetRootInfo");
+    bootstrap.broadcast(std::span<char>(root.internal, acl::hccl_root_info_bytes), 0);
     return join(root, bootstrap.size(), bootstrap.rank(), ctx, options);
   }
 
@@ -129,16 +149,18 @@ class hccl_communicator {
   static hccl_communicator create_from_file(const std::filesystem::path& path, int nranks, int rank,
                                             context<device::ascend>& ctx, hccl_options options = {}) {
     namespace fs = std::filesystem;
-    HcclRootInfo root{};
+    detail::require_hccl(*ctx.runtime);
+    const auto& api = ctx.api();
+    acl::HcclRootInfo root{};
     if (rank == 0) {
       if (fs::exists(path))
         throw input_error("comm::hccl::create_from_file: " + path.string() +
                           " already exists (a stale root-info file?); delete it or use a per-job path");
-      detail::hccl_check(HcclGetRootInfo(&root), "HcclGetRootInfo");
+      detail::hccl_check(api, api.HcclGetRootInfo(&root), "HcclGetRootInfo");
       const fs::path tmp = path.string() + ".tmp";
       {
         std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out.write(root.internal, HCCL_ROOT_INFO_BYTES);
+        out.write(root.internal, acl::hccl_root_info_bytes);
         out.flush();
         if (!out) throw input_error("comm::hccl::create_from_file: cannot write " + tmp.string() + "; check the directory");
       }
@@ -147,9 +169,9 @@ class hccl_communicator {
       const auto deadline = std::chrono::steady_clock::now() + options.timeout;
       for (;;) {
         std::error_code ec;
-        if (fs::file_size(path, ec) == HCCL_ROOT_INFO_BYTES && !ec) {
+        if (fs::file_size(path, ec) == acl::hccl_root_info_bytes && !ec) {
           std::ifstream in(path, std::ios::binary);
-          if (in.read(root.internal, HCCL_ROOT_INFO_BYTES)) break;
+          if (in.read(root.internal, acl::hccl_root_info_bytes)) break;
         }
         if (options.timeout.count() > 0 && std::chrono::steady_clock::now() > deadline)
           throw comm_timeout("comm::hccl::create_from_file: rank " + std::to_string(rank) + " waited " +
@@ -167,9 +189,9 @@ class hccl_communicator {
   int size() const noexcept { return s_->size; }
   const std::string& name() const noexcept { return s_->name; }
   const hccl_options& options() const noexcept { return s_->options; }
-  HcclComm native_handle() const noexcept { return s_->comm; }
+  acl::HcclComm native_handle() const noexcept { return s_->comm; }
   /// The communication stream the collectives run on.
-  aclrtStream stream() const noexcept { return s_->comm_ctx.stream; }
+  acl::aclrtStream stream() const noexcept { return s_->comm_ctx.stream; }
 
   /// x = op over ranks of x (x in NPU memory). Throws input_error for fp64 and for avg on
   /// integers, comm_timeout, device_error.
@@ -218,7 +240,7 @@ class hccl_communicator {
     check_rank(root, "broadcast", "root");
     order_after_compute();
     const auto [dt, count] = wire<T>(x.size());
-    detail::hccl_check(HcclBroadcast(x.data(), count, dt, uint32_t(root), s_->comm, stream()), "HcclBroadcast");
+    detail::hccl_check(api(), api().HcclBroadcast(x.data(), count, dt, uint32_t(root), s_->comm, stream()), "HcclBroadcast");
     complete("broadcast");
   }
 
@@ -231,7 +253,7 @@ class hccl_communicator {
     check_tag(tag, "send");
     order_after_compute();
     const auto [dt, count] = wire<T>(in.size());
-    detail::hccl_check(HcclSend(const_cast<T*>(in.data()), count, dt, uint32_t(dst), s_->comm, stream()), "HcclSend");
+    detail::hccl_check(api(), api().HcclSend(const_cast<T*>(in.data()), count, dt, uint32_t(dst), s_->comm, stream()), "HcclSend");
     complete("send");
   }
   /// Receives into x from rank src (HcclRecv); sizes must match the peer's send.
@@ -241,14 +263,14 @@ class hccl_communicator {
     check_tag(tag, "recv");
     order_after_compute();
     const auto [dt, count] = wire<T>(x.size());
-    detail::hccl_check(HcclRecv(x.data(), count, dt, uint32_t(src), s_->comm, stream()), "HcclRecv");
+    detail::hccl_check(api(), api().HcclRecv(x.data(), count, dt, uint32_t(src), s_->comm, stream()), "HcclRecv");
     complete("recv");
   }
 
   /// Returns once every rank has entered barrier() (HcclBarrier + synchronize).
   void barrier() {
     order_after_compute();
-    detail::hccl_check(HcclBarrier(s_->comm, stream()), "HcclBarrier");
+    detail::hccl_check(api(), api().HcclBarrier(s_->comm, stream()), "HcclBarrier");
     complete("barrier");
   }
 
@@ -261,7 +283,7 @@ class hccl_communicator {
     auto& ctx = s_->comm_ctx;
     kernels::ascend::scratch<std::int32_t> buf(ctx, 2 + 2 * std::size_t(n));
     std::int32_t mine[2] = {color, key};
-    device::ascend::copy_to_device(buf.data(), mine, sizeof mine, ctx.stream);
+    device::ascend::copy_to_device(buf.data(), mine, sizeof mine, ctx.stream);  // thread's binding: ctx's runtime
     all_gather(std::span<const std::int32_t>(buf.data(), 2), std::span<std::int32_t>(buf.data() + 2, 2 * std::size_t(n)));
     std::vector<std::int32_t> all(2 * std::size_t(n));
     device::ascend::copy_to_host(all.data(), buf.data() + 2, all.size() * sizeof(std::int32_t), ctx.stream);
@@ -272,10 +294,10 @@ class hccl_communicator {
                      [&](std::uint32_t a, std::uint32_t b) { return all[2 * a + 1] < all[2 * b + 1]; });
     const auto me = std::uint32_t(std::find(members.begin(), members.end(), std::uint32_t(rank())) - members.begin());
     const std::uint64_t sub_id = (std::uint64_t(++s_->splits) << 20) | std::uint64_t(color);
-    HcclCommConfig cfg;
-    HcclCommConfigInit(&cfg);
-    HcclComm sub = nullptr;
-    detail::hccl_check(HcclCreateSubCommConfig(&s_->comm, std::uint32_t(members.size()), members.data(), sub_id, me,
+    acl::HcclCommConfig cfg;
+    acl::hccl_comm_config_init(&cfg);
+    acl::HcclComm sub = nullptr;
+    detail::hccl_check(api(), api().HcclCreateSubCommConfig(&s_->comm, std::uint32_t(members.size()), members.data(), sub_id, me,
                                                &cfg, &sub),
                        "HcclCreateSubCommConfig");
     if (name.empty()) name = s_->name + "/" + std::to_string(color);
@@ -284,63 +306,71 @@ class hccl_communicator {
   }
 
  private:
+  /// The runtime's function table (the compute context's runtime).
+  const acl::api_table& api() const noexcept { return s_->compute.api(); }
+
   struct state {
-    HcclComm comm = nullptr;
+    acl::HcclComm comm = nullptr;
     int rank = 0, size = 1;
-    context<device::ascend> compute;   // the rank's compute context
+    context<device::ascend> compute;   // the rank's compute context (holds the runtime)
     device::ascend_stream comm_stream;  // collectives run here
-    context<device::ascend> comm_ctx;  // {comm stream, same device}
+    context<device::ascend> comm_ctx;  // {runtime, comm stream, same device}
     device::ascend_event before, after;
     hccl_options options;
     std::string name;
     std::uint64_t splits = 0;
 
-    state(HcclComm c, int r, int n, const context<device::ascend>& ctx, hccl_options opt, std::string nm)
-        : comm(c), rank(r), size(n), compute(ctx), options(opt), name(std::move(nm)) {
+    state(acl::HcclComm c, int r, int n, const context<device::ascend>& ctx, hccl_options opt, std::string nm)
+        : comm(c), rank(r), size(n), compute(ctx), comm_stream(*ctx.runtime), before(*ctx.runtime),
+          after(*ctx.runtime), options(opt), name(std::move(nm)) {
+      comm_ctx.runtime = ctx.runtime;
       comm_ctx.stream = comm_stream.get();
       comm_ctx.ordinal = ctx.ordinal;
       comm_ctx.constants = ctx.constants;
     }
     ~state() {
       // the compute stream may still hold waits on `after`: drain both before the events die
-      device::detail::acl_warn(aclrtSynchronizeStream(comm_stream.get()), "aclrtSynchronizeStream");
-      device::detail::acl_warn(aclrtSynchronizeStream(compute.stream), "aclrtSynchronizeStream");
+      const auto& api = compute.api();
+      device::detail::acl_warn(api, api.aclrtSynchronizeStream(comm_stream.get()), "aclrtSynchronizeStream");
+      device::detail::acl_warn(api, api.aclrtSynchronizeStream(compute.stream), "aclrtSynchronizeStream");
       if (comm) {
-        const HcclResult rc = HcclCommDestroy(comm);
-        if (rc != HCCL_SUCCESS) std::fprintf(stderr, "loom: warning: HcclCommDestroy failed with code %d\n", int(rc));
+        const acl::HcclResult rc = api.HcclCommDestroy(comm);
+        if (rc != acl::hccl_success)
+          std::fprintf(stderr, "loom: warning: HcclCommDestroy failed with code %d\n", int(rc));
       }
     }
   };
 
   explicit hccl_communicator(std::unique_ptr<state> s) : s_(std::move(s)) {}
 
-  static hccl_communicator join(const HcclRootInfo& root, int nranks, int rank, context<device::ascend>& ctx,
+  static hccl_communicator join(const acl::HcclRootInfo& root, int nranks, int rank, context<device::ascend>& ctx,
                                 hccl_options options) {
-    HcclComm comm = nullptr;
-    detail::hccl_check(HcclCommInitRootInfo(std::uint32_t(nranks), &root, std::uint32_t(rank), &comm),
+    const auto& api = ctx.api();
+    acl::HcclComm comm = nullptr;
+    detail::hccl_check(api, api.HcclCommInitRootInfo(std::uint32_t(nranks), &root, std::uint32_t(rank), &comm),
                        "HcclCommInitRootInfo");
     return hccl_communicator(std::make_unique<state>(comm, rank, nranks, ctx, options, "world"));
   }
 
   /// (HCCL dtype, element count) for moving n elements of T; types HCCL lacks move as bytes.
   template <class T>
-  static std::pair<HcclDataType, std::uint64_t> wire(std::size_t n) {
-    constexpr HcclDataType dt = detail::hccl_dtype<T>();
-    if constexpr (dt == HCCL_DATA_TYPE_RESERVED) return {HCCL_DATA_TYPE_UINT8, n * sizeof(T)};
+  static std::pair<acl::HcclDataType, std::uint64_t> wire(std::size_t n) {
+    constexpr acl::HcclDataType dt = detail::hccl_dtype<T>();
+    if constexpr (dt == acl::HcclDataType(255)) return {acl::hccl_uint8, n * sizeof(T)};
     else return {dt, n};
   }
 
   template <class T>
-  static HcclReduceOp hccl_op(reduce_op op, const char* api) {
+  static acl::HcclReduceOp hccl_op(reduce_op op, const char* api) {
     if constexpr (std::is_same_v<T, double>)
       throw input_error(std::string("comm::hccl::") + api +
                         ": HCCL has no fp64 reduction (documented A2 types: int8, int16, int32, int64, fp16, fp32, "
                         "bf16); reduce in fp32, or use comm::threads / comm::mpi for double");
     detail::check_op<T>(op, std::string("comm::hccl::") + api);
     switch (op) {
-      case reduce_op::max: return HCCL_REDUCE_MAX;
-      case reduce_op::min: return HCCL_REDUCE_MIN;
-      default: return HCCL_REDUCE_SUM;  // sum, and avg = sum then a scale
+      case reduce_op::max: return acl::hccl_max;
+      case reduce_op::min: return acl::hccl_min;
+      default: return acl::hccl_sum;  // sum, and avg = sum then a scale
     }
   }
 
@@ -376,24 +406,22 @@ class hccl_communicator {
   void scale_by_size(T* p, std::size_t n) {
     if (!n) return;
     namespace ka = kernels::ascend;
-    ka::tensor t(p, ka::dtype_of<T>(), {std::int64_t(n)});
-    ka::scalar s{1.0f / float(size())};
-    ka::launch(
-        s_->comm_ctx, "aclnnInplaceMuls",
-        [&](std::uint64_t* ws, aclOpExecutor** ex) { return aclnnInplaceMulsGetWorkspaceSize(t, s, ws, ex); },
-        aclnnInplaceMuls);
+    auto& ctx = s_->comm_ctx;
+    ka::tensor t(ctx, p, ka::dtype_of<T>(), {std::int64_t(n)});
+    ka::scalar s(ctx, 1.0f / float(size()));
+    ka::launch(ctx, "aclnnInplaceMuls", ctx.api().aclnnInplaceMulsGetWorkspaceSize, ctx.api().aclnnInplaceMuls, t, s);
   }
 
   template <class T>
   void issue_all_reduce(std::span<T> x, reduce_op op) {
-    const HcclReduceOp hop = hccl_op<T>(op, "all_reduce");
+    const acl::HcclReduceOp hop = hccl_op<T>(op, "all_reduce");
     order_after_compute();
     const auto [dt, count] = wire<T>(x.size());
     if (s_->options.in_place || x.empty()) {
-      detail::hccl_check(HcclAllReduce(x.data(), x.data(), count, dt, hop, s_->comm, stream()), "HcclAllReduce");
+      detail::hccl_check(api(), api().HcclAllReduce(x.data(), x.data(), count, dt, hop, s_->comm, stream()), "HcclAllReduce");
     } else {
       kernels::ascend::scratch<T> tmp(s_->comm_ctx, x.size());  // stream-ordered on the comm stream
-      detail::hccl_check(HcclAllReduce(x.data(), tmp.data(), count, dt, hop, s_->comm, stream()), "HcclAllReduce");
+      detail::hccl_check(api(), api().HcclAllReduce(x.data(), tmp.data(), count, dt, hop, s_->comm, stream()), "HcclAllReduce");
       device::ascend::copy(x.data(), tmp.data(), x.size_bytes(), stream());
     }
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>)
@@ -404,16 +432,16 @@ class hccl_communicator {
   template <class T>
   void issue_reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     check_scatter(in.size(), out.size(), "reduce_scatter");
-    const HcclReduceOp hop = hccl_op<T>(op, "reduce_scatter");
+    const acl::HcclReduceOp hop = hccl_op<T>(op, "reduce_scatter");
     order_after_compute();
     const auto [dt, count] = wire<T>(out.size());
     if (detail::overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes())) {
       kernels::ascend::scratch<T> tmp(s_->comm_ctx, out.size());
-      detail::hccl_check(HcclReduceScatter(const_cast<T*>(in.data()), tmp.data(), count, dt, hop, s_->comm, stream()),
+      detail::hccl_check(api(), api().HcclReduceScatter(const_cast<T*>(in.data()), tmp.data(), count, dt, hop, s_->comm, stream()),
                          "HcclReduceScatter");
       device::ascend::copy(out.data(), tmp.data(), out.size_bytes(), stream());
     } else {
-      detail::hccl_check(HcclReduceScatter(const_cast<T*>(in.data()), out.data(), count, dt, hop, s_->comm, stream()),
+      detail::hccl_check(api(), api().HcclReduceScatter(const_cast<T*>(in.data()), out.data(), count, dt, hop, s_->comm, stream()),
                          "HcclReduceScatter");
     }
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>)
@@ -429,9 +457,9 @@ class hccl_communicator {
     if (detail::overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes())) {
       kernels::ascend::scratch<T> tmp(s_->comm_ctx, in.size());
       device::ascend::copy(tmp.data(), in.data(), in.size_bytes(), stream());
-      detail::hccl_check(HcclAllGather(tmp.data(), out.data(), count, dt, s_->comm, stream()), "HcclAllGather");
+      detail::hccl_check(api(), api().HcclAllGather(tmp.data(), out.data(), count, dt, s_->comm, stream()), "HcclAllGather");
     } else {
-      detail::hccl_check(HcclAllGather(const_cast<T*>(in.data()), out.data(), count, dt, s_->comm, stream()),
+      detail::hccl_check(api(), api().HcclAllGather(const_cast<T*>(in.data()), out.data(), count, dt, s_->comm, stream()),
                          "HcclAllGather");
     }
     order_before_compute();
@@ -441,31 +469,35 @@ class hccl_communicator {
   void complete(const char* what) {
     order_before_compute();
     const auto ms = s_->options.timeout.count();
-    const aclError rc = aclrtSynchronizeStreamWithTimeout(stream(), ms > 0 ? std::int32_t(std::min<long long>(ms, INT32_MAX)) : -1);
+    const acl::aclError rc =
+        api().aclrtSynchronizeStreamWithTimeout(stream(), ms > 0 ? std::int32_t(std::min<long long>(ms, INT32_MAX)) : -1);
     if (rc == device::detail::acl_status::rt_stream_sync_timeout)
       throw comm_timeout(std::string("comm::hccl::") + what + " on group '" + name() + "' rank " +
                          std::to_string(rank()) + " did not complete within " + std::to_string(ms) +
                          " ms (a rank is missing or stuck); the communicator is unusable, end the run");
-    device::detail::acl_check(rc, "aclrtSynchronizeStreamWithTimeout");
+    device::detail::acl_check(api(), rc, "aclrtSynchronizeStreamWithTimeout");
   }
 
   struct hccl_request final : detail::request_state {
+    const acl::api_table* api = nullptr;
     std::unique_ptr<device::ascend_event> done;
     std::chrono::milliseconds timeout;
     std::string what;
     void wait() override {
       const auto ms = timeout.count();
-      const aclError rc = aclrtSynchronizeEventWithTimeout(done->get(), ms > 0 ? std::int32_t(std::min<long long>(ms, INT32_MAX)) : -1);
+      const acl::aclError rc =
+          api->aclrtSynchronizeEventWithTimeout(done->get(), ms > 0 ? std::int32_t(std::min<long long>(ms, INT32_MAX)) : -1);
       if (rc == device::detail::acl_status::rt_event_sync_timeout)
         throw comm_timeout("comm::hccl::" + what + " did not complete within " + std::to_string(ms) + " ms");
-      device::detail::acl_check(rc, "aclrtSynchronizeEventWithTimeout");
+      device::detail::acl_check(*api, rc, "aclrtSynchronizeEventWithTimeout");
     }
     bool test() override { return done->query(); }
   };
 
   request make_request(const char* what) {
     auto r = std::make_unique<hccl_request>();
-    r->done = std::make_unique<device::ascend_event>();
+    r->api = &api();
+    r->done = std::make_unique<device::ascend_event>(*s_->compute.runtime);
     r->done->record(stream());
     r->timeout = s_->options.timeout;
     r->what = what;

@@ -30,6 +30,16 @@ struct fp32 {
 };
 static_assert(precision_policy<fp32>);
 
+/// fp32 including fp32 GEMMs on an accelerator that would rather not: the opt-in Ascend asks for
+/// (kernels::coverage<device::ascend, P>). On Ascend A2/A3, fp32 matmul runs the cube unit with
+/// cubeMathType KEEP_DTYPE — exact fp32, at a fraction of its bf16/fp16 throughput — and
+/// first-generation Atlas training parts reject it (loom's API reference §2.5). Same types and
+/// name as fp32; on the CPU the two are interchangeable.
+struct fp32_ascend_matmul : fp32 {
+  static constexpr bool deliberate_fp32_matmul = true;
+};
+static_assert(precision_policy<fp32_ascend_matmul>);
+
 /// IEEE double everywhere. Not a training policy: it runs the CPU kernels in float64 so
 /// tests can check gradients by central finite differences and compare against references.
 struct fp64 {

@@ -7,14 +7,13 @@
 ///   "<file>:<line>: <api> failed with code <code>: <recent error message> [hint]".
 /// Cleanup paths (destructors, deallocate) use acl_warn, which reports on stderr and never throws.
 /// Source: loom's API reference (shared/reference/ascend-api.md) §1.2, §1.3, §2.4, §7.
-#include <acl/acl.h>
-
 #include <cstdio>
 #include <source_location>
 #include <string>
 #include <string_view>
 
 #include <loom/core/error.hpp>
+#include <loom/device/detail/acl_api.hpp>
 
 namespace loom::device::detail {
 
@@ -64,37 +63,39 @@ inline std::string_view acl_hint(int code) noexcept {
 }
 
 /// The thread's most recent ACL error text ("" when the runtime has none).
-inline std::string acl_recent_message() {
-  const char* m = aclGetRecentErrMsg();
+inline std::string acl_recent_message(const acl::api_table& api) {
+  const char* m = api.aclGetRecentErrMsg ? api.aclGetRecentErrMsg() : nullptr;
   return m ? std::string(m) : std::string();
 }
 
 /// Builds the exception for a failed call (message + hint).
-inline device_error acl_error(int rc, std::string_view api, std::source_location where) {
-  std::string msg = acl_recent_message();
+inline device_error acl_error(const acl::api_table& t, int rc, std::string_view api, std::source_location where) {
+  std::string msg = acl_recent_message(t);
   if (const auto hint = acl_hint(rc); !hint.empty()) msg += (msg.empty() ? "" : " — ") + std::string(hint);
   return device_error(rc, api, msg, where);
 }
 
 /// Throws loom::device_error unless rc == ACL_SUCCESS. Usage:
-///   acl_check(aclrtSynchronizeStream(s), "aclrtSynchronizeStream");
-inline void acl_check(aclError rc, std::string_view api, std::source_location where = std::source_location::current()) {
-  if (rc == ACL_SUCCESS) [[likely]]
+///   acl_check(api, api.aclrtSynchronizeStream(s), "aclrtSynchronizeStream");
+inline void acl_check(const acl::api_table& t, int rc, std::string_view api,
+                      std::source_location where = std::source_location::current()) {
+  if (rc == acl::success) [[likely]]
     return;
-  throw acl_error(rc, api, where);
+  throw acl_error(t, rc, api, where);
 }
 
 /// Same for aclnnStatus (an int32, 0 = success) of the two-phase operator calls.
-inline void aclnn_check(int rc, std::string_view api, std::source_location where = std::source_location::current()) {
+inline void aclnn_check(const acl::api_table& t, int rc, std::string_view api,
+                        std::source_location where = std::source_location::current()) {
   if (rc == 0) [[likely]]
     return;
-  throw acl_error(rc, api, where);
+  throw acl_error(t, rc, api, where);
 }
 
 /// For destructors and deallocation: reports a failure on stderr, never throws.
-inline void acl_warn(aclError rc, std::string_view api) noexcept {
-  if (rc == ACL_SUCCESS) return;
-  const char* m = aclGetRecentErrMsg();
+inline void acl_warn(const acl::api_table& t, int rc, std::string_view api) noexcept {
+  if (rc == acl::success) return;
+  const char* m = t.aclGetRecentErrMsg ? t.aclGetRecentErrMsg() : nullptr;
   std::fprintf(stderr, "loom: warning: %.*s failed with code %d during cleanup: %s\n", int(api.size()), api.data(),
                rc, m ? m : "");
 }

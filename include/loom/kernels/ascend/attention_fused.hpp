@@ -20,8 +20,6 @@
 /// (causal block of the 2048 mask + padding row, aclnnInplaceCopy/aclnnInplaceAdd on UINT8, then
 /// a copy to BOOL: non-zero = masked) and passed with sparseMode 0 (pre/nextTokens unbounded) and
 /// innerPrecise 2, the documented handling of rows with every key masked (their output is 0).
-#include <aclnnop/aclnn_flash_attention_score.h>
-#include <aclnnop/aclnn_flash_attention_score_grad.h>
 
 #include <cmath>
 #include <cstring>
@@ -67,8 +65,8 @@ struct flash_attention {
     constexpr auto dt = dtype_of<T>();
     const std::size_t BTC = std::size_t(p.B) * p.Tn * p.C;
     for (int s = 0; s < 3; ++s)
-      copy(ctx, tensor(qkv_out + s * BTC, dt, {p.B, p.Tn, p.C}),
-           tensor(qkv + s * p.C, dt, {p.B, p.Tn, p.C}, {int64_t(p.Tn) * 3 * p.C, 3 * int64_t(p.C), 1}));
+      copy(ctx, tensor(ctx, qkv_out + s * BTC, dt, {p.B, p.Tn, p.C}),
+           tensor(ctx, qkv + s * p.C, dt, {p.B, p.Tn, p.C}, {int64_t(p.Tn) * 3 * p.C, 3 * int64_t(p.C), 1}));
   }
 
   /// The attention mask and its mode: the cached compressed causal mask (sparseMode 2), or, with
@@ -87,10 +85,10 @@ struct flash_attention {
     const int64_t B = p.B, Tn = p.Tn;
     std::uint8_t* sum = storage;                              // (B,T,T) UINT8: causal + padding
     std::uint8_t* mask = storage + std::size_t(B * Tn * Tn);  // (B,1,T,T) BOOL
-    tensor s(sum, ACL_UINT8, {B, Tn, Tn});
-    copy(ctx, s, tensor(causal, ACL_UINT8, {Tn, Tn}, {2048, 1}));  // broadcast over the batch
-    add_inplace(ctx, s, tensor(key_padding, ACL_UINT8, {B, 1, Tn}));  // padding row, broadcast over queries
-    copy(ctx, tensor(mask, ACL_BOOL, {B, 1, Tn, Tn}), tensor(sum, ACL_UINT8, {B, 1, Tn, Tn}));
+    tensor s(ctx, sum, acl::dt_uint8, {B, Tn, Tn});
+    copy(ctx, s, tensor(ctx, causal, acl::dt_uint8, {Tn, Tn}, {2048, 1}));  // broadcast over the batch
+    add_inplace(ctx, s, tensor(ctx, key_padding, acl::dt_uint8, {B, 1, Tn}));  // padding row, broadcast over queries
+    copy(ctx, tensor(ctx, mask, acl::dt_bool, {B, 1, Tn, Tn}), tensor(ctx, sum, acl::dt_uint8, {B, 1, Tn, Tn}));
     return {mask, {B, 1, Tn, Tn}, 0, 2147483647, 2147483647, 2};
   }
 
@@ -99,18 +97,11 @@ struct flash_attention {
                           const mask_args& m) {
     constexpr auto dt = dtype_of<T>();
     const std::size_t per = std::size_t(p.B) * p.NH * p.Tn * 8;
-    tensor Q(q, dt, {p.B, p.Tn, p.C}), K(k, dt, {p.B, p.Tn, p.C}), V(v, dt, {p.B, p.Tn, p.C});
-    tensor O(out, dt, {p.B, p.Tn, p.C}), M(m.data, ACL_BOOL, m.dims, {});
-    tensor mx(stats, ACL_FLOAT, {p.B, p.NH, p.Tn, 8}), sm(stats + per, ACL_FLOAT, {p.B, p.NH, p.Tn, 8});
+    tensor Q(ctx, q, dt, {p.B, p.Tn, p.C}), K(ctx, k, dt, {p.B, p.Tn, p.C}), V(ctx, v, dt, {p.B, p.Tn, p.C});
+    tensor O(ctx, out, dt, {p.B, p.Tn, p.C}), M(ctx, m.data, acl::dt_bool, m.dims, {});
+    tensor mx(ctx, stats, acl::dt_float, {p.B, p.NH, p.Tn, 8}), sm(ctx, stats + per, acl::dt_float, {p.B, p.NH, p.Tn, 8});
     char layout[] = "BSH";
-    launch(
-        ctx, "aclnnFlashAttentionScore",
-        [&](uint64_t* ws, aclOpExecutor** ex) {
-          return aclnnFlashAttentionScoreGetWorkspaceSize(Q, K, V, nullptr, nullptr, nullptr, M, nullptr, p.scale(),
-                                                          /*keepProb=*/1.0, m.pre_tokens, m.next_tokens, p.NH, layout,
-                                                          m.inner_precise, m.sparse_mode, mx, sm, nullptr, O, ws, ex);
-        },
-        aclnnFlashAttentionScore);
+    launch(ctx, "aclnnFlashAttentionScore", ctx.api().aclnnFlashAttentionScoreGetWorkspaceSize, ctx.api().aclnnFlashAttentionScore, Q, K, V, nullptr, nullptr, nullptr, M, nullptr, p.scale(), /*keepProb=*/1.0, m.pre_tokens, m.next_tokens, p.NH, layout, m.inner_precise, m.sparse_mode, mx, sm, nullptr, O);
   }
 
   static std::size_t mask_bytes(const problem& p, const std::uint8_t* key_padding) {
@@ -148,22 +139,15 @@ struct flash_attention {
       run_forward(ctx, grads + 3 * BTC, stats.data(), q, k, v, p, m);
       out = grads + 3 * BTC;
     }
-    tensor Q(q, dt, {B, Tn, C}), K(k, dt, {B, Tn, C}), V(v, dt, {B, Tn, C}), DY(dout, dt, {B, Tn, C});
-    tensor O(out, dt, {B, Tn, C}), M(m.data, ACL_BOOL, m.dims, {});
-    tensor mx(saved, ACL_FLOAT, {B, NH, Tn, 8}), sm(saved + per, ACL_FLOAT, {B, NH, Tn, 8});
-    tensor DQ(grads, dt, {B, Tn, C}), DK(grads + BTC, dt, {B, Tn, C}), DV(grads + 2 * BTC, dt, {B, Tn, C});
+    tensor Q(ctx, q, dt, {B, Tn, C}), K(ctx, k, dt, {B, Tn, C}), V(ctx, v, dt, {B, Tn, C}), DY(ctx, dout, dt, {B, Tn, C});
+    tensor O(ctx, out, dt, {B, Tn, C}), M(ctx, m.data, acl::dt_bool, m.dims, {});
+    tensor mx(ctx, saved, acl::dt_float, {B, NH, Tn, 8}), sm(ctx, saved + per, acl::dt_float, {B, NH, Tn, 8});
+    tensor DQ(ctx, grads, dt, {B, Tn, C}), DK(ctx, grads + BTC, dt, {B, Tn, C}), DV(ctx, grads + 2 * BTC, dt, {B, Tn, C});
     char layout[] = "BSH";
-    launch(
-        ctx, "aclnnFlashAttentionScoreGrad",
-        [&](uint64_t* ws, aclOpExecutor** ex) {
-          return aclnnFlashAttentionScoreGradGetWorkspaceSize(
-              Q, K, V, DY, nullptr, nullptr, nullptr, M, mx, sm, nullptr, O, nullptr, p.scale(), 1.0, m.pre_tokens,
-              m.next_tokens, NH, layout, m.inner_precise, m.sparse_mode, DQ, DK, DV, nullptr, ws, ex);
-        },
-        aclnnFlashAttentionScoreGrad);
+    launch(ctx, "aclnnFlashAttentionScoreGrad", ctx.api().aclnnFlashAttentionScoreGradGetWorkspaceSize, ctx.api().aclnnFlashAttentionScoreGrad, Q, K, V, DY, nullptr, nullptr, nullptr, M, mx, sm, nullptr, O, nullptr, p.scale(), 1.0, m.pre_tokens, m.next_tokens, NH, layout, m.inner_precise, m.sparse_mode, DQ, DK, DV, nullptr);
     for (int s = 0; s < 3; ++s)
-      copy(ctx, tensor(dqkv + s * C, dt, {B, Tn, C}, {int64_t(Tn) * 3 * C, 3 * int64_t(C), 1}),
-           tensor(grads + s * BTC, dt, {B, Tn, C}));
+      copy(ctx, tensor(ctx, dqkv + s * C, dt, {B, Tn, C}, {int64_t(Tn) * 3 * C, 3 * int64_t(C), 1}),
+           tensor(ctx, grads + s * BTC, dt, {B, Tn, C}));
   }
 };
 

@@ -16,9 +16,6 @@
 /// format (a swapped pair is a known silent bug). loom passes data = the first element of the
 /// view, offset 0, format ND, and a 1-D storage shape covering exactly the view
 /// (1 + sum((dim-1)*stride)), as llama.cpp does.
-#include <aclnn/aclnn_base.h>
-#include <aclnnop/aclnn_add.h>
-#include <aclnnop/aclnn_copy.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -37,18 +34,20 @@
 namespace loom::kernels::ascend {
 
 using ctx_t = context<device::ascend>;
+namespace acl = loom::device::acl;
+using acl::aclDataType;
 
 /// The aclDataType of a C++ element type.
 template <class T>
 constexpr aclDataType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return ACL_FLOAT;
-  else if constexpr (std::is_same_v<T, Eigen::half>) return ACL_FLOAT16;
-  else if constexpr (std::is_same_v<T, Eigen::bfloat16>) return ACL_BF16;
-  else if constexpr (std::is_same_v<T, double>) return ACL_DOUBLE;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return ACL_INT32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return ACL_INT64;
-  else if constexpr (std::is_same_v<T, std::uint8_t>) return ACL_UINT8;
-  else if constexpr (std::is_same_v<T, bool>) return ACL_BOOL;
+  if constexpr (std::is_same_v<T, float>) return acl::dt_float;
+  else if constexpr (std::is_same_v<T, Eigen::half>) return acl::dt_float16;
+  else if constexpr (std::is_same_v<T, Eigen::bfloat16>) return acl::dt_bf16;
+  else if constexpr (std::is_same_v<T, double>) return acl::dt_double;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return acl::dt_int32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return acl::dt_int64;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return acl::dt_uint8;
+  else if constexpr (std::is_same_v<T, bool>) return acl::dt_bool;
   else static_assert(dependent_false<T>, "loom::kernels::ascend::dtype_of: no aclDataType for this type");
 }
 
@@ -76,16 +75,43 @@ inline constexpr bool supports_v =
 /// cubeMathType for aclnnMatmul/Addmm: 0 = KEEP_DTYPE (exact fp32 math on A2/A3).
 inline constexpr int8_t cube_math_type = 0;
 
+// --- entry points ------------------------------------------------------------------------------------
+/// Throws device_error when the loaded CANN libraries do not export `fn` (an operator absent from
+/// this CANN version or SoC, or a missing libnnopbase/op-API library): names the function and the
+/// libraries searched. Code 561003 (ACLNN_ERR_INNER_FIND_KERNEL_ERROR), the closest documented
+/// meaning ("no kernel for this operator").
+template <class Fn>
+void require(const acl::api_table&, Fn* fn, std::string_view name,
+             std::source_location where = std::source_location::current()) {
+  if (fn) [[likely]]
+    return;
+  throw device_error(device::detail::acl_status::aclnn_find_kernel_error, name,
+                     "not exported by the loaded CANN libraries (looked in the op-API and nnopbase libraries next to "
+                     "libascendcl.so): this CANN version or SoC lacks the operator, or ASCEND_HOME_PATH points at an "
+                     "incomplete toolkit",
+                     where);
+}
+
+/// The name and call site of one operator launch (implicit from a string literal, so the call
+/// site is the caller's).
+struct op_site {
+  std::string_view name;
+  std::source_location where;
+  op_site(const char* n, std::source_location w = std::source_location::current()) : name(n), where(w) {}
+  op_site(std::string_view n, std::source_location w) : name(n), where(w) {}
+};
+
 // --- descriptors -------------------------------------------------------------------------------------
 /// An owned aclTensor: a strided view (outermost dimension first; strides in elements; empty
 /// strides = contiguous) of elements of type `dt` starting at `data`.
 class tensor {
  public:
-  tensor(const void* data, aclDataType dt, std::initializer_list<int64_t> dims,
+  tensor(const ctx_t& ctx, const void* data, aclDataType dt, std::initializer_list<int64_t> dims,
          std::initializer_list<int64_t> strides = {}, std::source_location where = std::source_location::current())
-      : tensor(data, dt, std::vector<int64_t>(dims), std::vector<int64_t>(strides), where) {}
-  tensor(const void* data, aclDataType dt, std::vector<int64_t> dims, std::vector<int64_t> strides,
-         std::source_location where = std::source_location::current()) {
+      : tensor(ctx, data, dt, std::vector<int64_t>(dims), std::vector<int64_t>(strides), where) {}
+  tensor(const ctx_t& ctx, const void* data, aclDataType dt, std::vector<int64_t> dims, std::vector<int64_t> strides,
+         std::source_location where = std::source_location::current())
+      : api_(&ctx.api()) {
     if (strides.empty()) {
       strides.assign(dims.size(), 1);
       for (std::size_t i = dims.size(); i-- > 1;) strides[i - 1] = strides[i] * dims[i];
@@ -96,71 +122,88 @@ class tensor {
     for (auto d : dims)
       if (d == 0) extent = 0;
     const int64_t storage[1] = {extent};
-    t_ = aclCreateTensor(dims.data(), dims.size(), dt, strides.data(), /*offset=*/0, ACL_FORMAT_ND, storage, 1,
-                         const_cast<void*>(data));
+    require(*api_, api_->aclCreateTensor, "aclCreateTensor", where);
+    t_ = api_->aclCreateTensor(dims.data(), dims.size(), dt, strides.data(), /*offset=*/0, acl::format_nd, storage, 1,
+                               const_cast<void*>(data));
     if (!t_)
       throw device_error(device::detail::acl_status::aclnn_param_invalid, "aclCreateTensor",
-                         device::detail::acl_recent_message(), where);
+                         device::detail::acl_recent_message(*api_), where);
   }
   tensor(const tensor&) = delete;
   tensor& operator=(const tensor&) = delete;
   ~tensor() {
-    if (t_) (void)aclDestroyTensor(t_);
+    if (t_) (void)api_->aclDestroyTensor(t_);
   }
-  aclTensor* get() const noexcept { return t_; }
-  operator aclTensor*() const noexcept { return t_; }
+  acl::aclTensor* get() const noexcept { return t_; }
+  operator acl::aclTensor*() const noexcept { return t_; }
 
  private:
-  aclTensor* t_ = nullptr;
+  const acl::api_table* api_;
+  acl::aclTensor* t_ = nullptr;
 };
 
 /// An owned host scalar. The value lives in this object until the descriptor is destroyed (after
 /// phase 2), because whether aclCreateScalar copies it is unconfirmed (reference §2.2).
 class scalar {
  public:
-  explicit scalar(float v) : value_(v), s_(aclCreateScalar(&value_, ACL_FLOAT)) {
+  scalar(const ctx_t& ctx, float v) : api_(&ctx.api()), value_(v) {
+    require(*api_, api_->aclCreateScalar, "aclCreateScalar");
+    s_ = api_->aclCreateScalar(&value_, acl::dt_float);
     if (!s_) throw device_error(device::detail::acl_status::aclnn_param_invalid, "aclCreateScalar", "");
   }
   scalar(const scalar&) = delete;
   scalar& operator=(const scalar&) = delete;
-  ~scalar() { (void)aclDestroyScalar(s_); }
-  operator aclScalar*() const noexcept { return s_; }
+  ~scalar() {
+    if (s_) (void)api_->aclDestroyScalar(s_);
+  }
+  operator acl::aclScalar*() const noexcept { return s_; }
 
  private:
+  const acl::api_table* api_;
   float value_;
-  aclScalar* s_;
+  acl::aclScalar* s_ = nullptr;
 };
 
 /// An owned aclIntArray (host int64 list, e.g. normalizedShape).
 class int_array {
  public:
-  explicit int_array(std::initializer_list<int64_t> v) : v_(v), a_(aclCreateIntArray(v_.data(), v_.size())) {}
+  int_array(const ctx_t& ctx, std::initializer_list<int64_t> v) : api_(&ctx.api()), v_(v) {
+    require(*api_, api_->aclCreateIntArray, "aclCreateIntArray");
+    a_ = api_->aclCreateIntArray(v_.data(), v_.size());
+  }
   int_array(const int_array&) = delete;
   int_array& operator=(const int_array&) = delete;
-  ~int_array() { (void)aclDestroyIntArray(a_); }
-  operator aclIntArray*() const noexcept { return a_; }
+  ~int_array() {
+    if (a_) (void)api_->aclDestroyIntArray(a_);
+  }
+  operator acl::aclIntArray*() const noexcept { return a_; }
 
  private:
+  const acl::api_table* api_;
   std::vector<int64_t> v_;
-  aclIntArray* a_;
+  acl::aclIntArray* a_ = nullptr;
 };
 
 /// An owned aclBoolArray (e.g. LayerNormBackward's outputMask).
 class bool_array {
  public:
-  explicit bool_array(std::initializer_list<bool> v) {
+  bool_array(const ctx_t& ctx, std::initializer_list<bool> v) : api_(&ctx.api()) {
     int i = 0;
     for (bool b : v) v_[i++] = b;
-    a_ = aclCreateBoolArray(v_, std::size_t(i));
+    require(*api_, api_->aclCreateBoolArray, "aclCreateBoolArray");
+    a_ = api_->aclCreateBoolArray(v_, std::size_t(i));
   }
   bool_array(const bool_array&) = delete;
   bool_array& operator=(const bool_array&) = delete;
-  ~bool_array() { (void)aclDestroyBoolArray(a_); }
-  operator aclBoolArray*() const noexcept { return a_; }
+  ~bool_array() {
+    if (a_) (void)api_->aclDestroyBoolArray(a_);
+  }
+  operator acl::aclBoolArray*() const noexcept { return a_; }
 
  private:
+  const acl::api_table* api_;
   bool v_[8] = {};
-  aclBoolArray* a_ = nullptr;
+  acl::aclBoolArray* a_ = nullptr;
 };
 
 // --- memory ----------------------------------------------------------------------------------------------
@@ -187,52 +230,52 @@ class scratch {
   T* p_ = nullptr;
 };
 
-/// Runs one aclnn operator through its two phases on ctx.stream. `phase1(&bytes, &executor)`
-/// calls aclnnXxxGetWorkspaceSize with the operator's arguments; `phase2` is aclnnXxx. Throws
-/// loom::device_error naming the failing phase, with aclGetRecentErrMsg() and the call site.
-template <class Phase1, class Phase2>
-void launch(ctx_t& ctx, std::string_view name, Phase1&& phase1, Phase2 phase2,
-            std::source_location where = std::source_location::current()) {
+/// Runs one aclnn operator through its two phases on ctx.stream:
+///   phase1(args..., &bytes, &executor)   aclnnXxxGetWorkspaceSize, arguments converted as declared
+///   workspace of `bytes` from the context's pool (stream-ordered), phase2(ws, bytes, executor, stream)
+/// Usage: launch(ctx, "aclnnMatmul", ctx.api().aclnnMatmulGetWorkspaceSize, ctx.api().aclnnMatmul, x, w, y, 0);
+/// Throws loom::device_error naming the failing phase, with aclGetRecentErrMsg() and the call
+/// site; or naming the function when the loaded libraries lack it (require).
+template <class... Params, class... Args>
+void launch(ctx_t& ctx, op_site site, acl::aclnnStatus (*phase1)(Params...),
+            acl::aclnnStatus (*phase2)(void*, uint64_t, acl::aclOpExecutor*, acl::aclrtStream), Args&&... args) {
+  const auto& api = ctx.api();
+  require(api, phase1, std::string(site.name) + "GetWorkspaceSize", site.where);
+  require(api, phase2, site.name, site.where);
   uint64_t bytes = 0;
-  aclOpExecutor* executor = nullptr;
-  if (const int rc = phase1(&bytes, &executor); rc != 0)
-    throw device::detail::acl_error(rc, std::string(name) + "GetWorkspaceSize", where);
+  acl::aclOpExecutor* executor = nullptr;
+  if (const int rc = phase1(std::forward<Args>(args)..., &bytes, &executor); rc != 0)
+    throw device::detail::acl_error(api, rc, std::string(site.name) + "GetWorkspaceSize", site.where);
   scratch<std::byte> workspace(ctx, std::size_t(bytes));
   if (const int rc = phase2(workspace.data(), bytes, executor, ctx.stream); rc != 0)
-    throw device::detail::acl_error(rc, name, where);
+    throw device::detail::acl_error(api, rc, site.name, site.where);
 }
 
 /// dst (n elements of D) = src (n elements of S), converting the dtype (aclnnInplaceCopy, which
 /// accepts non-contiguous views and casts; ops-math documentation). The views may be strided.
 inline void copy(ctx_t& ctx, const tensor& dst, const tensor& src,
                  std::source_location where = std::source_location::current()) {
-  launch(
-      ctx, "aclnnInplaceCopy",
-      [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnInplaceCopyGetWorkspaceSize(dst, src, ws, ex); },
-      aclnnInplaceCopy, where);
+  launch(ctx, op_site{"aclnnInplaceCopy", where}, ctx.api().aclnnInplaceCopyGetWorkspaceSize,
+         ctx.api().aclnnInplaceCopy, dst, src);
 }
 
 /// self += alpha * other (aclnnInplaceAdd; other broadcasts to self).
 inline void add_inplace(ctx_t& ctx, const tensor& self, const tensor& other, float alpha = 1.0f,
                         std::source_location where = std::source_location::current()) {
-  scalar a(alpha);
-  launch(
-      ctx, "aclnnInplaceAdd",
-      [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnInplaceAddGetWorkspaceSize(self, other, a, ws, ex); },
-      aclnnInplaceAdd, where);
+  scalar a(ctx, alpha);
+  launch(ctx, op_site{"aclnnInplaceAdd", where}, ctx.api().aclnnInplaceAddGetWorkspaceSize, ctx.api().aclnnInplaceAdd,
+         self, other, a);
 }
 
 /// p[0, n) = value, ordered on ctx.stream: aclrtMemsetAsync to zero, then aclnnInplaceAdds(value).
 template <class T>
 void fill(ctx_t& ctx, T* p, std::size_t n, float value) {
-  device::ascend::memset(p, 0, n * sizeof(T), ctx.stream);
+  if (n) device::detail::acl_check(ctx.api(), ctx.api().aclrtMemsetAsync(p, n * sizeof(T), 0, n * sizeof(T), ctx.stream),
+                                   "aclrtMemsetAsync");
   if (value == 0.0f) return;
-  tensor t(p, dtype_of<T>(), {int64_t(n)});
-  scalar v(value), one(1.0f);
-  launch(
-      ctx, "aclnnInplaceAdds",
-      [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnInplaceAddsGetWorkspaceSize(t, v, one, ws, ex); },
-      aclnnInplaceAdds);
+  tensor t(ctx, p, dtype_of<T>(), {int64_t(n)});
+  scalar v(ctx, value), one(ctx, 1.0f);
+  launch(ctx, "aclnnInplaceAdds", ctx.api().aclnnInplaceAddsGetWorkspaceSize, ctx.api().aclnnInplaceAdds, t, v, one);
 }
 
 /// A device vector of at least n ones of type T, cached in the context (GEMV-based reductions).

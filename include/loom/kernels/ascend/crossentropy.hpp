@@ -16,8 +16,6 @@
 /// Caveat (reference §2.5 caller note): a public wrapper reports that CANN gathers with the raw
 /// label and faults for labels outside [0, C); loom passes ignore_index = -1 as documented. If real
 /// hardware faults on it, replace -1 targets by 0 and mask those rows (not needed in emulation).
-#include <aclnnop/aclnn_cross_entropy_loss.h>
-#include <aclnnop/aclnn_cross_entropy_loss_grad.h>
 
 #include <type_traits>
 
@@ -37,30 +35,18 @@ float crossentropy(ctx_t& ctx, T* logits, float* losses, const std::int32_t* tar
   float* x32 = in_place ? reinterpret_cast<float*>(logits) : work.data();
   float* logp = work.data() + (in_place ? 0 : NV);
   float* aux = logp + NV;  // zloss (N), lse (N), gradLoss (N)
-  tensor logits_view(logits, dt, {N, V}, {Vp, 1});
-  tensor x(x32, ACL_FLOAT, {N, V});
+  tensor logits_view(ctx, logits, dt, {N, V}, {Vp, 1});
+  tensor x(ctx, x32, acl::dt_float, {N, V});
   if (!in_place) copy(ctx, x, logits_view);
-  tensor tgt(targets, ACL_INT32, {N}), loss(losses, ACL_FLOAT, {N}), lp(logp, ACL_FLOAT, {N, V});
-  tensor zloss(aux, ACL_FLOAT, {N}), lse(aux + N, ACL_FLOAT, {N});
+  tensor tgt(ctx, targets, acl::dt_int32, {N}), loss(ctx, losses, acl::dt_float, {N}), lp(ctx, logp, acl::dt_float, {N, V});
+  tensor zloss(ctx, aux, acl::dt_float, {N}), lse(ctx, aux + N, acl::dt_float, {N});
   char none[] = "none";
   constexpr int64_t ignore_index = -1;
-  launch(
-      ctx, "aclnnCrossEntropyLoss",
-      [&](uint64_t* ws, aclOpExecutor** ex) {
-        return aclnnCrossEntropyLossGetWorkspaceSize(x, tgt, nullptr, none, ignore_index, 0.0, 0.0, false, loss, lp,
-                                                     zloss, lse, ws, ex);
-      },
-      aclnnCrossEntropyLoss);
+  launch(ctx, "aclnnCrossEntropyLoss", ctx.api().aclnnCrossEntropyLossGetWorkspaceSize, ctx.api().aclnnCrossEntropyLoss, x, tgt, nullptr, none, ignore_index, 0.0, 0.0, false, loss, lp, zloss, lse);
   if (write_dlogits) {
     fill(ctx, aux + 2 * N, std::size_t(N), grad_scale);
-    tensor gl(aux + 2 * N, ACL_FLOAT, {N});
-    launch(
-        ctx, "aclnnCrossEntropyLossGrad",
-        [&](uint64_t* ws, aclOpExecutor** ex) {
-          return aclnnCrossEntropyLossGradGetWorkspaceSize(gl, lp, tgt, nullptr, nullptr, nullptr, none, ignore_index,
-                                                           0.0, 0.0, x, ws, ex);
-        },
-        aclnnCrossEntropyLossGrad);
+    tensor gl(ctx, aux + 2 * N, acl::dt_float, {N});
+    launch(ctx, "aclnnCrossEntropyLossGrad", ctx.api().aclnnCrossEntropyLossGradGetWorkspaceSize, ctx.api().aclnnCrossEntropyLossGrad, gl, lp, tgt, nullptr, nullptr, nullptr, none, ignore_index, 0.0, 0.0, x);
     if (!in_place) {
       device::ascend::memset(logits, 0, std::size_t(N) * std::size_t(Vp) * sizeof(T), ctx.stream);
       copy(ctx, logits_view, x);

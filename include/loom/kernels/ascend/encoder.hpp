@@ -11,9 +11,6 @@
 /// them is exact) — but costs an (rows x C) scratch and add. The *_rows overloads take the count.
 /// paddingIdx: documented as "negative = none" while the parameter is uint64_t; loom passes
 /// (uint64_t)-1 (cann-ops aclnnEmbeddingDenseBackward.md; reference §8 lists it as unconfirmed).
-#include <aclnnop/aclnn_addmm.h>
-#include <aclnnop/aclnn_embedding.h>
-#include <aclnnop/aclnn_embedding_dense_backward.h>
 
 #include <string>
 
@@ -37,12 +34,9 @@ template <class T>
 void encoder_forward_rows(ctx_t& ctx, T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int Tn,
                           int C, int64_t V) {
   constexpr auto dt = dtype_of<T>();
-  tensor w(wte, dt, {V, int64_t(C)}), idx(tokens, ACL_INT32, {B, Tn}), o(out, dt, {B, Tn, C});
-  launch(
-      ctx, "aclnnEmbedding",
-      [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnEmbeddingGetWorkspaceSize(w, idx, o, ws, ex); },
-      aclnnEmbedding);
-  add_inplace(ctx, o, tensor(wpe, dt, {Tn, C}));  // (T,C) broadcast over the batch
+  tensor w(ctx, wte, dt, {V, int64_t(C)}), idx(ctx, tokens, acl::dt_int32, {B, Tn}), o(ctx, out, dt, {B, Tn, C});
+  launch(ctx, "aclnnEmbedding", ctx.api().aclnnEmbeddingGetWorkspaceSize, ctx.api().aclnnEmbedding, w, idx, o);
+  add_inplace(ctx, o, tensor(ctx, wpe, dt, {Tn, C}));  // (T,C) broadcast over the batch
 }
 
 template <class T>
@@ -59,25 +53,15 @@ void encoder_backward_rows(ctx_t& ctx, T* dwte, T* dwpe, const T* dout, const st
   constexpr auto dt = dtype_of<T>();
   const int64_t TC = int64_t(Tn) * C;
   {
-    tensor dp(dwpe, dt, {1, TC}), e(ones<T>(ctx, std::size_t(B)), dt, {1, B}), d(dout, dt, {B, TC});
-    scalar one(1.0f);
-    launch(
-        ctx, "aclnnInplaceAddmm",
-        [&](uint64_t* ws, aclOpExecutor** ex) {
-          return aclnnInplaceAddmmGetWorkspaceSize(dp, e, d, one, one, cube_math_type, ws, ex);
-        },
-        aclnnInplaceAddmm);
+    tensor dp(ctx, dwpe, dt, {1, TC}), e(ctx, ones<T>(ctx, std::size_t(B)), dt, {1, B}), d(ctx, dout, dt, {B, TC});
+    scalar one(ctx, 1.0f);
+    launch(ctx, "aclnnInplaceAddmm", ctx.api().aclnnInplaceAddmmGetWorkspaceSize, ctx.api().aclnnInplaceAddmm, dp, e, d, one, one, cube_math_type);
   }
   scratch<T> tmp(ctx, std::size_t(V) * std::size_t(C));
-  tensor g(dout, dt, {int64_t(B) * Tn, C}), idx(tokens, ACL_INT32, {int64_t(B) * Tn}), o(tmp.data(), dt, {V, int64_t(C)});
+  tensor g(ctx, dout, dt, {int64_t(B) * Tn, C}), idx(ctx, tokens, acl::dt_int32, {int64_t(B) * Tn}), o(ctx, tmp.data(), dt, {V, int64_t(C)});
   const uint64_t no_padding = ~uint64_t(0);
-  launch(
-      ctx, "aclnnEmbeddingDenseBackward",
-      [&](uint64_t* ws, aclOpExecutor** ex) {
-        return aclnnEmbeddingDenseBackwardGetWorkspaceSize(g, idx, uint64_t(V), no_padding, false, o, ws, ex);
-      },
-      aclnnEmbeddingDenseBackward);
-  add_inplace(ctx, tensor(dwte, dt, {V, int64_t(C)}), o);
+  launch(ctx, "aclnnEmbeddingDenseBackward", ctx.api().aclnnEmbeddingDenseBackwardGetWorkspaceSize, ctx.api().aclnnEmbeddingDenseBackward, g, idx, uint64_t(V), no_padding, false, o);
+  add_inplace(ctx, tensor(ctx, dwte, dt, {V, int64_t(C)}), o);
 }
 
 template <class T>

@@ -5,8 +5,6 @@
 /// loom keeps the statistics in fp32 (the accumulator type, as the CPU kernels do): for 16-bit
 /// storage the forward writes them to 16-bit scratch and aclnnInplaceCopy widens them (so they carry
 /// 16-bit rounding); the backward reads the fp32 copies. outputMask order: (dx, dw, db).
-#include <aclnnop/aclnn_layer_norm.h>
-#include <aclnnop/aclnn_layer_norm_backward.h>
 
 #include <type_traits>
 
@@ -19,25 +17,15 @@ template <class T>
 void layernorm_forward(ctx_t& ctx, T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b, int N,
                        int C, float eps = 1e-5f) {
   constexpr auto dt = dtype_of<T>();
-  tensor x(inp, dt, {N, C}), y(out, dt, {N, C}), wt(w, dt, {C}), bt(b, dt, {C});
-  int_array shape({C});
-  tensor mean32(mean, ACL_FLOAT, {N, 1}), rstd32(rstd, ACL_FLOAT, {N, 1});
+  tensor x(ctx, inp, dt, {N, C}), y(ctx, out, dt, {N, C}), wt(ctx, w, dt, {C}), bt(ctx, b, dt, {C});
+  int_array shape(ctx, {C});
+  tensor mean32(ctx, mean, acl::dt_float, {N, 1}), rstd32(ctx, rstd, acl::dt_float, {N, 1});
   if constexpr (std::is_same_v<T, float>) {
-    launch(
-        ctx, "aclnnLayerNorm",
-        [&](uint64_t* ws, aclOpExecutor** ex) {
-          return aclnnLayerNormGetWorkspaceSize(x, shape, wt, bt, double(eps), y, mean32, rstd32, ws, ex);
-        },
-        aclnnLayerNorm);
+    launch(ctx, "aclnnLayerNorm", ctx.api().aclnnLayerNormGetWorkspaceSize, ctx.api().aclnnLayerNorm, x, shape, wt, bt, double(eps), y, mean32, rstd32);
   } else {
     scratch<T> stats(ctx, 2 * std::size_t(N));
-    tensor m(stats.data(), dt, {N, 1}), r(stats.data() + N, dt, {N, 1});
-    launch(
-        ctx, "aclnnLayerNorm",
-        [&](uint64_t* ws, aclOpExecutor** ex) {
-          return aclnnLayerNormGetWorkspaceSize(x, shape, wt, bt, double(eps), y, m, r, ws, ex);
-        },
-        aclnnLayerNorm);
+    tensor m(ctx, stats.data(), dt, {N, 1}), r(ctx, stats.data() + N, dt, {N, 1});
+    launch(ctx, "aclnnLayerNorm", ctx.api().aclnnLayerNormGetWorkspaceSize, ctx.api().aclnnLayerNorm, x, shape, wt, bt, double(eps), y, m, r);
     copy(ctx, mean32, m);
     copy(ctx, rstd32, r);
   }
@@ -51,20 +39,15 @@ void layernorm_backward(ctx_t& ctx, T* dinp, T* dw, T* db, const T* dout, const 
   constexpr auto dt = dtype_of<T>();
   const std::size_t NC = std::size_t(N) * std::size_t(C);
   scratch<T> tmp(ctx, NC + 2 * std::size_t(C));
-  tensor g(dout, dt, {N, C}), x(inp, dt, {N, C}), wt(w, dt, {C});
-  tensor m(mean, ACL_FLOAT, {N, 1}), r(rstd, ACL_FLOAT, {N, 1});
-  tensor dx_t(tmp.data(), dt, {N, C}), dw_t(tmp.data() + NC, dt, {C}), db_t(tmp.data() + NC + C, dt, {C});
-  int_array shape({C});
-  bool_array mask({true, true, true});
-  launch(
-      ctx, "aclnnLayerNormBackward",
-      [&](uint64_t* ws, aclOpExecutor** ex) {
-        return aclnnLayerNormBackwardGetWorkspaceSize(g, x, shape, m, r, wt, nullptr, mask, dx_t, dw_t, db_t, ws, ex);
-      },
-      aclnnLayerNormBackward);
-  add_inplace(ctx, tensor(dinp, dt, {N, C}), dx_t);
-  add_inplace(ctx, tensor(dw, dt, {C}), dw_t);
-  add_inplace(ctx, tensor(db, dt, {C}), db_t);
+  tensor g(ctx, dout, dt, {N, C}), x(ctx, inp, dt, {N, C}), wt(ctx, w, dt, {C});
+  tensor m(ctx, mean, acl::dt_float, {N, 1}), r(ctx, rstd, acl::dt_float, {N, 1});
+  tensor dx_t(ctx, tmp.data(), dt, {N, C}), dw_t(ctx, tmp.data() + NC, dt, {C}), db_t(ctx, tmp.data() + NC + C, dt, {C});
+  int_array shape(ctx, {C});
+  bool_array mask(ctx, {true, true, true});
+  launch(ctx, "aclnnLayerNormBackward", ctx.api().aclnnLayerNormBackwardGetWorkspaceSize, ctx.api().aclnnLayerNormBackward, g, x, shape, m, r, wt, nullptr, mask, dx_t, dw_t, db_t);
+  add_inplace(ctx, tensor(ctx, dinp, dt, {N, C}), dx_t);
+  add_inplace(ctx, tensor(ctx, dw, dt, {C}), dw_t);
+  add_inplace(ctx, tensor(ctx, db, dt, {C}), db_t);
 }
 
 }  // namespace loom::kernels::ascend

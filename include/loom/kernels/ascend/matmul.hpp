@@ -3,8 +3,6 @@
 /// W is stored (OC, C) like torch.nn.Linear; W^T is a strided view (dims (C, OC), strides (1, C)),
 /// which aclnn accepts directly (no transpose copy). Accumulation inside the cube unit is fp32;
 /// cubeMathType 0 (KEEP_DTYPE). Source: reference §2.5 "Matrix multiply".
-#include <aclnnop/aclnn_addmm.h>
-#include <aclnnop/aclnn_matmul.h>
 
 #include <loom/kernels/ascend/common.hpp>
 
@@ -15,23 +13,15 @@ namespace loom::kernels::ascend {
 template <class T>
 void matmul_forward(ctx_t& ctx, T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
   constexpr auto dt = dtype_of<T>();
-  tensor x(inp, dt, {N, C});
-  tensor wt(w, dt, {C, OC}, {1, C});
-  tensor y(out, dt, {N, OC});
+  tensor x(ctx, inp, dt, {N, C});
+  tensor wt(ctx, w, dt, {C, OC}, {1, C});
+  tensor y(ctx, out, dt, {N, OC});
   if (bias) {
-    tensor b(bias, dt, {OC});
-    scalar one(1.0f);
-    launch(
-        ctx, "aclnnAddmm",
-        [&](uint64_t* ws, aclOpExecutor** ex) {
-          return aclnnAddmmGetWorkspaceSize(b, x, wt, one, one, y, cube_math_type, ws, ex);
-        },
-        aclnnAddmm);
+    tensor b(ctx, bias, dt, {OC});
+    scalar one(ctx, 1.0f);
+    launch(ctx, "aclnnAddmm", ctx.api().aclnnAddmmGetWorkspaceSize, ctx.api().aclnnAddmm, b, x, wt, one, one, y, cube_math_type);
   } else {
-    launch(
-        ctx, "aclnnMatmul",
-        [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnMatmulGetWorkspaceSize(x, wt, y, cube_math_type, ws, ex); },
-        aclnnMatmul);
+    launch(ctx, "aclnnMatmul", ctx.api().aclnnMatmulGetWorkspaceSize, ctx.api().aclnnMatmul, x, wt, y, cube_math_type);
   }
 }
 
@@ -45,44 +35,26 @@ template <class T>
 void matmul_backward(ctx_t& ctx, T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C,
                      int OC, bool accumulate_dinp = true) {
   constexpr auto dt = dtype_of<T>();
-  tensor dy(dout, dt, {N, OC});
-  tensor dyt(dout, dt, {OC, N}, {1, OC});
-  scalar one(1.0f);
+  tensor dy(ctx, dout, dt, {N, OC});
+  tensor dyt(ctx, dout, dt, {OC, N}, {1, OC});
+  scalar one(ctx, 1.0f);
   if (dinp) {
-    tensor wm(w, dt, {OC, C});
-    tensor dx(dinp, dt, {N, C});
+    tensor wm(ctx, w, dt, {OC, C});
+    tensor dx(ctx, dinp, dt, {N, C});
     if (accumulate_dinp)
-      launch(
-          ctx, "aclnnInplaceAddmm",
-          [&](uint64_t* ws, aclOpExecutor** ex) {
-            return aclnnInplaceAddmmGetWorkspaceSize(dx, dy, wm, one, one, cube_math_type, ws, ex);
-          },
-          aclnnInplaceAddmm);
+      launch(ctx, "aclnnInplaceAddmm", ctx.api().aclnnInplaceAddmmGetWorkspaceSize, ctx.api().aclnnInplaceAddmm, dx, dy, wm, one, one, cube_math_type);
     else
-      launch(
-          ctx, "aclnnMatmul",
-          [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnMatmulGetWorkspaceSize(dy, wm, dx, cube_math_type, ws, ex); },
-          aclnnMatmul);
+      launch(ctx, "aclnnMatmul", ctx.api().aclnnMatmulGetWorkspaceSize, ctx.api().aclnnMatmul, dy, wm, dx, cube_math_type);
   }
   {
-    tensor x(inp, dt, {N, C});
-    tensor dW(dw, dt, {OC, C});
-    launch(
-        ctx, "aclnnInplaceAddmm",
-        [&](uint64_t* ws, aclOpExecutor** ex) {
-          return aclnnInplaceAddmmGetWorkspaceSize(dW, dyt, x, one, one, cube_math_type, ws, ex);
-        },
-        aclnnInplaceAddmm);
+    tensor x(ctx, inp, dt, {N, C});
+    tensor dW(ctx, dw, dt, {OC, C});
+    launch(ctx, "aclnnInplaceAddmm", ctx.api().aclnnInplaceAddmmGetWorkspaceSize, ctx.api().aclnnInplaceAddmm, dW, dyt, x, one, one, cube_math_type);
   }
   if (dbias) {
-    tensor e(ones<T>(ctx, std::size_t(N)), dt, {N, 1});
-    tensor db(dbias, dt, {OC, 1});
-    launch(
-        ctx, "aclnnInplaceAddmm",
-        [&](uint64_t* ws, aclOpExecutor** ex) {
-          return aclnnInplaceAddmmGetWorkspaceSize(db, dyt, e, one, one, cube_math_type, ws, ex);
-        },
-        aclnnInplaceAddmm);
+    tensor e(ctx, ones<T>(ctx, std::size_t(N)), dt, {N, 1});
+    tensor db(ctx, dbias, dt, {OC, 1});
+    launch(ctx, "aclnnInplaceAddmm", ctx.api().aclnnInplaceAddmmGetWorkspaceSize, ctx.api().aclnnInplaceAddmm, db, dyt, e, one, one, cube_math_type);
   }
 }
 

@@ -12,10 +12,6 @@
 ///   all_finite      aclnnIsFinite -> widened to fp32 -> minus 1 -> dot with itself = number of
 ///                   non-finite values (exact: sums of 0 and 1). Stock CANN has no AllFinite op
 ///                   (reference §2.5); ForeachNonFiniteCheckAndUnscale is absent from 8.1.RC1.
-#include <aclnnop/aclnn_apply_adam_w_v2.h>
-#include <aclnnop/aclnn_isfinite.h>
-#include <aclnnop/aclnn_matmul.h>
-#include <aclnnop/aclnn_mul.h>
 
 #include <type_traits>
 
@@ -38,40 +34,28 @@ void adamw(ctx_t& ctx, T* param, M* m, M* v, const T* grad, std::size_t n, M lr,
   scratch<M> work(ctx, (same ? 0 : n) + (same && !scale ? 0 : n));
   M* p = same ? reinterpret_cast<M*>(param) : work.data();
   const M* g = same && !scale ? reinterpret_cast<const M*>(grad) : work.data() + (same ? 0 : n);
-  if (!same) copy(ctx, tensor(p, mt, {len}), tensor(param, dtype_of<T>(), {len}));
+  if (!same) copy(ctx, tensor(ctx, p, mt, {len}), tensor(ctx, param, dtype_of<T>(), {len}));
   if (!(same && !scale)) {
-    tensor gw(g, mt, {len});
-    copy(ctx, gw, tensor(grad, dtype_of<T>(), {len}));
+    tensor gw(ctx, g, mt, {len});
+    copy(ctx, gw, tensor(ctx, grad, dtype_of<T>(), {len}));
     if (scale) {
-      scalar s{float(grad_scale)};
-      launch(
-          ctx, "aclnnInplaceMuls",
-          [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnInplaceMulsGetWorkspaceSize(gw, s, ws, ex); },
-          aclnnInplaceMuls);
+      scalar s(ctx, float(grad_scale));
+      launch(ctx, "aclnnInplaceMuls", ctx.api().aclnnInplaceMulsGetWorkspaceSize, ctx.api().aclnnInplaceMuls, gw, s);
     }
   }
   scratch<float> step(ctx, 1);
   fill(ctx, step.data(), 1, float(t));
-  tensor var(p, mt, {len}), mm(m, mt, {len}), vv(v, mt, {len}), gg(g, mt, {len}), st(step.data(), ACL_FLOAT, {1});
-  launch(
-      ctx, "aclnnApplyAdamWV2",
-      [&](uint64_t* ws, aclOpExecutor** ex) {
-        return aclnnApplyAdamWV2GetWorkspaceSize(var, mm, vv, nullptr, gg, st, float(lr), float(beta1), float(beta2),
-                                                 float(weight_decay), float(eps), false, false, ws, ex);
-      },
-      aclnnApplyAdamWV2);
-  if (!same) copy(ctx, tensor(param, dtype_of<T>(), {len}), var);
+  tensor var(ctx, p, mt, {len}), mm(ctx, m, mt, {len}), vv(ctx, v, mt, {len}), gg(ctx, g, mt, {len}), st(ctx, step.data(), acl::dt_float, {1});
+  launch(ctx, "aclnnApplyAdamWV2", ctx.api().aclnnApplyAdamWV2GetWorkspaceSize, ctx.api().aclnnApplyAdamWV2, var, mm, vv, nullptr, gg, st, float(lr), float(beta1), float(beta2), float(weight_decay), float(eps), false, false);
+  if (!same) copy(ctx, tensor(ctx, param, dtype_of<T>(), {len}), var);
 }
 
 namespace detail {
 /// x(1,n) . x(n,1) in fp32 with x given as an fp32 device vector; returns the host value.
 inline float self_dot(ctx_t& ctx, const float* x, std::size_t n) {
   scratch<float> out(ctx, 1);
-  tensor a(x, ACL_FLOAT, {1, int64_t(n)}), b(x, ACL_FLOAT, {int64_t(n), 1}), c(out.data(), ACL_FLOAT, {1, 1});
-  launch(
-      ctx, "aclnnMatmul",
-      [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnMatmulGetWorkspaceSize(a, b, c, cube_math_type, ws, ex); },
-      aclnnMatmul);
+  tensor a(ctx, x, acl::dt_float, {1, int64_t(n)}), b(ctx, x, acl::dt_float, {int64_t(n), 1}), c(ctx, out.data(), acl::dt_float, {1, 1});
+  launch(ctx, "aclnnMatmul", ctx.api().aclnnMatmulGetWorkspaceSize, ctx.api().aclnnMatmul, a, b, c, cube_math_type);
   return to_host(ctx, static_cast<const float*>(out.data()), 1)[0];
 }
 }  // namespace detail
@@ -84,7 +68,7 @@ double sum_of_squares(ctx_t& ctx, const T* x, std::size_t n) {
     return detail::self_dot(ctx, x, n);
   } else {
     scratch<float> x32(ctx, n);
-    copy(ctx, tensor(x32.data(), ACL_FLOAT, {int64_t(n)}), tensor(x, dtype_of<T>(), {int64_t(n)}));
+    copy(ctx, tensor(ctx, x32.data(), acl::dt_float, {int64_t(n)}), tensor(ctx, x, dtype_of<T>(), {int64_t(n)}));
     return detail::self_dot(ctx, x32.data(), n);
   }
 }
@@ -96,16 +80,11 @@ bool all_finite(ctx_t& ctx, const T* x, std::size_t n) {
   const int64_t len = int64_t(n);
   scratch<std::uint8_t> flags(ctx, n);
   scratch<float> f(ctx, n);
-  tensor xt(x, dtype_of<T>(), {len}), fl(flags.data(), ACL_BOOL, {len}), ft(f.data(), ACL_FLOAT, {len});
-  launch(
-      ctx, "aclnnIsFinite", [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnIsFiniteGetWorkspaceSize(xt, fl, ws, ex); },
-      aclnnIsFinite);
+  tensor xt(ctx, x, dtype_of<T>(), {len}), fl(ctx, flags.data(), acl::dt_bool, {len}), ft(ctx, f.data(), acl::dt_float, {len});
+  launch(ctx, "aclnnIsFinite", ctx.api().aclnnIsFiniteGetWorkspaceSize, ctx.api().aclnnIsFinite, xt, fl);
   copy(ctx, ft, fl);
-  scalar minus_one(-1.0f), one(1.0f);
-  launch(
-      ctx, "aclnnInplaceAdds",
-      [&](uint64_t* ws, aclOpExecutor** ex) { return aclnnInplaceAddsGetWorkspaceSize(ft, minus_one, one, ws, ex); },
-      aclnnInplaceAdds);
+  scalar minus_one(ctx, -1.0f), one(ctx, 1.0f);
+  launch(ctx, "aclnnInplaceAdds", ctx.api().aclnnInplaceAddsGetWorkspaceSize, ctx.api().aclnnInplaceAdds, ft, minus_one, one);
   return detail::self_dot(ctx, f.data(), n) == 0.0f;
 }
 

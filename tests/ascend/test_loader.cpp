@@ -1,0 +1,127 @@
+// ascend_runtime: finding the CANN libraries at run time (here: the emulation's fake toolkit), the
+// message when there is none, and the errors when a toolkit lacks operators or HCCL.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include <unistd.h>
+
+#include <loom/device/ascend.hpp>
+#include <loom/device/ascend_runtime.hpp>
+#include <loom/kernels/ascend.hpp>
+#include <loom/parallel/comm_hccl.hpp>
+
+#include "support.hpp"
+
+using namespace loom_test;
+namespace fs = std::filesystem;
+
+namespace {
+/// Sets an environment variable for the scope, restoring the old value.
+struct scoped_env {
+  std::string name;
+  std::string old;
+  bool had;
+  scoped_env(const char* n, const char* value) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (o) old = o;
+    if (value) ::setenv(n, value, 1);
+    else ::unsetenv(n);
+  }
+  ~scoped_env() {
+    if (had) ::setenv(name.c_str(), old.c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+};
+/// A fresh temporary directory, removed at scope exit.
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const char* tag) {
+    path = fs::temp_directory_path() / (std::string("loom_ascend_") + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+}  // namespace
+
+TEST_CASE("ascend runtime: without a toolkit, load() says no NPU runtime was found, where it looked and what to set") {
+  scoped_env home("ASCEND_HOME_PATH", "/nonexistent/loom-test-toolkit");
+  scoped_env toolkit("ASCEND_TOOLKIT_HOME", nullptr);
+  loom::device::ascend_runtime_options o;
+  o.roots = {"/nonexistent/explicit-root"};
+  o.use_default_roots = false;  // a developer machine might have /usr/local/Ascend
+  o.use_loader_path = false;
+  try {
+    (void)loom::device::ascend_runtime::load(o);
+    FAIL("expected runtime_not_found");
+  } catch (const loom::device::runtime_not_found& e) {
+    const std::string what = e.what();
+    CHECK(what.find("no Ascend NPU runtime found") != std::string::npos);
+    CHECK(what.find("libascendcl.so") != std::string::npos);
+    CHECK(what.find("/nonexistent/explicit-root/lib64") != std::string::npos);
+    CHECK(what.find("$ASCEND_HOME_PATH=/nonexistent/loom-test-toolkit") != std::string::npos);
+    CHECK(what.find("$ASCEND_TOOLKIT_HOME is not set") != std::string::npos);
+    CHECK(what.find("set_env.sh") != std::string::npos);
+    CHECK(what.find("libnnopbase.so") != std::string::npos);  // the fix lists every library loom loads
+    CHECK(what.find("libhccl.so") != std::string::npos);
+  }
+}
+
+TEST_CASE("ascend runtime: the emulation loads from ASCEND_HOME_PATH like a toolkit, every function resolved") {
+  const auto& rt = runtime();
+  CHECK(rt->has_operators());
+  CHECK(rt->has_hccl());
+  CHECK(rt->missing().empty());
+  REQUIRE(rt->libraries().size() == 4);  // ascendcl, nnopbase, opapi, hccl — nothing linked
+  CHECK(rt->libraries()[0].first == "libascendcl.so");
+  CHECK(fs::path(rt->libraries()[0].second).parent_path() == fs::path(rt->home()));
+  CHECK(static_cast<bool>(rt->api().aclsysGetCANNVersion));
+  CHECK(static_cast<bool>(rt->api().aclnnFlashAttentionScoreGrad));
+  CHECK(static_cast<bool>(rt->api().HcclCommInitRootInfo));
+  loom::device::acl::aclCANNPackageVersion v{};
+  rt->initialize();
+  REQUIRE(rt->api().aclsysGetCANNVersion(loom::device::acl::pkg_cann, &v) == 0);
+  CHECK(std::string(v.version).find("8.") == 0);
+}
+
+TEST_CASE("ascend runtime: a toolkit without operator or HCCL libraries loads, and using them names what is missing") {
+  temp_dir root("partial");
+  fs::create_directories(root.path / "lib64");
+  fs::create_symlink(fs::path(runtime()->home()) / "libascendcl.so", root.path / "lib64" / "libascendcl.so");
+  loom::device::ascend_runtime_options o;
+  o.roots = {root.path.string()};
+  o.use_environment = false;
+  o.use_default_roots = false;
+  o.use_loader_path = false;
+  const auto partial = loom::device::ascend_runtime::load(o);
+  CHECK_FALSE(partial->has_operators());
+  CHECK_FALSE(partial->has_hccl());
+  CHECK_FALSE(static_cast<bool>(partial->api().aclnnMatmul));
+  CHECK(static_cast<bool>(partial->api().aclrtMalloc));
+
+  loom::device::ascend_device dev(partial, 5);
+  auto& ctx = dev.context();
+  dbuf<float> x(16, ctx.stream), y(16, ctx.stream);
+  using ops = loom::kernels::ops<npu, float>;
+  CHECK_THROWS_WITH_AS(ops::gelu_forward(ctx, y.data(), x.data(), 16),
+                       doctest::Contains("aclCreateTensor failed with code 561003: not exported by the loaded CANN"),
+                       loom::device_error);
+  CHECK_THROWS_WITH_AS(
+      loom::parallel::comm::hccl::create_from_file(root.path / "root_info", 1, 0, ctx),
+      doctest::Contains("HCCL is not available"), loom::device_error);
+}
+
+TEST_CASE("ascend runtime: policy calls on a thread without a device say which object to create") {
+  std::thread([] {
+    CHECK_THROWS_WITH_AS(npu::synchronize(nullptr), doctest::Contains("ascend_device(runtime, ordinal)"),
+                         loom::device_error);
+  }).join();
+}
