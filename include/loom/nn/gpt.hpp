@@ -41,6 +41,11 @@ inline int max_threads() noexcept {
 #endif
 }
 
+/// The default `ready` hook of gpt::backward: does nothing.
+struct no_ready_hook {
+  constexpr void operator()(int) const noexcept {}
+};
+
 /// A GPT model's parameters and gradients on one rank, and its forward/backward passes.
 ///
 /// Template arguments: M a models::model_config; Policy a loom::policy<Device, Precision,
@@ -210,8 +215,16 @@ class gpt {
   /// Backward pass of the last forward (which must have had targets and grad_scale != 0).
   /// Accumulates (+=) every parameter gradient; the activation buffers' gradient scratch
   /// is overwritten. inputs, b, t as given to forward.
-  template <int B, int T>
-  void backward(context<device>& ctx, activations<B, T>& acts, const std::int32_t* inputs, int b, int t) {
+  /// `ready(layer)` is called as soon as this pass will not touch some gradients again (data
+  /// parallelism starts their all-reduce while backward goes on, parallel/data_parallel.hpp):
+  ///   ready(L)            after the final LayerNorm: lnf_w, lnf_b are final
+  ///   ready(l), l = L-1..0  after block l: its slices of ln1_w..fcproj_b are final
+  ///   ready(-1)           at the end: wte (LM head and embedding uses) and wpe are final
+  /// Work queued on ctx before the call is part of those gradients (synchronize before reading
+  /// them on an asynchronous device). The default does nothing.
+  template <int B, int T, class Ready = no_ready_hook>
+  void backward(context<device>& ctx, activations<B, T>& acts, const std::int32_t* inputs, int b, int t,
+                Ready&& ready = {}) {
     const auto p = acts.ptrs();
     const std::size_t BT = std::size_t(B) * T, N = std::size_t(b) * t;
     const int n = int(N);
@@ -222,6 +235,7 @@ class gpt {
     acc_t* stf = p.ln_stats + (2 * L) * 2 * BT;
     ops::layernorm_backward(ctx, p.dres, g(param::lnf_w), g(param::lnf_b), p.dln, last, w(param::lnf_w), stf,
                             stf + BT, n, C);
+    ready(L);
     for (int l = L - 1; l >= 0; --l) {
       const storage_t* residual = l == 0 ? p.encoded : p.residual3 + (l - 1) * BT * C;
       storage_t* ln1 = p.ln1 + l * BT * C;
@@ -250,8 +264,10 @@ class gpt {
                            C, 3 * C, false);
       ops::layernorm_backward(ctx, p.dres, g(param::ln1_w, l), g(param::ln1_b, l), p.dln, residual,
                               w(param::ln1_w, l), st1, st1 + BT, n, C);
+      ready(l);
     }
     ops::encoder_backward(ctx, g(param::wte), g(param::wpe), p.dres, inputs, b, t, C);
+    ready(-1);
   }
 
  private:

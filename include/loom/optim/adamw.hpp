@@ -42,6 +42,12 @@ class adamw {
   /// Completed optimizer steps (the t of bias correction is step() + 1 during an update).
   long step() const noexcept { return t_; }
   void set_step(long t) noexcept { t_ = t; }
+  /// Frees the moments (ZeRO-1 keeps its own shards; first_moment() is empty afterwards and
+  /// update() must not be called).
+  void release_moments() noexcept {
+    m_ = {};
+    v_ = {};
+  }
   view<device, master_t> first_moment() const noexcept { return m_.all(); }
   view<device, master_t> second_moment() const noexcept { return v_.all(); }
 

@@ -7,9 +7,16 @@
 /// is the mean over all tokens of the global batch whatever the micro-batch count) and
 /// backward (gradients accumulate); global gradient norm; skip the update if it is not
 /// finite; clip; AdamW at the scheduled learning rate.
+///
+/// Data parallel (layout<1,1>): construct with the data-parallel communicator. Each rank then
+/// passes its own part of the global batch to step() (its windows, e.g. from a loader with
+/// dp_rank/dp_size); the token count, the loss and the gradients are summed over the group
+/// (parallel/data_parallel.hpp: buckets all-reduced while backward runs, optional ZeRO-1), so
+/// loss, gradient norm and update equal one rank's on the whole global batch.
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +28,7 @@
 #include <loom/nn/gpt.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
+#include <loom/parallel/data_parallel.hpp>
 #include <loom/train/metrics.hpp>
 
 namespace loom::train {
@@ -64,6 +72,18 @@ class trainer {
   using acc_t = typename model_t::acc_t;
   static constexpr int micro_batch = B, seq_len = T;
 
+  /// Data-parallel trainer over the group `dp` (every rank of it constructs one, with the same
+  /// cfg; dp must outlive the trainer). cfg.micro_batch and grad_accum are per rank: a global
+  /// batch is dp.size() * grad_accum * micro_batch windows. With ddp.zero1 the trainer's own
+  /// AdamW moments are not allocated (optimizer().first_moment() is empty; the shards live in
+  /// the data_parallel engine). Throws loom::input_error for invalid settings.
+  template <class Comm>
+    requires parallel::communicator_for<Comm, float>
+  trainer(context<device>& ctx, trainer_config cfg, Comm& dp, parallel::ddp_options ddp = {}) : trainer(ctx, cfg) {
+    sync_ = std::make_unique<parallel::data_parallel<model_t, Comm>>(ctx, dp, ddp);
+    if (ddp.zero1) opt_.release_moments();
+  }
+
   /// Allocates the model (initialised with cfg.seed), the optimizer state and the activation
   /// table. Throws loom::input_error for invalid settings.
   trainer(context<device>& ctx, trainer_config cfg)
@@ -92,6 +112,8 @@ class trainer {
   const optim::adamw<model_t>& optimizer() const noexcept { return opt_; }
   const trainer_config& config() const noexcept { return cfg_; }
   const acts_t& activations() const noexcept { return acts_; }
+  /// The data-parallel engine, or null for a single-rank trainer.
+  parallel::grad_sync<model_t>* data_parallel() const noexcept { return sync_.get(); }
   /// Completed optimizer steps (skipped steps count too: the schedule advances).
   long step_count() const noexcept { return step_; }
   void set_step_count(long s) noexcept { step_ = s; }
@@ -140,6 +162,7 @@ class trainer {
         validate_tokens(targets.subspan(i, 1), M::vocab, "training targets");
       ++count;
     }
+    if (sync_) count = sync_->global_sum(count);  // every rank scales by the global count
     if (count == 0) throw input_error("every target of the global batch is ignored (-1); the batch holds no tokens to learn from");
     const acc_t scale = acc_t(1) / acc_t(count);
     model_.zero_grad(ctx);
@@ -154,23 +177,41 @@ class trainer {
       loss_sum += double(model_.forward(ctx, acts_, inputs_.data(), targets_.data(), b, t, scale));
       mark(phase::forward, false);
       mark(phase::backward, true);
-      model_.backward(ctx, acts_, inputs_.data(), b, t);
+      if (sync_ && m + 1 == cfg_.grad_accum) {  // only the final micro-batch communicates
+        sync_->begin_backward(ctx);
+        model_.backward(ctx, acts_, inputs_.data(), b, t, [&](int layer) { sync_->grads_ready(ctx, model_, layer); });
+      } else {
+        model_.backward(ctx, acts_, inputs_.data(), b, t);
+      }
       mark(phase::backward, false);
     }
-    mark(phase::optimizer, true);
     step_result r;
+    if (sync_) {
+      mark(phase::exposed_comm, true);
+      const auto s = sync_->finish(ctx, model_, loss_sum);
+      mark(phase::exposed_comm, false);
+      loss_sum = s.loss_sum;
+      r.grad_norm = s.grad_norm();
+    }
+    mark(phase::optimizer, true);
     r.tokens = count;
     r.loss = loss_sum / double(count);
-    r.grad_norm = opt_.grad_norm(ctx, model_);
+    if (!sync_) r.grad_norm = opt_.grad_norm(ctx, model_);
     r.lr = cfg_.schedule(step_);
     ++step_;
     if (!std::isfinite(r.grad_norm)) {
       r.skipped = true;  // parameters and moments untouched
+    } else if (sync_ && sync_->options().zero1) {
+      const long t = opt_.step() + 1;
+      sync_->update(ctx, model_, cfg_.adamw, r.lr, optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm), t);
+      opt_.set_step(t);
+      ctx.synchronize();
     } else {
       opt_.update(ctx, model_, r.lr, optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm));
       ctx.synchronize();
     }
     mark(phase::optimizer, false);
+    if (sync_) sync_->check_replicas(ctx, model_, step_);
     return r;
   }
 
@@ -221,6 +262,7 @@ class trainer {
   buffer<device, std::int32_t> inputs_, targets_;
   std::vector<std::int32_t> host_in_, host_tg_;
   long step_ = 0;
+  std::unique_ptr<parallel::grad_sync<model_t>> sync_;  // null: single rank
 };
 
 }  // namespace loom::train

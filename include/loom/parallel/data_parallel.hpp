@@ -1,0 +1,404 @@
+#pragma once
+/// \file Data parallelism for layout<1,1>: bucketed gradient all-reduce overlapped with backward
+/// (PyTorch DDP's scheme), ZeRO-1 optimizer sharding, agreed decisions, and a replica check.
+/// train::trainer drives it through the grad_sync<G> interface (its communicator-taking
+/// constructor); nothing here is global: the data-parallel group is passed in.
+///
+/// Note [DDP buckets]. The gradient buffer is tensor-major (nn::param_table: all layers' qkv_w
+/// together, ...), but backward finishes gradients layer by layer, last layer first. A bucket
+/// of the tensor-major buffer would be complete only at the end of backward, so buckets are
+/// layer-major and live in their own buffers ("copy into bucket"): backward reports each
+/// finished group through gpt::backward's `ready` hook (lnf, then block L-1 .. 0, then the
+/// embeddings); consecutive groups are packed into buckets of at most ddp_options::bucket_mb
+/// (a group larger than that gets a bucket of its own; a group is never split); when the last
+/// group of a bucket is ready its slices are copied into the bucket buffer and an asynchronous
+/// all-reduce (sum) starts on the communicator's progress thread while backward continues. After
+/// backward, finish() waits for every bucket and copies the sums back. Changing the parameter
+/// layout to layer-major would save that copy (2 x gradient bytes of memcpy per step, a few
+/// percent of a CPU step) but touches every kernel call, the optimizer's weight-decay table and
+/// the checkpoint format: not worth it. Cost: one extra gradient-sized buffer per rank.
+///
+/// Loss and gradients. The trainer scales dlogits by 1 / (non-ignored targets of the whole
+/// global batch, summed over ranks), so each rank's gradient is its share of the global mean,
+/// and buckets are summed (reduce_op::sum), never averaged: divided exactly once. The loss is the
+/// sum of per-token losses over all ranks divided by the same count: the number one rank gets
+/// on the whole batch. Only the final micro-batch's backward reports groups: gradient
+/// accumulation communicates nothing on the others.
+///
+/// Agreement. The squared gradient norm is summed over this rank's 1/n of every bucket and
+/// all-reduced together with the loss (one collective of two doubles); every rank gets the same
+/// number, so the norm, the clip coefficient and the non-finite decision (a NaN or inf anywhere
+/// makes the sum non-finite on every rank) are identical everywhere.
+///
+/// ZeRO-1 (Rajbhandari et al., "ZeRO", arXiv:1910.02054, stage 1; MindSpore's "optimizer
+/// parallel"). Each bucket is padded to n equal chunks; rank r owns chunk r of every bucket.
+/// Buckets are reduce-scattered instead of all-reduced; rank r updates the parameters of its
+/// chunks with AdamW moments that exist only for those chunks (2/n of the moments per rank);
+/// the updated chunks are all-gathered back into every replica. With fp32 the parameters are
+/// their own master weights; with a lower storage precision the fp32 masters would be sharded the
+/// same way (not implemented: the trainer is fp32 today). The reduction order is the same as the
+/// all-reduce's, so ZeRO-1 and plain DDP give bitwise equal parameters with comm::threads.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <loom/core/buffer.hpp>
+#include <loom/core/context.hpp>
+#include <loom/core/error.hpp>
+#include <loom/nn/params.hpp>
+#include <loom/optim/adamw.hpp>
+#include <loom/parallel/comm.hpp>
+
+namespace loom::parallel {
+
+/// Data-parallel settings (runtime; none changes a shape).
+struct ddp_options {
+  double bucket_mb = 1.0;  ///< bucket capacity in MiB of gradients (> 0); PyTorch's bucket_cap_mb
+  bool overlap = true;     ///< false: each bucket's collective blocks backward where it would have
+                           ///< started (same numbers, communication not hidden: an isolation switch)
+  bool zero1 = false;      ///< shard the AdamW moments (reduce-scatter, shard update, all-gather)
+  long check_every = 0;    ///< compare a parameter checksum across ranks every N steps (0: never)
+};
+
+/// The replicas' parameters differ (see grad_sync::check_replicas). Thrown on every rank.
+class replica_mismatch : public error {
+ public:
+  using error::error;
+};
+
+/// What grad_sync::finish returns: sums over every rank of the data-parallel group, identical
+/// on every rank.
+struct synced_step {
+  double loss_sum = 0;    ///< sum of per-token losses of the global batch (nats)
+  double grad_sumsq = 0;  ///< squared L2 norm of the summed gradients
+  double grad_norm() const noexcept { return std::sqrt(grad_sumsq); }
+  bool finite() const noexcept { return std::isfinite(grad_sumsq); }
+};
+
+/// Per-rank memory of the data-parallel machinery, in bytes.
+struct ddp_memory {
+  std::size_t buckets = 0;            ///< bucket buffers (about one gradient buffer)
+  std::size_t moments = 0;            ///< AdamW moments this rank holds
+  std::size_t moments_unsharded = 0;  ///< what one replica would hold without ZeRO-1
+  /// Bytes ZeRO-1 saves on this rank: moments_unsharded - moments.
+  std::size_t saved() const noexcept { return moments_unsharded - moments; }
+};
+
+/// The interface train::trainer drives (the communicator type is erased behind it). Call order
+/// per optimizer step, on every rank of the group: global_sum (token count); for the final
+/// micro-batch begin_backward, then grads_ready for every `ready` call of gpt::backward;
+/// finish; update (ZeRO-1 only; otherwise the trainer's own AdamW runs); check_replicas.
+/// Every call except grads_ready/begin_backward is collective. Errors: what the communicator
+/// throws (comm_timeout naming the missing ranks, comm_aborted, device_error), replica_mismatch.
+template <class G>
+class grad_sync {
+ public:
+  using device = typename G::device;
+  virtual ~grad_sync() = default;
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+  virtual const ddp_options& options() const noexcept = 0;
+  /// Sum of `local` over the group.
+  virtual long global_sum(long local) = 0;
+  /// Before the final micro-batch's backward.
+  virtual void begin_backward(context<device>& ctx) = 0;
+  /// gpt::backward's ready(layer): starts the bucket that `layer` completes.
+  virtual void grads_ready(context<device>& ctx, G& model, int layer) = 0;
+  /// Waits for every bucket; with plain DDP writes the summed gradients into model.gradients()
+  /// (with ZeRO-1 they stay in the buckets; model.gradients() keeps this rank's local sums).
+  /// Returns the loss sum and squared gradient norm over the group.
+  virtual synced_step finish(context<device>& ctx, G& model, double local_loss_sum) = 0;
+  /// ZeRO-1: AdamW step t (1-based) on this rank's shard, then all-gather the parameters.
+  virtual void update(context<device>& ctx, G& model, const optim::adamw_config& cfg, double lr,
+                      double grad_scale, long t) = 0;
+  /// After `steps` completed steps: every check_every steps, compares a checksum of every
+  /// parameter tensor across ranks; throws replica_mismatch naming the ranks and the first
+  /// differing tensor.
+  virtual void check_replicas(context<device>& ctx, const G& model, long steps) = 0;
+  virtual ddp_memory memory() const noexcept = 0;
+  /// Number of buckets (for logs and tests).
+  virtual std::size_t bucket_count() const noexcept = 0;
+};
+
+namespace detail {
+/// 64-bit checksum of n elements' bytes (SplitMix64 finaliser over 8-byte words; tail padded).
+inline std::uint64_t checksum_bytes(const void* data, std::size_t bytes) noexcept {
+  auto mix = [](std::uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  };
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::uint64_t h[4] = {1, 2, 3, 4};  // four independent lanes keep the multiplier pipeline busy
+  std::size_t i = 0;
+  for (; i + 32 <= bytes; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      std::uint64_t w;
+      std::memcpy(&w, p + i + 8 * k, 8);
+      h[k] = mix(h[k] ^ w);
+    }
+  std::uint64_t tail = 0;
+  std::memcpy(&tail, p + i, bytes - i > 8 ? 8 : bytes - i);
+  for (std::size_t j = i + 8; j < bytes; j += 8) {  // up to 3 more words
+    std::uint64_t w = 0;
+    std::memcpy(&w, p + j, bytes - j > 8 ? 8 : bytes - j);
+    tail = mix(tail ^ w);
+  }
+  return mix(h[0] ^ mix(h[1] ^ mix(h[2] ^ mix(h[3] ^ mix(tail ^ bytes)))));
+}
+}  // namespace detail
+
+/// grad_sync over communicator C (comm::threads, comm::mpi, ...). See the file comment.
+/// Holds a reference to `comm`, which must outlive it and must not be used by another thread
+/// while a step runs. Memory: bucket buffers of about one gradient buffer (padded to n chunks),
+/// plus with ZeRO-1 2/n of the AdamW moments.
+template <class G, class C>
+  requires communicator_for<C, float>
+class data_parallel final : public grad_sync<G> {
+ public:
+  using device = typename G::device;
+  using grad_t = std::remove_cvref_t<decltype(*std::declval<const G&>().gradients().data())>;
+  using storage_t = typename G::storage_t;
+  using master_t = typename G::precision::master;
+  static constexpr int L = G::L;
+
+  /// Plans the buckets. Throws loom::input_error for bucket_mb <= 0 or check_every < 0.
+  data_parallel(context<device>& ctx, C& comm, ddp_options options) : comm_(&comm), opt_(options) {
+    if (!(opt_.bucket_mb > 0))
+      throw input_error("data parallel: bucket size " + std::to_string(opt_.bucket_mb) +
+                        " MiB must be > 0; pass e.g. --bucket-mb 1");
+    if (opt_.check_every < 0)
+      throw input_error("data parallel: replica check interval must be >= 0 (0: never)");
+    const std::size_t n = std::size_t(comm.size()), r = std::size_t(comm.rank());
+    const std::size_t cap = std::size_t(opt_.bucket_mb * 1048576.0 / sizeof(grad_t));
+    // groups in ready order: lnf (layer L), blocks L-1..0, embeddings (layer -1)
+    bucket cur;
+    for (int layer = L; layer >= -1; --layer) {
+      std::vector<segment> g = group(layer);
+      std::size_t len = 0;
+      for (const auto& s : g) len += s.length;
+      if (!cur.segs.empty() && cur.length + len > cap) {
+        close(std::move(cur));
+        cur = bucket{};
+      }
+      for (auto s : g) {
+        s.packed = cur.length;
+        cur.length += s.length;
+        cur.segs.push_back(s);
+      }
+      cur.last_layer = layer;
+    }
+    close(std::move(cur));
+    std::size_t moments = 0;
+    for (auto& b : buckets_) {
+      constexpr std::size_t align = 64 / sizeof(grad_t) ? 64 / sizeof(grad_t) : 1;
+      b.chunk = ((b.length + n - 1) / n + align - 1) / align * align;
+      b.lo = std::min(b.length, r * b.chunk);
+      b.hi = std::min(b.length, b.lo + b.chunk);
+      b.staging = buffer<device, grad_t>(n * b.chunk, ctx.stream);
+      if constexpr (!std::is_same_v<grad_t, storage_t>)
+        if (opt_.zero1) b.params = buffer<device, storage_t>(n * b.chunk, ctx.stream);
+      b.moment_offset = moments;
+      moments += b.hi - b.lo;
+    }
+    if (opt_.zero1) {
+      m_ = buffer<device, master_t>(moments, ctx.stream);
+      v_ = buffer<device, master_t>(moments, ctx.stream);
+    }
+  }
+
+  int rank() const noexcept override { return comm_->rank(); }
+  int size() const noexcept override { return comm_->size(); }
+  const ddp_options& options() const noexcept override { return opt_; }
+  std::size_t bucket_count() const noexcept override { return buckets_.size(); }
+
+  ddp_memory memory() const noexcept override {
+    ddp_memory m;
+    for (const auto& b : buckets_) m.buckets += b.staging.bytes() + b.params.bytes();
+    m.moments_unsharded = 2 * G::num_parameters * sizeof(master_t);
+    m.moments = opt_.zero1 ? m_.bytes() + v_.bytes() : m.moments_unsharded;
+    return m;
+  }
+
+  long global_sum(long local) override {
+    std::int64_t x = local;
+    comm_->all_reduce(std::span<std::int64_t>(&x, 1), reduce_op::sum);
+    return long(x);
+  }
+
+  void begin_backward(context<device>&) override {
+    for (auto& b : buckets_)
+      if (b.req.pending())
+        throw error("data parallel: a bucket of the previous step is still in flight; call finish() after backward");
+    next_layer_ = L;
+    next_bucket_ = 0;
+  }
+
+  void grads_ready(context<device>& ctx, G& model, int layer) override {
+    if (layer != next_layer_)
+      throw error("data parallel: gradients of layer " + std::to_string(layer) + " reported ready, expected " +
+                  std::to_string(next_layer_) + " (gpt::backward reports L, L-1, ..., 0, -1)");
+    --next_layer_;
+    if (next_bucket_ < buckets_.size() && buckets_[next_bucket_].last_layer == layer) launch(ctx, model, buckets_[next_bucket_++]);
+  }
+
+  synced_step finish(context<device>& ctx, G& model, double local_loss_sum) override {
+    if (next_bucket_ != buckets_.size())
+      throw error("data parallel: finish() before backward reported every layer (" + std::to_string(next_bucket_) +
+                  " of " + std::to_string(buckets_.size()) + " buckets started)");
+    double sums[2] = {local_loss_sum, 0.0};
+    for (auto& b : buckets_) {
+      b.req.wait();
+      if (!opt_.zero1) unpack(ctx, b.staging.data(), model.gradients().data(), b);
+      if (b.hi > b.lo) sums[1] += G::ops::sum_of_squares(ctx, b.staging.data() + b.lo, b.hi - b.lo);
+    }
+    comm_->all_reduce(std::span<double>(sums, 2), reduce_op::sum);
+    return {sums[0], sums[1]};
+  }
+
+  void update(context<device>& ctx, G& model, const optim::adamw_config& cfg, double lr, double grad_scale,
+              long t) override {
+    if (!opt_.zero1) throw error("data parallel: update() is the ZeRO-1 path; without zero1 the trainer's AdamW runs");
+    storage_t* params = model.parameters().data();
+    for (auto& b : buckets_) {
+      for (const auto& s : b.segs) {
+        const std::size_t a = std::max(b.lo, s.packed), e = std::min(b.hi, s.packed + s.length);
+        if (a >= e) continue;
+        const double wd = G::table[s.tensor].decay ? cfg.weight_decay : 0.0;
+        const std::size_t mo = b.moment_offset + (a - b.lo);
+        G::ops::adamw(ctx, params + s.offset + (a - s.packed), m_.data() + mo, v_.data() + mo, b.staging.data() + a,
+                      e - a, master_t(lr), master_t(cfg.beta1), master_t(cfg.beta2), master_t(cfg.eps), master_t(wd),
+                      master_t(grad_scale), t);
+      }
+      storage_t* stage = param_stage(b);
+      pack_range(ctx, params, stage, b, b.lo, b.hi);
+      const std::span<const storage_t> mine(stage + std::size_t(rank()) * b.chunk, b.chunk);
+      const std::span<storage_t> all(stage, std::size_t(size()) * b.chunk);
+      if (opt_.overlap) b.req = comm_->all_gather_async(mine, all);
+      else comm_->all_gather(mine, all);
+    }
+    for (auto& b : buckets_) {
+      b.req.wait();
+      unpack(ctx, param_stage(b), params, b);
+    }
+  }
+
+  void check_replicas(context<device>& ctx, const G& model, long steps) override {
+    if (opt_.check_every <= 0 || steps % opt_.check_every != 0) return;
+    constexpr int K = nn::num_param_tensors;
+    std::vector<std::int64_t> mine(K), all(std::size_t(K) * std::size_t(size()));
+    std::vector<storage_t> host;
+    ctx.synchronize();
+    for (int k = 0; k < K; ++k) {
+      const auto p = model.parameter(nn::param(k));
+      host.resize(p.size());
+      device::copy_to_host(host.data(), p.data(), p.bytes(), ctx.stream);
+      ctx.synchronize();
+      mine[std::size_t(k)] = std::int64_t(detail::checksum_bytes(host.data(), p.bytes()));
+    }
+    comm_->all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+    for (int k = 0; k < K; ++k)
+      for (int j = 1; j < size(); ++j)
+        if (all[std::size_t(j) * K + k] != all[std::size_t(k)]) {
+          std::string differ;
+          for (int i = 1; i < size(); ++i)
+            if (all[std::size_t(i) * K + k] != all[std::size_t(k)]) differ += (differ.empty() ? "" : ",") + std::to_string(i);
+          throw replica_mismatch("replica check after step " + std::to_string(steps) +
+                                 ": the data-parallel replicas have different parameters; first differing tensor '" +
+                                 std::string(G::table[k].name) + "' differs between rank 0 and rank(s) {" + differ +
+                                 "}. The ranks started from different weights or diverged (non-deterministic "
+                                 "communication or a bug); restart from a checkpoint");
+        }
+  }
+
+ private:
+  struct segment {
+    std::size_t offset = 0;  ///< element offset in the parameter/gradient buffer
+    std::size_t length = 0;  ///< elements
+    std::size_t packed = 0;  ///< element offset inside its bucket
+    int tensor = 0;          ///< nn::param index
+  };
+  struct bucket {
+    std::vector<segment> segs;
+    std::size_t length = 0;         ///< packed elements
+    std::size_t chunk = 0;          ///< per-rank part: length <= size() * chunk
+    std::size_t lo = 0, hi = 0;     ///< this rank's part [lo, hi) of the packed elements
+    std::size_t moment_offset = 0;  ///< ZeRO-1: where its moments start
+    int last_layer = 0;             ///< the ready() call that completes it
+    buffer<device, grad_t> staging;     ///< size() * chunk
+    buffer<device, storage_t> params;   ///< ZeRO-1 all-gather buffer when storage_t != grad_t
+    request req;
+  };
+
+  /// The slices gpt::backward finishes with ready(layer).
+  static std::vector<segment> group(int layer) {
+    std::vector<segment> g;
+    auto whole = [&](nn::param p) { g.push_back({G::offsets[int(p)], G::table[int(p)].size(), 0, int(p)}); };
+    if (layer == L) {
+      whole(nn::param::lnf_w);
+      whole(nn::param::lnf_b);
+    } else if (layer == -1) {
+      whole(nn::param::wte);
+      whole(nn::param::wpe);
+    } else {
+      for (int k = int(nn::param::ln1_w); k <= int(nn::param::fcproj_b); ++k) {
+        const std::size_t per = G::table[k].size() / std::size_t(G::table[k].shape[0]);
+        g.push_back({G::offsets[k] + std::size_t(layer) * per, per, 0, k});
+      }
+    }
+    return g;
+  }
+  void close(bucket&& b) {
+    if (!b.segs.empty()) buckets_.push_back(std::move(b));
+  }
+
+  storage_t* param_stage(bucket& b) {
+    if constexpr (std::is_same_v<grad_t, storage_t>) return b.staging.data();
+    else return b.params.data();
+  }
+
+  template <class T>
+  static void pack_range(context<device>& ctx, const T* src, T* stage, const bucket& b, std::size_t lo, std::size_t hi) {
+    for (const auto& s : b.segs) {
+      const std::size_t a = std::max(lo, s.packed), e = std::min(hi, s.packed + s.length);
+      if (a < e) device::copy(stage + a, src + s.offset + (a - s.packed), (e - a) * sizeof(T), ctx.stream);
+    }
+  }
+  template <class T>
+  static void unpack(context<device>& ctx, const T* stage, T* dst, const bucket& b) {
+    for (const auto& s : b.segs) device::copy(dst + s.offset, stage + s.packed, s.length * sizeof(T), ctx.stream);
+    ctx.synchronize();
+  }
+
+  void launch(context<device>& ctx, G& model, bucket& b) {
+    pack_range(ctx, model.gradients().data(), b.staging.data(), b, 0, b.length);
+    ctx.synchronize();  // the collective reads the bucket from another thread
+    const std::span<grad_t> all(b.staging.data(), std::size_t(size()) * b.chunk);
+    if (opt_.zero1) {
+      const std::span<grad_t> mine(b.staging.data() + std::size_t(rank()) * b.chunk, b.chunk);
+      if (opt_.overlap) b.req = comm_->reduce_scatter_async(std::span<const grad_t>(all), mine, reduce_op::sum);
+      else comm_->reduce_scatter(std::span<const grad_t>(all), mine, reduce_op::sum);
+    } else {
+      if (opt_.overlap) b.req = comm_->all_reduce_async(all, reduce_op::sum);
+      else comm_->all_reduce(all, reduce_op::sum);
+    }
+  }
+
+  C* comm_;
+  ddp_options opt_;
+  std::vector<bucket> buckets_;
+  buffer<device, master_t> m_, v_;  // ZeRO-1 moments of this rank's chunks, bucket by bucket
+  int next_layer_ = L;
+  std::size_t next_bucket_ = 0;
+};
+
+}  // namespace loom::parallel

