@@ -19,20 +19,34 @@
 //   train_gpt --data x.txt --model char_tiny --steps 600 --checkpoint-dir out/ckpt
 //   train_gpt --data x.txt --model char_tiny --steps 600 --resume out/ckpt     # after a crash
 //
+// Data parallel (docs/parallel.md): --ranks N runs N replicas as threads of this process, each
+// on its own part of every global batch (micro-batch x accumulation per rank), gradients
+// all-reduced in --bucket-mb buckets while backward runs (--no-overlap serialises them);
+// `mpirun -np N train_gpt --comm mpi ...` runs one process per rank (a build with loom::mpi).
+// --zero1 shards the AdamW moments. Only rank 0 prints, logs, evaluates and saves.
+//   train_gpt --data ../shared/data/tinyshakespeare.txt --ranks 2
+//   mpirun -np 2 train_gpt --data ../shared/data/tinyshakespeare.txt --comm mpi --zero1
+//
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or
 // malformed flag, a sequence length above the model's maximum) exits with status 2 and one
 // line naming the problem and the fix.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <optional>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <loom/bench/peak.hpp>
@@ -50,6 +64,10 @@
 #include <loom/kernels/cpu.hpp>
 #include <loom/nn/generate.hpp>
 #include <loom/nn/generate_in_vocab.hpp>
+#include <loom/parallel/comm_threads.hpp>
+#if LOOM_WITH_MPI
+#include <loom/parallel/comm_mpi.hpp>  // --comm mpi: links loom::mpi
+#endif
 #include <loom/train/console.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/trainer.hpp>
@@ -74,6 +92,12 @@ struct options {
   std::string checkpoint_dir, resume, export_hf, init_from_hf;
   long save_every = 100, stop_at_step = 0;
   int keep = 5;
+  // data parallelism (parallel/data_parallel.hpp, docs/parallel.md)
+  int ranks = 1;
+  std::string comm = "threads";
+  double bucket_mb = 1.0;
+  bool no_overlap = false, zero1 = false;
+  long replica_check_every = 100;
 };
 
 /// Where a run resumed from `resume` keeps saving: the run's root (the parent of a
@@ -98,10 +122,17 @@ inline void ensure_writable_directory(const std::filesystem::path& dir, const ch
   std::filesystem::remove(probe, ec);
 }
 
-template <class M, int B, int T>
-int run(const options& o) {
+/// One rank's run. World is a communicator (comm::threads, comm::mpi) or std::nullptr_t for
+/// a single rank without data parallelism; only rank 0 prints, logs, evaluates and saves.
+template <class M, int B, int T, class World>
+int run(const options& o, World* world) {
   using namespace loom;
   using P = policy<device::cpu, precision::fp32>;
+  using trainer_t = train::trainer<M, P, B, T>;
+  constexpr bool is_parallel = !std::is_same_v<World, std::nullptr_t>;
+  int dp = 1, dp_rank = 0;
+  if constexpr (is_parallel) dp = world->size(), dp_rank = world->rank();
+  const bool lead = dp_rank == 0;
   context<device::cpu> ctx;
   train::trainer_config cfg;
   cfg.micro_batch = o.micro_batch;
@@ -115,7 +146,18 @@ int run(const options& o) {
     throw input_error("--seq-len " + std::to_string(o.seq_len) + " exceeds the maximum sequence length " +
                       std::to_string(M::max_seq) + " of model " + std::string(M::name) + "; pass --seq-len <= " +
                       std::to_string(M::max_seq));
-  train::trainer<M, P, B, T> tr(ctx, cfg);
+  std::optional<trainer_t> trainer_storage;
+  if constexpr (is_parallel) {
+    if (o.zero1 && (!o.checkpoint_dir.empty() || !o.resume.empty()))
+      throw input_error("--zero1 with --checkpoint-dir/--resume: checkpoints of sharded optimizer state are not "
+                        "implemented yet; drop --zero1 (plain data parallelism checkpoints normally)");
+    trainer_storage.emplace(ctx, cfg, *world,
+                            parallel::ddp_options{.bucket_mb = o.bucket_mb, .overlap = !o.no_overlap, .zero1 = o.zero1,
+                                                  .check_every = o.replica_check_every});
+  } else {
+    trainer_storage.emplace(ctx, cfg);
+  }
+  trainer_t& tr = *trainer_storage;
   const auto& c = tr.config();
   // Training data: a text file (byte tokens) or a prepare_data dataset (data/source.hpp). The
   // data's vocabulary must fit the model's: an id >= M::vocab has no embedding row.
@@ -133,7 +175,7 @@ int run(const options& o) {
     if (const auto s = data::read_dataset_summary(*prefix)) check_vocab(s->vocab_size, "dataset " + prefix->string());
   data::batch_source<> src(o.data, {.micro_batch = std::size_t(c.micro_batch), .seq_len = std::size_t(c.seq_len),
                                     .grad_accum = std::size_t(c.grad_accum), .valid_fraction = o.val_fraction,
-                                    .seed = o.seed, .vocab = M::vocab});
+                                    .seed = o.seed, .vocab = M::vocab, .dp_rank = dp_rank, .dp_size = dp});
 #if LOOM_WITH_TEXT
   std::optional<data::text::tokenizer> tok;  // encodes the prompt, decodes the sample, counts bytes exactly
   if (prefix) {
@@ -149,12 +191,22 @@ int run(const options& o) {
   std::span<const std::int32_t> batch;
   const std::vector<std::int32_t> val = src.validation_batch(val_rows);
 
-  std::printf("model %s: %d layers, %d heads, width %d, %zu parameters | micro-batch %d x seq %d x accum %d = %zu tokens/step\n",
-              std::string(M::name).c_str(), M::n_layer, M::n_head, M::d_model, nn::parameter_count<M>(), c.micro_batch,
-              c.seq_len, c.grad_accum, tr.tokens_per_step());
-  std::printf("data %s | %ld steps, lr %.1e -> %.1e, warm-up %ld\n", src.describe().c_str(), o.steps, o.lr, o.min_lr,
-              o.warmup);
-  std::fflush(stdout);
+  if (lead) {
+    std::printf("model %s: %d layers, %d heads, width %d, %zu parameters | micro-batch %d x seq %d x accum %d%s = %zu tokens/step\n",
+                std::string(M::name).c_str(), M::n_layer, M::n_head, M::d_model, nn::parameter_count<M>(), c.micro_batch,
+                c.seq_len, c.grad_accum, dp > 1 ? (" x " + std::to_string(dp) + " ranks").c_str() : "",
+                tr.tokens_per_step() * std::size_t(dp));
+    std::printf("data %s | %ld steps, lr %.1e -> %.1e, warm-up %ld\n", src.describe().c_str(), o.steps, o.lr, o.min_lr,
+                o.warmup);
+    if (const auto* s = tr.data_parallel()) {
+      const auto m = s->memory();
+      std::printf("data parallel: %d ranks (%s), %zu buckets of <= %.2f MiB, overlap %s%s | per rank: buckets %.1f MiB, "
+                  "AdamW moments %.1f MiB (ZeRO-1 saves %.1f MiB)\n",
+                  dp, o.comm.c_str(), s->bucket_count(), o.bucket_mb, o.no_overlap ? "off" : "on",
+                  o.zero1 ? ", ZeRO-1" : "", m.buckets / 1048576.0, m.moments / 1048576.0, m.saved() / 1048576.0);
+    }
+    std::fflush(stdout);
+  }
 
   // checkpoints: resume (model, optimizer, step, data position), or a fresh run, optionally
   // from Hugging Face GPT-2 weights; a fresh run never writes into another run's checkpoints
@@ -163,7 +215,9 @@ int run(const options& o) {
                                                           : checkpoint_root_of(o.resume);
   long start = 0;
   std::uint64_t tokens_seen = 0;
-  auto warn = [](const std::string& w) { std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str()); };
+  auto warn = [lead](const std::string& w) {
+    if (lead) std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str());
+  };
   if (!o.resume.empty()) {
     const auto info = io::resume_checkpoint(ctx, o.resume, tr, warn);
     for (const auto& w : info.warnings) warn(w);
@@ -179,12 +233,13 @@ int run(const options& o) {
     src.restore(pos);
     start = info.step;
     tokens_seen = info.state.tokens;
-    std::printf("resumed from %s: step %ld, %llu tokens seen\n", info.dir.c_str(), start,
-                static_cast<unsigned long long>(tokens_seen));
+    if (lead)
+      std::printf("resumed from %s: step %ld, %llu tokens seen\n", info.dir.c_str(), start,
+                  static_cast<unsigned long long>(tokens_seen));
   } else {
     if (!o.init_from_hf.empty()) {
       io::import_gpt2(ctx, tr.model(), o.init_from_hf);
-      std::printf("initialised from the GPT-2 weights in %s\n", o.init_from_hf.c_str());
+      if (lead) std::printf("initialised from the GPT-2 weights in %s\n", o.init_from_hf.c_str());
     }
     if (const auto old = io::list_checkpoints(ckpt_dir); !ckpt_dir.empty() && !old.empty())
       throw input_error("checkpoint directory '" + ckpt_dir + "' already holds checkpoints of an earlier run (newest " +
@@ -203,10 +258,13 @@ int run(const options& o) {
   memory_counter mem;
   mem.add(memory_kind::parameters, tr.model().parameters().bytes());
   mem.add(memory_kind::gradients, tr.model().gradients().bytes());
-  mem.add(memory_kind::optimizer, 2 * tr.optimizer().first_moment().bytes());
+  mem.add(memory_kind::optimizer, tr.data_parallel() ? tr.data_parallel()->memory().moments
+                                                     : 2 * tr.optimizer().first_moment().bytes());
   mem.add(memory_kind::activations, tr.activations().bytes());
-  const double peak = o.peak_gflops > 0 ? o.peak_gflops : bench::measure_fp32_peak().gflops;
-  std::printf("fp32 peak %.0f GFLOP/s (%s) | memory: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, activations %.1f MiB\n",
+  // per rank, times the ranks: each rank measures with its share of the cores (only rank 0 prints)
+  const double peak = dp * (o.peak_gflops > 0 ? o.peak_gflops : lead ? bench::measure_fp32_peak().gflops : 1.0);
+  if (lead)
+    std::printf("fp32 peak %.0f GFLOP/s (%s) | memory: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, activations %.1f MiB\n",
               peak, o.peak_gflops > 0 ? "--peak-gflops" : "measured", mem.current(memory_kind::parameters) / 1048576.0,
               mem.current(memory_kind::gradients) / 1048576.0, mem.current(memory_kind::optimizer) / 1048576.0,
               mem.current(memory_kind::activations) / 1048576.0);
@@ -216,12 +274,12 @@ int run(const options& o) {
   train::console con({.total_steps = o.steps, .summary_every = o.summary_every});
   std::optional<io::tensorboard_writer> tb;
   std::optional<io::jsonl_writer> jsonl;
-  if (!o.log_dir.empty()) {
+  if (!o.log_dir.empty() && lead) {
     std::filesystem::create_directories(o.log_dir);
     tb.emplace(o.log_dir);
     jsonl.emplace(std::filesystem::path(o.log_dir) / "metrics.jsonl");
   }
-  io::trace_recorder trace({.window = io::step_window::parse(o.profile_steps),
+  io::trace_recorder trace({.window = io::step_window::parse(lead ? o.profile_steps : std::string()),
                             .file = std::filesystem::path(o.log_dir.empty() ? "out" : o.log_dir) / "trace.json"});
   std::array<double, train::phase_count> began{};
   tr.on_phase = [&](train::phase p, bool begin) {
@@ -250,7 +308,7 @@ int run(const options& o) {
   // written in the background: the loop waits only while the state is copied. A failed save
   // is reported (when the next one starts, or at the end) and training goes on; NaN weights
   // stop it.
-  io::async_checkpointer<decltype(tr)> saver;
+  io::async_checkpointer<trainer_t> saver;
   auto finish_save = [&] {
     try {
       if (const auto where = saver.wait())
@@ -261,7 +319,7 @@ int run(const options& o) {
     }
   };
   auto save_checkpoint = [&] {
-    if (ckpt_dir.empty() || tr.step_count() == last_saved) return;
+    if (ckpt_dir.empty() || tr.step_count() == last_saved || !lead) return;
     finish_save();
     const auto s = src.state();
     io::run_state st;
@@ -275,12 +333,15 @@ int run(const options& o) {
   };
   long step = start;
   for (; step < o.steps; ++step) {
-    if (o.time_budget > 0 && std::chrono::duration<double>(clock::now() - t0).count() > o.time_budget) {
-      con.message("time budget of " + std::to_string(long(o.time_budget)) + " s reached after " + std::to_string(step) + " steps");
+    int out_of_time = o.time_budget > 0 && std::chrono::duration<double>(clock::now() - t0).count() > o.time_budget;
+    if constexpr (is_parallel)
+      if (o.time_budget > 0) world->broadcast(std::span<int>(&out_of_time, 1), 0);  // every rank stops together
+    if (out_of_time) {
+      if (lead) con.message("time budget of " + std::to_string(long(o.time_budget)) + " s reached after " + std::to_string(step) + " steps");
       break;
     }
     if (o.stop_at_step > 0 && step >= o.stop_at_step) {
-      con.message("stopping at step " + std::to_string(step) + " (--stop-at-step); continue with --resume");
+      if (lead) con.message("stopping at step " + std::to_string(step) + " (--stop-at-step); continue with --resume");
       break;
     }
     trace.begin_step(step);
@@ -295,19 +356,20 @@ int run(const options& o) {
                                     timer.end_step());
     const auto snap = mem.snapshot();
     const auto os = read_process_memory();
-    con.step(rec, metrics, &snap, &os);
+    if (lead) con.step(rec, metrics, &snap, &os);
     if (tb || jsonl) {
       const auto sc = train::step_metrics::scalars(rec, &snap, &os);
       if (tb) tb->add_scalars(step, sc);
       if (jsonl) jsonl->write_scalars(step, sc);
     }
-    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) report_val(step + 1);
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && lead) report_val(step + 1);
     tokens_seen += std::uint64_t(r.tokens);
     if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_checkpoint();
   }
   save_checkpoint();  // the last step, also after --stop-at-step or the time budget
   finish_save();
   trace.stop();
+  if (!lead) return 0;  // the other ranks are done: rank 0 validates, saves and samples
   con.finish();
   // final validation over the whole validation split
   if (const auto all_val = src.validation_batch(src.validation_rows()); !all_val.empty()) {
@@ -331,7 +393,7 @@ int run(const options& o) {
 
   // the sample: bytes for a text file; SentencePiece ids for a dataset (prompt encoded, ids
   // decoded with the dataset's tokenizer, a blank line for each end of document)
-  typename decltype(tr)::model_t::template activations<1, T> sacts(ctx);
+  typename trainer_t::model_t::template activations<1, T> sacts(ctx);
   std::vector<std::int32_t> tokens(o.prompt.begin(), o.prompt.end());
   for (auto& t : tokens) t = std::int32_t(std::uint8_t(t));
   int sample_vocab = M::vocab;  // ids that have text: the tokenizer's pieces (quickstart_bpe has more rows)
@@ -353,6 +415,46 @@ int run(const options& o) {
 #endif
   std::printf("---- sample (temperature %.2f) ----\n%s\n----\n", o.temperature, text.c_str());
   return 0;
+}
+
+/// Runs by_model(world) on every rank: a single rank without a communicator, --ranks N threads
+/// (each with its share of the OpenMP threads), or one MPI process per rank. Returns rank 0's
+/// exit status; an exception on any rank ends the run (the others are released) and is rethrown.
+template <class F>
+int run_ranks(const options& o, int& argc, char**& argv, F&& by_model) {
+  if (o.comm == "mpi") {
+#if LOOM_WITH_MPI
+    if (o.ranks != 1)
+      throw loom::input_error("--ranks is for --comm threads; under MPI the ranks are the processes: mpirun -np " +
+                              std::to_string(o.ranks) + " train_gpt --comm mpi ...");
+    loom::comm::mpi_environment env(&argc, &argv);
+#ifdef _OPENMP
+    if (!std::getenv("OMP_NUM_THREADS"))  // processes on one machine share its cores
+      if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+        omp_set_num_threads(std::max(1, omp_get_max_threads() / std::max(1, std::atoi(local))));
+#endif
+    auto world = env.world();
+    return by_model(&world);
+#else
+    (void)argc;
+    (void)argv;
+    throw loom::input_error("--comm mpi: this train_gpt was built without MPI; install libopenmpi-dev and "
+                            "rebuild (LOOM_WITH_MPI), or use --ranks N (threads)");
+#endif
+  }
+  if (o.ranks == 1) return by_model(static_cast<std::nullptr_t*>(nullptr));
+  int status = 0;
+#ifdef _OPENMP
+  const int threads = std::max(1, omp_get_max_threads() / o.ranks);
+#endif
+  loom::comm::run_threads(o.ranks, [&](loom::comm::threads& world) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);  // per rank thread: the ranks share the cores
+#endif
+    const int s = by_model(&world);
+    if (world.rank() == 0) status = s;
+  });
+  return status;
 }
 
 }  // namespace
@@ -410,6 +512,18 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--export-hf", o.export_hf,
                  "after training, write Hugging Face GPT-2 weights (model.safetensors, config.json) to this directory");
+  app.add_option("--ranks", o.ranks, "data-parallel ranks as threads of this process (--comm threads)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--comm", o.comm, "communicator: threads (--ranks N) or mpi (run under mpirun -np N; needs a build with MPI)")
+      ->check(CLI::IsMember({"threads", "mpi"}));
+  app.add_option("--bucket-mb", o.bucket_mb, "data parallel: gradient bucket size in MiB (a layer never splits)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--no-overlap", o.no_overlap,
+               "data parallel: run each bucket's all-reduce where it would start, blocking (communication not hidden)");
+  app.add_flag("--zero1", o.zero1, "data parallel: shard the AdamW moments across ranks (ZeRO stage 1)");
+  app.add_option("--replica-check-every", o.replica_check_every,
+                 "data parallel: compare a parameter checksum across ranks every N steps (0: never)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--init-from-hf", o.init_from_hf,
                  "start from the GPT-2 weights in this directory (config.json, model.safetensors)")
       ->excludes(resume);
@@ -424,9 +538,12 @@ int main(int argc, char** argv) {
   if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
   try {
     if (app.count("--model") == 0 && loom::data::indexed_dataset_prefix(o.data)) o.model = "quickstart_bpe";
-    if (o.model == "char_tiny") return run<loom::models::char_tiny, 8, 32>(o);
-    if (o.model == "quickstart_bpe") return run<loom::models::quickstart_bpe, 16, 128>(o);
-    return run<loom::models::quickstart, 16, 128>(o);
+    auto by_model = [&](auto* world) {
+      if (o.model == "char_tiny") return run<loom::models::char_tiny, 8, 32>(o, world);
+      if (o.model == "quickstart_bpe") return run<loom::models::quickstart_bpe, 16, 128>(o, world);
+      return run<loom::models::quickstart, 16, 128>(o, world);
+    };
+    return run_ranks(o, argc, argv, by_model);
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
     return 2;

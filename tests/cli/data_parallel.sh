@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# train_gpt data parallel as a user runs it: --ranks 2 (threads) for a few steps prints one log
+# (rank 0 only), and its losses and final validation equal one rank accumulating the same two
+# halves of every global batch (--grad-accum 2); ZeRO-1 and --no-overlap give the same numbers;
+# bad data-parallel flags exit with status 2 and a message.
+#   tests/cli/data_parallel.sh <dir with train_gpt>
+set -euo pipefail
+bin="$1"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+data="${LOOM_DATA_DIR:-../shared/data}/tinyshakespeare.txt"
+common=(--data "$data" --model char_tiny --steps 8 --eval-every 0 --summary-every 0 --log-dir ''
+        --peak-gflops 100 --sample-tokens 0 --out "$work/w.safetensors")
+
+losses() { grep -oP '^step +\d+/8 \| loss \K[0-9.]+|val loss \K[0-9.]+' "$1" | tr '\n' ' '; }
+
+OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --ranks 2 > "$work/dp2.txt"
+OMP_NUM_THREADS=1 "$bin/train_gpt" "${common[@]}" --grad-accum 2 > "$work/one.txt"
+OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --ranks 2 --zero1 --bucket-mb 0.01 > "$work/zero.txt"
+OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --ranks 2 --no-overlap > "$work/serial.txt"
+grep -q 'data parallel: 2 ranks (threads)' "$work/dp2.txt"
+grep -q 'ZeRO-1 saves' "$work/zero.txt"
+[[ $(grep -c '^model ' "$work/dp2.txt") == 1 ]] || { echo "more than one rank printed"; cat "$work/dp2.txt"; exit 1; }
+[[ $(grep -c '^final validation' "$work/dp2.txt") == 1 ]]
+a=$(losses "$work/dp2.txt"); b=$(losses "$work/one.txt"); z=$(losses "$work/zero.txt"); s=$(losses "$work/serial.txt")
+[[ -n "$a" && "$a" == "$b" && "$a" == "$z" && "$a" == "$s" ]] ||
+  { echo "losses differ: ranks 2: $a | one rank: $b | zero1: $z | no-overlap: $s"; exit 1; }
+
+expect_status_2() {  # expected message, then the flags
+  local want="$1"; shift
+  set +e
+  "$bin/train_gpt" "${common[@]}" "$@" > "$work/bad.txt" 2>&1
+  local rc=$?
+  set -e
+  [[ $rc == 2 ]] && grep -q -- "$want" "$work/bad.txt" ||
+    { echo "expected status 2 and '$want' for $*, got $rc:"; cat "$work/bad.txt"; exit 1; }
+}
+expect_status_2 "--ranks" --ranks 0
+expect_status_2 "--bucket-mb" --ranks 2 --bucket-mb 0
+expect_status_2 "drop --zero1" --ranks 2 --zero1 --checkpoint-dir "$work/ckpt"
+echo "losses $a"
+echo "1 passed, 0 failed"
