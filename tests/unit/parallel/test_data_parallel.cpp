@@ -15,6 +15,8 @@
 #include <vector>
 
 #include <loom/core/random.hpp>
+#include <loom/data/indexed_dataset.hpp>
+#include <loom/data/loader.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
 #include <loom/parallel/comm_threads.hpp>
@@ -23,6 +25,8 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include "../data/paths.hpp"
 
 using namespace loom;
 using M = models::tiny;
@@ -275,4 +279,58 @@ TEST_CASE("data parallel: bad options are input errors") {
     o.check_every = -1;
     CHECK_THROWS_AS(trainer_t(ctx, config(2, 1), world, o), input_error);
   });
+}
+
+TEST_CASE("data parallel sampler: each rank a disjoint part of every global batch, the epoch covered, a new order per epoch") {
+  loom_test::scratch_dir tmp("dp_sampler");
+  const auto prefix = tmp.path / "pos";
+  {  // token value = stream position, so a row's first token names its window
+    data::indexed_dataset_writer w(prefix, data::dtype::int32);
+    std::int32_t at = 0;
+    for (int d = 0; d < 37; ++d) {
+      std::vector<std::int32_t> doc(std::size_t(5 + (d * 7) % 23));
+      for (auto& t : doc) t = at++;
+      w.add_document(doc);
+    }
+    w.finalize();
+  }
+  constexpr std::size_t B = 3, T = 7;
+  constexpr int dp = 2;
+  data::loader_options o;
+  o.batch = B;
+  o.seq_len = T;
+  o.seed = 5;
+  o.workers = 0;
+  o.dp_size = dp;
+  data::loader_options whole = o;  // one rank taking the global batch
+  whole.batch = B * dp;
+  whole.dp_size = 1;
+  data::loader<> one(prefix, whole);
+  std::vector<std::unique_ptr<data::loader<>>> ranks;
+  for (int r = 0; r < dp; ++r) {
+    o.dp_rank = r;
+    ranks.push_back(std::make_unique<data::loader<>>(prefix, o));
+  }
+  const std::uint64_t S = one.batches_per_epoch(), W = one.windows_per_epoch();
+  REQUIRE(S >= 3);
+  std::vector<std::vector<std::int32_t>> order(2);  // window starts, in global order, per epoch
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (std::uint64_t s = 0; s < S; ++s) {
+      const auto g = one.next();
+      std::vector<std::int32_t> joined;
+      for (auto& l : ranks) {
+        const auto b = l->next();
+        joined.insert(joined.end(), b.begin(), b.end());
+      }
+      CHECK(std::equal(joined.begin(), joined.end(), g.begin(), g.end()));  // rank r = part r of the global batch
+      for (std::size_t i = 0; i < B * dp; ++i) order[std::size_t(epoch)].push_back(g[i * (T + 1)]);
+    }
+    const std::set<std::int32_t> seen(order[std::size_t(epoch)].begin(), order[std::size_t(epoch)].end());
+    CHECK(seen.size() == order[std::size_t(epoch)].size());  // no window twice in an epoch
+    CHECK(seen.size() == S * B * dp);
+    CHECK(W - seen.size() < B * dp);                         // only the tail that fills no global batch is left
+    for (auto x : seen) CHECK(x % std::int32_t(T) == 0);     // windows start on multiples of T
+  }
+  CHECK(order[0] != order[1]);  // reshuffled
+  CHECK(ranks[0]->state() == ranks[1]->state());  // one position for all ranks
 }
