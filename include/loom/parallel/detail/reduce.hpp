@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -179,13 +180,88 @@ inline void reduce_one_block(const T* const* srcs, int nsrc, T* const* dsts, int
   }
 }
 
+/// Elements per tile of the fused path: 256 bytes of float accumulator, all sources read in one
+/// loop, the tile then stored to every destination with fixed-size (inlined) copies.
+inline constexpr std::size_t reduce_tile = 64;
+
+/// The fused path of reduce_into for NS = 2..4 floating-point sources and sum/avg: per tile,
+/// t = ((s0 + s1) + s2) + s3 in accum_t<T> with all NS streams read by one loop, [t /= divisor],
+/// rounded once, copied to each destination. Same operations in the same order as the block path
+/// (bitwise equal results), but one pass instead of NS + ndst passes over an L1 block: measured
+/// 1.8x faster for two 16 MiB float buffers on one core (Zen 4, issue 5 report). Handles whole
+/// tiles only; returns the number of elements done.
+template <int NS, bool Avg, class T>
+std::size_t reduce_tiles(const T* const* srcs, T* const* dsts, int ndst, std::size_t count, int avg_divisor) {
+  using A = accum_t<T>;
+  using Ln = lane_t<T>;
+  std::size_t i0 = 0;
+  for (; i0 + reduce_tile <= count; i0 += reduce_tile) {
+    alignas(64) A t[reduce_tile];
+    const Ln* __restrict s0 = lanes(srcs[0] + i0);
+    const Ln* __restrict s1 = lanes(srcs[1] + i0);
+    if constexpr (NS == 2) {
+      for (std::size_t k = 0; k < reduce_tile; ++k) t[k] = widen<A>(s0[k]) + widen<A>(s1[k]);
+    } else if constexpr (NS == 3) {
+      const Ln* __restrict s2 = lanes(srcs[2] + i0);
+      for (std::size_t k = 0; k < reduce_tile; ++k) t[k] = (widen<A>(s0[k]) + widen<A>(s1[k])) + widen<A>(s2[k]);
+    } else {
+      static_assert(NS == 4);
+      const Ln* __restrict s2 = lanes(srcs[2] + i0);
+      const Ln* __restrict s3 = lanes(srcs[3] + i0);
+      for (std::size_t k = 0; k < reduce_tile; ++k)
+        t[k] = ((widen<A>(s0[k]) + widen<A>(s1[k])) + widen<A>(s2[k])) + widen<A>(s3[k]);
+    }
+    if constexpr (Avg)
+      for (std::size_t k = 0; k < reduce_tile; ++k) t[k] /= static_cast<A>(avg_divisor);
+    if constexpr (std::is_same_v<A, T>) {
+      for (int j = 0; j < ndst; ++j) std::memcpy(dsts[j] + i0, t, sizeof(t));
+    } else {
+      alignas(64) Ln r[reduce_tile];
+      for (std::size_t k = 0; k < reduce_tile; ++k) r[k] = narrow<Ln>(t[k]);
+      for (int j = 0; j < ndst; ++j) std::memcpy(dsts[j] + i0, r, sizeof(r));
+    }
+  }
+  return i0;
+}
+
+template <class T>
+std::size_t reduce_fused(const T* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count, reduce_op op,
+                         int avg_divisor) {
+  if constexpr (std::is_floating_point_v<accum_t<T>>) {
+    const bool avg = op == reduce_op::avg;
+    if (op != reduce_op::sum && !avg) return 0;
+    switch (nsrc) {
+      case 2: return avg ? reduce_tiles<2, true>(srcs, dsts, ndst, count, avg_divisor)
+                         : reduce_tiles<2, false>(srcs, dsts, ndst, count, avg_divisor);
+      case 3: return avg ? reduce_tiles<3, true>(srcs, dsts, ndst, count, avg_divisor)
+                         : reduce_tiles<3, false>(srcs, dsts, ndst, count, avg_divisor);
+      case 4: return avg ? reduce_tiles<4, true>(srcs, dsts, ndst, count, avg_divisor)
+                         : reduce_tiles<4, false>(srcs, dsts, ndst, count, avg_divisor);
+      default: return 0;
+    }
+  } else {
+    return 0;
+  }
+}
+
 /// For i in [0, count): v = srcs[0][i] op srcs[1][i] op ... op srcs[nsrc-1][i] (left to right, in
 /// accum_t<T>), divided by avg_divisor when op == avg, rounded to T and written to dsts[j][i] for
 /// every j. Sources may alias destinations element for element (in-place all-reduce): every block
-/// is read completely before it is written.
+/// (tile) is read completely before it is written. Sum/avg of 2..4 floating-point sources take
+/// the fused tile path (reduce_tiles), the rest and the tail the block path; results are the same.
 template <class T>
 void reduce_into(const T* const* srcs, int nsrc, T* const* dsts, int ndst, std::size_t count, reduce_op op,
                  int avg_divisor) {
+  const std::size_t done = reduce_fused(srcs, nsrc, dsts, ndst, count, op, avg_divisor);
+  if (done) {
+    if (done == count) return;
+    std::vector<const T*> s(static_cast<std::size_t>(nsrc));
+    std::vector<T*> d(static_cast<std::size_t>(ndst));
+    for (int j = 0; j < nsrc; ++j) s[std::size_t(j)] = srcs[j] + done;
+    for (int j = 0; j < ndst; ++j) d[std::size_t(j)] = dsts[j] + done;
+    reduce_one_block<0>(s.data(), nsrc, d.data(), ndst, 0, count - done, op, avg_divisor);  // tail < one tile
+    return;
+  }
   std::size_t offset = 0;
   for (; offset + reduce_block <= count; offset += reduce_block)
     reduce_one_block<reduce_block>(srcs, nsrc, dsts, ndst, offset, reduce_block, op, avg_divisor);
