@@ -27,10 +27,12 @@
 /// is drawn at its index in the unsharded tensor (global_index()), so the gathered model is
 /// bitwise loom::gpt's.
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <loom/core/buffer.hpp>
@@ -449,12 +451,18 @@ class gpt_parallel {
 /// Sends are issued before the matching receives are posted on the peer (1F1B's order): the
 /// communicator's send must not wait for its receiver (comm::threads: eager). See
 /// parallel/schedule.hpp.
-template <class Model, int B, int T, class Comm>
+/// `observe(action, seconds)` is called after every action with its wall time (including the
+/// wait of a receive), after synchronizing the stream; the default does nothing and costs nothing.
+struct no_observer {
+  void operator()(const parallel::pipe_action&, double) const noexcept {}
+};
+template <class Model, int B, int T, class Comm, class Observer = no_observer>
 typename Model::acc_t pipeline_forward_backward(context<typename Model::device>& ctx, Model& model,
                                                 std::span<typename Model::template activations<B, T>> ring, Comm& tp,
                                                 Comm& pp, int m, const std::int32_t* inputs,
                                                 const std::int32_t* targets, int b, int t,
-                                                typename Model::acc_t grad_scale) {
+                                                typename Model::acc_t grad_scale, Observer&& observe = {}) {
+  constexpr bool timed = !std::is_same_v<std::remove_cvref_t<Observer>, no_observer>;
   using acc = typename Model::acc_t;
   using S = typename Model::storage_t;
   constexpr int PP = Model::PP;
@@ -469,6 +477,7 @@ typename Model::acc_t pipeline_forward_backward(context<typename Model::device>&
   constexpr int tag_activation = 0, tag_gradient = 1;
   acc loss = 0;
   for (const auto& a : parallel::one_f_one_b(PP, m, stage)) {
+    [[maybe_unused]] const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     auto& acts = ring[std::size_t(a.micro) % ring.size()];
     const std::int32_t* in = inputs + std::size_t(a.micro) * N;
     const std::int32_t* tg = targets ? targets + std::size_t(a.micro) * N : nullptr;
@@ -485,6 +494,10 @@ typename Model::acc_t pipeline_forward_backward(context<typename Model::device>&
         ctx.synchronize();
         pp.send(std::span<const S>(acts.input_grad(), NC), stage - 1, tag_gradient);
         break;
+    }
+    if constexpr (timed) {
+      ctx.synchronize();
+      observe(a, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
   }
   pp.broadcast(std::span<acc>(&loss, 1), PP - 1);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <span>
 #include <vector>
@@ -263,4 +264,27 @@ TEST_CASE("gpt_parallel: the global gradient norm counts replicated and tied ten
   // With PP = 2 the tied embedding lives on both end stages: counted once.
   const auto pranks = parallel_run<precision::fp64, 1, 2, B, T>(data, 1, 2, 6, scale);
   for (const auto& r : pranks) CHECK(r.norm == doctest::Approx(ref.norm).epsilon(1e-12));
+}
+
+TEST_CASE("gpt_parallel: a non-finite gradient on one rank makes the global norm non-finite on every rank") {
+  // The trainer's non-finite check is isfinite(grad norm): all-reduced, so every rank agrees and
+  // every rank skips the step together. Inject a NaN into a sharded tensor of tp rank 1, stage 1,
+  // and an inf into a per-layer tensor of stage 0 in a second run.
+  using model_t = nn::gpt_parallel<M, policy<cpu, precision::fp32, layout<2, 2>>>;
+  for (int which = 0; which < 2; ++which) {
+    std::vector<double> norms(4);
+    comm::run_threads(4, [&](comm::threads& world) {
+      auto g = parallel::make_groups<layout<2, 2>>(world);
+      context<cpu> ctx;
+      model_t model(ctx, g.tp.rank(), g.pp.rank(), 1);
+      model.zero_grad(ctx);
+      auto gw = model.gradients();
+      for (std::size_t i = 0; i < gw.size(); ++i) gw[i] = 1e-3f;
+      if (which == 0 && g.tp.rank() == 1 && g.pp.rank() == 1) model.gradient(nn::param::fc_w)[17] = std::nanf("");
+      if (which == 1 && g.tp.rank() == 0 && g.pp.rank() == 0)
+        model.gradient(nn::param::ln2_b)[3] = std::numeric_limits<float>::infinity();
+      norms[std::size_t(world.rank())] = model.grad_norm(ctx, g.tp, g.pp);
+    });
+    for (double n : norms) CHECK_FALSE(std::isfinite(n));
+  }
 }
