@@ -8,9 +8,12 @@
 // Without --data it writes a synthetic uint16 dataset of N tokens (default 64M = 128 MB, larger
 // than the caches) to the temp directory once and memory-maps it like any prepared dataset.
 // The stand-in step is honest about cores but not about memory traffic, so the last rows feed
-// the real quickstart training step (loom::train::trainer, models::quickstart, B=16, T=128,
-// fp32 on the CPU; --real-steps 0 skips them, and they are off with --data, whose ids exceed
-// the quickstart's 256) from the loader.
+// the real quickstart training step (loom::train::trainer, models::quickstart_bpe — the model
+// the quickstart trains on a prepared dataset: vocabulary 8192, B=16, T=128, fp32 on the CPU —
+// for 0, 1, 2, 4 and 8 workers; --real-steps 0 skips them) from the loader. A --data dataset
+// must fit quickstart_bpe's vocabulary (prepare_data --vocab-size <= 8192).
+//
+//   bench_loader --data out/shakespeare      # after scripts/quickstart.sh (or prepare_data)
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -31,14 +34,14 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 std::filesystem::path synthetic(std::uint64_t tokens) {
-  const auto prefix = std::filesystem::temp_directory_path() / ("loom_bench_loader_v256_" + std::to_string(tokens));
+  const auto prefix = std::filesystem::temp_directory_path() / ("loom_bench_loader_v8000_" + std::to_string(tokens));
   if (std::filesystem::exists(loom::data::idx_path(prefix))) return prefix;
   loom::data::indexed_dataset_writer w(prefix, loom::data::dtype::uint16);
   std::mt19937_64 rng(1);
   std::vector<std::int32_t> doc;
   for (std::uint64_t done = 0; done < tokens;) {
     doc.resize(std::min<std::uint64_t>(tokens - done, 200 + rng() % 4000));
-    for (auto& t : doc) t = std::int32_t(rng() % 256);  // fits the byte-level quickstart model
+    for (auto& t : doc) t = std::int32_t(rng() % 8000);  // like prepare_data --vocab-size 8000
     w.add_document(doc);
     done += doc.size();
   }
@@ -71,6 +74,7 @@ const char* arg(int argc, char** argv, const char* name, const char* fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  loom::device::configure_host_malloc_for_gemm();  // as train_gpt does (Eigen's packing buffers)
   const std::uint64_t tokens = std::strtoull(arg(argc, argv, "--tokens", "67108864"), nullptr, 10);
   const std::size_t B = std::strtoul(arg(argc, argv, "--batch", "16"), nullptr, 10);
   const std::size_t T = std::strtoul(arg(argc, argv, "--seq", "128"), nullptr, 10);
@@ -113,9 +117,9 @@ int main(int argc, char** argv) {
                   checksum == 42 ? " " : "");
     }
   }
-  // The real step: the quickstart model (vocab 256), B=16, T=128, fed by the loader.
-  // (Only on the synthetic byte-token data by default: a prepared dataset has ids >= 256.)
-  const int real_steps = std::atoi(arg(argc, argv, "--real-steps", data.empty() ? "12" : "0"));
+  // The real step: the quickstart's model on a prepared dataset (quickstart_bpe, vocab 8192),
+  // B=16, T=128, fed by the loader.
+  const int real_steps = std::atoi(arg(argc, argv, "--real-steps", "12"));
   if (real_steps > 0) {
     using namespace loom;
     constexpr int QB = 16, QT = 128;
@@ -123,14 +127,14 @@ int main(int argc, char** argv) {
     context<device::cpu> ctx;
     train::trainer_config cfg;
     cfg.schedule = {1e-3, 1e-4, 10, 1000};
-    train::trainer<models::quickstart, P, QB, QT> tr(ctx, cfg);
-    for (const int workers : {0, 1, 2}) {
+    train::trainer<models::quickstart_bpe, P, QB, QT> tr(ctx, cfg);
+    for (const int workers : {0, 1, 2, 4, 8}) {
       data::loader_options o;
       o.batch = QB;
       o.seq_len = QT;
       o.seed = 1;
       o.workers = workers;
-      o.vocab = models::quickstart::vocab;
+      o.vocab = models::quickstart_bpe::vocab;  // a larger id is a clear error naming the file
       data::loader<> l(prefix, o);
       tr.step(ctx, l.next());  // warm-up
       double waited = 0, stepped = 0;
@@ -144,7 +148,7 @@ int main(int argc, char** argv) {
         stepped += std::chrono::duration<double>(clock_type::now() - w1).count();
       }
       const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
-      std::printf("%-8d %-16s %8d %14.0f %12.3f %9.3f%% %12.3f\n", workers, "quickstart", real_steps,
+      std::printf("%-8d %-16s %8d %14.0f %12.3f %9.3f%% %12.3f\n", workers, "quickstart_bpe", real_steps,
                   double(real_steps) * QB * QT / s, 1000.0 * s / real_steps, 100.0 * waited / s,
                   1000.0 * waited / real_steps);
       (void)stepped;

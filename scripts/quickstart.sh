@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The main job: install dependencies, build train_gpt and sample, train the quickstart GPT on
-# tinyshakespeare (byte-level, CPU, fp32), then sample from the saved weights.
-#   scripts/quickstart.sh [extra train_gpt flags, e.g. --steps 500]
+# The main job: install dependencies, build, prepare tinyshakespeare (clean, deduplicate, train a
+# SentencePiece BPE tokenizer, write a Megatron-style indexed dataset), train the quickstart GPT
+# on it (models::quickstart_bpe, CPU, fp32), report validation loss in nats/token and bits/byte,
+# then sample from the saved weights.
+#   scripts/quickstart.sh [extra train_gpt flags, e.g. --steps 300]
 # Environment: LOOM_DATA (default ../shared/data/tinyshakespeare.txt), LOOM_BUILD_DIR (default build).
+# Writes out/shakespeare.{bin,idx,model,vocab,json} and out/quickstart_bpe.safetensors (both are
+# replaced by a later run; train_gpt checks that --out is writable before training).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -15,9 +19,20 @@ if [[ ! -f "$data" ]]; then
 fi
 
 bash scripts/setup.sh
+if [[ -f "$build_dir/CMakeCache.txt" ]] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$build_dir/CMakeCache.txt"; then
+  echo "quickstart: $build_dir/ was configured with another generator; remove it or set LOOM_BUILD_DIR" >&2
+  exit 1
+fi
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
-cmake --build "$build_dir" --target train_gpt sample
-"$build_dir/examples/train_gpt" --data "$data" --out out/quickstart.safetensors "$@"
+cmake --build "$build_dir" --target prepare_data train_gpt sample
+mkdir -p out
+echo "== preparing $data -> out/shakespeare (clean, dedup, filter, BPE tokenizer, indexed dataset) =="
+"$build_dir/examples/prepare_data" --input "$data" --output-prefix out/shakespeare --vocab-size 8000
 echo
-echo "== sampling from out/quickstart.safetensors =="
-"$build_dir/examples/sample" --weights out/quickstart.safetensors --prompt "ROMEO:" --tokens 400 --temperature 0.8 --top-k 40
+echo "== training models::quickstart_bpe on out/shakespeare =="
+steps=(--steps 600)   # unless the caller passes --steps (1200 overfits: see README)
+for arg in "$@"; do [[ "$arg" == --steps || "$arg" == --steps=* ]] && steps=(); done
+"$build_dir/examples/train_gpt" --data out/shakespeare "${steps[@]}" --out out/quickstart_bpe.safetensors "$@"
+echo
+echo "== sampling from out/quickstart_bpe.safetensors =="
+"$build_dir/examples/sample" --weights out/quickstart_bpe.safetensors --prompt "ROMEO:" --tokens 200 --temperature 0.8 --top-k 40
