@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
                  "default: the one recorded in the weights, if any)");
   app.add_option("--tokens", o.tokens, "tokens to generate (bytes for a byte-level model)")->check(CLI::NonNegativeNumber);
   app.add_option("--temperature", o.temperature, "sampling temperature (> 0)");
-  app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)");
   app.add_option("--seed", o.seed, "seed of the sampling draws");
   try {
     app.parse(argc, argv);
@@ -93,6 +93,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (o.top_k < 0)
+      throw loom::input_error("--top-k " + std::to_string(o.top_k) + " is negative; pass --top-k 0 to sample from all tokens, or k >= 1");
+    if (!(o.temperature > 0)) {
+      char got[32];
+      std::snprintf(got, sizeof got, "%g", o.temperature);
+      throw loom::input_error(std::string("--temperature must be > 0 (got ") + got +
+                              "); lower values (e.g. 0.5) make the text more predictable, 1 samples the model as trained");
+    }
     const loom::io::safetensors_reader file(o.weights);
     const auto it = file.metadata().find("model");
     const std::string name = it == file.metadata().end() ? "" : it->second;

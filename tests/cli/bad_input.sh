@@ -59,6 +59,7 @@ s="$bin/sample"
 expect_error "cannot open" "$s" --weights "$work/missing.safetensors"
 expect_error "not a safetensors file|truncated" "$s" --weights "$work/ok.txt"
 expect_error "temperature" "$s" --weights "$work/w.safetensors" --temperature 0
+expect_error "--top-k -1 is negative; pass --top-k 0" "$s" --weights "$work/w.safetensors" --top-k -1
 expect_error "not expected|--nope" "$s" --weights "$work/w.safetensors" --nope 3
 head -c 100 "$work/w.safetensors" > "$work/cut.safetensors"
 expect_error "truncated|safetensors" "$s" --weights "$work/cut.safetensors"
