@@ -98,6 +98,7 @@ struct options {
   double bucket_mb = 1.0;
   bool no_overlap = false, zero1 = false;
   long replica_check_every = 100;
+  double comm_timeout = 600;  // seconds a collective may take before the run ends with an error naming it
 };
 
 /// Where a run resumed from `resume` keeps saving: the run's root (the parent of a
@@ -417,6 +418,12 @@ int run(const options& o, World* world) {
   return 0;
 }
 
+inline loom::parallel::comm_options comm_options_of(const options& o) {
+  loom::parallel::comm_options c;
+  c.timeout = std::chrono::milliseconds(static_cast<long long>(o.comm_timeout * 1000));
+  return c;
+}
+
 /// Runs by_model(world) on every rank: a single rank without a communicator, --ranks N threads
 /// (each with its share of the OpenMP threads), or one MPI process per rank. Returns rank 0's
 /// exit status; an exception on any rank ends the run (the others are released) and is rethrown.
@@ -433,7 +440,7 @@ int run_ranks(const options& o, int& argc, char**& argv, F&& by_model) {
       if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
         omp_set_num_threads(std::max(1, omp_get_max_threads() / std::max(1, std::atoi(local))));
 #endif
-    auto world = env.world();
+    auto world = env.world(comm_options_of(o));
     return by_model(&world);
 #else
     (void)argc;
@@ -447,13 +454,16 @@ int run_ranks(const options& o, int& argc, char**& argv, F&& by_model) {
 #ifdef _OPENMP
   const int threads = std::max(1, omp_get_max_threads() / o.ranks);
 #endif
-  loom::comm::run_threads(o.ranks, [&](loom::comm::threads& world) {
+  loom::comm::run_threads(
+      o.ranks,
+      [&](loom::comm::threads& world) {
 #ifdef _OPENMP
-    omp_set_num_threads(threads);  // per rank thread: the ranks share the cores
+        omp_set_num_threads(threads);  // per rank thread: the ranks share the cores
 #endif
-    const int s = by_model(&world);
-    if (world.rank() == 0) status = s;
-  });
+        const int s = by_model(&world);
+        if (world.rank() == 0) status = s;
+      },
+      comm_options_of(o));
   return status;
 }
 
@@ -521,6 +531,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-overlap", o.no_overlap,
                "data parallel: run each bucket's all-reduce where it would start, blocking (communication not hidden)");
   app.add_flag("--zero1", o.zero1, "data parallel: shard the AdamW moments across ranks (ZeRO stage 1)");
+  app.add_option("--comm-timeout", o.comm_timeout,
+                 "data parallel: seconds a collective may wait for the other ranks before the run stops with an "
+                 "error naming them (0: wait forever)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--replica-check-every", o.replica_check_every,
                  "data parallel: compare a parameter checksum across ranks every N steps (0: never)")
       ->check(CLI::NonNegativeNumber);
