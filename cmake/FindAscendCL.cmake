@@ -1,9 +1,11 @@
 # FindAscendCL: the Huawei CANN toolkit (AscendCL runtime, HCCL collectives, aclnn operators).
-# Placeholder for the Ascend issue: it only locates the toolkit and makes imported targets.
+# loom needs it only for -DLOOM_ASCEND_USE_CANN_HEADERS=ON (compile against the vendor headers so
+# API drift is a compile error); loom never links these libraries — it dlopens them at run time
+# (include/loom/device/ascend_runtime.hpp). The imported library targets are for other users.
 #
-# Search order for the toolkit root:
-#   -DASCEND_TOOLKIT_HOME=...  or  $ENV{ASCEND_TOOLKIT_HOME}  (set by CANN's set_env.sh)
-#   /usr/local/Ascend/ascend-toolkit/latest,  /usr/local/Ascend/latest,  /usr/local/Ascend
+# Search order for the toolkit root (loom's API reference §4.1 "practical rule"):
+#   -DASCEND_TOOLKIT_HOME=...,  $ENV{ASCEND_HOME_PATH},  $ENV{ASCEND_TOOLKIT_HOME}  (set_env.sh)
+#   /usr/local/Ascend/cann,  /usr/local/Ascend/ascend-toolkit/latest,  /usr/local/Ascend/latest
 #
 # Result variables: AscendCL_FOUND, AscendCL_INCLUDE_DIR, AscendCL_LIBRARY, AscendCL_ROOT.
 # Imported targets:
@@ -11,8 +13,9 @@
 #   AscendCL::hccl       libhccl      (when present)
 #   AscendCL::opapi      libopapi + libnnopbase, the aclnn operator API (when present)
 set(_ascend_hints "")
-foreach(_root IN ITEMS "${ASCEND_TOOLKIT_HOME}" "$ENV{ASCEND_TOOLKIT_HOME}"
-                       /usr/local/Ascend/ascend-toolkit/latest /usr/local/Ascend/latest /usr/local/Ascend)
+foreach(_root IN ITEMS "${ASCEND_TOOLKIT_HOME}" "$ENV{ASCEND_HOME_PATH}" "$ENV{ASCEND_TOOLKIT_HOME}"
+                       /usr/local/Ascend/cann /usr/local/Ascend/ascend-toolkit/latest /usr/local/Ascend/latest
+                       /usr/local/Ascend)
   if(_root AND IS_DIRECTORY "${_root}")
     list(APPEND _ascend_hints "${_root}")
   endif()
@@ -29,7 +32,7 @@ mark_as_advanced(AscendCL_INCLUDE_DIR AscendCL_LIBRARY AscendCL_hccl_LIBRARY
 include(FindPackageHandleStandardArgs)
 find_package_handle_standard_args(AscendCL
   REQUIRED_VARS AscendCL_LIBRARY AscendCL_INCLUDE_DIR
-  REASON_FAILURE_MESSAGE "install the CANN toolkit and source its set_env.sh (sets ASCEND_TOOLKIT_HOME), or pass -DASCEND_TOOLKIT_HOME=<dir>")
+  REASON_FAILURE_MESSAGE "install the CANN toolkit and source its set_env.sh (sets ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME), or pass -DASCEND_TOOLKIT_HOME=<dir>, or configure with -DLOOM_ASCEND_USE_CANN_HEADERS=OFF (the default: loom's own declarations, no toolkit needed)")
 
 if(AscendCL_FOUND)
   get_filename_component(AscendCL_ROOT "${AscendCL_INCLUDE_DIR}/.." ABSOLUTE)

@@ -29,6 +29,14 @@ set(LOOM_ASCEND_EMULATION_ROOT "${_loom_emu_root}" CACHE INTERNAL "loom source r
 set(LOOM_ASCEND_EMULATION_HOME "${CMAKE_BINARY_DIR}/ascend_emulation" CACHE INTERNAL
     "fake CANN toolkit root holding the emulation libraries")
 
+# The fake toolkit also gets include/ (a link to emulation/include), so that
+# -DLOOM_ASCEND_USE_CANN_HEADERS=ON -DASCEND_TOOLKIT_HOME=<build>/ascend_emulation can be tried
+# against it (cmake/FindAscendCL.cmake finds include/acl/acl.h and lib64/libascendcl.so there).
+file(MAKE_DIRECTORY "${LOOM_ASCEND_EMULATION_HOME}/lib64")
+if(NOT EXISTS "${LOOM_ASCEND_EMULATION_HOME}/include")
+  file(CREATE_LINK "${_loom_emu_root}/emulation/include" "${LOOM_ASCEND_EMULATION_HOME}/include" SYMBOLIC)
+endif()
+
 find_package(Threads REQUIRED)
 set(_loom_emu_src "${_loom_emu_root}/emulation/src")
 function(_loom_emu_library target output)
