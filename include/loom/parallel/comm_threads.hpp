@@ -8,9 +8,10 @@
 /// its buffer pointers in its slot, barrier, each rank does 1/n of the work reading and writing the
 /// other ranks' buffers directly, barrier (Note [threads barrier] in detail/thread_group.hpp).
 ///   all_reduce      rank r owns elements [lo_r, hi_r) (n nearly equal parts on 64-byte
-///                   boundaries); for each 2048-element block it sums the n buffers in rank order
-///                   0..n-1 into an fp32/T accumulator held in L1, divides once for avg, rounds
-///                   once, and writes the result into all n buffers: a fused reduce-scatter +
+///                   boundaries); for each 64-element tile (sum/avg of 2-4 ranks; otherwise each
+///                   2048-element block) it sums the n buffers in rank order 0..n-1 into an
+///                   fp32/T accumulator held in registers/L1, divides once for avg, rounds once,
+///                   and writes the result into all n buffers (detail/reduce.hpp): a fused reduce-scatter +
 ///                   all-gather that reads and writes each buffer exactly once (the minimum memory
 ///                   traffic; a ring moves 2(n-1)/n of the buffer per rank per phase). The result
 ///                   is bitwise identical on every rank and from run to run.
