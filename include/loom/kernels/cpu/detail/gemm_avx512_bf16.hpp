@@ -76,44 +76,82 @@ inline const std::uint16_t* gemm_bits(const Eigen::bfloat16* p) noexcept {
   return reinterpret_cast<const std::uint16_t*>(p);
 }
 
-/// Packs `width`-wide words from pairs of rows: dst[p][i] = row(2p)[i] | row(2p+1)[i] << 16 for
-/// pairs p in [p0, p1), i < count; columns count..width and the missing odd row are zeros.
-/// src is the (rows >= K) x (>= count) row-major matrix whose pair index runs down its rows.
-inline void gemm_pack_interleave(std::uint32_t* dst, int width, const std::uint16_t* src, std::size_t ld, int K,
-                                 int p0, int p1, int count) {
+#if LOOM_GEMM_HAS_AVX512_BF16
+
+/// Bits of the first n of 16 (or 32) lanes.
+inline __mmask16 gemm_mask16(int n) noexcept { return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1); }
+inline __mmask32 gemm_mask32(int n) noexcept { return n >= 32 ? __mmask32(0xffffffffu) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1); }
+
+/// Packs `width`-wide words from pairs of rows: dst[p - p0][i] = row(2p)[i] | row(2p+1)[i] << 16
+/// for pairs p in [p0, p1), i < count; columns count..width and the missing row of an odd K are
+/// zeros. src: row-major, row stride ld, whose pair index runs down its rows (B (K,N) not
+/// transposed; A stored (K,M) under trans_a).
+LOOM_TARGET_AVX512_BF16 inline void gemm_pack_interleave(std::uint32_t* dst, int width, const std::uint16_t* src,
+                                                         std::size_t ld, int K, int p0, int p1, int count) {
+  constexpr __mmask16 all = 0xffff;
   for (int p = p0; p < p1; ++p, dst += width) {
     const std::uint16_t* r0 = src + std::size_t(2 * p) * ld;
-    if (2 * p + 1 < K) {
-      const std::uint16_t* r1 = r0 + ld;
-      for (int i = 0; i < count; ++i) dst[i] = std::uint32_t(r0[i]) | (std::uint32_t(r1[i]) << 16);
-    } else {
-      for (int i = 0; i < count; ++i) dst[i] = r0[i];
+    const bool odd_end = 2 * p + 1 >= K;
+    for (int i = 0; i < width; i += 16) {
+      const __mmask16 ml = gemm_mask16(count - i);
+      const __m512i lo = _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(ml, r0 + i));
+      __m512i w = lo;
+      if (!odd_end) {
+        const __m512i hi = _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(ml, r0 + ld + i));
+        w = _mm512_or_si512(lo, _mm512_maskz_slli_epi32(all, hi, 16));
+      }
+      _mm512_mask_storeu_epi32(dst + i, gemm_mask16(width - i), w);
     }
-    for (int i = count; i < width; ++i) dst[i] = 0;
   }
 }
 
-/// Packs `width`-wide words from rows whose pair index runs along the row: dst[p][i] =
-/// row(i)[2p] | row(i)[2p+1] << 16 for pairs p in [p0, p1), rows i < count (the missing
-/// element of an odd K is zero); rows count..width are zeros. A 32-bit transpose.
-inline void gemm_pack_transpose(std::uint32_t* dst, int width, const std::uint16_t* src, std::size_t ld, int K,
-                                int p0, int p1, int count) {
-  const int full = std::min(p1, K / 2);  // pairs with both elements present
-  for (int i = 0; i < count; ++i) {
-    const std::uint16_t* r = src + std::size_t(i) * ld;
-    std::uint32_t* d = dst + i;
-    for (int p = p0; p < full; ++p, d += width) {
-      std::uint32_t w;
-      std::memcpy(&w, r + 2 * p, sizeof w);
-      *d = w;
-    }
-    for (int p = std::max(p0, full); p < p1; ++p, d += width) *d = r[2 * p];
+/// In-register transpose of a 16x16 block of 32-bit words (r[i] lane j -> r[j] lane i).
+/// (Full-mask maskz_ forms: same instructions, no GCC 12 false -Wuninitialized.)
+LOOM_TARGET_AVX512_BF16 inline void gemm_transpose_16x16(__m512i r[16]) {
+  constexpr __mmask16 m16 = 0xffff;
+  constexpr __mmask8 m8 = 0xff;
+  __m512i t[16], u[16];
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_maskz_unpacklo_epi32(m16, r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_maskz_unpackhi_epi32(m16, r[2 * k], r[2 * k + 1]);
   }
-  for (int i = count; i < width; ++i)
-    for (int p = p0; p < p1; ++p) dst[std::size_t(p - p0) * width + i] = 0;
+  for (int k = 0; k < 4; ++k) {  // u[4k+c], lane L: column 4L+c, rows 4k..4k+3
+    u[4 * k + 0] = _mm512_maskz_unpacklo_epi64(m8, t[4 * k], t[4 * k + 2]);
+    u[4 * k + 1] = _mm512_maskz_unpackhi_epi64(m8, t[4 * k], t[4 * k + 2]);
+    u[4 * k + 2] = _mm512_maskz_unpacklo_epi64(m8, t[4 * k + 1], t[4 * k + 3]);
+    u[4 * k + 3] = _mm512_maskz_unpackhi_epi64(m8, t[4 * k + 1], t[4 * k + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // 4x4 transpose of 128-bit lanes
+    const __m512i v0 = _mm512_maskz_shuffle_i32x4(m16, u[c], u[4 + c], 0x44), v1 = _mm512_maskz_shuffle_i32x4(m16, u[c], u[4 + c], 0xee);
+    const __m512i v2 = _mm512_maskz_shuffle_i32x4(m16, u[8 + c], u[12 + c], 0x44);
+    const __m512i v3 = _mm512_maskz_shuffle_i32x4(m16, u[8 + c], u[12 + c], 0xee);
+    r[c] = _mm512_maskz_shuffle_i32x4(m16, v0, v2, 0x88);
+    r[4 + c] = _mm512_maskz_shuffle_i32x4(m16, v0, v2, 0xdd);
+    r[8 + c] = _mm512_maskz_shuffle_i32x4(m16, v1, v3, 0x88);
+    r[12 + c] = _mm512_maskz_shuffle_i32x4(m16, v1, v3, 0xdd);
+  }
 }
 
-#if LOOM_GEMM_HAS_AVX512_BF16
+/// Packs `width`-wide words from rows whose pair index runs along the row: dst[p - p0][i] =
+/// row(i)[2p] | row(i)[2p+1] << 16 for pairs p in [p0, p1), rows i < count (the missing element
+/// of an odd K is zero, never read); rows count..width are zeros. A 32-bit transpose done 16x16
+/// in registers (A (M,K) not transposed; B stored (N,K) under trans_b).
+LOOM_TARGET_AVX512_BF16 inline void gemm_pack_transpose(std::uint32_t* dst, int width, const std::uint16_t* src,
+                                                        std::size_t ld, int K, int p0, int p1, int count) {
+  for (int i0 = 0; i0 < width; i0 += 16) {
+    const __mmask16 ms = gemm_mask16(width - i0);
+    for (int p = p0; p < p1; p += 16) {
+      const __mmask32 ml = gemm_mask32(std::min(K - 2 * p, 2 * (p1 - p)));
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i0 + i < count ? _mm512_maskz_loadu_epi16(ml, src + std::size_t(i0 + i) * ld + 2 * p)
+                              : _mm512_setzero_si512();
+      gemm_transpose_16x16(r);
+      const int rows = std::min(16, p1 - p);
+      for (int j = 0; j < rows; ++j) _mm512_mask_storeu_epi32(dst + std::size_t(p - p0 + j) * width + i0, ms, r[j]);
+    }
+  }
+}
 
 /// 16 fp32 -> 16 bf16 bit patterns, round to nearest even; NaN -> quiet NaN with its sign.
 /// Bit-identical to Eigen::bfloat16(float) (float_to_bfloat16_rtne), subnormals included.
