@@ -105,6 +105,28 @@ LOOM_TARGET_AVX512_BF16 inline void gemm_pack_interleave(std::uint32_t* dst, int
   }
 }
 
+/// gemm_pack_interleave for a whole A block of 12-wide tiles (tile t at dst + t * tile_stride),
+/// walking each pair of rows once across all tiles (contiguous reads of the block's columns).
+LOOM_TARGET_AVX512_BF16 inline void gemm_pack_interleave_tiles(std::uint32_t* dst, std::size_t tile_stride,
+                                                               const std::uint16_t* src, std::size_t ld, int K, int p0,
+                                                               int p1, int count) {
+  constexpr __mmask16 all = 0xffff, twelve = 0x0fff;
+  for (int p = p0; p < p1; ++p) {
+    const std::uint16_t* r0 = src + std::size_t(2 * p) * ld;
+    const bool odd_end = 2 * p + 1 >= K;
+    std::uint32_t* d = dst + std::size_t(p - p0) * 12;
+    for (int i = 0; i < count; i += 12, d += tile_stride) {
+      const __mmask16 ml = gemm_mask16(std::min(12, count - i));
+      __m512i w = _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(ml, r0 + i));
+      if (!odd_end) {
+        const __m512i hi = _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(ml, r0 + ld + i));
+        w = _mm512_or_si512(w, _mm512_maskz_slli_epi32(all, hi, 16));
+      }
+      _mm512_mask_storeu_epi32(d, twelve, w);
+    }
+  }
+}
+
 /// In-register transpose of a 16x16 block of 32-bit words (r[i] lane j -> r[j] lane i).
 /// (Full-mask maskz_ forms: same instructions, no GCC 12 false -Wuninitialized.)
 LOOM_TARGET_AVX512_BF16 inline void gemm_transpose_16x16(__m512i r[16]) {
@@ -308,14 +330,15 @@ void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alp
       for (int kb = 0; kb < nkb; ++kb) {
         const int p0 = kb * KC, p1 = std::min(KP, p0 + KC), kpl = p1 - p0;
         if (!(nkb == 1 && packed_ib == ib)) {
-          for (int t = 0; t < tiles; ++t) {
-            const int mt = m0 + t * MR, cnt = std::min(MR, M - mt);
-            std::uint32_t* dst = ap + std::size_t(t) * MR * kpl;
-            if (trans_a)  // stored (K,M): the pair is two stored rows
-              gemm_pack_interleave(dst, MR, a_bits + mt, std::size_t(lda), K, p0, p1, cnt);
-            else  // stored (M,K): the pair runs along each stored row
-              gemm_pack_transpose(dst, MR, a_bits + std::size_t(mt) * lda, std::size_t(lda), K, p0, p1, cnt);
-          }
+          static_assert(MR == 12, "gemm_pack_interleave_tiles packs 12-wide tiles");
+          if (trans_a)  // stored (K,M): the pair is two stored rows
+            gemm_pack_interleave_tiles(ap, std::size_t(MR) * kpl, a_bits + m0, std::size_t(lda), K, p0, p1, mlen);
+          else  // stored (M,K): the pair runs along each stored row
+            for (int t = 0; t < tiles; ++t) {
+              const int mt = m0 + t * MR, cnt = std::min(MR, M - mt);
+              gemm_pack_transpose(ap + std::size_t(t) * MR * kpl, MR, a_bits + std::size_t(mt) * lda, std::size_t(lda),
+                                  K, p0, p1, cnt);
+            }
           packed_ib = nkb == 1 ? ib : -1;
         }
         const bool first = kb == 0, last = kb == nkb - 1;
