@@ -40,6 +40,7 @@
 #include <array>
 #include <chrono>
 #include <optional>
+#include <random>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -87,6 +88,7 @@ struct options {
   double time_budget = 0;  // seconds; 0 = none
   std::string log_dir = "out/logs", profile_steps;
   double peak_gflops = 0;  // 0 = measure at start-up
+  bool synthetic_data = false;  // isolation switch: train on in-memory random batches
   long summary_every = 500;
   // checkpoints (io/checkpoint.hpp, docs/checkpoint.md)
   std::string checkpoint_dir, resume, export_hf, init_from_hf;
@@ -191,6 +193,16 @@ int run(const options& o, World* world) {
   const std::size_t val_rows = std::max<std::size_t>(c.micro_batch, std::size_t(o.eval_windows) / c.micro_batch * c.micro_batch);
   std::span<const std::int32_t> batch;
   const std::vector<std::int32_t> val = src.validation_batch(val_rows);
+  // --synthetic-data: a few batches of uniform random ids made once and cycled, so a step never
+  // waits for the loader and the breakdown has no data_wait phase (docs/observability.md)
+  std::vector<std::vector<std::int32_t>> synthetic(o.synthetic_data ? 8 : 0);
+  for (std::size_t k = 0; k < synthetic.size(); ++k) {
+    const std::int64_t v = src.data_vocab() > 0 ? std::min<std::int64_t>(src.data_vocab(), M::vocab) : M::vocab;
+    std::mt19937_64 rng(o.seed + 1000003 * std::uint64_t(dp_rank) + k);  // each rank its own batches
+    std::uniform_int_distribution<std::int32_t> id(0, std::int32_t(v - 1));
+    synthetic[k].resize(tr.windows_per_step() * tr.window());
+    for (auto& t : synthetic[k]) t = id(rng);
+  }
 
   if (lead) {
     std::printf("model %s: %d layers, %d heads, width %d, %zu parameters | micro-batch %d x seq %d x accum %d%s = %zu tokens/step\n",
@@ -199,6 +211,9 @@ int run(const options& o, World* world) {
                 tr.tokens_per_step() * std::size_t(dp));
     std::printf("data %s | %ld steps, lr %.1e -> %.1e, warm-up %ld\n", src.describe().c_str(), o.steps, o.lr, o.min_lr,
                 o.warmup);
+    if (o.synthetic_data)
+      std::printf("--synthetic-data: training on %zu in-memory batches of random ids, cycled (validation still uses the data)\n",
+                  synthetic.size());
     if (const auto* s = tr.data_parallel()) {
       const auto m = s->memory();
       std::printf("data parallel: %d ranks (%s), %zu buckets of <= %.2f MiB, overlap %s%s | per rank: buckets %.1f MiB, "
@@ -347,7 +362,9 @@ int run(const options& o, World* world) {
     }
     trace.begin_step(step);
     timer.begin_step();
-    {
+    if (o.synthetic_data) {
+      batch = synthetic[std::size_t(step) % synthetic.size()];
+    } else {
       auto d = timer.scope(train::phase::data_wait);
       batch = src.next();  // valid until the next call
     }
@@ -503,6 +520,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-dir", o.log_dir, "TensorBoard events, metrics.jsonl and trace.json go here ('' = none)");
   app.add_option("--profile-steps", o.profile_steps, "record a Chrome/Perfetto timeline of steps A:B (half-open), off by default");
   app.add_option("--peak-gflops", o.peak_gflops, "fp32 peak for MFU (default: measured at start-up)");
+  app.add_flag("--synthetic-data", o.synthetic_data,
+               "isolation switch: train on 8 batches of random ids made once in memory (no loader, no data_wait); "
+               "shows whether data loading limits the step");
   app.add_option("--summary-every", o.summary_every, "steps between breakdown tables (0: never)");
   app.add_option("--out", o.out, "where to save the weights (default out/<model>.safetensors)");
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training (bytes for a text file)");
