@@ -67,9 +67,12 @@ struct step_breakdown {
 ///   step_breakdown b = timer.end_step();
 ///
 /// Clock: any type with a static now() returning a std::chrono::time_point (tests use a fake).
+/// Enabled = false compiles the timer out: every member is an empty inline function, end_step()
+/// returns an all-zero breakdown (null_step_timer; bench/bench_step_timer measures one against
+/// the other in one run).
 /// Nesting deeper than 16 levels charges the extra levels to the 16th level's phase. Single-threaded: one
 /// timer per training-loop thread. Never throws.
-template <class Clock = std::chrono::steady_clock>
+template <class Clock = std::chrono::steady_clock, bool Enabled = true>
 class basic_step_timer {
  public:
   /// RAII scope returned by scope(): leaves the phase when destroyed. Move-only.
@@ -90,6 +93,7 @@ class basic_step_timer {
 
   /// Starts a step: clears the breakdown, current phase = other.
   void begin_step() noexcept {
+    if constexpr (!Enabled) return;
     b_ = {};
     depth_ = 0;
     stack_[0] = phase::other;
@@ -97,12 +101,14 @@ class basic_step_timer {
   }
   /// Enters phase p until the matching leave().
   void enter(phase p) noexcept {
+    if constexpr (!Enabled) return;
     charge();
     if (depth_ + 1 < max_depth) stack_[++depth_] = p;
     else ++overflow_;  // too deep: keep charging the deepest tracked phase
   }
   /// Leaves the innermost phase (back to the enclosing one).
   void leave() noexcept {
+    if constexpr (!Enabled) return;
     charge();
     if (overflow_) --overflow_;
     else if (depth_ > 0) --depth_;
@@ -113,6 +119,7 @@ class basic_step_timer {
   }
   /// Ends the step; open scopes keep running into the next step's `other`.
   step_breakdown end_step() noexcept {
+    if constexpr (!Enabled) return {};
     charge();
     b_.total = std::chrono::duration<double>(last_ - start_).count();
     // Re-derive `other` so that the sum is exact despite floating-point accumulation order.
@@ -137,6 +144,8 @@ class basic_step_timer {
   typename Clock::time_point start_{}, last_{};
 };
 using step_timer = basic_step_timer<>;
+/// The step timer compiled out (same interface, no clock reads, zero breakdowns).
+using null_step_timer = basic_step_timer<std::chrono::steady_clock, false>;
 
 /// Model FLOPs per trained token, forward + backward: 6 N + 12 L T d.
 /// N = parameters without position embeddings (each multiplies once per token: 2 flops forward,
