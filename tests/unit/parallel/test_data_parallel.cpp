@@ -123,7 +123,7 @@ std::vector<double> run_dp(int dp, int grad_accum, const std::vector<batch>& bat
   return losses;
 }
 
-std::vector<double> run_single(int rows, const std::vector<batch>& batches, trainer_t& tr, context<device::cpu>& ctx) {
+std::vector<double> run_single(const std::vector<batch>& batches, trainer_t& tr, context<device::cpu>& ctx) {
   std::vector<double> losses;
   for (const auto& b : batches) losses.push_back(tr.step(ctx, b.in, b.tg).loss);
   return losses;
@@ -137,7 +137,7 @@ TEST_CASE("data parallel: DP=2 and DP=4 give the single-rank loss and every grad
   const std::vector<batch> one{random_batch(rows, 11, 0.2, 5)};  // padding only in the last rows: uneven counts
   context<device::cpu> ctx;
   trainer_t single(ctx, config(rows, 1));
-  const double want = run_single(rows, one, single, ctx)[0];
+  const double want = run_single(one, single, ctx)[0];
   for (int dp : {2, 4}) {
     for (double mb : {1e-3, 1.0}) {  // one bucket per group, and several groups per bucket
       INFO("dp " << dp << ", bucket " << mb << " MiB");
@@ -161,7 +161,7 @@ TEST_CASE("data parallel: 20 steps on 2 ranks follow the single-rank loss curve"
   for (int s = 0; s < 20; ++s) batches.push_back(random_batch(rows, 100 + std::uint64_t(s) % 3));
   context<device::cpu> ctx;
   trainer_t single(ctx, config(rows, 1));
-  const auto want = run_single(rows, batches, single, ctx);
+  const auto want = run_single(batches, single, ctx);
   const auto got = run_dp(2, 1, batches, rows, {}, [&](int, trainer_t& tr) {
     check_close(tr.model(), single.model(), false, 1e-4);
   });
@@ -181,7 +181,7 @@ TEST_CASE("data parallel: 4 micro-batches of B/4 per rank equal 1 batch of B, wi
   const std::vector<batch> one{random_batch(rows, 21, 0.6, 3), random_batch(rows, 22, 0.6, 3)};
   context<device::cpu> ctx;
   trainer_t single(ctx, config(rows, 1));
-  const auto want = run_single(rows, one, single, ctx);
+  const auto want = run_single(one, single, ctx);
   const auto got = run_dp(2, 4, one, rows, {}, [&](int, trainer_t& tr) {
     check_close(tr.model(), single.model(), true, 1e-5);
     check_close(tr.model(), single.model(), false, 1e-5);
