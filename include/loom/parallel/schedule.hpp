@@ -20,12 +20,18 @@
 /// (send_forward), receive the output gradient from stage s+1 (recv_backward) and send the input
 /// gradient to stage s-1 (send_backward). Messages between two stages flow in micro-batch order
 /// on each of the two channels (activations down, gradients up), so a receiver never needs to
-/// look at tags to tell micro-batches apart. The schedule assumes sends do not wait for their
-/// receiver (eager or asynchronous sends: comm::threads::send is eager; with MPI use buffered or
-/// nonblocking sends) — with rendezvous sends, send_forward followed by recv_backward on stage s
-/// and send_backward followed by recv_forward on stage s+1 wait for each other, which is why
-/// Megatron batches them into one send_forward_recv_backward call. simulate_schedule() checks
-/// deadlock freedom under the eager semantics.
+/// look at tags to tell micro-batches apart.
+///
+/// Send semantics. With eager (buffered) sends the plain order is deadlock-free. With rendezvous
+/// sends (MPI_Send may wait for the matching receive), it is not: in the steady state stage s
+/// sends an activation to s+1 and then waits for a gradient from s+1, while s+1 sends that
+/// gradient and then waits for the activation — each send waits for a receive the other side
+/// has not reached. Megatron avoids this by batching each such pair into one
+/// send_forward_recv_backward (batch_isend_irecv). loom orders the pair instead:
+/// one_f_one_b(..., p2p_order::rendezvous_safe), the default, swaps every adjacent
+/// (send, receive) pair with the same neighbour on odd stages into (receive, send), so on each
+/// link the even stage sends first and the odd stage receives first. simulate_schedule() proves the result deadlock-free
+/// under both semantics, and that the plain order deadlocks under rendezvous.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -104,6 +110,12 @@ constexpr double bubble_fraction(int stages, int micro_batches) {
   return double(stages - 1) / double(micro_batches + stages - 1);
 }
 
+/// How one_f_one_b orders a stage's adjacent (send, receive) pairs.
+enum class p2p_order : std::uint8_t {
+  plain,            ///< send first everywhere: deadlock-free only with eager sends
+  rendezvous_safe,  ///< odd stages receive first: deadlock-free with eager and rendezvous sends
+};
+
 /// The 1F1B action list of pipeline stage `stage` (0 = first, holds the embedding) of `stages`,
 /// for `micro_batches` micro-batches (m). Pure function; usable in constant expressions.
 ///
@@ -117,8 +129,15 @@ constexpr double bubble_fraction(int stages, int micro_batches) {
 /// forward 0, backward 0, forward 1, ... — gradient accumulation over micro-batches.
 /// Size: 2m compute actions + 2m transfers per existing neighbour.
 /// Works for any m >= 1; with m < stages the warm-up is cut to m and the bubble grows (see
-/// pipeline_fills). Throws loom::input_error for bad arguments (see warmup_depth).
-constexpr std::vector<pipe_action> one_f_one_b(int stages, int micro_batches, int stage) {
+/// pipeline_fills). With p2p_order::rendezvous_safe (default), on odd stages a send immediately
+/// followed by a receive on the same link (send_forward w+i / recv_backward i with stage s+1,
+/// send_backward i / recv_forward w+i+1 with stage s-1; different buffers) is swapped when the
+/// neighbour holds the mirrored pair adjacent (Megatron's send_forward_recv_backward /
+/// send_backward_recv_forward), so the two pairs meet in opposite orders; see the file comment.
+/// Cost O(m) per stage, O(m^2) for the rendezvous-safe order.
+/// Throws loom::input_error for bad arguments (see warmup_depth).
+constexpr std::vector<pipe_action> one_f_one_b(int stages, int micro_batches, int stage,
+                                               p2p_order order = p2p_order::rendezvous_safe) {
   detail::check_schedule_args(stages, micro_batches, stage, "one_f_one_b");
   const int m = micro_batches, w = warmup_depth(stages, m, stage);
   const bool first = stage == 0, last = stage == stages - 1;
@@ -140,6 +159,33 @@ constexpr std::vector<pipe_action> one_f_one_b(int stages, int micro_batches, in
     bwd(i);
   }
   for (int i = m - w; i < m; ++i) bwd(i);
+  if (order == p2p_order::rendezvous_safe && stage % 2 == 1) {
+    // Swap a same-link pair only where the neighbour holds the mirrored pair adjacent:
+    //   here (send_forward j, recv_backward i)  <->  stage+1: (send_backward i, recv_forward j)
+    //   here (send_backward i, recv_forward j)  <->  stage-1: (send_forward j, recv_backward i)
+    // Elsewhere (the warm-up/cool-down boundary when m is small) the receive depends on the send
+    // and must stay after it.
+    auto mirrored = [&](int peer, pipe_action a, pipe_action b) {
+      if (peer < 0 || peer >= stages) return false;
+      const auto other = one_f_one_b(stages, m, peer, p2p_order::plain);
+      for (std::size_t k = 0; k + 1 < other.size(); ++k)
+        if (other[k] == a) return other[k + 1] == b;
+      return false;
+    };
+    for (std::size_t i = 0; i + 1 < s.size(); ++i) {
+      const pipe_action x = s[i], y = s[i + 1];
+      bool swap = false;
+      if (x.op == pipe_op::send_forward && y.op == pipe_op::recv_backward)
+        swap = mirrored(stage + 1, {pipe_op::send_backward, y.micro}, {pipe_op::recv_forward, x.micro});
+      else if (x.op == pipe_op::send_backward && y.op == pipe_op::recv_forward)
+        swap = mirrored(stage - 1, {pipe_op::send_forward, y.micro}, {pipe_op::recv_backward, x.micro});
+      if (swap) {
+        s[i] = y;
+        s[i + 1] = x;
+        ++i;
+      }
+    }
+  }
   return s;
 }
 
@@ -183,9 +229,17 @@ struct schedule_trace {
   std::vector<int> peak_in_flight;     ///< per stage: most micro-batches forwarded, not yet backwarded
 };
 
+/// How simulate_schedule models a send.
+enum class send_semantics : std::uint8_t {
+  eager,       ///< a send returns at once (buffered); comm::threads
+  rendezvous,  ///< a send waits until the receiver is at the matching receive (MPI_Ssend; MPI_Send
+               ///< for messages above the eager limit)
+};
+
 /// Runs the schedules of all stages together as a discrete-event simulation: forward takes
-/// t_forward, backward t_backward, transfers take no time, sends never wait (eager), a receive
-/// waits for its matching send. Checks, per stage: every micro-batch's forward exactly once and
+/// t_forward, backward t_backward, transfers take no time, a receive waits for its matching
+/// send, and a send either returns at once (eager) or waits for the matching receive
+/// (rendezvous; then both complete together). Checks, per stage: every micro-batch's forward exactly once and
 /// before its backward; a forward only after its input arrived (stage > 0), a backward only
 /// after its output gradient arrived (last stage: after its own forward); a send only after the
 /// compute that produces it; messages taken in the order they were sent, with the expected
@@ -194,7 +248,7 @@ struct schedule_trace {
 /// default). Cost O(p * m) actions, O(p^2 * m) scans in the worst case.
 template <class ScheduleFn>
 schedule_trace simulate_schedule(int stages, int micro_batches, double t_forward, double t_backward,
-                                 ScheduleFn&& schedule) {
+                                 ScheduleFn&& schedule, send_semantics sends = send_semantics::eager) {
   detail::check_schedule_args(stages, micro_batches, 0, "simulate_schedule");
   const int p = stages, m = micro_batches;
   const auto P = std::size_t(p), Mb = std::size_t(m);
@@ -224,6 +278,16 @@ schedule_trace simulate_schedule(int stages, int micro_batches, double t_forward
     tr.problem = "stage " + std::to_string(s) + " action " + std::to_string(pc[std::size_t(s)]) + " (" +
                  std::string(to_string(a.op)) + " " + std::to_string(a.micro) + "): " + why;
     return tr;
+  };
+  // Rendezvous: the send on stage `from` may complete only while stage `to` is blocked at a
+  // receive; both then leave at the later of their two clocks (the receive itself completes when
+  // the receiver's turn comes, taking the message pushed by the send).
+  auto rendezvous = [&](std::size_t from, std::size_t to, pipe_op recv_op, int micro) {
+    if (pc[to] >= lists[to].size()) return false;
+    const pipe_action peer = lists[to][pc[to]];
+    if (peer.op != recv_op || peer.micro != micro) return false;  // not (yet) at the matching receive
+    clock[from] = clock[to] = std::max(clock[from], clock[to]);
+    return true;
   };
   bool progress = true;
   while (progress) {
@@ -284,11 +348,19 @@ schedule_trace simulate_schedule(int stages, int micro_batches, double t_forward
           case pipe_op::send_forward:
             if (s == p - 1) return fail(s, a, "the last stage has no next stage");
             if (!done_f[S][M]) return fail(s, a, "sends an activation its forward has not produced");
+            if (sends == send_semantics::rendezvous && !rendezvous(S, S + 1, pipe_op::recv_forward, a.micro)) {
+              ran = false;
+              break;
+            }
             down[S].push_back({a.micro, clock[S]});
             break;
           case pipe_op::send_backward:
             if (s == 0) return fail(s, a, "the first stage has no previous stage");
             if (!done_b[S][M]) return fail(s, a, "sends a gradient its backward has not produced");
+            if (sends == send_semantics::rendezvous && !rendezvous(S, S - 1, pipe_op::recv_backward, a.micro)) {
+              ran = false;
+              break;
+            }
             up[S - 1].push_back({a.micro, clock[S]});
             break;
         }
@@ -323,11 +395,13 @@ schedule_trace simulate_schedule(int stages, int micro_batches, double t_forward
   return tr;
 }
 
-/// simulate_schedule over one_f_one_b.
+/// simulate_schedule over one_f_one_b(stages, m, stage, order).
 inline schedule_trace simulate_one_f_one_b(int stages, int micro_batches, double t_forward = 1.0,
-                                           double t_backward = 2.0) {
-  return simulate_schedule(stages, micro_batches, t_forward, t_backward,
-                           [](int p, int m, int s) { return one_f_one_b(p, m, s); });
+                                           double t_backward = 2.0, p2p_order order = p2p_order::rendezvous_safe,
+                                           send_semantics sends = send_semantics::eager) {
+  return simulate_schedule(
+      stages, micro_batches, t_forward, t_backward, [order](int p, int m, int s) { return one_f_one_b(p, m, s, order); },
+      sends);
 }
 
 }  // namespace loom::parallel

@@ -50,12 +50,17 @@ TEST_CASE("one_f_one_b: the worked example of the file comment, 4 stages x 6 mic
 
 TEST_CASE("one_f_one_b: transfers sit around the compute actions, none at the pipeline ends") {
   using A = lp::pipe_action;
-  const auto mid = lp::one_f_one_b(3, 2, 1);  // warm-up 1
+  const auto mid = lp::one_f_one_b(3, 2, 1, lp::p2p_order::plain);  // warm-up 1
   const std::vector<A> expect{{pipe_op::recv_forward, 0},  {pipe_op::forward, 0},       {pipe_op::send_forward, 0},
                               {pipe_op::recv_forward, 1},  {pipe_op::forward, 1},       {pipe_op::send_forward, 1},
                               {pipe_op::recv_backward, 0}, {pipe_op::backward, 0},      {pipe_op::send_backward, 0},
                               {pipe_op::recv_backward, 1}, {pipe_op::backward, 1},      {pipe_op::send_backward, 1}};
   CHECK(mid == expect);
+  // rendezvous-safe: odd stage 1 receives the gradient from stage 2 before sending it the activation
+  auto safe = expect;
+  std::swap(safe[5], safe[6]);  // send_forward 1 <-> recv_backward 0 (same link, 1 <-> 2)
+  CHECK(lp::one_f_one_b(3, 2, 1) == safe);
+  CHECK(lp::one_f_one_b(3, 2, 0) == lp::one_f_one_b(3, 2, 0, lp::p2p_order::plain));  // even stages unchanged
   for (const auto& a : lp::one_f_one_b(3, 5, 0))
     CHECK((a.op != pipe_op::recv_forward && a.op != pipe_op::send_backward));
   for (const auto& a : lp::one_f_one_b(3, 5, 2))
@@ -128,6 +133,30 @@ TEST_CASE("one_f_one_b: the whole pipeline runs without deadlock, dependencies m
       for (int s = 0; s < p; ++s)
         CHECK(tr.idle_fraction[std::size_t(s)] == doctest::Approx(lp::bubble_fraction(p, m)).epsilon(1e-12));
     }
+}
+
+TEST_CASE("one_f_one_b: rendezvous sends deadlock the plain order, not the rendezvous-safe one") {
+  int plain_deadlocks = 0;
+  for (int p = 1; p <= 8; ++p)
+    for (int m = 1; m <= 24; ++m) {
+      CAPTURE(p);
+      CAPTURE(m);
+      const auto safe = lp::simulate_one_f_one_b(p, m, 1.0, 2.0, lp::p2p_order::rendezvous_safe,
+                                                 lp::send_semantics::rendezvous);
+      INFO(safe.problem);
+      REQUIRE(safe.ok);
+      CHECK(safe.makespan >= 3.0 * (m + p - 1) - 1e-9);  // waiting sends can only add idle time
+      const auto eager_plain = lp::simulate_one_f_one_b(p, m, 1.0, 2.0, lp::p2p_order::plain);
+      CHECK(eager_plain.ok);
+      const auto plain = lp::simulate_one_f_one_b(p, m, 1.0, 2.0, lp::p2p_order::plain, lp::send_semantics::rendezvous);
+      if (!plain.ok) {
+        ++plain_deadlocks;
+        CHECK(plain.problem.find("deadlock") != std::string::npos);
+      }
+    }
+  // the plain order deadlocks once a steady state exists (p >= 2 and m >= p)
+  CHECK_FALSE(lp::simulate_one_f_one_b(2, 2, 1.0, 2.0, lp::p2p_order::plain, lp::send_semantics::rendezvous).ok);
+  CHECK(plain_deadlocks > 100);
 }
 
 TEST_CASE("bubble_fraction: (p-1)/(m+p-1), also measured by the simulator with equal forward and backward") {
