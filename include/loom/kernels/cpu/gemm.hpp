@@ -111,7 +111,8 @@ void gemm(gemm_impl impl, bool trans_a, bool trans_b, int M, int N, int K, float
 /// Writes: C (=). beta == 0 means C is not read (BLAS convention: NaN/garbage in C is
 /// overwritten); beta == 1 accumulates (+=), e.g. into an fp32 gradient buffer.
 /// K == 0 or alpha == 0 gives C = beta * C without reading A or B.
-/// Threads: OpenMP (all threads of the enclosing team size); call it from outside a parallel region.
+/// Threads: omp_get_max_threads() OpenMP threads (bf16 kernel: products under 4e6 flops run on
+/// one; fallback: Eigen's own OpenMP GEMM). Inside a parallel region it runs on the calling thread.
 /// Numerics: the AVX512-BF16 path treats bf16 subnormal inputs (|x| < 2^-126) as zero (DAZ), as
 /// VDPBF16PS does; the fp32-convert path keeps them.
 /// Errors: loom::input_error for negative sizes, ld smaller than the stored row width, or null
