@@ -82,7 +82,7 @@ void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
   // one AdamW step with clipping, the optimizer running through ops::adamw on each device
   loom::optim::adamw_config cfg;
   loom::optim::adamw<cpu_model> copt(cctx, cfg);
-  loom::optim::adamw<npu_model> nopt(nctx, cfg);
+  loom::optim::adamw<npu_model> nopt(nctx, cfg, nm);
   const double cnorm = loom::optim::adamw<cpu_model>::grad_norm(cctx, cm);
   const double nnorm = loom::optim::adamw<npu_model>::grad_norm(nctx, nm);
   CHECK(nnorm == doctest::Approx(cnorm).epsilon(loss_rel));

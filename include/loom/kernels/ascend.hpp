@@ -27,6 +27,13 @@
 
 namespace loom::kernels {
 
+/// The Ascend kernels write parameter gradients in the storage type (aclnn GEMMs output their
+/// input dtype), so gradient buffers there are storage-typed until they accumulate in fp32.
+template <class P>
+struct gradient_type<device::ascend, P> {
+  using type = typename P::storage;
+};
+
 template <class T>
 struct ops<device::ascend, T> {
   using ctx_t = context<device::ascend>;
@@ -110,6 +117,21 @@ struct ops<device::ascend, T> {
                   "loom::kernels::ops<ascend, T>::all_finite: aclnnIsFinite has no kernel for this storage type on "
                   "Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     return ascend::all_finite(ctx, x, n);
+  }
+  /// dst = D(src), n values (aclnnInplaceCopy casts): parameters <-> master weights.
+  template <class D, class S>
+  static void cast(ctx_t& ctx, D* dst, const S* src, std::size_t n) {
+    if (n) ascend::copy(ctx, ascend::tensor(dst, ascend::dtype_of<D>(), {int64_t(n)}),
+                        ascend::tensor(src, ascend::dtype_of<S>(), {int64_t(n)}));
+  }
+  /// AdamW on fp32 master weights, then p = T(master) (ascend::adamw_master).
+  template <class M, class G>
+  static void adamw_master(ctx_t& ctx, T* p, M* master, M* m, M* v, const G* g, std::size_t n, M lr, M b1, M b2,
+                           M eps, M wd, M gscale, long t) {
+    static_assert(ascend::supports_v<ascend::op::adamw, T>,
+                  "loom::kernels::ops<ascend, T>::adamw_master: aclnnApplyAdamWV2/aclnnInplaceCopy have no kernel for "
+                  "this storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::adamw_master(ctx, p, master, m, v, g, n, lr, b1, b2, eps, wd, gscale, t);
   }
   template <class M>
   static void adamw(ctx_t& ctx, T* p, M* m, M* v, const T* g, std::size_t n, M lr, M b1, M b2, M eps, M wd, M gscale,

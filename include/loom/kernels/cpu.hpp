@@ -17,7 +17,8 @@
 
 namespace loom::kernels {
 
-/// CPU operator set for storage type T (float; double for the finite-difference tests).
+/// CPU operator set for storage type T (float, Eigen::bfloat16, Eigen::half; double for the
+/// finite-difference tests). Accumulation is fp32 (double for double) everywhere.
 /// Each member forwards to the kernel of the same name in loom::kernels::cpu, whose docstring
 /// gives shapes, write modes and cost.
 template <class T>
@@ -27,20 +28,24 @@ struct ops<device::cpu, T> {
   static void encoder_forward(ctx_t&, T* out, const std::int32_t* tok, const T* wte, const T* wpe, int B, int Tn, int C) {
     cpu::encoder_forward(out, tok, wte, wpe, B, Tn, C);
   }
-  static void encoder_backward(ctx_t&, T* dwte, T* dwpe, const T* dout, const std::int32_t* tok, int B, int Tn, int C) {
+  // Parameter gradients have their own type G (fp32 for 16-bit T; kernels::gradient_t).
+  template <class G>
+  static void encoder_backward(ctx_t&, G* dwte, G* dwpe, const T* dout, const std::int32_t* tok, int B, int Tn, int C) {
     cpu::encoder_backward(dwte, dwpe, dout, tok, B, Tn, C);
   }
   static void layernorm_forward(ctx_t&, T* out, acc* mean, acc* rstd, const T* in, const T* w, const T* b, int N, int C) {
     cpu::layernorm_forward(out, mean, rstd, in, w, b, N, C);
   }
-  static void layernorm_backward(ctx_t&, T* din, T* dw, T* db, const T* dout, const T* in, const T* w, const acc* mean,
+  template <class G>
+  static void layernorm_backward(ctx_t&, T* din, G* dw, G* db, const T* dout, const T* in, const T* w, const acc* mean,
                                  const acc* rstd, int N, int C) {
     cpu::layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, C);
   }
   static void matmul_forward(ctx_t&, T* out, const T* in, const T* w, const T* bias, int N, int C, int OC) {
     cpu::matmul_forward(out, in, w, bias, N, C, OC);
   }
-  static void matmul_backward(ctx_t&, T* din, T* dw, T* dbias, const T* dout, const T* in, const T* w, int N, int C, int OC,
+  template <class G>
+  static void matmul_backward(ctx_t&, T* din, G* dw, G* dbias, const T* dout, const T* in, const T* w, int N, int C, int OC,
                               bool accumulate_din) {
     cpu::matmul_backward(din, dw, dbias, dout, in, w, N, C, OC, accumulate_din);
   }
@@ -51,10 +56,23 @@ struct ops<device::cpu, T> {
                           bool write_dlogits, acc grad_scale) {
     return cpu::crossentropy_forward_backward(logits, losses, targets, N, V, Vp, write_dlogits, grad_scale);
   }
-  static double sum_of_squares(ctx_t&, const T* x, std::size_t n) { return cpu::sum_of_squares(x, n); }
+  template <class X>
+  static double sum_of_squares(ctx_t&, const X* x, std::size_t n) { return cpu::sum_of_squares(x, n); }
+  /// True when all n values are finite (the loss scaler's overflow check).
+  template <class X>
+  static bool all_finite(ctx_t&, const X* x, std::size_t n) { return cpu::all_finite(x, n); }
+  /// dst = D(src), n values (parameters <-> master weights).
+  template <class D, class S>
+  static void cast(ctx_t&, D* dst, const S* src, std::size_t n) { cpu::cast(dst, src, n); }
   template <class M>
   static void adamw(ctx_t&, T* p, M* m, M* v, const T* g, std::size_t n, M lr, M b1, M b2, M eps, M wd, M gscale, long t) {
     cpu::adamw_update(p, m, v, g, n, lr, b1, b2, eps, wd, gscale, t);
+  }
+  /// AdamW on fp32 master weights, then p = T(master) (kernels::cpu::adamw_update_master).
+  template <class M, class G>
+  static void adamw_master(ctx_t&, T* p, M* master, M* m, M* v, const G* g, std::size_t n, M lr, M b1, M b2, M eps,
+                           M wd, M gscale, long t) {
+    cpu::adamw_update_master(p, master, m, v, g, n, lr, b1, b2, eps, wd, gscale, t);
   }
 };
 

@@ -13,7 +13,7 @@
 namespace loom::kernels {
 
 /// Fused (flash-style) attention on the CPU, for float and double storage (the storage type
-/// is its own accumulator; other types reach the primary template's message).
+/// is its own accumulator); 16-bit storage has its own specialization below.
 /// Saved state: the (B,NH,T) log-sum-exp of each score row — B·NH·T elements instead of the
 /// reference's B·NH·T². Same argument order as attention<cpu, T, reference>, plus an
 /// optional key-padding mask and a backward overload that takes the forward's output.
@@ -45,6 +45,34 @@ struct attention<device::cpu, T, fused> {
   static void backward(context<device::cpu>&, T* dqkv, const T* dout, const T* qkv, const T* out, const acc* saved,
                        acc* scratch, int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
     cpu::attention_fused_backward(dqkv, dout, qkv, out, saved, scratch, B, Tn, C, NH, key_padding);
+  }
+};
+
+/// Fused attention for 16-bit storage (bfloat16, half): fp32 scores, softmax and accumulation,
+/// inputs and outputs rounded once (Note [fused attention in 16-bit storage] in
+/// kernels/cpu/attention_fused.hpp). Same interface as the float specialization; the saved
+/// log-sum-exp is fp32; no scratch (a per-thread workspace instead).
+template <class T>
+  requires(sizeof(T) == 2 && std::is_same_v<cpu::acc_t<T>, float>)
+struct attention<device::cpu, T, fused> {
+  using acc = float;
+  static constexpr std::size_t saved_elems(std::size_t B, std::size_t NH, std::size_t Tn) { return B * NH * Tn; }
+  static constexpr std::size_t scratch_elems(std::size_t, std::size_t) { return 0; }
+  /// out (B,T,C) =, saved (B,NH,T) = log-sum-exp (fp32); qkv (B,T,3C); key_padding (B,T) optional.
+  static void forward(context<device::cpu>&, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH,
+                      const std::uint8_t* key_padding = nullptr) {
+    cpu::attention_fused_forward_16(out, saved, qkv, B, Tn, C, NH, key_padding);
+  }
+  /// dqkv (B,T,3C) =; D = rowsum(dO .* O) recomputed from the scores.
+  static void backward(context<device::cpu>&, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc*, int B,
+                       int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    cpu::attention_fused_backward_16(dqkv, dout, qkv, static_cast<const T*>(nullptr), saved, B, Tn, C, NH,
+                                     key_padding);
+  }
+  /// dqkv (B,T,3C) =, given the forward's output `out` (B,T,C).
+  static void backward(context<device::cpu>&, T* dqkv, const T* dout, const T* qkv, const T* out, const acc* saved,
+                       acc*, int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    cpu::attention_fused_backward_16(dqkv, dout, qkv, out, saved, B, Tn, C, NH, key_padding);
   }
 };
 

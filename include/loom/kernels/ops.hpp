@@ -24,6 +24,18 @@ inline constexpr std::int32_t ignore_index = -1;
 struct reference {};  ///< materialises the (T,T) probabilities; O(B·NH·T²) saved memory
 struct fused {};      ///< flash-style, online softmax; O(B·NH·T) saved memory
 
+/// Element type of the parameter-gradient buffer for precision P on Device. The primary gives
+/// P::master: fp32 gradients for 16-bit storage, so accumulation over micro-batches and the
+/// gradient norm are fp32 (Note [gradient precision] in kernels/cpu/matmul.hpp); for fp32 and
+/// fp64 this is the storage type. A device whose kernels write storage-type parameter
+/// gradients specializes it (kernels/ascend.hpp).
+template <class Device, class P>
+struct gradient_type {
+  using type = typename P::master;
+};
+template <class Device, class P>
+using gradient_t = typename gradient_type<Device, P>::type;
+
 template <class Device, class T>
 struct ops {
   static_assert(dependent_false<Device, T>,

@@ -52,7 +52,7 @@ struct no_ready_hook {
 /// Layout>; Attn the attention implementation tag: kernels::fused (the default: flash-style,
 /// saves O(B·NH·T) statistics) or kernels::reference (unfused, saves the O(B·NH·T²)
 /// probabilities; for debugging and consistency checks).
-/// Memory: 2 * parameter_count * sizeof(storage) bytes, allocated once at construction.
+/// Memory: parameter_count * (sizeof(storage) + sizeof(grad_t)) bytes, allocated once at construction.
 /// Errors: construction throws what Device::allocate throws.
 template <models::model_config M, class Policy, class Attn = kernels::fused>
 class gpt {
@@ -66,6 +66,8 @@ class gpt {
   using ops = kernels::ops<device, storage_t>;
   using attention = kernels::attention<device, storage_t, Attn>;
   using acc_t = typename ops::acc;
+  /// Parameter-gradient element type: fp32 for 16-bit storage (kernels::gradient_t).
+  using grad_t = kernels::gradient_t<device, precision>;
 
   static_assert(parallel::fits<layout, M>());
   static_assert(kernels::coverage<device, precision>::ok);  // names a missing (operator, precision) pair
@@ -107,12 +109,12 @@ class gpt {
   }
 
   view<device, storage_t> parameters() const noexcept { return params_.all(); }
-  view<device, storage_t> gradients() const noexcept { return grads_.all(); }
+  view<device, grad_t> gradients() const noexcept { return grads_.all(); }
   /// The whole tensor `p` (all layers of this stage).
   view<device, storage_t> parameter(param p) const noexcept {
     return params_.all().subview(offsets[int(p)], table[int(p)].size());
   }
-  view<device, storage_t> gradient(param p) const noexcept {
+  view<device, grad_t> gradient(param p) const noexcept {
     return grads_.all().subview(offsets[int(p)], table[int(p)].size());
   }
   /// Zeroes every gradient (call once per optimizer step, before the first micro-batch).
@@ -229,7 +231,7 @@ class gpt {
     const std::size_t BT = std::size_t(B) * T, N = std::size_t(b) * t;
     const int n = int(N);
     // LM head (tied): dlnf = dlogits wte; dwte += dlogits^T lnf
-    ops::matmul_backward(ctx, p.dln, g(param::wte), nullptr, p.logits, p.lnf, w(param::wte), n, C, Vp, false);
+    ops::matmul_backward(ctx, p.dln, g(param::wte), static_cast<grad_t*>(nullptr), p.logits, p.lnf, w(param::wte), n, C, Vp, false);
     device::memset(p.dres, 0, N * C * sizeof(storage_t), ctx.stream);
     const storage_t* last = L > 0 ? p.residual3 + (L - 1) * BT * C : p.encoded;
     acc_t* stf = p.ln_stats + (2 * L) * 2 * BT;
@@ -273,8 +275,9 @@ class gpt {
  private:
   /// Pointer to tensor p (layer l's slice for per-layer tensors).
   storage_t* w(param p, int l = 0) const noexcept { return slice(params_.data(), p, l); }
-  storage_t* g(param p, int l = 0) const noexcept { return slice(grads_.data(), p, l); }
-  static storage_t* slice(storage_t* base, param p, int l) noexcept {
+  grad_t* g(param p, int l = 0) const noexcept { return slice(grads_.data(), p, l); }
+  template <class E>
+  static E* slice(E* base, param p, int l) noexcept {
     const auto& s = table[int(p)];
     const std::size_t per = s.ndim >= 2 && int(p) >= int(param::ln1_w) && int(p) <= int(param::fcproj_b)
                                 ? s.size() / std::size_t(s.shape[0])
@@ -283,7 +286,7 @@ class gpt {
   }
 
   buffer<device, storage_t> params_;
-  buffer<device, storage_t> grads_;
+  buffer<device, grad_t> grads_;
 };
 
 }  // namespace loom::nn

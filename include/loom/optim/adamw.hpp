@@ -8,6 +8,7 @@
 #include <loom/core/buffer.hpp>
 #include <loom/core/context.hpp>
 #include <loom/nn/params.hpp>
+#include <loom/precision/policy.hpp>
 
 namespace loom::optim {
 
@@ -28,15 +29,29 @@ inline double clip_coefficient(double norm, double max_norm) noexcept {
   return c < 1.0 ? c : 1.0;
 }
 
-/// AdamW state for model G (a loom::gpt): first and second moments in the master type, and
-/// the step count. Memory: 2 * G::num_parameters * sizeof(master) bytes.
+/// AdamW state for model G (a loom::gpt): first and second moments in the master type, the
+/// step count, and — when the storage is narrower than the master type (bf16, fp16;
+/// precision::has_master_copy_v) — fp32 master weights. With masters, the update runs on them
+/// and the model's parameters become their rounding to the storage type (Micikevicius et al.,
+/// "Mixed Precision Training", arXiv:1710.03740, §3.1).
+/// Memory: (2 + has_master_copy) * G::num_parameters * sizeof(master) bytes.
 template <class G>
 class adamw {
  public:
   using device = typename G::device;
   using master_t = typename G::precision::master;
+  static constexpr bool has_master = precision::has_master_copy_v<typename G::precision>;
 
-  adamw(context<device>& ctx, adamw_config cfg) : cfg_(cfg), m_(G::num_parameters, ctx.stream), v_(G::num_parameters, ctx.stream) {}
+  /// Moments zero; master weights (if any) copied from `model`'s parameters.
+  adamw(context<device>& ctx, adamw_config cfg, const G& model)
+      : cfg_(cfg), m_(G::num_parameters, ctx.stream), v_(G::num_parameters, ctx.stream),
+        master_(has_master ? G::num_parameters : 0, ctx.stream) {
+    sync_master_weights(ctx, model);
+  }
+  /// Without master weights the model is not needed at construction.
+  adamw(context<device>& ctx, adamw_config cfg)
+    requires(!has_master)
+      : cfg_(cfg), m_(G::num_parameters, ctx.stream), v_(G::num_parameters, ctx.stream), master_(0, ctx.stream) {}
 
   const adamw_config& config() const noexcept { return cfg_; }
   /// Completed optimizer steps (the t of bias correction is step() + 1 during an update).
@@ -50,6 +65,20 @@ class adamw {
   }
   view<device, master_t> first_moment() const noexcept { return m_.all(); }
   view<device, master_t> second_moment() const noexcept { return v_.all(); }
+  /// fp32 master weights (same layout as the parameters); only with has_master.
+  view<device, master_t> master_weights() const noexcept
+    requires(has_master)
+  {
+    return master_.all();
+  }
+  /// Master weights = the model's parameters, widened (after loading weights into the model
+  /// from elsewhere, e.g. io::import_gpt2). No-op without master weights.
+  void sync_master_weights(context<device>& ctx, const G& model) {
+    if constexpr (has_master) {
+      const auto p = model.parameters();
+      G::ops::cast(ctx, master_.data(), p.data(), p.size());
+    }
+  }
 
   /// Global L2 norm of all gradients of `model` (each tensor counted once), in double.
   static double grad_norm(context<device>& ctx, const G& model) {
@@ -58,8 +87,9 @@ class adamw {
   }
 
   /// One update at learning rate lr with the gradients of `model` multiplied by grad_scale
-  /// (clip coefficient and any unscaling). Updates the parameters and moments in place,
-  /// tensor by tensor so that weight decay follows the table. Increments step().
+  /// (clip coefficient and any unscaling). Updates the parameters (through the masters, when
+  /// kept) and moments in place, tensor by tensor so that weight decay follows the table.
+  /// Increments step().
   void update(context<device>& ctx, G& model, double lr, double grad_scale) {
     ++t_;
     for (int k = 0; k < nn::num_param_tensors; ++k) {
@@ -67,15 +97,20 @@ class adamw {
       const auto g = model.gradient(nn::param(k));
       const std::size_t off = G::offsets[k];
       const double wd = G::table[k].decay ? cfg_.weight_decay : 0.0;
-      G::ops::adamw(ctx, p.data(), m_.data() + off, v_.data() + off, g.data(), p.size(), master_t(lr),
-                    master_t(cfg_.beta1), master_t(cfg_.beta2), master_t(cfg_.eps), master_t(wd),
-                    master_t(grad_scale), t_);
+      if constexpr (has_master)
+        G::ops::adamw_master(ctx, p.data(), master_.data() + off, m_.data() + off, v_.data() + off, g.data(), p.size(),
+                             master_t(lr), master_t(cfg_.beta1), master_t(cfg_.beta2), master_t(cfg_.eps),
+                             master_t(wd), master_t(grad_scale), t_);
+      else
+        G::ops::adamw(ctx, p.data(), m_.data() + off, v_.data() + off, g.data(), p.size(), master_t(lr),
+                      master_t(cfg_.beta1), master_t(cfg_.beta2), master_t(cfg_.eps), master_t(wd),
+                      master_t(grad_scale), t_);
     }
   }
 
  private:
   adamw_config cfg_;
-  buffer<device, master_t> m_, v_;
+  buffer<device, master_t> m_, v_, master_;
   long t_ = 0;
 };
 

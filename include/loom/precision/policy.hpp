@@ -3,6 +3,8 @@
 #include <concepts>
 #include <string_view>
 
+#include <Eigen/Core>  // Eigen::bfloat16, Eigen::half
+
 namespace loom::precision {
 
 /// Requirements on a precision policy P:
@@ -39,6 +41,33 @@ struct fp32_ascend_matmul : fp32 {
   static constexpr bool deliberate_fp32_matmul = true;
 };
 static_assert(precision_policy<fp32_ascend_matmul>);
+
+/// bfloat16 storage (8 significand bits, fp32's exponent range): parameters and activations in
+/// memory are Eigen::bfloat16; reductions, GEMM accumulation, softmax, LayerNorm statistics and
+/// the loss are fp32; parameter gradients are accumulated in fp32 (kernels::gradient_t); the
+/// optimizer keeps fp32 master weights and fp32 AdamW moments and casts to bf16 after each update.
+/// No loss scaling needed: bf16 has fp32's range. See docs/precision.md.
+struct bf16 {
+  using storage = Eigen::bfloat16;
+  using compute = float;
+  using master = float;
+  static constexpr bool needs_loss_scaling = false;
+  static constexpr std::string_view name = "bf16";
+};
+static_assert(precision_policy<bf16>);
+
+/// IEEE half storage (11 significand bits, largest finite 65504, smallest normal 2^-14), with
+/// the same fp32 compute, gradients, master weights and moments as bf16. Small gradients
+/// underflow and large ones overflow in half, so training needs dynamic loss scaling: a
+/// train::trainer with fp16 and no loss scaler does not compile. See docs/precision.md.
+struct fp16 {
+  using storage = Eigen::half;
+  using compute = float;
+  using master = float;
+  static constexpr bool needs_loss_scaling = true;
+  static constexpr std::string_view name = "fp16";
+};
+static_assert(precision_policy<fp16>);
 
 /// IEEE double everywhere. Not a training policy: it runs the CPU kernels in float64 so
 /// tests can check gradients by central finite differences and compare against references.

@@ -13,6 +13,13 @@
 /// dp_rank/dp_size); the token count, the loss and the gradients are summed over the group
 /// (parallel/data_parallel.hpp: buckets all-reduced while backward runs, optional ZeRO-1), so
 /// loss, gradient norm and update equal one rank's on the whole global batch.
+///
+/// Mixed precision (docs/precision.md): with a loss scaler (template argument Scaler =
+/// train::dynamic_loss_scaler) the dlogits are multiplied by the scale S, the gradient norm is
+/// divided by S before clipping (unscale, then clip), and AdamW multiplies the gradients by
+/// clip/S. A step with a non-finite gradient is then skipped entirely: parameters, moments and
+/// the learning-rate schedule (which follows the optimizer's step count) stay as they were,
+/// and S is lowered. An fp16 trainer without a loss scaler does not compile.
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -29,6 +36,7 @@
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
 #include <loom/parallel/data_parallel.hpp>
+#include <loom/train/loss_scaler.hpp>
 #include <loom/train/metrics.hpp>
 
 namespace loom::train {
@@ -41,6 +49,7 @@ struct trainer_config {
   optim::cosine_schedule schedule; ///< learning rate per step
   optim::adamw_config adamw;       ///< AdamW and clipping
   std::uint64_t seed = 1337;       ///< parameter initialisation seed
+  loss_scaler_config loss_scaler;  ///< dynamic loss scaling (used when the trainer has a loss scaler)
 };
 
 /// What one optimizer step did.
@@ -50,6 +59,8 @@ struct step_result {
   double lr = 0;          ///< learning rate used
   bool skipped = false;   ///< true when the gradient norm was not finite: nothing was updated
   long tokens = 0;        ///< non-ignored target tokens in the global batch
+  double loss_scale = 1;  ///< loss scale S this step ran with (1 without a loss scaler)
+  std::string warning;    ///< the loss scaler's warning (scale reduced too often), else empty
 };
 
 /// Checks that every id in `ids` lies in [0, vocab) (or equals ignore for targets) and
@@ -63,13 +74,22 @@ inline void validate_tokens(std::span<const std::int32_t> ids, int vocab, std::s
                         " tokens or choose a model with a larger vocabulary");
 }
 
-template <models::model_config M, class Policy, int B, int T, class Attn = kernels::fused>
+/// Template arguments: M a models::model_config; Policy a loom::policy; B, T the micro-batch
+/// and sequence capacity; Attn the attention tag; Scaler train::no_loss_scaler (default) or
+/// train::dynamic_loss_scaler (required for fp16).
+template <models::model_config M, class Policy, int B, int T, class Attn = kernels::fused,
+          loss_scaler Scaler = no_loss_scaler>
 class trainer {
+  static_assert(!Policy::precision::needs_loss_scaling || Scaler::enabled,
+                "loom::train::trainer: fp16 needs a loss scaler (half-precision gradients underflow and overflow "
+                "without one): use train::trainer<M, Policy, B, T, Attn, train::dynamic_loss_scaler>");
+
  public:
   using model_t = nn::gpt<M, Policy, Attn>;
   using device = typename Policy::device;
   using acts_t = typename model_t::template activations<B, T>;
   using acc_t = typename model_t::acc_t;
+  using scaler_t = Scaler;
   static constexpr int micro_batch = B, seq_len = T;
 
   /// Data-parallel trainer over the group `dp` (every rank of it constructs one, with the same
@@ -87,7 +107,7 @@ class trainer {
   /// Allocates the model (initialised with cfg.seed), the optimizer state and the activation
   /// table. Throws loom::input_error for invalid settings.
   trainer(context<device>& ctx, trainer_config cfg)
-      : cfg_(cfg), model_(ctx, cfg.seed), opt_(ctx, cfg.adamw), acts_(ctx),
+      : cfg_(cfg), model_(ctx, cfg.seed), opt_(ctx, cfg.adamw, model_), scaler_(cfg.loss_scaler), acts_(ctx),
         inputs_(std::size_t(B) * T, ctx.stream), targets_(std::size_t(B) * T, ctx.stream),
         host_in_(std::size_t(cfg.grad_accum > 0 ? cfg.grad_accum : 1) * B * T),
         host_tg_(host_in_.size()) {
@@ -115,6 +135,14 @@ class trainer {
   /// The data-parallel engine, or null for a single-rank trainer.
   parallel::grad_sync<model_t>* data_parallel() const noexcept { return sync_.get(); }
   /// Completed optimizer steps (skipped steps count too: the schedule advances).
+  /// The loss scaler (its state() / set_state() go into checkpoints).
+  Scaler& loss_scaler() noexcept { return scaler_; }
+  const Scaler& loss_scaler() const noexcept { return scaler_; }
+  /// Master weights = parameters, after weights were loaded into model() from elsewhere
+  /// (e.g. io::import_gpt2). No-op for precisions without master weights.
+  void sync_master_weights(context<device>& ctx) { opt_.sync_master_weights(ctx, model_); }
+  /// Steps taken, skipped ones included. Without a loss scaler the schedule follows this
+  /// count (a skipped step advances it); with one it follows optimizer().step().
   long step_count() const noexcept { return step_; }
   void set_step_count(long s) noexcept { step_ = s; }
 
@@ -164,7 +192,8 @@ class trainer {
     }
     if (sync_) count = sync_->global_sum(count);  // every rank scales by the global count
     if (count == 0) throw input_error("every target of the global batch is ignored (-1); the batch holds no tokens to learn from");
-    const acc_t scale = acc_t(1) / acc_t(count);
+    const double loss_scale = scaler_.scale();
+    const acc_t scale = acc_t(loss_scale / double(count));
     model_.zero_grad(ctx);
     double loss_sum = 0;
     const int b = cfg_.micro_batch, t = cfg_.seq_len;
@@ -196,18 +225,23 @@ class trainer {
     mark(phase::optimizer, true);
     r.tokens = count;
     r.loss = loss_sum / double(count);
+    r.loss_scale = loss_scale;
     if (!sync_) r.grad_norm = opt_.grad_norm(ctx, model_);
-    r.lr = cfg_.schedule(step_);
+    r.grad_norm /= loss_scale;  // unscale, then clip: the norm of the scaled gradients (double) divided by S
+    r.lr = cfg_.schedule(Scaler::enabled ? opt_.step() : step_);
+    const bool finite = std::isfinite(r.grad_norm);
+    r.warning = scaler_.update(finite, step_);
     ++step_;
-    if (!std::isfinite(r.grad_norm)) {
-      r.skipped = true;  // parameters and moments untouched
+    const double coef = optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm) / loss_scale;
+    if (!finite) {
+      r.skipped = true;  // parameters and moments untouched (and, with a scaler, the schedule)
     } else if (sync_ && sync_->options().zero1) {
       const long t = opt_.step() + 1;
-      sync_->update(ctx, model_, cfg_.adamw, r.lr, optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm), t);
+      sync_->update(ctx, model_, cfg_.adamw, r.lr, coef, t);
       opt_.set_step(t);
       ctx.synchronize();
     } else {
-      opt_.update(ctx, model_, r.lr, optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm));
+      opt_.update(ctx, model_, r.lr, coef);
       ctx.synchronize();
     }
     mark(phase::optimizer, false);
@@ -258,6 +292,7 @@ class trainer {
   trainer_config cfg_;
   model_t model_;
   optim::adamw<model_t> opt_;
+  Scaler scaler_;
   acts_t acts_;
   buffer<device, std::int32_t> inputs_, targets_;
   std::vector<std::int32_t> host_in_, host_tg_;

@@ -50,6 +50,27 @@ void adamw(ctx_t& ctx, T* param, M* m, M* v, const T* grad, std::size_t n, M lr,
   if (!same) copy(ctx, tensor(ctx, param, dtype_of<T>(), {len}), var);
 }
 
+/// AdamW on fp32 master weights (mixed precision; see kernels::cpu::adamw_update_master):
+/// grad (type G) is cast to fp32 if needed, aclnnApplyAdamWV2 updates master, m, v, and
+/// param = T(master) (aclnnInplaceCopy casts).
+template <class T, class M, class G>
+void adamw_master(ctx_t& ctx, T* param, M* master, M* m, M* v, const G* grad, std::size_t n, M lr, M beta1, M beta2,
+                  M eps, M weight_decay, M grad_scale, long t) {
+  static_assert(std::is_same_v<M, float>, "loom::kernels::ops<ascend, T>::adamw_master: master weights must be float");
+  if (n == 0) return;
+  const int64_t len = int64_t(n);
+  scratch<M> gw(ctx, std::is_same_v<G, M> ? 0 : n);
+  const M* g = nullptr;
+  if constexpr (std::is_same_v<G, M>) {
+    g = grad;
+  } else {
+    copy(ctx, tensor(gw.data(), dtype_of<M>(), {len}), tensor(grad, dtype_of<G>(), {len}));
+    g = gw.data();
+  }
+  adamw<M, M>(ctx, master, m, v, g, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+  copy(ctx, tensor(param, dtype_of<T>(), {len}), tensor(master, dtype_of<M>(), {len}));
+}
+
 namespace detail {
 /// x(1,n) . x(n,1) in fp32 with x given as an fp32 device vector; returns the host value.
 inline float self_dot(ctx_t& ctx, const float* x, std::size_t n) {

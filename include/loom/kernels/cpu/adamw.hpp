@@ -31,6 +31,48 @@ void adamw_update(T* param, M* m, M* v, const T* grad, std::size_t n, M lr, M be
   }
 }
 
+/// One AdamW step on fp32 master weights (mixed precision): the same update as adamw_update,
+/// applied to `master`, then param[i] = T(master[i]) (round to nearest even). The parameters
+/// are only ever a rounding of the masters, so updates smaller than the storage's resolution
+/// accumulate in the masters instead of being lost (Micikevicius et al., "Mixed Precision
+/// Training", arXiv:1710.03740, §3.1).
+///   param (n) = ; master, m, v (n) updated in place; grad (n, type G, fp32 for 16-bit storage)
+///   read and multiplied by grad_scale (clip coefficient / loss scale). Cost: ~16 n flops.
+template <class T, class M, class G>
+void adamw_update_master(T* param, M* master, M* m, M* v, const G* grad, std::size_t n, M lr, M beta1, M beta2,
+                         M eps, M weight_decay, M grad_scale, long t) {
+  const M bc1 = M(1) - std::pow(beta1, M(t));
+  const M bc2 = M(1) - std::pow(beta2, M(t));
+  const M decay = M(1) - lr * weight_decay;
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < std::ptrdiff_t(n); ++i) {
+    const M g = M(grad[i]) * grad_scale;
+    const M mi = beta1 * m[i] + (M(1) - beta1) * g;
+    const M vi = beta2 * v[i] + (M(1) - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const M p = master[i] * decay - lr * (mi / bc1) / (std::sqrt(vi / bc2) + eps);
+    master[i] = p;
+    param[i] = T(p);
+  }
+}
+
+/// dst[i] = D(src[i]) for n values (casts between storage and master copies).
+template <class D, class S>
+void cast(D* dst, const S* src, std::size_t n) {
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < std::ptrdiff_t(n); ++i) dst[i] = D(src[i]);
+}
+
+/// True when none of the n values is NaN or infinite.
+template <class T>
+bool all_finite(const T* x, std::size_t n) {
+  bool ok = true;
+#pragma omp parallel for schedule(static) reduction(&& : ok)
+  for (std::ptrdiff_t i = 0; i < std::ptrdiff_t(n); ++i) ok = ok && std::isfinite(double(x[i]));
+  return ok;
+}
+
 /// Sum of squares of n values, accumulated in double in a fixed order (deterministic across
 /// runs and thread counts: fixed-size chunks, chunk partials added serially).
 template <class T>

@@ -10,7 +10,8 @@
 /// attention_traits.hpp. See docs/attention.md for the design and the measured speed.
 ///
 /// Note [fused attention storage]: the kernel accumulates in place in `out` and `dqkv`, so the
-/// storage type must be its own accumulator type (float or double — the CPU precisions).
+/// storage type must be its own accumulator type (float or double); bfloat16 and half go
+/// through the *_16 entry points (Note [fused attention in 16-bit storage]).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -19,6 +20,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <loom/core/error.hpp>
 #include <loom/kernels/cpu/attention_traits.hpp>
@@ -322,7 +324,119 @@ attention_shape<A> checked_shape(const char* what, int B, int Tn, int C, int NH,
   return {B, Tn, C, NH, hd, A(1) / std::sqrt(A(hd)), key_padding};
 }
 
+/// Per-thread fp32 workspace of the 16-bit attention paths, grown on first use and then reused
+/// (no allocation in steady state). See Note [fused attention in 16-bit storage].
+inline float* thread_workspace(std::size_t n) {
+  thread_local std::vector<float> w;
+  if (w.size() < n) w.resize(n);
+  return w.data();
+}
+
+/// Copies head h of batch b out of a (B,T,parts*C) tensor into a (T, parts*HD) fp32 block
+/// (part k of row t at [t*parts*HD + k*HD, ...)).
+template <class T>
+void gather_head(float* dst, const T* src, const attention_shape<float>& p, int b, int h, int parts) {
+  const std::size_t ld = std::size_t(parts) * p.C;
+  for (int t = 0; t < p.T; ++t)
+    for (int k = 0; k < parts; ++k) {
+      const T* s = src + (std::size_t(b) * p.T + t) * ld + std::size_t(k) * p.C + std::size_t(h) * p.hd;
+      float* d = dst + (std::size_t(t) * parts + k) * p.hd;
+      for (int i = 0; i < p.hd; ++i) d[i] = float(s[i]);
+    }
+}
+
+/// The inverse of gather_head: rounds the fp32 block to T into head h of batch b.
+template <class T>
+void scatter_head(T* dst, const float* src, const attention_shape<float>& p, int b, int h, int parts) {
+  const std::size_t ld = std::size_t(parts) * p.C;
+  for (int t = 0; t < p.T; ++t)
+    for (int k = 0; k < parts; ++k) {
+      T* d = dst + (std::size_t(b) * p.T + t) * ld + std::size_t(k) * p.C + std::size_t(h) * p.hd;
+      const float* s = src + (std::size_t(t) * parts + k) * p.hd;
+      for (int i = 0; i < p.hd; ++i) d[i] = T(s[i]);
+    }
+}
+
+/// The shape of one head as a (1, T, HD) problem with one head, for the fp32 tile kernels.
+inline attention_shape<float> one_head(const attention_shape<float>& p, int b) {
+  return {1, p.T, p.hd, 1, p.hd, p.scale, p.key_padding ? p.key_padding + std::size_t(b) * p.T : nullptr};
+}
+
+template <class Tr, class T>
+void fused_forward_16(T* out, float* lse, const T* qkv, const attention_shape<float>& p) {
+  constexpr int BQ = Tr::block_q;
+  const int heads = p.B * p.NH;
+  const std::size_t th = std::size_t(p.T) * p.hd;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int bh = 0; bh < heads; ++bh) {
+    const int b = bh / p.NH, h = bh % p.NH;
+    float* w = thread_workspace(4 * th + attention_max_tile_elems);
+    float *q = w, *o = w + 3 * th, *s = w + 4 * th;
+    gather_head(q, qkv, p, b, h, 3);
+    const auto p1 = one_head(p, b);
+    for (int i0 = 0; i0 < p.T; i0 += BQ) forward_tile<Tr>(o, lse + std::size_t(bh) * p.T, q, p1, 0, 0, i0, s);
+    scatter_head(out, o, p, b, h, 1);
+  }
+}
+
+template <class Tr, class T>
+void fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                       const attention_shape<float>& p) {
+  constexpr int BQ = Tr::block_q, BK = Tr::block_k;
+  const int heads = p.B * p.NH;
+  const std::size_t th = std::size_t(p.T) * p.hd;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int bh = 0; bh < heads; ++bh) {
+    const int b = bh / p.NH, h = bh % p.NH;
+    float* w = thread_workspace(9 * th + p.T + 2 * std::size_t(attention_max_tile_elems));
+    float *q = w, *dq = w + 3 * th, *dy = w + 6 * th, *o = w + 7 * th, *D = w + 8 * th;
+    float *s = D + p.T, *dp = s + attention_max_tile_elems;
+    gather_head(q, qkv, p, b, h, 3);
+    gather_head(dy, dout, p, b, h, 1);
+    if (out) gather_head(o, out, p, b, h, 1);
+    std::fill_n(dq, 3 * th, 0.0f);
+    const auto p1 = one_head(p, b);
+    const float* l = lse + std::size_t(bh) * p.T;
+    for (int i0 = 0; i0 < p.T; i0 += BQ) delta_tile<Tr>(D, dy, out ? o : nullptr, q, l, p1, 0, 0, i0, s, dp);
+    for (int j0 = 0; j0 < p.T; j0 += BK)
+      for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ)
+        backward_pair<Tr>(dq, dy, q, l, D, p1, 0, 0, i0, j0, s, dp, pair_dq | pair_dkv);
+    scatter_head(dqkv, dq, p, b, h, 3);
+  }
+}
+
 }  // namespace detail
+
+/// Note [fused attention in 16-bit storage]: for bfloat16 and half storage the fused kernel
+/// runs head by head: one thread gathers the head's q, k, v (and dO, O) into fp32 blocks,
+/// runs the same fp32 tile kernels as the float path (scores, online softmax, log-sum-exp and
+/// every accumulation in fp32), and rounds the head's output (or dq, dk, dv) to the storage
+/// type once. The only roundings are the 16-bit inputs and outputs themselves. Workspace:
+/// (4 T HD + one tile) floats per thread in forward, (9 T HD + T + two tiles) in backward, kept
+/// per thread across calls. Parallel over (batch, head) only, so B·NH should be >= the thread
+/// count (true for every model config here).
+
+/// Forward for 16-bit storage T (bfloat16, half): as attention_fused_forward below, with the
+/// log-sum-exp in fp32. See Note [fused attention in 16-bit storage].
+template <class T>
+void attention_fused_forward_16(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH,
+                                const std::uint8_t* key_padding = nullptr) {
+  const auto p = detail::checked_shape<float>("attention_fused_forward", B, Tn, C, NH, key_padding);
+  if (B == 0 || Tn == 0) return;
+  detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) { detail::fused_forward_16<Tr>(out, lse, qkv, p); });
+}
+
+/// Backward for 16-bit storage T: as attention_fused_backward below (out may be null), no
+/// scratch argument (per-thread workspace). See Note [fused attention in 16-bit storage].
+template <class T>
+void attention_fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B, int Tn,
+                                 int C, int NH, const std::uint8_t* key_padding = nullptr) {
+  const auto p = detail::checked_shape<float>("attention_fused_backward", B, Tn, C, NH, key_padding);
+  if (B == 0 || Tn == 0) return;
+  detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
+    detail::fused_backward_16<Tr>(dqkv, dout, qkv, out, lse, p);
+  });
+}
 
 /// Scratch elements (accumulator type) attention_fused_backward needs for `threads` OpenMP
 /// threads and sequence length T: T per thread for D, plus two score tiles per thread.

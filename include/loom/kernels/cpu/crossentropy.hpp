@@ -46,7 +46,8 @@ acc_t<T> crossentropy_forward_backward(T* logits, acc_t<T>* losses, const std::i
     total += loss;
     if (write_dlogits) {
       x = ((x.template cast<A>() - lse).exp() * grad_scale).template cast<T>();
-      row[tgt] = T(A(row[tgt]) - grad_scale);
+      // the target's (p - 1) in the accumulator, rounded once (matters for 16-bit storage)
+      row[tgt] = T((std::exp(target_logit - lse) - A(1)) * grad_scale);
       for (int v = V; v < Vp; ++v) row[v] = T(0);
     }
   }

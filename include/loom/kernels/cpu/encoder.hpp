@@ -23,10 +23,10 @@ void encoder_forward(T* out, const std::int32_t* tokens, const T* wte, const T* 
 }
 
 /// dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t,:] += dout[b,t,:]
-///   dwte (Vp,C) +=, dwpe (maxT,C) +=, dout (B,T,C). Serial over tokens (scatter-add), parallel
+///   dwte (Vp,C) +=, dwpe (maxT,C) += (type G: fp32 for 16-bit storage), dout (B,T,C). Serial over tokens (scatter-add), parallel
 ///   over channels, so the summation order is fixed and results are deterministic.
-template <class T>
-void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn,
+template <class T, class G = T>
+void encoder_backward(G* dwte, G* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn,
                       int C) {
 #pragma omp parallel for schedule(static)
   for (int c0 = 0; c0 < C; c0 += 16) {
@@ -34,11 +34,11 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* token
     for (int b = 0; b < B; ++b)
       for (int t = 0; t < Tn; ++t) {
         const T* d = dout + (std::size_t(b) * Tn + t) * C;
-        T* e = dwte + std::size_t(tokens[b * Tn + t]) * C;
-        T* p = dwpe + std::size_t(t) * C;
+        G* e = dwte + std::size_t(tokens[b * Tn + t]) * C;
+        G* p = dwpe + std::size_t(t) * C;
         for (int c = c0; c < c1; ++c) {
-          e[c] = T(acc_t<T>(e[c]) + acc_t<T>(d[c]));
-          p[c] = T(acc_t<T>(p[c]) + acc_t<T>(d[c]));
+          e[c] = G(acc_t<T>(e[c]) + acc_t<T>(d[c]));
+          p[c] = G(acc_t<T>(p[c]) + acc_t<T>(d[c]));
         }
       }
   }

@@ -35,11 +35,12 @@ void layernorm_forward(T* out, acc_t<T>* mean, acc_t<T>* rstd, const T* inp, con
 }
 
 /// Backward of layernorm_forward.
-///   dinp (N,C) += (it sits on the residual stream); dw (C) +=; db (C) +=;
+///   dinp (N,C) += (it sits on the residual stream); dw (C) +=; db (C) += (type G: fp32 for
+///   16-bit storage, Note [gradient precision] in matmul.hpp);
 ///   dout (N,C); inp (N,C); w (C); mean, rstd (N) as saved by forward.
 ///   dw/db are reduced over rows in a fixed order (deterministic). Cost: ~12 N C flops.
-template <class T>
-void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
+template <class T, class G = T>
+void layernorm_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w,
                         const acc_t<T>* mean, const acc_t<T>* rstd, int N, int C) {
   using A = acc_t<T>;
 #pragma omp parallel for schedule(static)
@@ -77,8 +78,8 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, cons
       }
     }
     for (int c = c0; c < c1; ++c) {
-      dw[c] = T(A(dw[c]) + sw[c - c0]);
-      db[c] = T(A(db[c]) + sb[c - c0]);
+      dw[c] = G(A(dw[c]) + sw[c - c0]);
+      db[c] = G(A(db[c]) + sb[c - c0]);
     }
   }
 }

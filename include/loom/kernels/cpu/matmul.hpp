@@ -1,40 +1,69 @@
 #pragma once
-/// \file Linear layer y = x W^T + b, forward and backward (CPU, Eigen GEMM).
-/// W is stored (OC, C) like torch.nn.Linear. GEMMs go through Eigen's blocked GEMM, which
-/// uses AVX-512/AVX2 FMA when the translation unit is compiled for it and OpenMP threads
-/// when compiled with -fopenmp (bench/bench_matmul measures it against OpenBLAS).
+/// \file Linear layer y = x W^T + b, forward and backward (CPU).
+/// W is stored (OC, C) like torch.nn.Linear. float and double go through Eigen's blocked GEMM,
+/// which uses AVX-512/AVX2 FMA when the translation unit is compiled for it and OpenMP threads
+/// when compiled with -fopenmp (bench/bench_matmul measures it against OpenBLAS). bfloat16 and
+/// half go through kernels::cpu::gemm (fp32 accumulation, one rounding on store).
+///
+/// Note [gradient precision]: the parameter gradients dw, dbias have their own type G, which
+/// is fp32 for half storage (kernels::gradient_t): they accumulate over micro-batches, and a
+/// bf16 sum stops growing once the addend is below 2^-8 of it. Activation gradients (dinp)
+/// keep the storage type T.
 #include <cstddef>
+#include <type_traits>
 
 #include <loom/kernels/cpu/common.hpp>
+#include <loom/kernels/cpu/detail/gemm_standin.hpp>
 
 namespace loom::kernels::cpu {
 
+/// True for the 16-bit storage types whose GEMMs go through kernels::cpu::gemm.
+template <class T>
+inline constexpr bool is_half_storage_v = std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, Eigen::half>;
+
 /// out (N,OC) = inp (N,C) * w(OC,C)^T + bias (OC); bias may be null. out is written (=).
+/// For 16-bit T the product and the bias are summed in fp32 and rounded once.
 /// Cost: 2 N C OC flops.
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
-  map<T> y(out, N, OC);
-  y.noalias() = cmap<T>(inp, N, C) * cmap<T>(w, OC, C).transpose();
-  if (bias) y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(bias, OC);
+  if constexpr (is_half_storage_v<T>) {
+    if (bias) {
+#pragma omp parallel for schedule(static)
+      for (int n = 0; n < N; ++n) std::copy(bias, bias + OC, out + std::size_t(n) * OC);
+    }
+    gemm<T>(false, true, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f, out, OC);
+  } else {
+    map<T> y(out, N, OC);
+    y.noalias() = cmap<T>(inp, N, C) * cmap<T>(w, OC, C).transpose();
+    if (bias) y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(bias, OC);
+  }
 }
 
 /// Backward of matmul_forward.
 ///   dinp (N,C) += dout * w   (= instead when accumulate_dinp is false; skipped when null)
-///   dw (OC,C) += dout^T * inp
-///   dbias (OC) += column sums of dout (skipped when dbias is null)
-/// Cost: 4 N C OC flops.
-template <class T>
-void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N,
-                     int C, int OC, bool accumulate_dinp = true) {
-  cmap<T> dy(dout, N, OC);
-  if (dinp && accumulate_dinp) map<T>(dinp, N, C).noalias() += dy * cmap<T>(w, OC, C);
-  if (dinp && !accumulate_dinp) map<T>(dinp, N, C).noalias() = dy * cmap<T>(w, OC, C);
-  map<T>(dw, OC, C).noalias() += dy.transpose() * cmap<T>(inp, N, C);
+///   dw (OC,C) += dout^T * inp            (type G: see Note [gradient precision])
+///   dbias (OC) += column sums of dout    (skipped when dbias is null)
+/// Sums are fp32 (double for double). Cost: 4 N C OC flops.
+template <class T, class G = T>
+void matmul_backward(T* dinp, G* dw, G* dbias, const T* dout, const T* inp, const T* w, int N, int C, int OC,
+                     bool accumulate_dinp = true) {
+  using A = acc_t<T>;
+  if constexpr (is_half_storage_v<T>) {
+    static_assert(std::is_same_v<G, float> || std::is_same_v<G, T>,
+                  "matmul_backward: 16-bit storage takes fp32 or storage-type parameter gradients");
+    if (dinp) gemm<T>(false, false, N, C, OC, 1.0f, dout, OC, w, C, accumulate_dinp ? 1.0f : 0.0f, dinp, C);
+    gemm<T>(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+  } else {
+    static_assert(std::is_same_v<G, T>, "matmul_backward: float/double storage takes gradients of the same type");
+    cmap<T> dy(dout, N, OC);
+    if (dinp && accumulate_dinp) map<T>(dinp, N, C).noalias() += dy * cmap<T>(w, OC, C);
+    if (dinp && !accumulate_dinp) map<T>(dinp, N, C).noalias() = dy * cmap<T>(w, OC, C);
+    map<T>(dw, OC, C).noalias() += dy.transpose() * cmap<T>(inp, N, C);
+  }
   if (dbias) {
     // column sums, reading dout row by row (contiguous, vectorised); fixed order
-    using A = acc_t<T>;
-    Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> db(dbias, OC);
-    db = (db.template cast<A>() + dy.template cast<A>().colwise().sum().array()).template cast<T>();
+    Eigen::Map<Eigen::Array<G, 1, Eigen::Dynamic>> db(dbias, OC);
+    db = (db.template cast<A>() + cmap<T>(dout, N, OC).template cast<A>().colwise().sum().array()).template cast<G>();
   }
 }
 
