@@ -13,7 +13,7 @@
 #include <type_traits>
 
 #include <loom/kernels/cpu/common.hpp>
-#include <loom/kernels/cpu/detail/gemm_standin.hpp>
+#include <loom/kernels/cpu/gemm.hpp>
 
 namespace loom::kernels::cpu {
 
