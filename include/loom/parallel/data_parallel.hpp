@@ -38,7 +38,17 @@
 /// their own master weights; with a lower storage precision the fp32 masters would be sharded the
 /// same way (not implemented: the trainer is fp32 today). The reduction order is the same as the
 /// all-reduce's, so ZeRO-1 and plain DDP give bitwise equal parameters with comm::threads.
+///
+/// Note [DDP on a device communicator]. Buckets live in memory of the model's device, so a
+/// device communicator (comm::hccl on device::ascend) reduces them where they are. The few host
+/// scalars (the token count, the loss and norm sums, the replica checksums) are passed to the
+/// communicator directly when the device is device::cpu (comm::threads, comm::mpi: host memory,
+/// unchanged); on any other device they are staged through a small device buffer, because a
+/// device communicator takes device memory only. There they are all-gathered, doubles as their
+/// 64-bit patterns (HCCL has no fp64 reduction), and summed on the host in rank order 0..n-1:
+/// the order of the threads backend's sum, so every rank gets the same bits.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -53,6 +63,7 @@
 #include <loom/core/buffer.hpp>
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
+#include <loom/device/cpu.hpp>
 #include <loom/nn/params.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/parallel/comm.hpp>
@@ -157,9 +168,9 @@ inline std::uint64_t checksum_bytes(const void* data, std::size_t bytes) noexcep
 }
 }  // namespace detail
 
-/// grad_sync over communicator C (comm::threads, comm::mpi, ...). See the file comment.
-/// Holds a reference to `comm`, which must outlive it and must not be used by another thread
-/// while a step runs. Memory: bucket buffers of about one gradient buffer (padded to n chunks),
+/// grad_sync over communicator C (comm::threads, comm::mpi, comm::hccl, ...). See the file comment.
+/// Holds references to `ctx` and `comm`, which must outlive it; `comm` must not be used by
+/// another thread while a step runs. Memory: bucket buffers of about one gradient buffer (padded to n chunks),
 /// plus with ZeRO-1 2/n of the AdamW moments.
 template <class G, class C>
   requires communicator_for<C, float>
@@ -172,7 +183,7 @@ class data_parallel final : public grad_sync<G> {
   static constexpr int L = G::L;
 
   /// Plans the buckets. Throws loom::input_error for bucket_mb <= 0 or check_every < 0.
-  data_parallel(context<device>& ctx, C& comm, ddp_options options) : comm_(&comm), opt_(options) {
+  data_parallel(context<device>& ctx, C& comm, ddp_options options) : ctx_(&ctx), comm_(&comm), opt_(options) {
     if (!(opt_.bucket_mb > 0))
       throw input_error("data parallel: bucket size " + std::to_string(opt_.bucket_mb) +
                         " MiB must be > 0; pass e.g. --bucket-mb 1");
@@ -231,7 +242,14 @@ class data_parallel final : public grad_sync<G> {
 
   long global_sum(long local) override {
     std::int64_t x = local;
-    comm_->all_reduce(std::span<std::int64_t>(&x, 1), reduce_op::sum);
+    if constexpr (host_scalars) {
+      comm_->all_reduce(std::span<std::int64_t>(&x, 1), reduce_op::sum);
+    } else {
+      std::vector<std::int64_t> all(static_cast<std::size_t>(size()));
+      gather_scalars(std::span<const std::int64_t>(&x, 1), std::span<std::int64_t>(all));
+      x = 0;
+      for (const auto v : all) x += v;
+    }
     return long(x);
   }
 
@@ -261,7 +279,19 @@ class data_parallel final : public grad_sync<G> {
       if (!opt_.zero1) unpack(ctx, b.staging.data(), model.gradients().data(), b);
       if (b.hi > b.lo) sums[1] += G::ops::sum_of_squares(ctx, b.staging.data() + b.lo, b.hi - b.lo);
     }
-    comm_->all_reduce(std::span<double>(sums, 2), reduce_op::sum);
+    if constexpr (host_scalars) {
+      comm_->all_reduce(std::span<double>(sums, 2), reduce_op::sum);
+    } else {  // Note [DDP on a device communicator]
+      const std::int64_t mine[2] = {std::bit_cast<std::int64_t>(sums[0]), std::bit_cast<std::int64_t>(sums[1])};
+      std::vector<std::int64_t> all(2 * std::size_t(size()));
+      gather_scalars(std::span<const std::int64_t>(mine, 2), std::span<std::int64_t>(all));
+      sums[0] = std::bit_cast<double>(all[0]);
+      sums[1] = std::bit_cast<double>(all[1]);
+      for (std::size_t j = 1; j < std::size_t(size()); ++j) {
+        sums[0] += std::bit_cast<double>(all[2 * j]);
+        sums[1] += std::bit_cast<double>(all[2 * j + 1]);
+      }
+    }
     return {sums[0], sums[1]};
   }
 
@@ -305,7 +335,8 @@ class data_parallel final : public grad_sync<G> {
       ctx.synchronize();
       mine[std::size_t(k)] = std::int64_t(detail::checksum_bytes(host.data(), p.bytes()));
     }
-    comm_->all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+    if constexpr (host_scalars) comm_->all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+    else gather_scalars(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
     for (int k = 0; k < K; ++k)
       for (int j = 1; j < size(); ++j)
         if (all[std::size_t(j) * K + k] != all[std::size_t(k)]) {
@@ -321,6 +352,22 @@ class data_parallel final : public grad_sync<G> {
   }
 
  private:
+  /// Host scalars go to the communicator as they are only on device::cpu (Note [DDP on a device
+  /// communicator]).
+  static constexpr bool host_scalars = std::is_same_v<device, loom::device::cpu>;
+
+  /// all = every rank's `mine` in rank order (all.size() == size() * mine.size()), host spans,
+  /// staged through device memory for a device communicator. Collective; synchronizes ctx_.
+  template <class T>
+  void gather_scalars(std::span<const T> mine, std::span<T> all) {
+    const std::size_t m = mine.size();
+    buffer<device, T> d(all.size(), ctx_->stream);
+    device::copy_to_device(d.data() + std::size_t(rank()) * m, mine.data(), m * sizeof(T), ctx_->stream);
+    comm_->all_gather(std::span<const T>(d.data() + std::size_t(rank()) * m, m), std::span<T>(d.data(), all.size()));
+    device::copy_to_host(all.data(), d.data(), all.size() * sizeof(T), ctx_->stream);
+    ctx_->synchronize();
+  }
+
   struct segment {
     std::size_t offset = 0;  ///< element offset in the parameter/gradient buffer
     std::size_t length = 0;  ///< elements
@@ -393,6 +440,7 @@ class data_parallel final : public grad_sync<G> {
     }
   }
 
+  context<device>* ctx_;
   C* comm_;
   ddp_options opt_;
   std::vector<bucket> buckets_;
