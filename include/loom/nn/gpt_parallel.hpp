@@ -114,12 +114,13 @@ constexpr std::size_t global_index(param p, int tp_rank, int stage, std::size_t 
 /// One rank's part of a GPT under Policy::layout = layout<TP, PP>: tensor-parallel rank
 /// tp_rank() of pipeline stage stage(). With layout<1,1> it computes what loom::gpt computes.
 ///
-/// Template arguments as loom::gpt. Communication goes through the groups passed to forward,
+/// Template arguments as loom::gpt (attention fused by default, as loom::gpt; each rank runs it
+/// on its NH/TP heads with width C/TP). Communication goes through the groups passed to forward,
 /// backward and the gradient helpers (explicit, never stored): `tp` is the tensor-parallel group
 /// (size TP, make_groups(...).tp), `pp` the pipeline group (size PP).
 /// Memory: 2 * num_parameters * sizeof(storage) bytes (+ one wte shard of scratch on the first
 /// and last stage when PP > 1), allocated at construction.
-template <models::model_config M, class Policy, class Attn = kernels::reference>
+template <models::model_config M, class Policy, class Attn = kernels::fused>
 class gpt_parallel {
  public:
   using model = M;
@@ -355,7 +356,7 @@ class gpt_parallel {
                               st2 + BT, n, C);
       parallel::row_parallel_linear_backward(ctx, datty, g(param::attproj_w, l), g(param::attproj_b, l), dres, atty,
                                              w(param::attproj_w, l), n, Cl, C, tp);
-      attention::backward(ctx, dqkv, datty, qkv, att, acts.ap(A::attn_scratch), b, t, Cl, NHl);
+      attention::backward(ctx, dqkv, datty, qkv, atty, att, acts.ap(A::attn_scratch), b, t, Cl, NHl);
       parallel::column_parallel_linear_backward(ctx, dln, g(param::qkv_w, l), g(param::qkv_b, l), dqkv, ln1,
                                                 w(param::qkv_w, l), n, C, 3 * Cl, tp);
       ops::layernorm_backward(ctx, dres, g(param::ln1_w, l), g(param::ln1_b, l), dln, residual, w(param::ln1_w, l), st1,
