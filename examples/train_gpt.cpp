@@ -27,6 +27,11 @@
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --ranks 2
 //   mpirun -np 2 train_gpt --data ../shared/data/tinyshakespeare.txt --comm mpi --zero1
 //
+// Precision (docs/precision.md): --precision bf16 stores weights and activations in bfloat16 with
+// fp32 accumulation, fp32 gradients and fp32 master weights; fp16 adds dynamic loss scaling
+// (logged as train/loss_scale; on the console whenever it changes). One rank only so far.
+//   train_gpt --data ../shared/data/tinyshakespeare.txt --precision bf16
+//
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or
 // malformed flag, a sequence length above the model's maximum) exits with status 2 and one
 // line naming the problem and the fix.
@@ -101,6 +106,7 @@ struct options {
   bool no_overlap = false, zero1 = false;
   long replica_check_every = 100;
   double comm_timeout = 600;  // seconds a collective may take before the run ends with an error naming it
+  std::string precision = "fp32";  // fp32 | bf16 | fp16 (docs/precision.md)
 };
 
 /// Where a run resumed from `resume` keeps saving: the run's root (the parent of a
@@ -127,11 +133,13 @@ inline void ensure_writable_directory(const std::filesystem::path& dir, const ch
 
 /// One rank's run. World is a communicator (comm::threads, comm::mpi) or std::nullptr_t for
 /// a single rank without data parallelism; only rank 0 prints, logs, evaluates and saves.
-template <class M, int B, int T, class World>
+template <class M, int B, int T, class World, class Prec = loom::precision::fp32>
 int run(const options& o, World* world) {
   using namespace loom;
-  using P = policy<device::cpu, precision::fp32>;
-  using trainer_t = train::trainer<M, P, B, T>;
+  using P = policy<device::cpu, Prec>;
+  // fp16 needs dynamic loss scaling (a trainer without it does not compile); bf16/fp32 run without
+  using scaler = std::conditional_t<Prec::needs_loss_scaling, train::dynamic_loss_scaler, train::no_loss_scaler>;
+  using trainer_t = train::trainer<M, P, B, T, kernels::fused, scaler>;
   constexpr bool is_parallel = !std::is_same_v<World, std::nullptr_t>;
   int dp = 1, dp_rank = 0;
   if constexpr (is_parallel) dp = world->size(), dp_rank = world->rank();
@@ -255,6 +263,7 @@ int run(const options& o, World* world) {
   } else {
     if (!o.init_from_hf.empty()) {
       io::import_gpt2(ctx, tr.model(), o.init_from_hf);
+      tr.sync_master_weights(ctx);  // bf16/fp16: the fp32 masters start from the imported weights
       if (lead) std::printf("initialised from the GPT-2 weights in %s\n", o.init_from_hf.c_str());
     }
     if (const auto old = io::list_checkpoints(ckpt_dir); !ckpt_dir.empty() && !old.empty())
@@ -276,6 +285,8 @@ int run(const options& o, World* world) {
   mem.add(memory_kind::gradients, tr.model().gradients().bytes());
   mem.add(memory_kind::optimizer, tr.data_parallel() ? tr.data_parallel()->memory().moments
                                                      : 2 * tr.optimizer().first_moment().bytes());
+  if constexpr (optim::adamw<typename trainer_t::model_t>::has_master)
+    mem.add(memory_kind::optimizer, tr.optimizer().master_weights().bytes());  // fp32 masters (bf16, fp16)
   mem.add(memory_kind::activations, tr.activations().bytes());
   // per rank, times the ranks: each rank measures with its share of the cores (only rank 0 prints)
   const double peak = dp * (o.peak_gflops > 0 ? o.peak_gflops : lead ? bench::measure_fp32_peak().gflops : 1.0);
@@ -369,6 +380,15 @@ int run(const options& o, World* world) {
       batch = src.next();  // valid until the next call
     }
     const auto r = tr.step(ctx, batch);
+    if constexpr (scaler::enabled) {  // the loss scale: in the logs every step, on the console when it changes
+      if (lead && (r.skipped || r.loss_scale != tr.loss_scaler().scale()))
+        con.message("step " + std::to_string(step) + (r.skipped ? ": non-finite gradients, step skipped" : "") +
+                    " | loss scale " + std::to_string(r.loss_scale) + " -> " + std::to_string(tr.loss_scaler().scale()));
+      if (!r.warning.empty()) warn(r.warning);
+      const io::scalar sc[] = {{"train/loss_scale", r.loss_scale}};
+      if (tb) tb->add_scalars(step, sc);
+      if (jsonl) jsonl->write_scalars(step, sc);
+    }
     const auto rec = metrics.record({.step = step, .tokens = r.tokens, .loss = r.loss, .lr = r.lr, .grad_norm = r.grad_norm,
                                      .skipped = r.skipped},
                                     timer.end_step());
@@ -491,7 +511,7 @@ int main(int argc, char** argv) {
   loom::device::configure_host_malloc_for_gemm();  // Eigen's GEMM buffers: reuse, don't re-fault (3x on big vocabularies)
   options o;
   CLI::App app{"train_gpt: train a GPT on a UTF-8 text file (byte tokens) or a prepare_data dataset (SentencePiece ids) "
-               "(CPU, fp32), then sample from it"};
+               "(CPU; fp32, bf16 or fp16), then sample from it"};
   app.add_option("--data", o.data, "UTF-8 text file (e.g. ../shared/data/tinyshakespeare.txt), or a dataset written by "
                                    "prepare_data: its prefix or its .idx/.bin (e.g. out/shakespeare)")->required();
   app.add_option("--model", o.model, "model config (default: quickstart for a text file, quickstart_bpe for a dataset)")
@@ -529,6 +549,9 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", o.prompt, "prompt for the sample");
   app.add_option("--temperature", o.temperature, "sampling temperature");
   app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)");
+  app.add_option("--precision", o.precision,
+                 "fp32, bf16 (16-bit weights/activations, fp32 masters) or fp16 (same, with dynamic loss scaling)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "save checkpoints here (step_NNNNNNNN/ directories and a 'latest' pointer; off by default)");
   app.add_option("--save-every", o.save_every, "steps between checkpoints (0: only at the end of the run)")
@@ -573,9 +596,20 @@ int main(int argc, char** argv) {
   try {
     if (app.count("--model") == 0 && loom::data::indexed_dataset_prefix(o.data)) o.model = "quickstart_bpe";
     auto by_model = [&](auto* world) {
-      if (o.model == "char_tiny") return run<loom::models::char_tiny, 8, 32>(o, world);
-      if (o.model == "quickstart_bpe") return run<loom::models::quickstart_bpe, 16, 128>(o, world);
-      return run<loom::models::quickstart, 16, 128>(o, world);
+      using W = std::remove_pointer_t<decltype(world)>;
+      auto go = [&]<class M, int B, int T>() {
+        if constexpr (std::is_same_v<W, std::nullptr_t>) {  // one rank: any precision
+          if (o.precision == "bf16") return run<M, B, T, W, loom::precision::bf16>(o, world);
+          if (o.precision == "fp16") return run<M, B, T, W, loom::precision::fp16>(o, world);
+        } else if (o.precision != "fp32") {
+          throw loom::input_error("--precision " + o.precision + " with data parallelism: multi-rank training runs in "
+                                  "fp32 so far; drop --precision or train on one rank");
+        }
+        return run<M, B, T, W>(o, world);
+      };
+      if (o.model == "char_tiny") return go.template operator()<loom::models::char_tiny, 8, 32>();
+      if (o.model == "quickstart_bpe") return go.template operator()<loom::models::quickstart_bpe, 16, 128>();
+      return go.template operator()<loom::models::quickstart, 16, 128>();
     };
     return run_ranks(o, argc, argv, by_model);
   } catch (const loom::input_error& e) {

@@ -72,6 +72,7 @@
 #include <loom/models/configs.hpp>
 #include <loom/nn/params.hpp>
 #include <loom/precision/policy.hpp>
+#include <loom/train/loss_scaler.hpp>
 
 namespace loom::io {
 
@@ -690,6 +691,19 @@ concept checkpointable_trainer = requires(T& t, const T& ct, long s) {
 
 namespace detail {
 
+/// The manifest's "loss_scaler" section: enabled, scale and the good-step counter (PyTorch's
+/// growth tracker) of a trainer with a dynamic loss scaler; {enabled: false, scale: 1, ...}
+/// otherwise.
+template <class Trainer>
+nlohmann::json loss_scaler_json(const Trainer& tr) {
+  if constexpr (requires { tr.loss_scaler().state(); Trainer::scaler_t::enabled; }) {
+    const auto st = tr.loss_scaler().state();
+    return {{"enabled", bool(Trainer::scaler_t::enabled)}, {"scale", st.scale}, {"growth_tracker", st.good_steps}};
+  } else {
+    return {{"enabled", false}, {"scale", 1.0}, {"growth_tracker", 0}};
+  }
+}
+
 /// Step 1 of a save: the rank file's tensor list and the manifest (without "files" and
 /// "checksum", which commit_checkpoint adds). With copy = false the tensors point into the
 /// trainer's memory (host-accessible devices only), which must not change until the file is
@@ -819,7 +833,7 @@ std::pair<rank_file, nlohmann::json> snapshot(context<typename Trainer::device>&
         {"decay_steps", cfg.schedule.decay_steps},
         {"step", step},
         {"next_lr", cfg.schedule(step)}}},
-      {"loss_scaler", {{"enabled", P::needs_loss_scaling}, {"scale", 1.0}, {"growth_tracker", 0}}},
+      {"loss_scaler", loss_scaler_json(tr)},
       {"rng", state.rng},
       {"data", state.data},
       {"extra", state.extra},
@@ -1057,8 +1071,27 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
   differs(tr_j, "seq_len", cfg.seq_len);
   differs(tr_j, "grad_accum", cfg.grad_accum);
 
+  // the loss scaler's state (scale, good steps), when both the checkpoint and this trainer have one
+  std::optional<train::loss_scaler_state> scaler_state;
+  if constexpr (requires { tr.loss_scaler().set_state(train::loss_scaler_state{}); Trainer::scaler_t::enabled; }) {
+    const auto ls = j.value("loss_scaler", nlohmann::json::object());
+    if (Trainer::scaler_t::enabled && ls.value("enabled", false)) {
+      try {
+        scaler_state = train::loss_scaler_state{ls.at("scale").get<double>(), ls.at("growth_tracker").get<long>()};
+      } catch (const nlohmann::json::exception&) {
+        throw detail::bad_checkpoint(dir, "its loss_scaler section has no numeric scale and growth_tracker");
+      }
+      if (!(scaler_state->scale > 0) || !std::isfinite(scaler_state->scale) || scaler_state->good_steps < 0)
+        throw detail::bad_checkpoint(dir, "its loss scale " + std::to_string(scaler_state->scale) + " is not positive and finite");
+    } else if (Trainer::scaler_t::enabled) {
+      out.warnings.push_back("the checkpoint has no loss scaler state: the loss scale starts again at its initial value");
+    }
+  }
+
   for (const auto& job : jobs) D::copy_to_device(job.dst, job.src.data(), job.src.size(), ctx.stream);
   ctx.synchronize();
+  if constexpr (requires { tr.loss_scaler().set_state(train::loss_scaler_state{}); })
+    if (scaler_state) tr.loss_scaler().set_state(*scaler_state);
   tr.set_step_count(out.step);
   optim.set_step(out.optimizer_step);
   out.manifest = std::move(j);

@@ -2,12 +2,16 @@
 /// \file Saving and loading a loom::gpt's parameters as a safetensors file.
 ///
 /// One tensor per row of the parameter table, under the table's name ("wte", "qkv_w", ...)
-/// with its shape, in storage precision (F32 for fp32); "__metadata__" records the model
+/// with its shape, in storage precision (F32 for fp32, BF16 / F16 for 16-bit storage; a 16-bit
+/// model loads any float dtype, rounding); "__metadata__" records the model
 /// config (name, n_layer, n_head, d_model, max_seq, vocab, vocab_padded) and the format
 /// version, so a file cannot be loaded into a model of another shape.
 #include <filesystem>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include <Eigen/Core>
 
 #include <loom/core/error.hpp>
 #include <loom/io/safetensors.hpp>
@@ -34,7 +38,12 @@ void save_weights(const G& model, const std::filesystem::path& path,
   for (int k = 0; k < nn::num_param_tensors; ++k) {
     const auto& spec = G::table[k];
     std::vector<std::int64_t> shape(spec.shape.begin(), spec.shape.begin() + spec.ndim);
-    w.add(std::string(spec.name), shape, model.parameter(nn::param(k)).span());
+    using T = typename G::storage_t;
+    if constexpr (std::is_floating_point_v<T>)
+      w.add(std::string(spec.name), shape, model.parameter(nn::param(k)).span());
+    else  // bfloat16 / half storage: the raw 16-bit values, dtype BF16 / F16
+      w.add_bytes(std::string(spec.name), std::is_same_v<T, Eigen::bfloat16> ? "BF16" : "F16", shape,
+                  std::as_bytes(model.parameter(nn::param(k)).span()));
   }
   for (const auto& [k, v] : model_metadata<typename G::model>()) w.set_metadata(k, v);
   for (const auto& [k, v] : extra) w.set_metadata(k, v);
@@ -68,7 +77,14 @@ void load_weights(G& model, const std::filesystem::path& path) {
     if (info.shape != shape)
       throw input_error("weights file '" + path.string() + "': tensor '" + name + "' has the wrong shape for model " +
                         std::string(M::name) + "; load it with the matching --model");
-    r.read_into(name, model.parameter(nn::param(k)).span());
+    using T = typename G::storage_t;
+    if constexpr (std::is_floating_point_v<T>) {
+      r.read_into(name, model.parameter(nn::param(k)).span());
+    } else {  // 16-bit storage: read as float (from any float dtype), round to T
+      const auto v = r.read<float>(name);
+      auto dst = model.parameter(nn::param(k));
+      for (std::size_t i = 0; i < v.size(); ++i) dst[i] = T(v[i]);
+    }
   }
 }
 
