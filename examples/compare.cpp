@@ -54,7 +54,7 @@ int run(const options& o) {
                         " has a vocabulary of " + std::to_string(M::vocab) + "; use --model quickstart or char_tiny");
     const data::byte_dataset text(o.data, T + 1);
     data::window_sampler sampler(text.train().size(), T + 1, o.seed);
-    std::vector<std::int32_t> w(std::size_t(B) * (T + 1));
+    std::vector<std::int32_t> w(std::size_t{B} * (T + 1));
     sampler.next(std::span<const std::uint8_t>(text.train()), std::span(w));
     for (int r = 0; r < B; ++r)
       for (int t = 0; t < T; ++t) {
