@@ -121,8 +121,8 @@ struct ops<device::ascend, T> {
   /// dst = D(src), n values (aclnnInplaceCopy casts): parameters <-> master weights.
   template <class D, class S>
   static void cast(ctx_t& ctx, D* dst, const S* src, std::size_t n) {
-    if (n) ascend::copy(ctx, ascend::tensor(dst, ascend::dtype_of<D>(), {int64_t(n)}),
-                        ascend::tensor(src, ascend::dtype_of<S>(), {int64_t(n)}));
+    if (n) ascend::copy(ctx, ascend::tensor(ctx, dst, ascend::dtype_of<D>(), {int64_t(n)}),
+                        ascend::tensor(ctx, src, ascend::dtype_of<S>(), {int64_t(n)}));
   }
   /// AdamW on fp32 master weights, then p = T(master) (ascend::adamw_master).
   template <class M, class G>

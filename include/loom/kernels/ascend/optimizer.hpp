@@ -64,11 +64,11 @@ void adamw_master(ctx_t& ctx, T* param, M* master, M* m, M* v, const G* grad, st
   if constexpr (std::is_same_v<G, M>) {
     g = grad;
   } else {
-    copy(ctx, tensor(gw.data(), dtype_of<M>(), {len}), tensor(grad, dtype_of<G>(), {len}));
+    copy(ctx, tensor(ctx, gw.data(), dtype_of<M>(), {len}), tensor(ctx, grad, dtype_of<G>(), {len}));
     g = gw.data();
   }
   adamw<M, M>(ctx, master, m, v, g, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
-  copy(ctx, tensor(param, dtype_of<T>(), {len}), tensor(master, dtype_of<M>(), {len}));
+  copy(ctx, tensor(ctx, param, dtype_of<T>(), {len}), tensor(ctx, master, dtype_of<M>(), {len}));
 }
 
 namespace detail {
