@@ -303,8 +303,17 @@ int run(const options& o, World* world) {
   std::optional<io::jsonl_writer> jsonl;
   if (!o.log_dir.empty() && lead) {
     std::filesystem::create_directories(o.log_dir);
+    const auto log_file = std::filesystem::path(o.log_dir) / "metrics.jsonl";
+    if (o.resume.empty() && std::filesystem::exists(log_file)) {
+      // A new run starts a new log (a resumed run continues its own); the old one is kept.
+      auto kept = log_file;
+      for (int k = 1; std::filesystem::exists(kept); ++k)
+        kept = std::filesystem::path(o.log_dir) / ("metrics.previous-" + std::to_string(k) + ".jsonl");
+      std::filesystem::rename(log_file, kept);
+      con.message("log: the previous run's " + log_file.string() + " is kept as " + kept.string());
+    }
     tb.emplace(o.log_dir);
-    jsonl.emplace(std::filesystem::path(o.log_dir) / "metrics.jsonl");
+    jsonl.emplace(log_file);
   }
   io::trace_recorder trace({.window = io::step_window::parse(lead ? o.profile_steps : std::string()),
                             .file = std::filesystem::path(o.log_dir.empty() ? "out" : o.log_dir) / "trace.json"});
@@ -411,10 +420,13 @@ int run(const options& o, World* world) {
   con.finish();
   // final validation over the whole validation split
   if (const auto all_val = src.validation_batch(src.validation_rows()); !all_val.empty()) {
-    const double nats = tr.evaluate(ctx, all_val);
+    const double nats = tr.evaluate(ctx, all_val), bpb = src.bits_per_byte(nats, all_val);
+    const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};  // the run's final word in the logs
+    if (tb) tb->add_scalars(step, sc);
+    if (jsonl) jsonl->write_scalars(step, sc);
     const std::string how = src.kind() == data::source_kind::indexed ? " (" + src.byte_counting_note() + ")" : "";
     std::printf("final validation (%zu windows) | val loss %.4f nats/token | %.4f bits/byte | trained %ld steps in %.0f s%s\n",
-                all_val.size() / tr.window(), nats, src.bits_per_byte(nats, all_val), step,
+                all_val.size() / tr.window(), nats, bpb, step,
                 std::chrono::duration<double>(clock::now() - t0).count(), how.c_str());
   }
   const auto parent = std::filesystem::path(out).parent_path();

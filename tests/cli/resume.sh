@@ -26,7 +26,8 @@ common=(--data "$data" --model char_tiny --eval-every 0 --sample-tokens 1 --peak
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"  # bitwise resumption holds for a fixed thread count
 
 # "step loss" lines of a metrics.jsonl, the loss printed exactly (shortest round-trip text)
-losses() { grep -o '"step":[0-9]*\|"train/loss":[^,}]*' "$1" | paste -d' ' - - | sed 's/"step"://; s/"train\/loss"://'; }
+# (only the training-step lines: validation lines, such as the end-of-run one, carry no train/loss)
+losses() { grep '"train/loss"' "$1" | grep -o '"step":[0-9]*\|"train/loss":[^,}]*' | paste -d' ' - - | sed 's/"step"://; s/"train\/loss"://'; }
 
 # --- 1. exact resume ----------------------------------------------------------------------------
 "$t" "${common[@]}" --steps 6 --log-dir "$work/a/logs" --out "$work/a/w.safetensors" \
