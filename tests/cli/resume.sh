@@ -68,7 +68,8 @@ for i in 1 2 3; do
     --checkpoint-dir "$d/ckpt" --save-every 1 --keep 2 > "$d.log" 2>&1 &
   pid=$!
   # wait for the first checkpoint, then kill at a random moment (steps and saves interleave)
-  for _ in $(seq 200); do [[ -e "$d/ckpt/latest" ]] && break; sleep 0.05; done
+  # (up to 60 s: under a loaded CI machine the first save can take longer than a few seconds)
+  for _ in $(seq 1200); do [[ -e "$d/ckpt/latest" ]] && break; sleep 0.05; done
   sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
   kill -9 "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null
