@@ -279,15 +279,13 @@ void fusion_table(int reps) {
   }, reps);
   // Control: the same row-block GEMM without the fusion (GELU afterwards over the whole),
   // which separates the effect of partitioning the GEMM by rows from that of the fusion.
+  // One block of rows [r0, r0+n) of the fc GEMM: the model's own matmul kernel on the block.
+  auto gemm_rows = [&](int r0, int n) {
+    k::matmul_forward(pre.data() + std::size_t(r0) * OC, x.data() + std::size_t(r0) * C, wf.data(), bf.data(), n, C, OC);
+  };
   auto blocked_gemm = [&](int rows) {
 #pragma omp parallel for schedule(static)
-    for (int r0 = 0; r0 < N; r0 += rows) {
-      const int n = std::min(rows, N - r0);
-      k::map<float>(pre.data() + std::size_t(r0) * OC, n, OC).noalias() =
-          k::cmap<float>(x.data() + std::size_t(r0) * C, n, C) * k::cmap<float>(wf.data(), OC, C).transpose();
-      k::map<float>(pre.data() + std::size_t(r0) * OC, n, OC).rowwise() +=
-          Eigen::Map<const Eigen::Matrix<float, 1, Eigen::Dynamic>>(bf.data(), OC);
-    }
+    for (int r0 = 0; r0 < N; r0 += rows) gemm_rows(r0, std::min(rows, N - r0));
   };
   fusion_row("control: 256-row-block GEMM, then GELU (unfused)", sep, time_ms([&] {
     blocked_gemm(256);
@@ -298,10 +296,7 @@ void fusion_table(int reps) {
 #pragma omp parallel for schedule(static)
       for (int r0 = 0; r0 < N; r0 += rows) {
         const int n = std::min(rows, N - r0);
-        k::map<float>(pre.data() + std::size_t(r0) * OC, n, OC).noalias() =
-            k::cmap<float>(x.data() + std::size_t(r0) * C, n, C) * k::cmap<float>(wf.data(), OC, C).transpose();
-        k::map<float>(pre.data() + std::size_t(r0) * OC, n, OC).rowwise() +=
-            Eigen::Map<const Eigen::Matrix<float, 1, Eigen::Dynamic>>(bf.data(), OC);
+        gemm_rows(r0, n);
         k::gelu_forward(post.data() + std::size_t(r0) * OC, pre.data() + std::size_t(r0) * OC, std::size_t(n) * OC);
       }
     }, reps));
