@@ -24,7 +24,7 @@ if [[ -f "$build_dir/CMakeCache.txt" ]] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=
   exit 1
 fi
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
-cmake --build "$build_dir" --target prepare_data train_gpt sample
+cmake --build "$build_dir" --target prepare_data train_gpt sample report
 mkdir -p out
 echo "== preparing $data -> out/shakespeare (clean, dedup, filter, BPE tokenizer, indexed dataset) =="
 "$build_dir/examples/prepare_data" --input "$data" --output-prefix out/shakespeare --vocab-size 8000
