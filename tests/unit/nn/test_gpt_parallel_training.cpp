@@ -1,9 +1,14 @@
 // 20 optimizer steps (AdamW, global-norm clipping active) of gpt_parallel on models::tiny_parallel
 // give the single-rank loss curve, for (TP, PP, DP) = (2,1,1), (1,2,1), (2,2,1), (2,2,2), and
 // the parameters after training match the single-rank ones gathered to global shape.
+// train::parallel_trainer (the 3D trainer) gives train::trainer's single-rank loss curve for the
+// eight (TP, PP, DP) layouts of issue 6; a non-finite gradient skips the step on every rank.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -15,6 +20,8 @@
 #include <loom/nn/gpt_parallel.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/parallel/comm_threads.hpp>
+#include <loom/train/parallel_trainer.hpp>
+#include <loom/train/trainer.hpp>
 
 namespace {
 
@@ -153,4 +160,163 @@ TEST_CASE("gpt_parallel training: 20 AdamW steps give the single-rank loss curve
   training_case<precision::fp32, 1, 2, 1>(3);
   training_case<precision::fp32, 2, 2, 1>(2);
   training_case<precision::fp32, 2, 2, 2>(2);
+}
+
+namespace {
+
+/// Windows (rows of T+1 ids) of step s's global batch of `rows` windows: the same pattern as
+/// step_batch (next token = token * 7 + 3 mod vocab, with noise), one padded target.
+std::vector<std::int32_t> step_windows(int s, int rows) {
+  std::vector<std::int32_t> w(std::size_t(rows) * (T + 1));
+  for (std::size_t i = 0; i < w.size(); ++i)
+    w[i] = i % (T + 1) != 0 && random_below(4, 12, std::uint64_t(s), i) != 0
+               ? std::int32_t((w[i - 1] * 7 + 3) % M::vocab)
+               : std::int32_t(random_below(M::vocab, 11, std::uint64_t(s), i));
+  return w;
+}
+
+train::trainer_config trainer_cfg(int grad_accum) {
+  train::trainer_config c;
+  c.micro_batch = B;
+  c.seq_len = T;
+  c.grad_accum = grad_accum;
+  c.schedule = {3e-3, 3e-4, 2, 6};
+  c.adamw = adam;
+  c.seed = 2024;
+  return c;
+}
+
+constexpr int trainer_steps = 6;
+
+/// The single-rank train::trainer's losses and norms over trainer_steps steps of `micro` micro-batches.
+std::pair<std::vector<double>, std::vector<double>> single_rank_trainer_curve(int micro) {
+  context<cpu> ctx;
+  train::trainer<M, policy<cpu, precision::fp32, layout<1, 1>>, B, T> tr(ctx, trainer_cfg(micro));
+  std::vector<double> losses, norms;
+  for (int s = 0; s < trainer_steps; ++s) {
+    const auto r = tr.step(ctx, step_windows(s, micro * B));
+    losses.push_back(r.loss);
+    norms.push_back(r.grad_norm);
+  }
+  return {losses, norms};
+}
+
+template <int TP, int PP>
+void parallel_trainer_case(int dp, int micro_per_replica) {
+  CAPTURE(TP);
+  CAPTURE(PP);
+  CAPTURE(dp);
+  const int m = micro_per_replica;
+  const auto [ref_loss, ref_norm] = single_rank_trainer_curve(m * dp);
+  using trainer_t = train::parallel_trainer<M, policy<cpu, precision::fp32, layout<TP, PP>>, B, T, comm::threads>;
+  const std::size_t world = std::size_t(TP * PP * dp);
+  std::vector<std::vector<train::step_result>> results(world);
+  std::vector<std::array<int, 3>> ranks(world);
+  std::vector<long> steps(world);
+  std::vector<std::array<double, 4>> phases(world);
+  comm::run_threads(int(world), [&](comm::threads& w) {
+    context<cpu> ctx;
+    trainer_t tr(ctx, trainer_cfg(m), w);
+    const auto me = std::size_t(w.rank());
+    ranks[me] = {tr.tp_rank(), tr.dp_rank(), tr.stage()};
+    tr.on_phase = [&](train::phase p, bool begin) {
+      if (!begin) return;  // count openings of forward, backward, exposed_comm, optimizer
+      if (p == train::phase::forward) phases[me][0] += 1;
+      if (p == train::phase::backward) phases[me][1] += 1;
+      if (p == train::phase::exposed_comm) phases[me][2] += 1;
+      if (p == train::phase::optimizer) phases[me][3] += 1;
+    };
+    const std::size_t share = tr.windows_per_step() * tr.window();
+    for (int s = 0; s < trainer_steps; ++s) {
+      const auto all = step_windows(s, m * dp * B);
+      results[me].push_back(tr.step(ctx, std::span(all).subspan(std::size_t(tr.dp_rank()) * share, share)));
+    }
+    steps[me] = tr.step_count();
+  });
+  for (std::size_t r = 0; r < world; ++r) {
+    CAPTURE(r);
+    // Megatron rank order: tp fastest, then dp, then pp
+    CHECK(ranks[r] == std::array<int, 3>{int(r) % TP, int(r) / TP % dp, int(r) / (TP * dp)});
+    CHECK(steps[r] == trainer_steps);
+    CHECK(phases[r][0] == trainer_steps * m);  // one forward phase per micro-batch
+    CHECK(phases[r][1] == trainer_steps * m);
+    CHECK(phases[r][3] == trainer_steps);
+    for (int s = 0; s < trainer_steps; ++s) {
+      CAPTURE(s);
+      const auto& x = results[r][std::size_t(s)];
+      CHECK(x.loss == doctest::Approx(ref_loss[std::size_t(s)]).epsilon(1e-5));
+      CHECK(x.grad_norm == doctest::Approx(ref_norm[std::size_t(s)]).epsilon(1e-4));
+      CHECK(x.tokens == long(m * dp * B * T));
+      CHECK(!x.skipped);
+    }
+  }
+  CHECK(ref_loss.back() < ref_loss.front() - 0.05);  // it trains
+}
+
+}  // namespace
+
+TEST_CASE("parallel_trainer: eight (TP, PP, DP) layouts give train::trainer's single-rank loss curve (fp32, relative 1e-5)") {
+  parallel_trainer_case<2, 1>(1, 2);
+  parallel_trainer_case<1, 2>(1, 3);
+  parallel_trainer_case<2, 2>(1, 2);
+  parallel_trainer_case<2, 1>(2, 2);
+  parallel_trainer_case<1, 2>(2, 2);
+  parallel_trainer_case<2, 2>(2, 2);
+  parallel_trainer_case<4, 1>(1, 2);
+  parallel_trainer_case<1, 4>(1, 4);
+}
+
+TEST_CASE("parallel_trainer: a non-finite gradient skips the step on every rank; bad input is an input_error") {
+  using trainer_t = train::parallel_trainer<M, policy<cpu, precision::fp32, layout<2, 2>>, B, T, comm::threads>;
+  std::vector<int> skipped(4), unchanged(4), threw(4);
+  std::vector<double> evals(4);
+  comm::run_threads(4, [&](comm::threads& w) {
+    context<cpu> ctx;
+    trainer_t tr(ctx, trainer_cfg(2), w);
+    const auto me = std::size_t(w.rank());
+    const auto windows = step_windows(0, 2 * B);
+    tr.step(ctx, windows);
+    float* poisoned = tr.model().parameter(nn::param::lnf_w).data() + 3;
+    const float saved = *poisoned;
+    if (tr.stage() == 1 && tr.tp_rank() == 0) *poisoned = NAN;
+    const std::vector<float> before(tr.model().parameters().begin(), tr.model().parameters().end());
+    const auto r = tr.step(ctx, windows);
+    skipped[me] = r.skipped && !std::isfinite(r.grad_norm);
+    const auto p = tr.model().parameters();
+    unchanged[me] = std::equal(before.begin(), before.end(), p.begin(), [](float a, float b) {
+      return std::memcmp(&a, &b, sizeof a) == 0;
+    });
+    *poisoned = saved;
+    evals[me] = tr.evaluate(ctx, windows);
+    auto bad = windows;
+    bad[7] = M::vocab;
+    try {
+      tr.step(ctx, bad);  // an id outside [0, vocab): every rank throws before communicating
+    } catch (const input_error&) {
+      threw[me] += 1;
+    }
+    try {
+      tr.step(ctx, std::span(windows).first(windows.size() - 1));
+    } catch (const input_error&) {
+      threw[me] += 1;
+    }
+  });
+  for (int r = 0; r < 4; ++r) {
+    CHECK(skipped[std::size_t(r)]);
+    CHECK(unchanged[std::size_t(r)]);
+    CHECK(evals[std::size_t(r)] == evals[0]);
+    CHECK(threw[std::size_t(r)] == 2);
+  }
+  // evaluate equals the single-rank trainer's after the same (first) step
+  context<cpu> ctx;
+  train::trainer<M, policy<cpu, precision::fp32, layout<1, 1>>, B, T> ref(ctx, trainer_cfg(2));
+  const auto windows = step_windows(0, 2 * B);
+  ref.step(ctx, windows);
+  CHECK(evals[0] == doctest::Approx(ref.evaluate(ctx, windows)).epsilon(1e-5));
+  CHECK_THROWS_AS(comm::run_threads(3,
+                                    [&](comm::threads& w) {
+                                      context<cpu> c;
+                                      trainer_t tr(c, trainer_cfg(2), w);  // 3 ranks: not a multiple of TP*PP = 4
+                                    }),
+                  input_error);
 }

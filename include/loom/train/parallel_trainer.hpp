@@ -1,0 +1,303 @@
+#pragma once
+/// \file loom::train::parallel_trainer<Model, Policy, B, T, Comm>: one optimizer step of a GPT
+/// split under layout<TP, PP> (tensor and pipeline parallel, nn::gpt_parallel), with data
+/// parallelism over the remaining world ranks on top — Megatron-LM's 3D parallelism
+/// (Shoeybi et al. 2019; Narayanan et al. 2021 "Efficient Large-Scale Language Model Training
+/// on GPU Clusters Using Megatron-LM" §2).
+///
+/// A separate class rather than a layout branch inside train::trainer: the single-layout
+/// trainer's data-parallel engine (parallel/data_parallel.hpp: buckets all-reduced during
+/// backward, ZeRO-1) is written against nn::gpt's per-layer buffer order and backward hook,
+/// while here backward runs inside the 1F1B executor (nn::pipeline_forward_backward) and the
+/// gradient norm is a TP/PP collective. The user-facing surface is the same where it makes
+/// sense: trainer_config, step(ctx, windows), step_result, evaluate(), step_count(),
+/// set_step_count(), config(), model(), optimizer(), on_phase — and the members of
+/// io::checkpointable_trainer.
+///
+/// One step, on every rank (ranks ordered tp fastest, then dp, then pp; parallel::make_groups):
+///   1. validate the token ids; count the non-ignored targets of THIS dp rank's share and sum the
+///      count over the dp group (every rank scales by the global count);
+///   2. zero gradients; 1F1B forward/backward of grad_accum micro-batches (the pipeline's m)
+///      through the pp group, TP collectives inside each layer;
+///   3. sum the tied embedding's two copies' gradients (first and last stage);
+///   4. all-reduce (sum) the gradient buffer and the loss over the dp group;
+///   5. global gradient norm over tp and pp (every element of the unsharded model once);
+///      skip the update on every rank if it is not finite; clip; AdamW.
+/// The loss, gradient norm and update equal the single-rank trainer's on the whole global batch
+/// (dp * grad_accum * micro_batch windows) up to fp32 summation order.
+///
+/// Not here: ZeRO-1 on the dp group and overlapping the dp all-reduce with backward (the
+/// gradient buffer is all-reduced once, after the pipeline); loss scaling (fp32 and bf16 only:
+/// fp16 does not compile).
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <loom/core/buffer.hpp>
+#include <loom/core/context.hpp>
+#include <loom/core/error.hpp>
+#include <loom/nn/gpt_parallel.hpp>
+#include <loom/optim/adamw.hpp>
+#include <loom/optim/lr_schedule.hpp>
+#include <loom/parallel/comm.hpp>
+#include <loom/parallel/schedule.hpp>
+#include <loom/train/metrics.hpp>
+#include <loom/train/trainer.hpp>
+
+namespace loom::train {
+
+/// The phase a pipeline action's time is charged to: forward and backward compute to forward and
+/// backward; the four transfers (whose time is mostly waiting for the neighbouring stage: the
+/// pipeline bubble) to exposed_comm.
+constexpr phase phase_of(parallel::pipe_op op) noexcept {
+  switch (op) {
+    case parallel::pipe_op::forward: return phase::forward;
+    case parallel::pipe_op::backward: return phase::backward;
+    default: return phase::exposed_comm;
+  }
+}
+
+/// Template arguments: M a models::model_config; Policy a loom::policy whose layout is
+/// layout<TP, PP> (parallel::fits<layout, M>() must hold); B, T the micro-batch and sequence
+/// capacity; Comm the communicator type (comm::threads, comm::mpi); Attn the attention tag.
+template <models::model_config M, class Policy, int B, int T, class Comm, class Attn = kernels::fused>
+  requires parallel::communicator_for<Comm, float>
+class parallel_trainer {
+  static_assert(!Policy::precision::needs_loss_scaling,
+                "loom::train::parallel_trainer: fp16 needs a loss scaler, which the tensor/pipeline-parallel "
+                "trainer does not have yet: use precision::fp32 or precision::bf16");
+
+ public:
+  using model_t = nn::gpt_parallel<M, Policy, Attn>;
+  using device = typename Policy::device;
+  using layout = typename Policy::layout;
+  using acts_t = typename model_t::template activations<B, T>;
+  using acc_t = typename model_t::acc_t;
+  using storage_t = typename model_t::storage_t;
+  using comm_t = Comm;
+  static constexpr int micro_batch = B, seq_len = T, TP = layout::tp, PP = layout::pp;
+
+  /// Splits `world` into the tp, dp and pp groups of layout<TP, PP> (parallel::make_groups;
+  /// collective over world, which need not outlive the trainer), then allocates this rank's part
+  /// of the model (initialised with cfg.seed exactly as the single-rank model's slices), its
+  /// AdamW state and parallel::max_in_flight(PP, grad_accum, stage) activation sets.
+  /// cfg.micro_batch and cfg.grad_accum are per dp rank; grad_accum is the pipeline's
+  /// micro-batch count m. Throws loom::input_error when world.size() is not a multiple of TP*PP
+  /// or a setting is invalid (on every rank alike).
+  parallel_trainer(context<device>& ctx, trainer_config cfg, Comm& world)
+      : parallel_trainer(ctx, cfg, parallel::make_groups<layout>(world)) {}
+
+  /// As above with groups already made by parallel::make_groups<layout>(world) (moved in).
+  parallel_trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm> groups)
+      : cfg_(checked(cfg)), g_(std::move(groups)), model_(ctx, g_.tp.rank(), g_.pp.rank(), cfg_.seed),
+        opt_(ctx, cfg_.adamw, model_), inputs_(std::size_t(cfg_.grad_accum) * B * T, ctx.stream),
+        targets_(inputs_.size(), ctx.stream), host_in_(inputs_.size()), host_tg_(inputs_.size()),
+        plan_(parallel::one_f_one_b(PP, cfg_.grad_accum, g_.pp.rank())) {
+    if (g_.tp.size() != TP || g_.pp.size() != PP)
+      throw input_error("parallel_trainer: groups of size tp " + std::to_string(g_.tp.size()) + ", pp " +
+                        std::to_string(g_.pp.size()) + " for layout<" + std::to_string(TP) + ", " + std::to_string(PP) +
+                        ">; make them with parallel::make_groups<layout<" + std::to_string(TP) + ", " +
+                        std::to_string(PP) + ">>(world)");
+    const int ring = parallel::max_in_flight(PP, cfg_.grad_accum, g_.pp.rank());
+    acts_.reserve(std::size_t(ring));
+    for (int i = 0; i < ring; ++i) acts_.emplace_back(ctx);
+  }
+
+  model_t& model() noexcept { return model_; }
+  const model_t& model() const noexcept { return model_; }
+  optim::adamw<model_t>& optimizer() noexcept { return opt_; }
+  const optim::adamw<model_t>& optimizer() const noexcept { return opt_; }
+  const trainer_config& config() const noexcept { return cfg_; }
+  /// The saved-activation ring (max_in_flight(PP, grad_accum, stage) sets of (B, T)).
+  std::span<const acts_t> activations() const noexcept { return acts_; }
+  /// Bytes of the activation ring.
+  std::size_t activation_bytes() const noexcept { return acts_.empty() ? 0 : acts_.size() * acts_.front().bytes(); }
+
+  /// This rank's groups: tp (size TP), dp (size dp_size()), pp (size PP), Megatron rank order.
+  parallel::groups<Comm>& groups() noexcept { return g_; }
+  Comm& tp_group() noexcept { return g_.tp; }
+  Comm& dp_group() noexcept { return g_.dp; }
+  Comm& pp_group() noexcept { return g_.pp; }
+  /// Tensor-parallel rank in [0, TP), pipeline stage in [0, PP), data-parallel rank and degree.
+  int tp_rank() const noexcept { return model_.tp_rank(); }
+  int stage() const noexcept { return model_.stage(); }
+  int dp_rank() const noexcept { return g_.dp.rank(); }
+  int dp_size() const noexcept { return g_.dp.size(); }
+
+  /// Steps taken, skipped ones included (the learning-rate schedule follows this count).
+  long step_count() const noexcept { return step_; }
+  void set_step_count(long s) noexcept { step_ = s; }
+
+  /// Called at the start (begin = true) and end of every phase inside step() and evaluate():
+  /// h2d_copy; each pipeline action as forward, backward or exposed_comm (receives and sends:
+  /// the time spent waiting for the neighbouring stage, i.e. the bubble); exposed_comm for the
+  /// tied-embedding, dp and norm reductions; optimizer. Phases never nest. Empty by default.
+  std::function<void(phase, bool begin)> on_phase;
+
+  /// Windows per step on this dp rank (grad_accum * micro_batch).
+  std::size_t windows_per_step() const noexcept { return std::size_t(cfg_.grad_accum) * cfg_.micro_batch; }
+  /// Tokens per window: seq_len + 1 (inputs and the shifted targets).
+  std::size_t window() const noexcept { return std::size_t(cfg_.seq_len) + 1; }
+  /// Target tokens per step on this dp rank (times dp_size() for the global batch).
+  std::size_t tokens_per_step() const noexcept { return windows_per_step() * cfg_.seq_len; }
+
+  /// One optimizer step. `windows`: this dp rank's share of the global batch, grad_accum *
+  /// micro_batch rows of seq_len+1 token ids (row-major; inputs row[0..seq_len), targets
+  /// row[1..seq_len]). Every rank of one tp x pp group passes the same windows (the first stage
+  /// reads the inputs, the last the targets). Collective over all groups. Returns the same
+  /// step_result on every rank of the world. Throws loom::input_error on a wrong size or an id
+  /// outside [0, vocab).
+  step_result step(context<device>& ctx, std::span<const std::int32_t> windows) {
+    if (windows.size() != windows_per_step() * window())
+      throw input_error("a dp rank's share of the global batch needs grad_accum*micro_batch = " +
+                        std::to_string(windows_per_step()) + " windows of " + std::to_string(window()) + " tokens (" +
+                        std::to_string(windows_per_step() * window()) + " ids), got " + std::to_string(windows.size()));
+    validate_tokens(windows, M::vocab, "training batch");
+    const std::span<std::int32_t> in(host_in_.data(), tokens_per_step()), tg(host_tg_.data(), tokens_per_step());
+    split_windows(windows, in, tg);
+    return step(ctx, in, tg);
+  }
+
+  /// One optimizer step on explicit inputs and targets of this dp rank, each (grad_accum,
+  /// micro_batch, seq_len) int32; targets equal to kernels::ignore_index (-1) add no loss and no
+  /// gradient. Throws loom::input_error on wrong sizes, ids outside [0, vocab), or a global batch
+  /// whose targets are all ignored.
+  step_result step(context<device>& ctx, std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
+    const std::size_t n = tokens_per_step();
+    if (inputs.size() != n || targets.size() != n)
+      throw input_error("inputs and targets of a dp rank's share need grad_accum*micro_batch*seq_len = " +
+                        std::to_string(n) + " ids each, got " + std::to_string(inputs.size()) + " and " +
+                        std::to_string(targets.size()));
+    validate_tokens(inputs, M::vocab, "training inputs");
+    std::int64_t count = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (targets[i] == kernels::ignore_index) continue;
+      if (targets[i] < 0 || targets[i] >= M::vocab) validate_tokens(targets.subspan(i, 1), M::vocab, "training targets");
+      ++count;
+    }
+    g_.dp.all_reduce(std::span<std::int64_t>(&count, 1), parallel::reduce_op::sum);
+    if (count == 0)
+      throw input_error("every target of the global batch is ignored (-1); the batch holds no tokens to learn from");
+    const int b = cfg_.micro_batch, t = cfg_.seq_len, m = cfg_.grad_accum;
+    mark(phase::h2d_copy, true);
+    device::copy_to_device(inputs_.data(), inputs.data(), inputs.size_bytes(), ctx.stream);
+    device::copy_to_device(targets_.data(), targets.data(), targets.size_bytes(), ctx.stream);
+    mark(phase::h2d_copy, false);
+    model_.zero_grad(ctx);
+    // Phase attribution: the executor reports each action after it ran; the schedule is a pure
+    // function, so the phase of the next action is known and opened as the previous one closes.
+    std::size_t next = 0;
+    if (!plan_.empty()) mark(phase_of(plan_[0].op), true);
+    auto observe = [&](const parallel::pipe_action& a, double) {
+      mark(phase_of(a.op), false);
+      if (++next < plan_.size()) mark(phase_of(plan_[next].op), true);
+    };
+    acc_t loss = nn::pipeline_forward_backward<model_t, B, T>(
+        ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m, inputs_.data(), targets_.data(), b, t,
+        acc_t(1.0 / double(count)), observe);
+    mark(phase::exposed_comm, true);
+    model_.tie_embedding_gradients(ctx, g_.pp);
+    if (g_.dp.size() > 1) {
+      ctx.synchronize();
+      const auto grads = model_.gradients();
+      g_.dp.all_reduce(std::span<storage_t>(grads.data(), grads.size()), parallel::reduce_op::sum);
+      g_.dp.all_reduce(std::span<acc_t>(&loss, 1), parallel::reduce_op::sum);
+    }
+    step_result r;
+    r.grad_norm = model_.grad_norm(ctx, g_.tp, g_.pp);
+    mark(phase::exposed_comm, false);
+    mark(phase::optimizer, true);
+    r.tokens = long(count);
+    r.loss = double(loss) / double(count);
+    r.lr = cfg_.schedule(step_);
+    ++step_;
+    if (!std::isfinite(r.grad_norm)) {
+      r.skipped = true;  // identical norm on every rank: every rank skips
+    } else {
+      opt_.update(ctx, model_, r.lr, optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm));
+      ctx.synchronize();
+    }
+    mark(phase::optimizer, false);
+    return r;
+  }
+
+  /// Mean loss (nats/token) over `windows` (any non-zero multiple of micro_batch rows of
+  /// seq_len+1 ids), no update. Collective over the tp and pp groups (forward through the
+  /// pipeline, one micro-batch at a time); every rank of a tp x pp group passes the same windows
+  /// and gets the same value; dp replicas may evaluate different windows or not at all. Throws
+  /// loom::input_error on a wrong size or an id outside [0, vocab).
+  double evaluate(context<device>& ctx, std::span<const std::int32_t> windows) {
+    const int b = cfg_.micro_batch, t = cfg_.seq_len;
+    const std::size_t mbw = std::size_t(b) * window(), bt = std::size_t(b) * t;
+    if (windows.empty() || windows.size() % mbw != 0)
+      throw input_error("evaluation needs a non-zero multiple of " + std::to_string(b) + " windows of " +
+                        std::to_string(window()) + " tokens");
+    validate_tokens(windows, M::vocab, "evaluation batch");
+    const std::span<std::int32_t> in(host_in_.data(), bt), tg(host_tg_.data(), bt);
+    const std::size_t NC = bt * std::size_t(M::d_model);
+    constexpr int tag_activation = 0;  // as the pipeline executor's
+    auto& acts = acts_.front();
+    acc_t sum = 0;
+    const std::size_t n = windows.size() / mbw;
+    for (std::size_t k = 0; k < n; ++k) {
+      split_windows(windows.subspan(k * mbw, mbw), in, tg);
+      device::copy_to_device(inputs_.data(), in.data(), in.size_bytes(), ctx.stream);
+      device::copy_to_device(targets_.data(), tg.data(), tg.size_bytes(), ctx.stream);
+      if (!model_.first_stage()) g_.pp.recv(std::span<storage_t>(acts.input(), NC), stage() - 1, tag_activation);
+      sum += model_.forward(ctx, acts, g_.tp, inputs_.data(), targets_.data(), b, t);
+      if (!model_.last_stage()) {
+        ctx.synchronize();
+        g_.pp.send(std::span<const storage_t>(acts.output(), NC), stage() + 1, tag_activation);
+      }
+    }
+    ctx.synchronize();
+    g_.pp.broadcast(std::span<acc_t>(&sum, 1), PP - 1);
+    return double(sum) / double(n * bt);
+  }
+
+ private:
+  static trainer_config checked(trainer_config c) {
+    if (c.micro_batch == 0) c.micro_batch = B;
+    if (c.seq_len == 0) c.seq_len = T;
+    if (c.micro_batch < 1 || c.micro_batch > B)
+      throw input_error("micro-batch size " + std::to_string(c.micro_batch) + " is outside [1, " + std::to_string(B) +
+                        "], the capacity this trainer was compiled for; pass --micro-batch <= " + std::to_string(B));
+    if (c.seq_len < 1 || c.seq_len > T)
+      throw input_error("sequence length " + std::to_string(c.seq_len) + " is outside [1, " + std::to_string(T) +
+                        "] (the model " + std::string(M::name) + " has " + std::to_string(M::max_seq) +
+                        " positions; this trainer was compiled for " + std::to_string(T) + "); pass --seq-len <= " +
+                        std::to_string(T));
+    if (c.grad_accum < 1)
+      throw input_error("gradient accumulation steps (the pipeline's micro-batches) must be >= 1; pass e.g. --grad-accum " +
+                        std::to_string(PP));
+    c.schedule.validate();
+    return c;
+  }
+  void mark(phase p, bool begin) {
+    if (on_phase) on_phase(p, begin);
+  }
+  // rows of seq_len+1 ids -> inputs row[0..seq_len), targets row[1..seq_len]
+  void split_windows(std::span<const std::int32_t> w, std::span<std::int32_t> in, std::span<std::int32_t> tg) const {
+    const std::size_t t = std::size_t(cfg_.seq_len), wn = window();
+    for (std::size_t r = 0; r * wn < w.size(); ++r)
+      for (std::size_t i = 0; i < t; ++i) {
+        in[r * t + i] = w[r * wn + i];
+        tg[r * t + i] = w[r * wn + i + 1];
+      }
+  }
+
+  trainer_config cfg_;
+  parallel::groups<Comm> g_;
+  model_t model_;
+  optim::adamw<model_t> opt_;
+  std::vector<acts_t> acts_;
+  buffer<device, std::int32_t> inputs_, targets_;
+  std::vector<std::int32_t> host_in_, host_tg_;
+  std::vector<parallel::pipe_action> plan_;
+  long step_ = 0;
+};
+
+}  // namespace loom::train
