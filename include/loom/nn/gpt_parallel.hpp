@@ -436,6 +436,63 @@ class gpt_parallel {
   buffer<device, storage_t> tie_scratch_;
 };
 
+/// The parameters of the whole model in global shape, in the buffer order of the single-rank
+/// loom::gpt<M, ...> (param_table<M, layout<1,1>>: copy them into gpt::parameters() to run the
+/// unsharded model, e.g. for sampling or export), on every rank of the tp x pp group.
+/// Each element of the unsharded model is written by exactly one rank (the owner rule of
+/// counts_in_norm: sharded tensors by every tp rank at their global indices, replicated ones by
+/// tp rank 0, wte by the first stage, lnf by the last), the others contribute zeros, and the
+/// buffers are summed over tp, then pp (x + 0 is exact: the result is bitwise the shards').
+/// Memory: num_parameters of the unsharded model per rank (host). Collective over tp and pp;
+/// data-parallel replicas hold the same values and need not take part.
+template <class Model, class Comm>
+std::vector<typename Model::storage_t> gather_parameters(context<typename Model::device>& ctx, const Model& model,
+                                                         Comm& tp, Comm& pp) {
+  using M = typename Model::model;
+  using L = typename Model::layout;
+  using S = typename Model::storage_t;
+  constexpr auto global_offsets = param_offsets<M, parallel::layout<1, 1>>();
+  std::vector<S> local(Model::num_parameters), global(global_offsets.back(), S(0));
+  Model::device::copy_to_host(local.data(), model.parameters().data(), local.size() * sizeof(S), ctx.stream);
+  ctx.synchronize();
+  for (int k = 0; k < num_param_tensors; ++k) {
+    const auto p = param(k);
+    if (!counts_in_norm<M, L>(p, model.tp_rank(), model.stage())) continue;
+    const std::size_t off = Model::offsets[std::size_t(k)], n = Model::table[std::size_t(k)].size();
+    for (std::size_t i = 0; i < n; ++i)
+      global[global_offsets[std::size_t(k)] + global_index<M, L>(p, model.tp_rank(), model.stage(), i)] = local[off + i];
+  }
+  if constexpr (Model::TP > 1) tp.all_reduce(std::span<S>(global), parallel::reduce_op::sum);
+  if constexpr (Model::PP > 1) pp.all_reduce(std::span<S>(global), parallel::reduce_op::sum);
+  return global;
+}
+
+/// Sets this rank's parameters from the whole model's `global` parameters (the single-rank
+/// loom::gpt buffer order, as gather_parameters returns): element i of local tensor p =
+/// global[offset(p) + global_index(p, tp_rank, stage, i)]. The inverse of gather_parameters;
+/// re-shards a single-rank checkpoint or imported weights onto any layout. Local, no
+/// communication. Throws loom::input_error when global has the wrong size.
+template <class Model>
+void load_global_parameters(context<typename Model::device>& ctx, Model& model,
+                            std::span<const typename Model::storage_t> global) {
+  using M = typename Model::model;
+  using L = typename Model::layout;
+  using S = typename Model::storage_t;
+  constexpr auto global_offsets = param_offsets<M, parallel::layout<1, 1>>();
+  if (global.size() != global_offsets.back())
+    throw input_error("load_global_parameters: " + std::to_string(global.size()) + " values for model " +
+                      std::string(M::name) + ", which has " + std::to_string(global_offsets.back()) +
+                      " parameters; pass the single-rank model's parameters (gather_parameters)");
+  std::vector<S> local(Model::num_parameters);
+  for (int k = 0; k < num_param_tensors; ++k) {
+    const std::size_t off = Model::offsets[std::size_t(k)], n = Model::table[std::size_t(k)].size();
+    for (std::size_t i = 0; i < n; ++i)
+      local[off + i] = global[global_offsets[std::size_t(k)] + global_index<M, L>(param(k), model.tp_rank(), model.stage(), i)];
+  }
+  Model::device::copy_to_device(model.parameters().data(), local.data(), local.size() * sizeof(S), ctx.stream);
+  ctx.synchronize();
+}
+
 /// One optimizer step's forward and backward passes over m micro-batches on this rank, in the
 /// 1F1B order of parallel::one_f_one_b(PP, m, model.stage()), moving activations down and
 /// gradients up the pipeline over `pp` (tags 0 and 1). With PP == 1 this is plain gradient
