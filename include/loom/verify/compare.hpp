@@ -8,8 +8,12 @@
 /// A and B, mean and max |a - b|, and the relative error ||a - b||_2 / ||a||_2, against a
 /// tolerance for the pair of precisions (the looser of the two: tolerance_for). The first
 /// failing row — forward order for activations, output-to-input order for gradients, i.e. the
-/// order in which errors propagate — names where the two runs part. Works for any two policies
-/// whose models compile (cpu/fp32 vs cpu/bf16 today, cpu/fp32 vs ascend/bf16 unchanged).
+/// order in which errors propagate — names where the two runs part. When the caller loaded B's
+/// weights itself (compare_options::copy_weights = false), the parameters are compared first, so
+/// a weight that did not load identically is named before the activations it spoils.
+/// Works for any two policies whose models compile: cpu/fp32 vs cpu/bf16 and cpu/fp32 vs
+/// ascend/bf16 (through the host emulation: tests/ascend/test_gpt.cpp) are tested; every access
+/// to a model's memory goes through D::copy_to_host / copy_to_device on the context's stream.
 /// See docs/precision.md.
 #include <algorithm>
 #include <cmath>
@@ -59,6 +63,12 @@ constexpr tolerance tolerance_for() {
 /// Settings of compare().
 struct compare_options {
   std::optional<tolerance> tol;  ///< overrides tolerance_for<A, B>() when set
+  /// true: B's parameters are overwritten with A's (rounded to B's storage) before comparing.
+  /// false: B keeps the weights the caller gave it (e.g. the same checkpoint loaded on another
+  /// device); every parameter tensor is then compared first ("weight <name>" rows, in the
+  /// model's table order, against the activation tolerance), so a weight that differs is the
+  /// first failure named.
+  bool copy_weights = true;
 };
 
 /// One micro-batch of B sequences of T tokens: inputs and targets, (B,T) int32 each, ids in
@@ -152,12 +162,32 @@ std::string policy_name() {
 
 }  // namespace detail
 
+/// b's parameters (=) a's, each value rounded once to b's storage type, through the host
+/// (a's device -> double -> b's storage -> b's device). Synchronizes both contexts. The models
+/// must have the same parameter count (same config); otherwise loom::input_error.
+template <class PolicyA, class PolicyB, models::model_config MA, models::model_config MB, class AttnA, class AttnB>
+void copy_parameters(const nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>& ca,
+                     nn::gpt<MB, PolicyB, AttnB>& b, context<typename PolicyB::device>& cb) {
+  using SB = typename nn::gpt<MB, PolicyB, AttnB>::storage_t;
+  const auto pa = a.parameters();
+  const auto pb = b.parameters();
+  if (pa.size() != pb.size())
+    throw input_error("verify::copy_parameters: A has " + std::to_string(pa.size()) + " parameters, B " +
+                      std::to_string(pb.size()) + "; both models need the same config");
+  const auto host = detail::to_host_double(ca, pa.data(), pa.size());
+  std::vector<SB> nb(host.size());
+  for (std::size_t i = 0; i < host.size(); ++i) nb[i] = SB(host[i]);
+  PolicyB::device::copy_to_device(pb.data(), nb.data(), nb.size() * sizeof(SB), cb.stream);
+  cb.synchronize();
+}
+
 /// Compares model `b` (policy PolicyB) with model `a` (policy PolicyA) on batch `x`.
 ///   a   the reference; its parameters are read, its gradients overwritten
-///   b   its parameters are overwritten (=) with a's, rounded to b's storage type; its
-///       gradients and activations are overwritten
+///   b   its parameters are overwritten (=) with a's, rounded to b's storage type (unless
+///       opt.copy_weights is false: then they are compared as they are); its gradients and
+///       activations are overwritten
 ///   x   B sequences of T tokens (T <= max_seq)
-///   opt tolerance override
+///   opt tolerance override; copy_weights
 /// Both models' gradients are zeroed and then hold this batch's gradients (mean loss).
 /// Returns the per-tensor comparison (report). Errors: loom::input_error when the models
 /// have different shapes (naming both) or the batch has the wrong size or ids outside the
@@ -177,7 +207,6 @@ report compare(nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>
     using GB = nn::gpt<MB, PolicyB, AttnB>;
     using DA = typename PolicyA::device;
     using DB = typename PolicyB::device;
-    using SB = typename GB::storage_t;
     constexpr std::size_t BT = std::size_t(B) * T;
     if (x.inputs.size() != BT || x.targets.size() != BT)
       throw input_error("verify::compare: the batch needs " + std::to_string(BT) + " inputs and targets (B=" +
@@ -199,15 +228,30 @@ report compare(nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>
     r.policy_b = detail::policy_name<PolicyB>();
     r.tol = opt.tol.value_or(tolerance_for<typename PolicyA::precision, typename PolicyB::precision>());
 
-    // same weights: B's parameters = A's, rounded to B's storage
-    {
-      const auto pa = a.parameters();
-      const auto host = detail::to_host_double(ca, pa.data(), pa.size());
-      std::vector<SB> nb(host.size());
-      for (std::size_t i = 0; i < host.size(); ++i) nb[i] = SB(host[i]);
-      const auto pb = b.parameters();
-      DB::copy_to_device(pb.data(), nb.data(), nb.size() * sizeof(SB), cb.stream);
-      cb.synchronize();
+    const double ta = r.tol.activation, tg = r.tol.gradient;
+    auto add = [&](std::string name, bool grad, int layer, const auto* xa, const auto* xb, std::size_t n) {
+      r.rows.push_back(detail::stats(std::move(name), grad, layer, detail::to_host_double(ca, xa, n),
+                                     detail::to_host_double(cb, xb, n), grad ? tg : ta));
+    };
+    constexpr std::size_t L = MA::n_layer;
+    if (opt.copy_weights) {
+      copy_parameters(a, ca, b, cb);
+    } else {
+      // the caller's weights: compare every parameter tensor first (forward order)
+      auto add_weight = [&](nn::param k, int layer) {
+        const auto& s = GA::table[std::size_t(k)];
+        const auto wa = a.parameter(k), wb = b.parameter(k);
+        const std::size_t per = layer < 0 ? wa.size() : wa.size() / std::size_t(s.shape[0]);
+        const std::size_t off = layer < 0 ? 0 : std::size_t(layer) * per;
+        add(std::string("weight ") + (layer < 0 ? "" : "layer " + std::to_string(layer) + " ") + std::string(s.name),
+            false, layer, wa.data() + off, wb.data() + off, per);
+      };
+      add_weight(nn::param::wte, -1);
+      add_weight(nn::param::wpe, -1);
+      for (std::size_t l = 0; l < L; ++l)
+        for (int k = int(nn::param::ln1_w); k <= int(nn::param::fcproj_b); ++k) add_weight(nn::param(k), int(l));
+      add_weight(nn::param::lnf_w, -1);
+      add_weight(nn::param::lnf_b, -1);
     }
     buffer<DA, std::int32_t> in_a(BT, ca.stream), tg_a(BT, ca.stream);
     buffer<DB, std::int32_t> in_b(BT, cb.stream), tg_b(BT, cb.stream);
@@ -224,12 +268,7 @@ report compare(nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>
     r.loss_b = double(b.forward(cb, ab, in_b.data(), tg_b.data(), B, T)) / double(count);
     const auto pa = aa.ptrs();
     const auto pb = ab.ptrs();
-    constexpr std::size_t C = MA::d_model, L = MA::n_layer;
-    const double ta = r.tol.activation, tg = r.tol.gradient;
-    auto add = [&](std::string name, bool grad, int layer, const auto* xa, const auto* xb, std::size_t n) {
-      r.rows.push_back(detail::stats(std::move(name), grad, layer, detail::to_host_double(ca, xa, n),
-                                     detail::to_host_double(cb, xb, n), grad ? tg : ta));
-    };
+    constexpr std::size_t C = MA::d_model;
     add("embedding (token + position)", false, -1, pa.encoded, pb.encoded, BT * C);
     for (std::size_t l = 0; l < L; ++l) {
       const std::string p = "layer " + std::to_string(l) + " ";
