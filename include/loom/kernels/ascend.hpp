@@ -27,12 +27,19 @@
 
 namespace loom::kernels {
 
-/// The Ascend kernels write parameter gradients in the storage type (aclnn GEMMs output their
-/// input dtype), so gradient buffers there are storage-typed until they accumulate in fp32.
-template <class P>
-struct gradient_type<device::ascend, P> {
-  using type = typename P::storage;
-};
+/// Note [fp32 gradients on Ascend]. As on the CPU, parameter gradients have the type
+/// kernels::gradient_t<ascend, P> = P::master (the primary template): fp32 for bf16/fp16 storage,
+/// so accumulation over micro-batches, the gradient norm and the optimizer read fp32 (the design
+/// of kernels/cpu/matmul.hpp's Note [gradient precision]; Megatron's fp32 main_grad). The
+/// members below that write parameter gradients (encoder_backward, layernorm_backward,
+/// matmul_backward) take them as G*. aclnn's GEMM, LayerNormBackward and EmbeddingDenseBackward
+/// document outputs of their inputs' dtype (reference §2.5; no documented fp32 output for 16-bit
+/// inputs, and BF16xFP32 mixes "cannot be deduced"), so for G != T each micro-batch's
+/// contribution is formed in T scratch — the cube accumulates in fp32 and rounds once — then
+/// widened with aclnnInplaceCopy and added in fp32 (ascend::accumulate). Difference from the CPU:
+/// that one rounding of each micro-batch's contribution to T (relative 2^-9 for bf16); the sum
+/// over micro-batches does not round. Costs per call: a T and an fp32 scratch of the gradient's
+/// size and two extra elementwise launches.
 
 template <class T>
 struct ops<device::ascend, T> {
@@ -46,7 +53,9 @@ struct ops<device::ascend, T> {
                   "on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::encoder_forward(ctx, out, tok, wte, wpe, B, Tn, C);
   }
-  static void encoder_backward(ctx_t& ctx, T* dwte, T* dwpe, const T* dout, const std::int32_t* tok, int B, int Tn,
+  /// dwte, dwpe +=, in the gradient type G (Note [fp32 gradients on Ascend]).
+  template <class G>
+  static void encoder_backward(ctx_t& ctx, G* dwte, G* dwpe, const T* dout, const std::int32_t* tok, int B, int Tn,
                                int C) {
     static_assert(ascend::supports_v<ascend::op::embedding, T>,
                   "loom::kernels::ops<ascend, T>::encoder_backward: aclnnEmbeddingDenseBackward has no kernel for this "
@@ -60,7 +69,9 @@ struct ops<device::ascend, T> {
                   "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::layernorm_forward(ctx, out, mean, rstd, in, w, b, N, C);
   }
-  static void layernorm_backward(ctx_t& ctx, T* din, T* dw, T* db, const T* dout, const T* in, const T* w,
+  /// din +=; dw, db += in the gradient type G (Note [fp32 gradients on Ascend]).
+  template <class G>
+  static void layernorm_backward(ctx_t& ctx, T* din, G* dw, G* db, const T* dout, const T* in, const T* w,
                                  const acc* mean, const acc* rstd, int N, int C) {
     static_assert(ascend::supports_v<ascend::op::layernorm, T>,
                   "loom::kernels::ops<ascend, T>::layernorm_backward: aclnnLayerNormBackward has no kernel for this "
@@ -73,7 +84,9 @@ struct ops<device::ascend, T> {
                   "storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::matmul_forward(ctx, out, in, w, bias, N, C, OC);
   }
-  static void matmul_backward(ctx_t& ctx, T* din, T* dw, T* dbias, const T* dout, const T* in, const T* w, int N,
+  /// din += (or =); dw, dbias += in the gradient type G (Note [fp32 gradients on Ascend]).
+  template <class G>
+  static void matmul_backward(ctx_t& ctx, T* din, G* dw, G* dbias, const T* dout, const T* in, const T* w, int N,
                               int C, int OC, bool accumulate_din) {
     static_assert(ascend::supports_v<ascend::op::matmul, T>,
                   "loom::kernels::ops<ascend, T>::matmul_backward: aclnnMatmul/aclnnInplaceAddmm have no kernel for "
@@ -105,15 +118,18 @@ struct ops<device::ascend, T> {
                   "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     return ascend::crossentropy(ctx, logits, losses, targets, N, V, Vp, write_dlogits, grad_scale);
   }
-  static double sum_of_squares(ctx_t& ctx, const T* x, std::size_t n) {
-    static_assert(ascend::supports_v<ascend::op::matmul, T>,
+  /// Sum of squares of n values of any supported type X (storage or fp32 gradients).
+  template <class X>
+  static double sum_of_squares(ctx_t& ctx, const X* x, std::size_t n) {
+    static_assert(ascend::supports_v<ascend::op::matmul, X>,
                   "loom::kernels::ops<ascend, T>::sum_of_squares: aclnnMatmul/aclnnInplaceCopy have no kernel for "
                   "this storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     return ascend::sum_of_squares(ctx, x, n);
   }
   /// Ascend extension (not in the CPU set yet): true when all n values are finite.
-  static bool all_finite(ctx_t& ctx, const T* x, std::size_t n) {
-    static_assert(ascend::supports_v<ascend::op::add, T>,
+  template <class X>
+  static bool all_finite(ctx_t& ctx, const X* x, std::size_t n) {
+    static_assert(ascend::supports_v<ascend::op::add, X>,
                   "loom::kernels::ops<ascend, T>::all_finite: aclnnIsFinite has no kernel for this storage type on "
                   "Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     return ascend::all_finite(ctx, x, n);

@@ -267,6 +267,27 @@ inline void add_inplace(ctx_t& ctx, const tensor& self, const tensor& other, flo
          self, other, a);
 }
 
+/// dst (dims, element type G) += src (dims, element type T, contiguous), ordered on ctx.stream.
+/// G == T: one aclnnInplaceAdd. Otherwise (fp32 parameter gradients of 16-bit storage, Note
+/// [fp32 gradients on Ascend]) src is first widened into G scratch with aclnnInplaceCopy (which
+/// casts; ops-math docs) and then added in G, so the sum itself never rounds to T. No mixed-dtype
+/// aclnnInplaceAdd is relied on: its type promotion is not in the reference.
+template <class G, class T>
+void accumulate(ctx_t& ctx, G* dst, const T* src, std::initializer_list<int64_t> dims,
+                std::source_location where = std::source_location::current()) {
+  if constexpr (std::is_same_v<G, T>) {
+    add_inplace(ctx, tensor(ctx, dst, dtype_of<G>(), dims, {}, where), tensor(ctx, src, dtype_of<T>(), dims, {}, where),
+                1.0f, where);
+  } else {
+    std::size_t n = 1;
+    for (auto d : dims) n *= std::size_t(d);
+    scratch<G> wide(ctx, n);
+    tensor w(ctx, wide.data(), dtype_of<G>(), dims, {}, where);
+    copy(ctx, w, tensor(ctx, src, dtype_of<T>(), dims, {}, where), where);
+    add_inplace(ctx, tensor(ctx, dst, dtype_of<G>(), dims, {}, where), w, 1.0f, where);
+  }
+}
+
 /// p[0, n) = value, ordered on ctx.stream: aclrtMemsetAsync to zero, then aclnnInplaceAdds(value).
 template <class T>
 void fill(ctx_t& ctx, T* p, std::size_t n, float value) {

@@ -13,6 +13,7 @@
 /// (uint64_t)-1 (cann-ops aclnnEmbeddingDenseBackward.md; reference §8 lists it as unconfirmed).
 
 #include <string>
+#include <type_traits>
 
 #include <loom/kernels/ascend/common.hpp>
 
@@ -46,26 +47,35 @@ void encoder_forward(ctx_t& ctx, T* out, const std::int32_t* tokens, const T* wt
 
 /// dwte[tokens[b,t],:] += dout[b,t,:] (aclnnEmbeddingDenseBackward into scratch, then added);
 /// dwpe[t,:] += sum_b dout[b,t,:] (aclnnInplaceAddmm: dwpe as (1, T*C) += ones(1,B) dout(B, T*C)).
-/// dwte (V,C) +=, dwpe (>= T, C) +=, dout (B,T,C).
-template <class T>
-void encoder_backward_rows(ctx_t& ctx, T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn,
+/// dwte (V,C) +=, dwpe (>= T, C) +=, dout (B,T,C). G is the gradient type (kernels::gradient_t);
+/// when G != T both sums are formed in T scratch and widened into G (accumulate()).
+template <class T, class G = T>
+void encoder_backward_rows(ctx_t& ctx, G* dwte, G* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn,
                            int C, int64_t V) {
   constexpr auto dt = dtype_of<T>();
   const int64_t TC = int64_t(Tn) * C;
   {
-    tensor dp(ctx, dwpe, dt, {1, TC}), e(ctx, ones<T>(ctx, std::size_t(B)), dt, {1, B}), d(ctx, dout, dt, {B, TC});
-    scalar one(ctx, 1.0f);
-    launch(ctx, "aclnnInplaceAddmm", ctx.api().aclnnInplaceAddmmGetWorkspaceSize, ctx.api().aclnnInplaceAddmm, dp, e, d, one, one, cube_math_type);
+    tensor e(ctx, ones<T>(ctx, std::size_t(B)), dt, {1, B}), d(ctx, dout, dt, {B, TC});
+    if constexpr (std::is_same_v<G, T>) {
+      tensor dp(ctx, dwpe, dt, {1, TC});
+      scalar one(ctx, 1.0f);
+      launch(ctx, "aclnnInplaceAddmm", ctx.api().aclnnInplaceAddmmGetWorkspaceSize, ctx.api().aclnnInplaceAddmm, dp, e, d, one, one, cube_math_type);
+    } else {
+      scratch<T> part(ctx, std::size_t(TC));
+      tensor dp(ctx, part.data(), dt, {1, TC});
+      launch(ctx, "aclnnMatmul", ctx.api().aclnnMatmulGetWorkspaceSize, ctx.api().aclnnMatmul, e, d, dp, cube_math_type);
+      accumulate(ctx, dwpe, part.data(), {TC});
+    }
   }
   scratch<T> tmp(ctx, std::size_t(V) * std::size_t(C));
   tensor g(ctx, dout, dt, {int64_t(B) * Tn, C}), idx(ctx, tokens, acl::dt_int32, {int64_t(B) * Tn}), o(ctx, tmp.data(), dt, {V, int64_t(C)});
   const uint64_t no_padding = ~uint64_t(0);
   launch(ctx, "aclnnEmbeddingDenseBackward", ctx.api().aclnnEmbeddingDenseBackwardGetWorkspaceSize, ctx.api().aclnnEmbeddingDenseBackward, g, idx, uint64_t(V), no_padding, false, o);
-  add_inplace(ctx, tensor(ctx, dwte, dt, {V, int64_t(C)}), o);
+  accumulate(ctx, dwte, tmp.data(), {V, int64_t(C)});
 }
 
-template <class T>
-void encoder_backward(ctx_t& ctx, T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn, int C) {
+template <class T, class G = T>
+void encoder_backward(ctx_t& ctx, G* dwte, G* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn, int C) {
   encoder_backward_rows(ctx, dwte, dwpe, dout, tokens, B, Tn, C, table_rows(dwte, C));
 }
 

@@ -32,9 +32,10 @@ void layernorm_forward(ctx_t& ctx, T* out, float* mean, float* rstd, const T* in
 }
 
 /// Backward: dinp (N,C) +=, dw (C) +=, db (C) += (the CPU write modes). aclnnLayerNormBackward
-/// writes its outputs (=) into scratch; aclnnInplaceAdd accumulates them.
-template <class T>
-void layernorm_backward(ctx_t& ctx, T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const float* mean,
+/// writes its outputs (=) into T scratch; aclnnInplaceAdd accumulates them — dw, db in their own
+/// type G (fp32 for 16-bit T, widened first: accumulate()).
+template <class T, class G = T>
+void layernorm_backward(ctx_t& ctx, T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w, const float* mean,
                         const float* rstd, int N, int C) {
   constexpr auto dt = dtype_of<T>();
   const std::size_t NC = std::size_t(N) * std::size_t(C);
@@ -46,8 +47,8 @@ void layernorm_backward(ctx_t& ctx, T* dinp, T* dw, T* db, const T* dout, const 
   bool_array mask(ctx, {true, true, true});
   launch(ctx, "aclnnLayerNormBackward", ctx.api().aclnnLayerNormBackwardGetWorkspaceSize, ctx.api().aclnnLayerNormBackward, g, x, shape, m, r, wt, nullptr, mask, dx_t, dw_t, db_t);
   add_inplace(ctx, tensor(ctx, dinp, dt, {N, C}), dx_t);
-  add_inplace(ctx, tensor(ctx, dw, dt, {C}), dw_t);
-  add_inplace(ctx, tensor(ctx, db, dt, {C}), db_t);
+  accumulate(ctx, dw, tmp.data() + NC, {C});
+  accumulate(ctx, db, tmp.data() + NC + C, {C});
 }
 
 }  // namespace loom::kernels::ascend

@@ -4,6 +4,8 @@
 /// which aclnn accepts directly (no transpose copy). Accumulation inside the cube unit is fp32;
 /// cubeMathType 0 (KEEP_DTYPE). Source: reference §2.5 "Matrix multiply".
 
+#include <type_traits>
+
 #include <loom/kernels/ascend/common.hpp>
 
 namespace loom::kernels::ascend {
@@ -31,8 +33,12 @@ void matmul_forward(ctx_t& ctx, T* out, const T* inp, const T* w, const T* bias,
 ///   dw (OC,C)   += dout^T inp          aclnnInplaceAddmm(dw, dout^T view, inp, 1, 1)
 ///   dbias (OC)  += dout^T 1 (column sums of dout; skipped when null): a GEMV against a cached
 ///                 ones vector, aclnnInplaceAddmm(dbias as (OC,1), dout^T, ones (N,1), 1, 1)
-template <class T>
-void matmul_backward(ctx_t& ctx, T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C,
+/// G is the parameter-gradient type (kernels::gradient_t: fp32 for 16-bit T). When G != T the
+/// GEMMs write T scratch (aclnnMatmul's output dtype is its inputs' dtype; the cube accumulates
+/// in fp32 and rounds once) and accumulate() widens and adds it in G: Note [fp32 gradients on
+/// Ascend] in kernels/ascend.hpp.
+template <class T, class G = T>
+void matmul_backward(ctx_t& ctx, T* dinp, G* dw, G* dbias, const T* dout, const T* inp, const T* w, int N, int C,
                      int OC, bool accumulate_dinp = true) {
   constexpr auto dt = dtype_of<T>();
   tensor dy(ctx, dout, dt, {N, OC});
@@ -46,15 +52,27 @@ void matmul_backward(ctx_t& ctx, T* dinp, T* dw, T* dbias, const T* dout, const 
     else
       launch(ctx, "aclnnMatmul", ctx.api().aclnnMatmulGetWorkspaceSize, ctx.api().aclnnMatmul, dy, wm, dx, cube_math_type);
   }
-  {
-    tensor x(ctx, inp, dt, {N, C});
+  tensor x(ctx, inp, dt, {N, C});
+  if constexpr (std::is_same_v<G, T>) {
     tensor dW(ctx, dw, dt, {OC, C});
     launch(ctx, "aclnnInplaceAddmm", ctx.api().aclnnInplaceAddmmGetWorkspaceSize, ctx.api().aclnnInplaceAddmm, dW, dyt, x, one, one, cube_math_type);
+  } else {
+    scratch<T> part(ctx, std::size_t(OC) * std::size_t(C));
+    tensor dW(ctx, part.data(), dt, {OC, C});
+    launch(ctx, "aclnnMatmul", ctx.api().aclnnMatmulGetWorkspaceSize, ctx.api().aclnnMatmul, dyt, x, dW, cube_math_type);
+    accumulate(ctx, dw, part.data(), {OC, C});
   }
   if (dbias) {
     tensor e(ctx, ones<T>(ctx, std::size_t(N)), dt, {N, 1});
-    tensor db(ctx, dbias, dt, {OC, 1});
-    launch(ctx, "aclnnInplaceAddmm", ctx.api().aclnnInplaceAddmmGetWorkspaceSize, ctx.api().aclnnInplaceAddmm, db, dyt, e, one, one, cube_math_type);
+    if constexpr (std::is_same_v<G, T>) {
+      tensor db(ctx, dbias, dt, {OC, 1});
+      launch(ctx, "aclnnInplaceAddmm", ctx.api().aclnnInplaceAddmmGetWorkspaceSize, ctx.api().aclnnInplaceAddmm, db, dyt, e, one, one, cube_math_type);
+    } else {
+      scratch<T> part(ctx, std::size_t(OC));
+      tensor db(ctx, part.data(), dt, {OC, 1});
+      launch(ctx, "aclnnMatmul", ctx.api().aclnnMatmulGetWorkspaceSize, ctx.api().aclnnMatmul, dyt, e, db, cube_math_type);
+      accumulate(ctx, dbias, part.data(), {OC});
+    }
   }
 }
 
