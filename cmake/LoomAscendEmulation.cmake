@@ -9,6 +9,7 @@
 #   libnnopbase.so   emulation/src/meta.cpp
 #   libopapi.so      emulation/src/ops.cpp, ops_attention.cpp
 #   libhccl.so       emulation/src/hccl.cpp
+#   libmsprofiler.so emulation/src/prof.cpp     (aclprof* session calls, logged for tests)
 # Nothing links them: the test binaries find them through ASCEND_HOME_PATH (set by CTest) or the
 # compile definition LOOM_ASCEND_EMULATION_HOME (the fallback when run by hand).
 #
@@ -53,10 +54,13 @@ _loom_emu_library(loom_emu_ascendcl ascendcl "${_loom_emu_src}/runtime.cpp" "${_
 _loom_emu_library(loom_emu_nnopbase nnopbase "${_loom_emu_src}/meta.cpp")
 _loom_emu_library(loom_emu_opapi opapi "${_loom_emu_src}/ops.cpp" "${_loom_emu_src}/ops_attention.cpp")
 _loom_emu_library(loom_emu_hccl hccl "${_loom_emu_src}/hccl.cpp")
+_loom_emu_library(loom_emu_msprofiler msprofiler "${_loom_emu_src}/prof.cpp")
 target_link_libraries(loom_emu_nnopbase PRIVATE loom_emu_ascendcl)
 target_link_libraries(loom_emu_opapi PRIVATE loom_emu_nnopbase loom_emu_ascendcl)
 target_link_libraries(loom_emu_hccl PRIVATE loom_emu_nnopbase loom_emu_ascendcl)
-add_custom_target(loom_ascend_emulation DEPENDS loom_emu_ascendcl loom_emu_nnopbase loom_emu_opapi loom_emu_hccl)
+target_link_libraries(loom_emu_msprofiler PRIVATE loom_emu_ascendcl)
+add_custom_target(loom_ascend_emulation DEPENDS loom_emu_ascendcl loom_emu_nnopbase loom_emu_opapi loom_emu_hccl
+                                                loom_emu_msprofiler)
 
 function(loom_ascend_emulation_tests)
   set(root "${LOOM_ASCEND_EMULATION_ROOT}")

@@ -45,6 +45,22 @@ typedef struct {
 } loomemu_counters;
 loomemu_counters loomemu_get_counters(void);
 
+/* The emulated profiler (libmsprofiler.so, acl/acl_prof.h) logs every successful session call.
+ * `executors_run` is loomemu_counters.executors_run at the call: the aclnn launches enqueued
+ * before it, so a test can tell exactly which launches (steps) fell inside start..stop. */
+typedef enum { LOOMEMU_PROF_INIT, LOOMEMU_PROF_START, LOOMEMU_PROF_STOP, LOOMEMU_PROF_FINALIZE } loomemu_prof_kind;
+typedef struct {
+  int kind;                  /* loomemu_prof_kind */
+  uint64_t executors_run;    /* aclnn phase-2 calls enqueued before this call */
+  uint64_t data_type_config; /* START/STOP: the config's dataTypeConfig */
+  uint32_t device_count;     /* START/STOP: the config's device count */
+} loomemu_prof_event;
+/* Copies up to `capacity` logged events (oldest first) to `out`; returns how many are logged.
+ * Exported by the emulated libmsprofiler.so. */
+size_t loomemu_profiler_log(loomemu_prof_event *out, size_t capacity);
+/* Forgets the log (not the session state). */
+void loomemu_profiler_clear(void);
+
 #ifdef __cplusplus
 }
 #endif

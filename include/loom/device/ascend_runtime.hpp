@@ -21,6 +21,8 @@
 ///                                                   (each op resolved from the first that exports it)
 ///   libhccl.so, libhcomm.so                         collectives; communicator management moved to
 ///                                                   libhcomm on the newest CANN
+///   libmsprofiler.so                                the CANN profiler's C API (aclprof*, optional:
+///                                                   only device::ascend_profiler needs it)
 /// Once libascendcl is found, the others are looked for in its directory first.
 ///
 /// Only libascendcl and its core runtime functions are mandatory. Missing operators or HCCL leave
@@ -101,6 +103,9 @@ class ascend_runtime {
   bool has_operators() const noexcept { return has_ops_; }
   /// True when every HCCL function loom uses was resolved.
   bool has_hccl() const noexcept { return has_hccl_; }
+  /// True when the CANN profiler's session functions (aclprofInit ... aclprofFinalize) were
+  /// resolved from libmsprofiler.so.
+  bool has_profiler() const noexcept { return has_prof_; }
   /// Any symbol of the loaded libraries (nullptr when none exports it) — for extensions and the
   /// emulation's control functions in tests.
   void* symbol(const char* name) const noexcept {
@@ -111,6 +116,7 @@ class ascend_runtime {
   /// The names of the libraries searched for `name`'s group, for error messages.
   std::string searched_for(std::string_view function) const {
     if (function.starts_with("Hccl")) return "libhccl.so, libhcomm.so";
+    if (function.starts_with("aclprof")) return "libmsprofiler.so";
     if (function.starts_with("aclnn")) return "libopapi_math.so, libopapi_nn.so, libopapi_transformer.so, libopapi.so";
     if (function.starts_with("aclCreate") || function.starts_with("aclDestroy")) return "libnnopbase.so";
     return "libascendcl.so";
@@ -243,6 +249,7 @@ class ascend_runtime {
     const auto meta = open_group({"libnnopbase.so"});
     const auto ops = open_group({"libopapi_math.so", "libopapi_nn.so", "libopapi_transformer.so", "libopapi.so"});
     const auto hccl = open_group({"libhccl.so", "libhcomm.so"});
+    const auto prof = open_group({"libmsprofiler.so"});
     const std::size_t before_ops = missing_.size();
 #define LOOM_ACL_RESOLVE_META(name, ret, params) api_.name = reinterpret_cast<decltype(api_.name)>(resolve(meta, #name));
     LOOM_ACL_META_FUNCTIONS(LOOM_ACL_RESOLVE_META)
@@ -256,6 +263,11 @@ class ascend_runtime {
     LOOM_HCCL_FUNCTIONS(LOOM_ACL_RESOLVE_HCCL)
 #undef LOOM_ACL_RESOLVE_HCCL
     has_hccl_ = missing_.size() == before_hccl;
+    const std::size_t before_prof = missing_.size();
+#define LOOM_ACL_RESOLVE_PROF(name, ret, params) api_.name = reinterpret_cast<decltype(api_.name)>(resolve(prof, #name));
+    LOOM_ACL_PROF_FUNCTIONS(LOOM_ACL_RESOLVE_PROF)
+#undef LOOM_ACL_RESOLVE_PROF
+    has_prof_ = missing_.size() == before_prof;
   }
 
   acl::api_table api_{};
@@ -263,7 +275,7 @@ class ascend_runtime {
   std::vector<std::pair<std::string, std::string>> loaded_;
   std::vector<std::string> missing_;
   std::string home_;
-  bool has_ops_ = false, has_hccl_ = false;
+  bool has_ops_ = false, has_hccl_ = false, has_prof_ = false;
   mutable std::once_flag init_once_;
 };
 

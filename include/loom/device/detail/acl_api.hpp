@@ -23,6 +23,7 @@
 
 #if LOOM_ASCEND_USE_CANN_HEADERS
 #include <acl/acl.h>
+#include <acl/acl_prof.h>
 #include <aclnn/acl_meta.h>
 #include <aclnnop/aclnn_add.h>
 #include <aclnnop/aclnn_addmm.h>
@@ -71,6 +72,9 @@ using ::HcclDataType;
 using ::HcclReduceOp;
 using ::HcclResult;
 using ::HcclRootInfo;
+using ::aclprofAicoreEvents;
+using ::aclprofAicoreMetrics;
+using ::aclprofConfig;
 #else
 using aclError = int;          // typedef int aclError                        (§1.2)
 using aclnnStatus = int32_t;   // typedef int32_t aclnnStatus                 (§2.1)
@@ -88,12 +92,16 @@ enum aclCANNPackageName : int {};
 enum HcclResult : int {};
 enum HcclDataType : int {};
 enum HcclReduceOp : int {};
+enum aclprofAicoreMetrics : int {};
 // Opaque descriptor objects (typedef struct X X; in acl_meta.h, §2.2).
 struct aclTensor;
 struct aclScalar;
 struct aclIntArray;
 struct aclBoolArray;
 struct aclOpExecutor;
+// Opaque profiling objects (acl/acl_prof.h, §5.1).
+struct aclprofConfig;
+struct aclprofAicoreEvents;
 /// aclsysGetCANNVersion's result (§1.3): 128 + 4*64 + 128 bytes of NUL-terminated text.
 struct aclCANNPackageVersion {
   char version[128];
@@ -158,6 +166,16 @@ inline constexpr HcclReduceOp hccl_prod = HcclReduceOp(1);                      
 inline constexpr HcclReduceOp hccl_max = HcclReduceOp(2);                        // HCCL_REDUCE_MAX
 inline constexpr HcclReduceOp hccl_min = HcclReduceOp(3);                        // HCCL_REDUCE_MIN
 inline constexpr std::size_t hccl_root_info_bytes = 4108;                        // HCCL_ROOT_INFO_BYTES
+// aclprofCreateConfig's dataTypeConfig switches and AI-core metric (§5.1, 8.1.RC1 acl_prof.h)
+inline constexpr uint64_t prof_acl_api = 0x1u;                                   // ACL_PROF_ACL_API
+inline constexpr uint64_t prof_task_time = 0x2u;                                 // ACL_PROF_TASK_TIME
+inline constexpr uint64_t prof_aicore_metrics = 0x4u;                            // ACL_PROF_AICORE_METRICS
+inline constexpr uint64_t prof_hccl_trace = 0x20u;                               // ACL_PROF_HCCL_TRACE
+inline constexpr uint64_t prof_training_trace = 0x40u;                           // ACL_PROF_TRAINING_TRACE
+inline constexpr uint64_t prof_msproftx = 0x80u;                                 // ACL_PROF_MSPROFTX
+inline constexpr uint64_t prof_runtime_api = 0x100u;                             // ACL_PROF_RUNTIME_API
+inline constexpr aclprofAicoreMetrics aicore_none = aclprofAicoreMetrics(0xFF);  // ACL_AICORE_NONE
+inline constexpr aclprofAicoreMetrics aicore_pipe_utilization = aclprofAicoreMetrics(1);  // ACL_AICORE_PIPE_UTILIZATION
 
 #if LOOM_ASCEND_USE_CANN_HEADERS
 static_assert(success == ACL_SUCCESS && dt_float == ACL_FLOAT && dt_float16 == ACL_FLOAT16 && dt_int8 == ACL_INT8 &&
@@ -181,6 +199,12 @@ static_assert(hccl_success == HCCL_SUCCESS && hccl_e_timeout == HCCL_E_TIMEOUT &
                   hccl_max == HCCL_REDUCE_MAX && hccl_min == HCCL_REDUCE_MIN &&
                   hccl_root_info_bytes == HCCL_ROOT_INFO_BYTES && sizeof(HcclRootInfo) == HCCL_ROOT_INFO_BYTES,
               "CANN header drift: an HCCL value differs from loom's declarations");
+static_assert(prof_acl_api == ACL_PROF_ACL_API && prof_task_time == ACL_PROF_TASK_TIME &&
+                  prof_aicore_metrics == ACL_PROF_AICORE_METRICS && prof_hccl_trace == ACL_PROF_HCCL_TRACE &&
+                  prof_training_trace == ACL_PROF_TRAINING_TRACE && prof_msproftx == ACL_PROF_MSPROFTX &&
+                  prof_runtime_api == ACL_PROF_RUNTIME_API && aicore_none == ACL_AICORE_NONE &&
+                  aicore_pipe_utilization == ACL_AICORE_PIPE_UTILIZATION,
+              "CANN header drift: an aclprof value differs from loom's declarations");
 #endif
 
 /// Fills an HcclCommConfig with its versioned header and "not set" defaults. With the vendor
@@ -248,6 +272,18 @@ inline void hccl_comm_config_init(HcclCommConfig* config) noexcept {
 #define LOOM_ACL_OPTIONAL_FUNCTIONS(X)                                                                         \
   X(aclsysGetCANNVersion, aclError, (aclCANNPackageName name, aclCANNPackageVersion * version))               \
   X(aclrtGetSocName, const char*, ())
+
+/// libmsprofiler.so (§4.2, §5.1; torch_npu dlopens it too): the CANN profiler's session calls,
+/// optional — null when the library is absent (profiling then throws when asked for).
+#define LOOM_ACL_PROF_FUNCTIONS(X)                                                                             \
+  X(aclprofInit, aclError, (const char* profilerResultPath, std::size_t length))                              \
+  X(aclprofCreateConfig, aclprofConfig*,                                                                       \
+    (uint32_t * deviceIdList, uint32_t deviceNums, aclprofAicoreMetrics aicoreMetrics,                         \
+     const aclprofAicoreEvents* aicoreEvents, uint64_t dataTypeConfig))                                        \
+  X(aclprofStart, aclError, (const aclprofConfig* profilerConfig))                                             \
+  X(aclprofStop, aclError, (const aclprofConfig* profilerConfig))                                              \
+  X(aclprofDestroyConfig, aclError, (const aclprofConfig* profilerConfig))                                     \
+  X(aclprofFinalize, aclError, ())
 
 /// libnnopbase.so (§2.2).
 #define LOOM_ACL_META_FUNCTIONS(X)                                                                             \
@@ -403,6 +439,7 @@ struct api_table {
   LOOM_ACL_META_FUNCTIONS(LOOM_ACL_MEMBER)
   LOOM_ACLNN_FUNCTIONS(LOOM_ACL_MEMBER)
   LOOM_HCCL_FUNCTIONS(LOOM_ACL_MEMBER)
+  LOOM_ACL_PROF_FUNCTIONS(LOOM_ACL_MEMBER)
 #undef LOOM_ACL_MEMBER
 };
 
@@ -417,6 +454,7 @@ LOOM_ACL_OPTIONAL_FUNCTIONS(LOOM_ACL_DRIFT_CHECK)
 LOOM_ACL_META_FUNCTIONS(LOOM_ACL_DRIFT_CHECK)
 LOOM_ACLNN_FUNCTIONS(LOOM_ACL_DRIFT_CHECK)
 LOOM_HCCL_FUNCTIONS(LOOM_ACL_DRIFT_CHECK)
+LOOM_ACL_PROF_FUNCTIONS(LOOM_ACL_DRIFT_CHECK)
 #undef LOOM_ACL_DRIFT_CHECK
 #endif
 
