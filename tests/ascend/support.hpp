@@ -63,6 +63,13 @@ struct loomemu_counters {
   std::uint64_t host_pinned_allocs, executors_created, executors_run, tasks_executed, checks_failed, async_copies,
       sync_copies;
 };
+/// Mirrors loomemu_prof_event / loomemu_prof_kind of control.h (keep in sync).
+enum { LOOMEMU_PROF_INIT, LOOMEMU_PROF_START, LOOMEMU_PROF_STOP, LOOMEMU_PROF_FINALIZE };
+struct loomemu_prof_event {
+  int kind;
+  std::uint64_t executors_run, data_type_config;
+  std::uint32_t device_count;
+};
 inline void loomemu_inject_failure(const char* api, int code, int skip, int count) {
   emu<void(const char*, int, int, int)>("loomemu_inject_failure")(api, code, skip, count);
 }

@@ -1,16 +1,26 @@
 // The whole loom::gpt forward, backward and AdamW step on device::ascend (through loom's host
-// emulation of ACL/aclnn) against the same model on device::cpu, from identical parameters.
+// emulation of ACL/aclnn) against the same model on device::cpu, from identical parameters
+// (fp32 against fp32; bf16 with fp32 gradients against cpu/bf16); the trainer; the consistency
+// checker (verify::compare) with an ascend/bf16 side; and the profile window driving the CANN
+// profiler (aclprof*) around exactly the window's steps.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstddef>
+#include <filesystem>
 #include <string_view>
 
+#include <unistd.h>
+
+#include <loom/device/ascend_profiler.hpp>
 #include <loom/device/cpu.hpp>
+#include <loom/io/trace.hpp>
 #include <loom/kernels/ascend.hpp>
 #include <loom/kernels/cpu.hpp>
 #include <loom/nn/gpt.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/train/trainer.hpp>
+#include <loom/verify/compare.hpp>
 
 #include "support.hpp"
 
@@ -18,21 +28,19 @@ using namespace loom_test;
 
 namespace {
 
-/// bf16 storage with fp32 compute and masters (a local stand-in until precision::bf16 exists).
-struct bf16_storage {
-  using storage = Eigen::bfloat16;
-  using compute = float;
-  using master = float;
-  static constexpr bool needs_loss_scaling = false;
-  static constexpr std::string_view name = "bf16";
-};
-
-template <class Precision>
+/// The GPT step on ascend with precision NpuP against cpu with CpuP (kernels::reference attention
+/// for fp32, fused otherwise), from identical parameters.
+template <class NpuP, class CpuP>
 void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
   using M = loom::models::tiny;
-  using S = typename Precision::storage;
-  using cpu_model = loom::gpt<M, loom::policy<loom::device::cpu, loom::precision::fp32>, loom::kernels::reference>;
-  using npu_model = loom::gpt<M, loom::policy<npu, Precision>, loom::kernels::fused>;
+  using S = typename NpuP::storage;
+  using CS = typename CpuP::storage;
+  using cpu_attn = std::conditional_t<std::is_same_v<CS, float>, loom::kernels::reference, loom::kernels::fused>;
+  using cpu_model = loom::gpt<M, loom::policy<loom::device::cpu, CpuP>, cpu_attn>;
+  using npu_model = loom::gpt<M, loom::policy<npu, NpuP>, loom::kernels::fused>;
+  // parameter gradients are fp32 on both devices for every precision here (kernels::gradient_t)
+  static_assert(std::is_same_v<typename npu_model::grad_t, float>);
+  static_assert(std::is_same_v<typename cpu_model::grad_t, float>);
   constexpr int B = 3, T = 9;  // activation capacity
   const int b = 2, t = 7;      // a shorter micro-batch than the capacity
 
@@ -44,11 +52,12 @@ void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
   // random perturbation of every parameter (LayerNorm gains/biases included), rounded to S
   auto cp = cm.parameters();
   const auto r = randn(cp.size(), 99, 0.05f);
-  for (std::size_t i = 0; i < cp.size(); ++i) cp[i] = float(S(cp[i] + r[i]));
+  for (std::size_t i = 0; i < cp.size(); ++i) cp[i] = CS(float(S(float(cp[i]) + r[i])));
   {
-    const auto host = to<S>(std::vector<float>(cp.begin(), cp.end()));
+    const auto host = to<S>(to_float(std::vector<CS>(cp.begin(), cp.end())));
     npu::copy_to_device(nm.parameters().data(), host.data(), host.size() * sizeof(S), nctx.stream);
   }
+  const auto before = to_float(std::vector<CS>(cp.begin(), cp.end()));
   std::vector<std::int32_t> in(std::size_t(b) * t), tg(std::size_t(b) * t);
   for (std::size_t i = 0; i < in.size(); ++i) {
     in[i] = std::int32_t((i * 29 + 3) % M::vocab);
@@ -69,6 +78,7 @@ void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
   const auto nlosses = download(nctx, nacts.losses(), std::size_t(b) * t);
   const std::vector<float> closses(cacts.losses(), cacts.losses() + std::size_t(b) * t);
   CHECK(nmse(nlosses, closses) < loss_rel * loss_rel);
+  double worst_grad = 0;
 
   cm.backward(cctx, cacts, in.data(), b, t);
   nm.backward(nctx, nacts, din.data(), b, t);
@@ -76,12 +86,14 @@ void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
     const auto g = nm.gradient(loom::nn::param(k));
     const auto cg = cm.gradient(loom::nn::param(k));
     INFO("gradient of " << cpu_model::table[k].name);
-    CHECK(nmse(download(nctx, g.data(), g.size()), std::vector<float>(cg.begin(), cg.end())) < grad_nmse);
+    const double e = nmse(download(nctx, g.data(), g.size()), std::vector<float>(cg.begin(), cg.end()));
+    worst_grad = std::max(worst_grad, e);
+    CHECK(e < grad_nmse);
   }
 
   // one AdamW step with clipping, the optimizer running through ops::adamw on each device
   loom::optim::adamw_config cfg;
-  loom::optim::adamw<cpu_model> copt(cctx, cfg);
+  loom::optim::adamw<cpu_model> copt(cctx, cfg, cm);
   loom::optim::adamw<npu_model> nopt(nctx, cfg, nm);
   const double cnorm = loom::optim::adamw<cpu_model>::grad_norm(cctx, cm);
   const double nnorm = loom::optim::adamw<npu_model>::grad_norm(nctx, nm);
@@ -91,17 +103,23 @@ void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
   // the updates are ~lr relative to the parameters, so a wrong or missing update fails this
   const auto np = download(nctx, nm.parameters().data(), nm.parameters().size());
   const auto cp_after = cm.parameters();
-  CHECK(nmse(np, std::vector<float>(cp_after.begin(), cp_after.end())) < param_nmse);
+  const double pe = nmse(np, to_float(std::vector<CS>(cp_after.begin(), cp_after.end())));
+  const double moved = nmse(before, to_float(std::vector<CS>(cp_after.begin(), cp_after.end())));
+  MESSAGE(NpuP::name << " on ascend vs " << CpuP::name << " on cpu: worst gradient NMSE " << worst_grad
+                     << ", parameter NMSE after the step " << pe << " (the step itself moved them by NMSE " << moved << ")");
+  CHECK(pe < param_nmse);
 }
 
 }  // namespace
 
 TEST_CASE("gpt<tiny> on ascend/fp32 (deliberate fp32 matmul, emulated): loss, every gradient and an AdamW step match cpu/fp32") {
-  compare_with_cpu<loom::precision::fp32_ascend_matmul>(1e-5, 1e-9, 1e-8);  // Adam amplifies tiny-gradient noise
+  compare_with_cpu<loom::precision::fp32_ascend_matmul, loom::precision::fp32>(1e-5, 1e-9, 1e-8);  // Adam amplifies tiny-gradient noise
 }
 
-TEST_CASE("gpt<tiny> on ascend/bf16 storage (emulated): forward and backward agree with cpu/fp32") {
-  compare_with_cpu<bf16_storage>(2e-2, 5e-3, 5e-4);
+TEST_CASE("gpt<tiny> on ascend/bf16 (emulated): fp32 gradients; loss, every gradient and an AdamW step match cpu/bf16") {
+  // measured (emulation): worst gradient NMSE 4.7e-5, parameters after the step 8.1e-5 while the
+  // step moves them by 9.6e-3
+  compare_with_cpu<loom::precision::bf16, loom::precision::bf16>(2e-2, 5e-4, 5e-4);
 }
 
 TEST_CASE("trainer<tiny> on ascend/fp32 (emulated): three steps with gradient accumulation track cpu/fp32") {
@@ -126,4 +144,118 @@ TEST_CASE("trainer<tiny> on ascend/fp32 (emulated): three steps with gradient ac
     CHECK(nr.lr == cr.lr);
     CHECK_FALSE(nr.skipped);
   }
+}
+
+TEST_CASE("verify::compare: cpu/fp32 against ascend/bf16 (emulated) passes bf16's tolerance and names a perturbed weight first") {
+  using M = loom::models::tiny;
+  using cpu_model = loom::gpt<M, loom::policy<loom::device::cpu, loom::precision::fp32>, loom::kernels::fused>;
+  using npu_model = loom::gpt<M, loom::policy<npu, loom::precision::bf16>, loom::kernels::fused>;
+  constexpr int B = 2, T = 11;
+  loom::verify::batch<B, T> x;
+  for (int i = 0; i < B * T; ++i) {
+    x.inputs.push_back(std::int32_t((i * 29 + 3) % M::vocab));
+    x.targets.push_back(std::int32_t((i * 17 + 11) % M::vocab));
+  }
+  x.targets[4] = loom::kernels::ignore_index;
+  loom::context<loom::device::cpu> cctx;
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& nctx = dev.context();
+  cpu_model a(cctx, 5);
+  npu_model b(nctx, 99);  // different init: compare copies A's weights
+
+  const auto r = loom::verify::compare(a, cctx, b, nctx, x);
+  double worst_act = 0, worst_grad = 0;
+  for (const auto& s : r.rows) (s.gradient ? worst_grad : worst_act) = std::max(s.gradient ? worst_grad : worst_act, s.rel_error);
+  MESSAGE("ascend/bf16 vs cpu/fp32: worst relative error " << worst_act << " (activations), " << worst_grad
+                                                           << " (gradients)");
+  INFO(loom::verify::format(r));
+  CHECK(r.policy_b == "ascend/bf16");
+  // the tolerances of the CPU fp32-vs-bf16 comparison (tests/unit/verify/test_compare.cpp)
+  constexpr auto tol = loom::verify::tolerance_for<loom::precision::fp32, loom::precision::bf16>();
+  CHECK(r.tol.activation == tol.activation);
+  CHECK(r.tol.gradient == tol.gradient);
+  CHECK(r.pass());
+  CHECK(r.rows.size() == std::size_t(1 + 8 * M::n_layer + 3 + 1 + 2 + 12 * M::n_layer + 2));
+  CHECK(worst_act > 1e-3);  // bf16 rounding is visible (the comparison is not vacuous)
+  CHECK(r.loss_b == doctest::Approx(r.loss_a).epsilon(2e-2));
+
+  // the same weights loaded by the caller, then one weight deliberately perturbed by ~10 %
+  loom::verify::copy_parameters(a, cctx, b, nctx);
+  const auto w = b.parameter(loom::nn::param::fc_w);
+  const std::size_t per = w.size() / M::n_layer, off = per;  // layer 1
+  auto host = download(nctx, w.data() + off, per);
+  const auto noise = randn(per, 5, 0.1f);
+  for (std::size_t i = 0; i < per; ++i) host[i] *= 1.0f + noise[i];
+  const auto hb = to<Eigen::bfloat16>(host);
+  npu::copy_to_device(w.data() + off, hb.data(), per * sizeof(Eigen::bfloat16), nctx.stream);
+  loom::verify::compare_options opt;
+  opt.copy_weights = false;
+  const auto rp = loom::verify::compare(a, cctx, b, nctx, x, opt);
+  INFO(loom::verify::format(rp));
+  CHECK_FALSE(rp.pass());
+  REQUIRE(rp.first_failure() != nullptr);
+  CHECK(rp.first_failure()->name == "weight layer 1 fc_w");
+  CHECK(rp.first_failure()->rel_error > 5e-2);
+  CHECK(loom::verify::format(rp).find("FAIL: first disagreement at 'weight layer 1 fc_w'") != std::string::npos);
+  // every other weight agrees, and the first activation to fail is the one computed from it
+  std::size_t failing_weights = 0;
+  const loom::verify::tensor_stats* first_act = nullptr;
+  for (const auto& s : rp.rows) {
+    if (s.name.rfind("weight ", 0) == 0) failing_weights += !s.pass;
+    else if (!s.pass && !first_act) first_act = &s;
+  }
+  CHECK(failing_weights == 1);
+  REQUIRE(first_act != nullptr);
+  CHECK(first_act->name == "layer 1 fc");
+  CHECK(rp.rows.size() == r.rows.size() + std::size_t(2 + 12 * M::n_layer + 2));
+}
+
+TEST_CASE("profile window on ascend (emulated): steps 2:4 start and stop the CANN profiler around exactly those steps") {
+  using M = loom::models::tiny;
+  constexpr int B = 2, T = 8;
+  loom::train::trainer_config cfg;
+  cfg.schedule = {3e-3, 3e-4, 1, 10};
+  cfg.seed = 3;
+  loom::device::ascend_device dev(runtime(), 0);
+  loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::kernels::fused> nt(dev.context(), cfg);
+  using log_fn = std::size_t(loomemu_prof_event*, std::size_t);
+  emu<void()>("loomemu_profiler_clear")();
+  const auto dir = std::filesystem::temp_directory_path() / ("loom_msprof_" + std::to_string(::getpid()));
+  loom::device::ascend_profiler prof(runtime(), {.output_dir = dir, .devices = {0}});
+  loom::io::trace_recorder trace({.window = loom::io::step_window::parse("2:4"),
+                                  .on_start = [&] { prof.start(); },
+                                  .on_stop = [&] { prof.stop(); }});
+  std::vector<std::int32_t> windows(nt.windows_per_step() * nt.window());
+  std::vector<std::uint64_t> launches_before;  // aclnn launches enqueued before step s
+  for (int s = 0; s < 6; ++s) {
+    launches_before.push_back(loomemu_get_counters().executors_run);
+    trace.begin_step(s);
+    CHECK(prof.running() == (s == 2 || s == 3));
+    for (std::size_t i = 0; i < windows.size(); ++i) windows[i] = std::int32_t((i * 5 + std::size_t(s) + 2) % M::vocab);
+    nt.step(dev.context(), windows);
+  }
+  trace.stop();
+  CHECK(std::filesystem::is_directory(dir));
+  loomemu_prof_event log[8]{};
+  const std::size_t n = emu<log_fn>("loomemu_profiler_log")(log, 8);
+  REQUIRE(n == 4);  // one session: init, start, stop, finalize — nothing after the window
+  CHECK(log[0].kind == LOOMEMU_PROF_INIT);
+  CHECK(log[1].kind == LOOMEMU_PROF_START);
+  CHECK(log[2].kind == LOOMEMU_PROF_STOP);
+  CHECK(log[3].kind == LOOMEMU_PROF_FINALIZE);
+  // started after step 1's last launch and before step 2's first; stopped right after step 3's last
+  CHECK(launches_before[2] > launches_before[1]);
+  CHECK(log[1].executors_run == launches_before[2]);
+  CHECK(log[2].executors_run == launches_before[4]);
+  CHECK(log[2].executors_run - log[1].executors_run == launches_before[4] - launches_before[2]);
+  CHECK(launches_before[4] - launches_before[3] == launches_before[3] - launches_before[2]);  // two whole steps
+  CHECK(log[1].device_count == 1);
+  CHECK(log[1].data_type_config == (loom::device::acl::prof_acl_api | loom::device::acl::prof_task_time |
+                                    loom::device::acl::prof_hccl_trace | loom::device::acl::prof_training_trace));
+  CHECK_FALSE(prof.running());
+  CHECK_THROWS_AS(prof.start(), loom::input_error);  // one window per profiler
+  // the emulation enforces the documented order: stop without a session's config is refused
+  CHECK(api().aclprofStop(nullptr) != 0);
+  CHECK(api().aclprofFinalize() != 0);
+  std::filesystem::remove_all(dir);
 }

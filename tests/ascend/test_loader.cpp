@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <loom/device/ascend.hpp>
+#include <loom/device/ascend_peak.hpp>
 #include <loom/device/ascend_runtime.hpp>
 #include <loom/kernels/ascend.hpp>
 #include <loom/parallel/comm_hccl.hpp>
+#include <loom/train/metrics.hpp>
 
 #include "support.hpp"
 
@@ -80,7 +82,8 @@ TEST_CASE("ascend runtime: the emulation loads from ASCEND_HOME_PATH like a tool
   CHECK(rt->has_operators());
   CHECK(rt->has_hccl());
   CHECK(rt->missing().empty());
-  REQUIRE(rt->libraries().size() == 4);  // ascendcl, nnopbase, opapi, hccl — nothing linked
+  REQUIRE(rt->libraries().size() == 5);  // ascendcl, nnopbase, opapi, hccl, msprofiler — nothing linked
+  CHECK(rt->has_profiler());
   CHECK(rt->libraries()[0].first == "libascendcl.so");
   CHECK(fs::path(rt->libraries()[0].second).parent_path() == fs::path(rt->home()));
   CHECK(static_cast<bool>(rt->api().aclsysGetCANNVersion));
@@ -124,4 +127,31 @@ TEST_CASE("ascend runtime: policy calls on a thread without a device say which o
     CHECK_THROWS_WITH_AS(npu::synchronize(nullptr), doctest::Contains("ascend_device(runtime, ordinal)"),
                          loom::device_error);
   }).join();
+}
+
+TEST_CASE("ascend peak table: the SoC name from aclrtGetSocName picks the row; unknown SoCs and precisions give NaN MFU") {
+  loom::device::ascend_device dev(runtime(), 0);
+  // the emulation reports "Ascend910B-emulated (...)": the Ascend910B row, by longest prefix
+  const auto p = loom::device::ascend_peak_of(*runtime());
+  REQUIRE(p.has_value());
+  CHECK(p->soc_prefix == "Ascend910B");
+  CHECK(p->flops("bf16") == 280e12);
+  CHECK(p->flops("fp16") == 280e12);
+  CHECK(std::isnan(p->flops("fp32_ascend_matmul")));  // no sourced fp32 cube figure: NaN, not a guess
+  CHECK_FALSE(p->confirmed);
+  CHECK(p->source.find("unconfirmed") != std::string_view::npos);
+  CHECK(loom::device::ascend_peak_for("Ascend910B3")->soc_prefix == "Ascend910B");
+  const auto first_gen = loom::device::ascend_peak_for("Ascend910A");
+  REQUIRE(first_gen.has_value());
+  CHECK(first_gen->soc_prefix == "Ascend910");
+  CHECK(first_gen->flops("fp16") == 256e12);
+  CHECK(std::isnan(first_gen->flops("bf16")));  // first-generation parts have no bf16
+  CHECK_FALSE(loom::device::ascend_peak_for("Ascend310P3").has_value());
+  CHECK_FALSE(loom::device::ascend_peak_for("").has_value());
+  // MFU of a GPT step against it: 6 N flops per token (N = 1e8), 2e5 tokens/s on 2 NPUs
+  const double flops_per_token = 6.0 * 1e8, tokens_per_s = 2e5;
+  CHECK(loom::train::mfu(flops_per_token, tokens_per_s, 2 * p->flops("bf16")) == doctest::Approx(1.2e14 / 5.6e14));
+  CHECK(std::isnan(loom::train::mfu(flops_per_token, tokens_per_s, p->flops("fp32"))));
+  const auto user = loom::device::peak_override(313, "datasheet of my part");
+  CHECK(user.flops("fp32") == 313e12);
 }
