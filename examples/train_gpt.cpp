@@ -27,6 +27,11 @@
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --ranks 2
 //   mpirun -np 2 train_gpt --data ../shared/data/tinyshakespeare.txt --comm mpi --zero1
 //
+// Tensor and pipeline parallel (docs/tensor_pipeline.md): --layout tp2pp2 splits the model over
+// TP*PP ranks (Megatron-LM's layout; models char_tiny and quickstart_bpe, fp32); the world is
+// TP*PP*DP ranks, data parallel on top. --grad-accum is the pipeline's micro-batch count.
+//   train_gpt --data ../shared/data/tinyshakespeare.txt --model char_tiny --layout tp2pp2 --ranks 4 --grad-accum 4
+//
 // Precision (docs/precision.md): --precision bf16 stores weights and activations in bfloat16 with
 // fp32 accumulation, fp32 gradients and fp32 master weights; fp16 adds dynamic loss scaling
 // (logged as train/loss_scale; on the console whenever it changes). One rank only so far.
@@ -78,36 +83,11 @@
 #include <loom/train/metrics.hpp>
 #include <loom/train/trainer.hpp>
 
+#include "train_gpt/options.hpp"
+
 namespace {
 
-struct options {
-  std::string data, model = "quickstart", out, prompt = "\n";
-  long steps = 2000;
-  int micro_batch = 0, seq_len = 0, grad_accum = 1;
-  double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, max_grad_norm = 1.0, val_fraction = 0.1;
-  long warmup = 100;
-  long eval_every = 250;
-  int eval_windows = 64, sample_tokens = 400, top_k = 0;
-  double temperature = 0.8;
-  std::uint64_t seed = 1337;
-  double time_budget = 0;  // seconds; 0 = none
-  std::string log_dir = "out/logs", profile_steps;
-  double peak_gflops = 0;  // 0 = measure at start-up
-  bool synthetic_data = false;  // isolation switch: train on in-memory random batches
-  long summary_every = 500;
-  // checkpoints (io/checkpoint.hpp, docs/checkpoint.md)
-  std::string checkpoint_dir, resume, export_hf, init_from_hf;
-  long save_every = 100, stop_at_step = 0;
-  int keep = 5;
-  // data parallelism (parallel/data_parallel.hpp, docs/parallel.md)
-  int ranks = 1;
-  std::string comm = "threads";
-  double bucket_mb = 1.0;
-  bool no_overlap = false, zero1 = false;
-  long replica_check_every = 100;
-  double comm_timeout = 600;  // seconds a collective may take before the run ends with an error naming it
-  std::string precision = "fp32";  // fp32 | bf16 | fp16 (docs/precision.md)
-};
+using train_gpt_cli::options;
 
 /// Where a run resumed from `resume` keeps saving: the run's root (the parent of a
 /// step_NNNNNNNN directory given directly).
@@ -593,6 +573,9 @@ int main(int argc, char** argv) {
   app.add_option("--replica-check-every", o.replica_check_every,
                  "data parallel: compare a parameter checksum across ranks every N steps (0: never)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--layout", o.layout,
+                 "tensor x pipeline parallel degrees tp<TP>pp<PP> (tp1pp1, tp2pp1, tp1pp2, tp2pp2; fp32, --model "
+                 "char_tiny or quickstart_bpe); the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top");
   app.add_option("--init-from-hf", o.init_from_hf,
                  "start from the GPT-2 weights in this directory (config.json, model.safetensors)")
       ->excludes(resume);
@@ -607,8 +590,22 @@ int main(int argc, char** argv) {
   if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
   try {
     if (app.count("--model") == 0 && loom::data::indexed_dataset_prefix(o.data)) o.model = "quickstart_bpe";
+    const auto parsed_layout = train_gpt_cli::parse_layout(o.layout);
+    const int tp = parsed_layout.first, pp = parsed_layout.second;
+    if (tp * pp > 1) {  // tensor/pipeline parallel: train_gpt/layout_<model>.cpp
+      if (o.model != "char_tiny" && o.model != "quickstart_bpe")
+        throw loom::input_error("--layout " + o.layout + " is compiled for --model char_tiny and quickstart_bpe only, not " +
+                                o.model + "; pass one of those, or --layout tp1pp1");
+      if (o.comm == "threads") train_gpt_cli::check_layout_run(o, tp, pp, o.ranks);  // before starting the ranks
+    }
     auto by_model = [&](auto* world) {
       using W = std::remove_pointer_t<decltype(world)>;
+      if constexpr (!std::is_same_v<W, std::nullptr_t>) {
+        if (tp * pp > 1) {
+          if (o.model == "char_tiny") return train_gpt_cli::run_layout<loom::models::char_tiny>(o, tp, pp, *world);
+          return train_gpt_cli::run_layout<loom::models::quickstart_bpe>(o, tp, pp, *world);
+        }
+      }
       auto go = [&]<class M, int B, int T>() {
         if constexpr (std::is_same_v<W, std::nullptr_t>) {  // one rank: any precision
           if (o.precision == "bf16") return run<M, B, T, W, loom::precision::bf16>(o, world);

@@ -1,0 +1,309 @@
+#pragma once
+// train_gpt --layout tpXppY: one rank of a tensor- and pipeline-parallel run with data parallelism
+// on top (train::parallel_trainer; docs/tensor_pipeline.md). Included by train_gpt/layout_*.cpp
+// only, each instantiating run_layout<Model, World> for one model.
+//
+// What differs from the one-layout path (train_gpt.cpp's run()): fp32 only; no checkpoints yet
+// (--checkpoint-dir / --resume are refused: multi-rank checkpoints are issue 7); no ZeRO-1; the
+// gradient buffer is all-reduced over the dp group once after the pipeline. Validation runs on
+// the ranks of dp replica 0 (evaluate() is collective over tp and pp); rank 0 prints and logs.
+// At the end the parameters are gathered to the single-rank model's shape
+// (nn::gather_parameters) and rank 0 saves, exports and samples with an nn::gpt.
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <loom/bench/peak.hpp>
+#include <loom/core/memory.hpp>
+#include <loom/data/source.hpp>
+#if LOOM_WITH_TEXT
+#include <loom/data/text/tokenizer.hpp>
+#endif
+#include <loom/device/cpu.hpp>
+#include <loom/io/checkpoint.hpp>  // import_gpt2 / export_gpt2
+#include <loom/io/jsonl.hpp>
+#include <loom/io/tensorboard.hpp>
+#include <loom/io/trace.hpp>
+#include <loom/io/weights.hpp>
+#include <loom/kernels/cpu.hpp>
+#include <loom/nn/generate_in_vocab.hpp>
+#include <loom/nn/gpt.hpp>
+#include <loom/nn/gpt_parallel.hpp>
+#include <loom/parallel/layout.hpp>
+#include <loom/train/console.hpp>
+#include <loom/train/metrics.hpp>
+#include <loom/train/parallel_trainer.hpp>
+
+#include "options.hpp"
+
+namespace train_gpt_cli {
+
+/// Throws loom::input_error naming the first quantity of M that tp or pp does not divide (the
+/// run-time twin of parallel::fits<layout<TP,PP>, M>(), which rejects such a layout at compile
+/// time, so the dispatcher must check before choosing an instantiation).
+template <class M>
+void check_layout_fits(int tp, int pp) {
+  const std::string l = "--layout tp" + std::to_string(tp) + "pp" + std::to_string(pp) + ": model " + std::string(M::name);
+  auto bad = [&](const std::string& what, int n, const char* deg, int d) {
+    throw loom::input_error(l + " has " + std::to_string(n) + " " + what + ", not divisible by " + deg + "=" +
+                            std::to_string(d) + "; choose " + deg + " dividing " + std::to_string(n));
+  };
+  if (M::n_head % tp) bad("attention heads", M::n_head, "TP", tp);
+  if ((4 * M::d_model) % tp) bad("MLP columns (4 x width)", 4 * M::d_model, "TP", tp);
+  if (M::vocab_padded % tp) bad("padded vocabulary rows", M::vocab_padded, "TP", tp);
+  if (M::n_layer % pp) bad("layers", M::n_layer, "PP", pp);
+}
+
+template <class M, int B, int T, int TP, int PP, class World>
+int run_layout_impl(const options& o, World& world) {
+  using namespace loom;
+  using P = policy<device::cpu, precision::fp32, parallel::layout<TP, PP>>;
+  using trainer_t = train::parallel_trainer<M, P, B, T, World>;
+  context<device::cpu> ctx;
+  train::trainer_config cfg;
+  cfg.micro_batch = o.micro_batch;
+  cfg.seq_len = o.seq_len;
+  cfg.grad_accum = o.grad_accum;
+  cfg.schedule = {o.lr, o.min_lr, o.warmup, o.steps};
+  cfg.adamw.weight_decay = o.weight_decay;
+  cfg.adamw.max_grad_norm = o.max_grad_norm;
+  cfg.seed = o.seed;
+  if (o.seq_len > M::max_seq)
+    throw input_error("--seq-len " + std::to_string(o.seq_len) + " exceeds the maximum sequence length " +
+                      std::to_string(M::max_seq) + " of model " + std::string(M::name) + "; pass --seq-len <= " +
+                      std::to_string(M::max_seq));
+  trainer_t tr(ctx, cfg, world);
+  const bool lead = world.rank() == 0;
+  const int dp = tr.dp_size();
+  const auto& c = tr.config();
+  if (c.grad_accum < PP && lead)
+    std::fprintf(stderr, "train_gpt: warning: --grad-accum %d < PP=%d: the 1F1B pipeline never fills (bubble %.0f %%); "
+                 "pass --grad-accum >= %d (the bubble shrinks as (PP-1)/(m+PP-1))\n", c.grad_accum, PP,
+                 100 * parallel::bubble_fraction(PP, c.grad_accum), PP);
+
+  // data: this dp replica's share of every global batch (the same on every rank of a tp x pp group)
+  const auto prefix = data::indexed_dataset_prefix(o.data);
+  if (prefix)
+    if (const auto s = data::read_dataset_summary(*prefix); s && s->vocab_size > M::vocab)
+      throw input_error("dataset " + prefix->string() + " has a vocabulary of " + std::to_string(s->vocab_size) +
+                        " tokens, more than the " + std::to_string(M::vocab) + " of model " + std::string(M::name) +
+                        "; prepare it again with a smaller --vocab-size or choose a larger model");
+  data::batch_source<> src(o.data, {.micro_batch = std::size_t(c.micro_batch), .seq_len = std::size_t(c.seq_len),
+                                    .grad_accum = std::size_t(c.grad_accum), .valid_fraction = o.val_fraction,
+                                    .seed = o.seed, .vocab = M::vocab, .dp_rank = tr.dp_rank(), .dp_size = dp});
+#if LOOM_WITH_TEXT
+  std::optional<data::text::tokenizer> tok;
+  if (prefix) {
+    tok = data::text::tokenizer::load(src.tokenizer_path());
+    src.set_token_bytes(data::token_byte_lengths(*tok));
+  }
+#endif
+  const std::string out = o.out.empty() ? "out/" + std::string(M::name) + ".safetensors" : o.out;
+  const std::size_t val_rows = std::max<std::size_t>(c.micro_batch, std::size_t(o.eval_windows) / c.micro_batch * c.micro_batch);
+  const std::vector<std::int32_t> val = src.validation_batch(val_rows);
+  std::vector<std::vector<std::int32_t>> synthetic(o.synthetic_data ? 8 : 0);
+  for (std::size_t k = 0; k < synthetic.size(); ++k) {  // per dp replica, the same on its tp x pp ranks
+    const std::int64_t v = src.data_vocab() > 0 ? std::min<std::int64_t>(src.data_vocab(), M::vocab) : M::vocab;
+    std::mt19937_64 rng(o.seed + 1000003 * std::uint64_t(tr.dp_rank()) + k);
+    std::uniform_int_distribution<std::int32_t> id(0, std::int32_t(v - 1));
+    synthetic[k].resize(tr.windows_per_step() * tr.window());
+    for (auto& t : synthetic[k]) t = id(rng);
+  }
+
+  // --init-from-hf: GPT-2 weights into the single-rank model, then each rank takes its slices
+  if (!o.init_from_hf.empty()) {
+    nn::gpt<M, policy<device::cpu, precision::fp32>> whole(ctx, o.seed);
+    io::import_gpt2(ctx, whole, o.init_from_hf);
+    const auto p = whole.parameters();
+    nn::load_global_parameters(ctx, tr.model(), std::span<const float>(p.data(), p.size()));
+  }
+
+  memory_counter mem;  // this rank's (rank 0's on the console): its shards, its stage's activations
+  mem.add(memory_kind::parameters, tr.model().parameters().bytes());
+  mem.add(memory_kind::gradients, tr.model().gradients().bytes());
+  mem.add(memory_kind::optimizer, 2 * tr.optimizer().first_moment().bytes());
+  mem.add(memory_kind::activations, tr.activation_bytes());
+  const double peak = world.size() * (o.peak_gflops > 0 ? o.peak_gflops : lead ? bench::measure_fp32_peak().gflops : 1.0);
+  if (lead) {
+    std::printf("model %s: %d layers, %d heads, width %d, %zu parameters | micro-batch %d x seq %d x accum %d%s = %zu tokens/step\n",
+                std::string(M::name).c_str(), M::n_layer, M::n_head, M::d_model, nn::parameter_count<M>(), c.micro_batch,
+                c.seq_len, c.grad_accum, dp > 1 ? (" x " + std::to_string(dp) + " replicas").c_str() : "",
+                tr.tokens_per_step() * std::size_t(dp));
+    std::printf("data %s | %ld steps, lr %.1e -> %.1e, warm-up %ld\n", src.describe().c_str(), o.steps, o.lr, o.min_lr,
+                o.warmup);
+    std::printf("layout tp%dpp%d x dp %d = %d ranks (%s): tensor parallel %d, pipeline %d stages of %d layers, 1F1B over "
+                "%d micro-batches (ideal bubble %.0f %%), data parallel %d\n",
+                TP, PP, dp, world.size(), o.comm.c_str(), TP, PP, M::n_layer / PP, c.grad_accum,
+                100 * parallel::bubble_fraction(PP, c.grad_accum), dp);
+    std::printf("fp32 peak %.0f GFLOP/s (%s) | memory of rank 0 (tp 0, stage 0): parameters %.1f MiB, gradients %.1f MiB, "
+                "optimizer %.1f MiB, activations %.1f MiB\n",
+                peak, o.peak_gflops > 0 ? "--peak-gflops" : "measured", mem.current(memory_kind::parameters) / 1048576.0,
+                mem.current(memory_kind::gradients) / 1048576.0, mem.current(memory_kind::optimizer) / 1048576.0,
+                mem.current(memory_kind::activations) / 1048576.0);
+    std::fflush(stdout);
+  }
+
+  const double fpt = 6.0 * double(nn::parameter_count<M>(false)) + 12.0 * M::n_layer * c.seq_len * M::d_model;
+  train::step_metrics metrics({.flops_per_token = fpt, .peak_flops = peak * 1e9, .total_steps = o.steps});
+  train::step_timer timer;
+  train::console con({.total_steps = o.steps, .summary_every = lead ? o.summary_every : 0});
+  std::optional<io::tensorboard_writer> tb;
+  std::optional<io::jsonl_writer> jsonl;
+  if (!o.log_dir.empty() && lead) {
+    std::filesystem::create_directories(o.log_dir);
+    const auto log_file = std::filesystem::path(o.log_dir) / "metrics.jsonl";
+    if (std::filesystem::exists(log_file)) {  // a new run starts a new log; the old one is kept
+      auto kept = log_file;
+      for (int k = 1; std::filesystem::exists(kept); ++k)
+        kept = std::filesystem::path(o.log_dir) / ("metrics.previous-" + std::to_string(k) + ".jsonl");
+      std::filesystem::rename(log_file, kept);
+    }
+    tb.emplace(o.log_dir);
+    jsonl.emplace(log_file);
+  }
+  // the trace shows rank 0's phases: each pipeline action as forward / backward / exposed_comm
+  // (exposed_comm = waiting for the neighbouring stage or the tp/dp reductions)
+  io::trace_recorder trace({.window = io::step_window::parse(lead ? o.profile_steps : std::string()),
+                            .file = std::filesystem::path(o.log_dir.empty() ? "out" : o.log_dir) / "trace.json"});
+  std::array<double, train::phase_count> began{};
+  tr.on_phase = [&](train::phase p, bool begin) {
+    if (begin) {
+      timer.enter(p);
+      began[std::size_t(p)] = io::trace_recorder::now_us();
+    } else {
+      timer.leave();
+      trace.complete(train::phase_name(p), "step", began[std::size_t(p)], io::trace_recorder::now_us() - began[std::size_t(p)]);
+    }
+  };
+  const bool evaluator = tr.dp_rank() == 0;  // dp replica 0's tp x pp ranks evaluate together
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto report_val = [&](long step) {
+    if (!evaluator) return;
+    const double nats = tr.evaluate(ctx, val), bpb = src.bits_per_byte(nats, val);
+    if (!lead) return;
+    con.message("step " + std::to_string(step) + " | val loss " + std::to_string(nats).substr(0, 6) + " nats/token | " +
+                std::to_string(bpb).substr(0, 6) + " bits/byte | " +
+                std::to_string(long(std::chrono::duration<double>(clock::now() - t0).count())) + " s");
+    const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};
+    if (tb) tb->add_scalars(step, sc);
+    if (jsonl) jsonl->write_scalars(step, sc);
+  };
+
+  long step = 0;
+  std::span<const std::int32_t> batch;
+  for (; step < o.steps; ++step) {
+    int stop = o.time_budget > 0 && std::chrono::duration<double>(clock::now() - t0).count() > o.time_budget;
+    if (o.time_budget > 0) world.broadcast(std::span<int>(&stop, 1), 0);  // every rank stops together
+    if (stop) {
+      if (lead) con.message("time budget of " + std::to_string(long(o.time_budget)) + " s reached after " + std::to_string(step) + " steps");
+      break;
+    }
+    if (o.stop_at_step > 0 && step >= o.stop_at_step) break;
+    trace.begin_step(step);
+    timer.begin_step();
+    if (o.synthetic_data) {
+      batch = synthetic[std::size_t(step) % synthetic.size()];
+    } else {
+      auto d = timer.scope(train::phase::data_wait);
+      batch = src.next();
+    }
+    const auto r = tr.step(ctx, batch);
+    const auto rec = metrics.record({.step = step, .tokens = r.tokens, .loss = r.loss, .lr = r.lr, .grad_norm = r.grad_norm,
+                                     .skipped = r.skipped},
+                                    timer.end_step());
+    if (lead) {
+      const auto snap = mem.snapshot();
+      const auto os = read_process_memory();
+      con.step(rec, metrics, &snap, &os);
+      if (tb || jsonl) {
+        const auto sc = train::step_metrics::scalars(rec, &snap, &os);
+        if (tb) tb->add_scalars(step, sc);
+        if (jsonl) jsonl->write_scalars(step, sc);
+      }
+    }
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) report_val(step + 1);
+  }
+  trace.stop();
+  if (lead) con.finish();
+  // final validation over the whole validation split (dp replica 0), then the gathered model
+  if (evaluator)
+    if (const auto all_val = src.validation_batch(src.validation_rows()); !all_val.empty()) {
+      const double nats = tr.evaluate(ctx, all_val), bpb = src.bits_per_byte(nats, all_val);
+      if (lead) {
+        const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};
+        if (tb) tb->add_scalars(step, sc);
+        if (jsonl) jsonl->write_scalars(step, sc);
+        const std::string how = src.kind() == data::source_kind::indexed ? " (" + src.byte_counting_note() + ")" : "";
+        std::printf("final validation (%zu windows) | val loss %.4f nats/token | %.4f bits/byte | trained %ld steps in %.0f s%s\n",
+                    all_val.size() / tr.window(), nats, bpb, step,
+                    std::chrono::duration<double>(clock::now() - t0).count(), how.c_str());
+      }
+    }
+  if (!evaluator) return 0;
+  const auto global = nn::gather_parameters(ctx, tr.model(), tr.tp_group(), tr.pp_group());
+  if (!lead) return 0;
+  nn::gpt<M, policy<device::cpu, precision::fp32>> whole(ctx, o.seed);
+  device::cpu::copy_to_device(whole.parameters().data(), global.data(), global.size() * sizeof(float), ctx.stream);
+  const auto parent = std::filesystem::path(out).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::map<std::string, std::string> meta = {{"steps", std::to_string(step)}, {"data", o.data},
+                                             {"layout", "tp" + std::to_string(TP) + "pp" + std::to_string(PP)}};
+  if (src.kind() == data::source_kind::indexed)
+    meta["tokenizer"] = std::filesystem::absolute(src.tokenizer_path()).lexically_normal().string();
+  io::save_weights(whole, out, meta);
+  std::printf("saved weights (gathered from %d x %d shards) to %s\n", TP, PP, out.c_str());
+  if (!o.export_hf.empty()) {
+    io::export_gpt2(ctx, whole, o.export_hf);
+    std::printf("exported Hugging Face GPT-2 weights to %s (model.safetensors, config.json)\n", o.export_hf.c_str());
+  }
+  if (o.sample_tokens <= 0) return 0;
+  typename nn::gpt<M, policy<device::cpu, precision::fp32>>::template activations<1, T> sacts(ctx);
+  std::vector<std::int32_t> tokens(o.prompt.begin(), o.prompt.end());
+  for (auto& t : tokens) t = std::int32_t(std::uint8_t(t));
+  int sample_vocab = M::vocab;
+#if LOOM_WITH_TEXT
+  if (tok) {
+    tokens = tok->encode(o.prompt);
+    sample_vocab = tok->vocab_size();
+  }
+#else
+  if (src.kind() == data::source_kind::indexed) {
+    std::printf("(no sample: this train_gpt was built without LOOM_WITH_TEXT, so it cannot decode SentencePiece ids)\n");
+    return 0;
+  }
+#endif
+  nn::generate_in_vocab(whole, ctx, sacts, tokens, o.sample_tokens, {o.temperature, o.top_k, o.seed}, sample_vocab);
+  std::string text(tokens.begin(), tokens.end());
+#if LOOM_WITH_TEXT
+  if (tok) text = data::decode_documents(*tok, tokens, tok->eod_id());
+#endif
+  std::printf("---- sample (temperature %.2f) ----\n%s\n----\n", o.temperature, text.c_str());
+  return 0;
+}
+
+/// Chooses the compiled instantiation for (tp, pp); B, T the model's capacities in train_gpt.
+template <class M, int B, int T, class World>
+int dispatch_layout(const options& o, int tp, int pp, World& world) {
+  check_layout_run(o, tp, pp, world.size());
+  check_layout_fits<M>(tp, pp);
+  if (tp == 2 && pp == 1) return run_layout_impl<M, B, T, 2, 1>(o, world);
+  if (tp == 1 && pp == 2) return run_layout_impl<M, B, T, 1, 2>(o, world);
+  if (tp == 2 && pp == 2) return run_layout_impl<M, B, T, 2, 2>(o, world);
+  throw loom::input_error("--layout tp" + std::to_string(tp) + "pp" + std::to_string(pp) +
+                          " is not compiled into this train_gpt; compiled layouts: tp1pp1, tp2pp1, tp1pp2, tp2pp2 "
+                          "(add an instantiation in examples/train_gpt/run_layout.hpp for more)");
+}
+
+}  // namespace train_gpt_cli

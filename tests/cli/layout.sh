@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# train_gpt --layout as a user runs it: tensor and pipeline parallel (with data parallel on top)
+# give the losses of one rank on the same global batch. char_tiny, 6 steps, threads:
+#   --layout tp2pp2 --ranks 4 --grad-accum 4   (TP=2, PP=2, DP=1)
+#   --layout tp2pp2 --ranks 8 --grad-accum 2   (DP=2: each replica half of the global batch)
+#   --layout tp2pp1 --ranks 2, --layout tp1pp2 --ranks 2
+# all equal `--layout tp1pp1 --ranks 1 --grad-accum 4` within 1e-5 relative (train/loss and the
+# final val/loss of metrics.jsonl); one run samples from the gathered weights; bad layouts exit
+# with status 2 and a message. Given mpiexec (and its flags), also the 3D case under MPI:
+# `mpiexec -n 8 train_gpt --comm mpi --layout tp2pp2 --grad-accum 2`.
+#   tests/cli/layout.sh <dir with train_gpt> [mpiexec [mpiexec flags...]]
+set -euo pipefail
+bin="$1"
+shift
+mpiexec=("$@")
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+data="${LOOM_DATA_DIR:-../shared/data}/tinyshakespeare.txt"
+common=(--data "$data" --steps 6 --eval-every 0 --summary-every 0 --peak-gflops 100
+        --micro-batch 4 --out "$work/w.safetensors")
+
+run() {  # name, then flags
+  local name="$1"; shift
+  "$@" "${common[@]}" --model char_tiny --log-dir "$work/$name" > "$work/$name.txt" 2>&1 ||
+    { echo "run $name failed:"; cat "$work/$name.txt"; exit 1; }
+}
+# the same numbers within 1e-5 relative: train/loss of every step and the final val/loss
+same() {
+  python3 - "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" <<'PY'
+import json, sys
+def read(p):
+    train, val = {}, None
+    for line in open(p):
+        j = json.loads(line)
+        if "train/loss" in j: train[j["step"]] = j["train/loss"]
+        if "val/loss" in j: val = j["val/loss"]
+    return train, val
+(a, va), (b, vb) = read(sys.argv[1]), read(sys.argv[2])
+assert len(a) == 6 and a.keys() == b.keys(), (a, b)
+worst = max(abs(a[k] / b[k] - 1) for k in a)
+assert va is not None and vb is not None and abs(va / vb - 1) <= 1e-5, (va, vb)
+assert worst <= 1e-5, (worst, a, b)
+print(f"{sys.argv[1].split('/')[-2]}: losses {[round(a[k], 5) for k in sorted(a)]}, val {va:.5f}, worst relative {worst:.1e}")
+PY
+}
+
+tg=("$bin/train_gpt")
+OMP_NUM_THREADS=1 run one "${tg[@]}" --grad-accum 4 --sample-tokens 0
+OMP_NUM_THREADS=4 run tp2pp2 "${tg[@]}" --layout tp2pp2 --ranks 4 --grad-accum 4 --sample-tokens 40
+OMP_NUM_THREADS=8 run tp2pp2dp2 "${tg[@]}" --layout tp2pp2 --ranks 8 --grad-accum 2 --sample-tokens 0
+OMP_NUM_THREADS=2 run tp2pp1 "${tg[@]}" --layout tp2pp1 --ranks 2 --grad-accum 4 --sample-tokens 0
+OMP_NUM_THREADS=2 run tp1pp2 "${tg[@]}" --layout tp1pp2 --ranks 2 --grad-accum 4 --sample-tokens 0
+for r in tp2pp2 tp2pp2dp2 tp2pp1 tp1pp2; do
+  same "$r" one
+  [[ $(grep -c '^model ' "$work/$r.txt") == 1 ]] || { echo "$r: more than one rank printed"; cat "$work/$r.txt"; exit 1; }
+done
+grep -q 'layout tp2pp2 x dp 2 = 8 ranks' "$work/tp2pp2dp2.txt"
+grep -q -- '---- sample' "$work/tp2pp2.txt" || { echo "no sample"; cat "$work/tp2pp2.txt"; exit 1; }
+
+if (( ${#mpiexec[@]} )); then
+  OMP_NUM_THREADS=1 run mpi "${mpiexec[@]}" -n 8 "$bin/train_gpt" --comm mpi --layout tp2pp2 --grad-accum 2 --sample-tokens 0
+  same mpi one
+fi
+
+expect_status_2() {  # expected message, then the flags (--model char_tiny unless given)
+  local want="$1"; shift
+  set +e
+  local model=(--model char_tiny)
+  [[ " $* " == *" --model "* ]] && model=()
+  OMP_NUM_THREADS=1 "$bin/train_gpt" "${common[@]}" "${model[@]}" --log-dir '' --sample-tokens 0 "$@" > "$work/bad.txt" 2>&1
+  local rc=$?
+  set -e
+  [[ $rc == 2 ]] && grep -q -- "$want" "$work/bad.txt" ||
+    { echo "expected status 2 and '$want' for $*, got $rc:"; cat "$work/bad.txt"; exit 1; }
+}
+expect_status_2 "needs a multiple of TP\*PP = 4" --layout tp2pp2 --ranks 6
+expect_status_2 "needs a multiple of TP\*PP = 4" --layout tp2pp2
+expect_status_2 "2 attention heads, not divisible by TP=4" --layout tp4pp1 --ranks 4
+expect_status_2 "is not compiled into this train_gpt" --model quickstart_bpe --layout tp1pp4 --ranks 4
+expect_status_2 "compiled for --model char_tiny and quickstart_bpe only" --model quickstart --layout tp2pp1 --ranks 2
+expect_status_2 "not of the form tp<TP>pp<PP>" --layout tp2 --ranks 2
+expect_status_2 "drop the checkpoint flags" --layout tp2pp1 --ranks 2 --checkpoint-dir "$work/ckpt"
+expect_status_2 "runs in fp32" --layout tp2pp1 --ranks 2 --precision bf16
+echo "1 passed, 0 failed"
