@@ -6,12 +6,16 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
 #include <thread>
 
+#include <unistd.h>
+
 #include <loom/device/ascend.hpp>
+#include <loom/device/ascend_profiler.hpp>
 #include <loom/device/caching_allocator.hpp>
 #include <loom/kernels/ascend.hpp>
 
@@ -438,4 +442,58 @@ TEST_CASE("ascend device: a buffer made without a stream is zero-filled before i
   std::vector<float> host(3000, 1.0f);
   REQUIRE(api().aclrtMemcpy(host.data(), host.size() * 4, b.data(), b.bytes(), acl::memcpy_device_to_host) == 0);
   CHECK(host == std::vector<float>(3000, 0.0f));
+}
+
+TEST_CASE("ascend profiler: a failing aclprof call becomes device_error, the session is closed, and misuse is refused") {
+  emulation_reset reset;
+  loom::device::ascend_device dev(runtime(), 0);
+  using log_fn = std::size_t(loomemu_prof_event*, std::size_t);
+  emu<void()>("loomemu_profiler_clear")();
+  const auto dir = std::filesystem::temp_directory_path() / ("loom_msprof_fail_" + std::to_string(::getpid()));
+  {
+    loom::device::ascend_profiler prof(runtime(), {.output_dir = dir});  // devices: the thread's NPU
+    loomemu_inject_failure("aclprofStart", 500005, 0, 1);
+    try {
+      prof.start();
+      FAIL("expected device_error");
+    } catch (const loom::device_error& e) {
+      CHECK(e.code() == 500005);
+      CHECK(std::string(e.what()).find("aclprofStart failed with code 500005") != std::string::npos);
+      CHECK(std::string(e.what()).find("injected failure of aclprofStart") != std::string::npos);
+    }
+    CHECK_FALSE(prof.running());
+  }
+  loomemu_prof_event log[8]{};
+  REQUIRE(emu<log_fn>("loomemu_profiler_log")(log, 8) == 2);  // init, then finalize on the failure path
+  CHECK(log[0].kind == LOOMEMU_PROF_INIT);
+  CHECK(log[1].kind == LOOMEMU_PROF_FINALIZE);
+  {
+    // the session was closed: a new profiler opens one; its destructor closes a window left open
+    loom::device::ascend_profiler prof(runtime(), {.output_dir = dir, .devices = {0}});
+    prof.start();
+    CHECK(prof.running());
+  }
+  REQUIRE(emu<log_fn>("loomemu_profiler_log")(log, 8) == 6);
+  CHECK(log[4].kind == LOOMEMU_PROF_STOP);
+  CHECK(log[5].kind == LOOMEMU_PROF_FINALIZE);
+  // the emulation's documented-order checks
+  const auto& a = api();
+  const std::string path = dir.string();
+  CHECK(a.aclprofInit(path.c_str(), path.size() + 1) != 0);  // length is not the path's
+  REQUIRE(a.aclprofInit(path.c_str(), path.size()) == 0);
+  CHECK(a.aclprofInit(path.c_str(), path.size()) != 0);  // a session is open already
+  std::uint32_t dev0 = 0, dev_bad = 99;
+  CHECK(a.aclprofCreateConfig(&dev_bad, 1, loom::device::acl::aicore_none, nullptr, 0) == nullptr);
+  CHECK(a.aclprofCreateConfig(&dev0, 1, loom::device::acl::aicore_none,
+                              reinterpret_cast<const loom::device::acl::aclprofAicoreEvents*>(&dev0), 0) == nullptr);
+  auto* cfg = a.aclprofCreateConfig(&dev0, 1, loom::device::acl::aicore_none, nullptr, loom::device::acl::prof_task_time);
+  REQUIRE(cfg != nullptr);
+  CHECK(a.aclprofStop(cfg) != 0);  // not started
+  REQUIRE(a.aclprofStart(cfg) == 0);
+  CHECK(a.aclprofDestroyConfig(cfg) != 0);  // still collecting
+  CHECK(a.aclprofFinalize() != 0);          // still collecting
+  CHECK(a.aclprofStop(cfg) == 0);
+  CHECK(a.aclprofDestroyConfig(cfg) == 0);
+  CHECK(a.aclprofFinalize() == 0);
+  std::filesystem::remove_all(dir);
 }
