@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <chrono>
 #include <cstddef>
 #include <filesystem>
 #include <string_view>
@@ -19,6 +20,7 @@
 #include <loom/kernels/cpu.hpp>
 #include <loom/nn/gpt.hpp>
 #include <loom/optim/adamw.hpp>
+#include <loom/train/ascend_phase_timer.hpp>
 #include <loom/train/trainer.hpp>
 #include <loom/verify/compare.hpp>
 
@@ -260,4 +262,51 @@ TEST_CASE("profile window on ascend (emulated): steps 2:4 start and stop the CAN
   CHECK(api().aclprofStop(nullptr) != 0);
   CHECK(api().aclprofFinalize() != 0);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("ascend_phase_timer (emulated): device-time breakdown of trainer steps from stream events") {
+  using M = loom::models::tiny;
+  using loom::train::phase;
+  constexpr int B = 2, T = 8;
+  loom::train::trainer_config cfg;
+  cfg.grad_accum = 2;
+  cfg.schedule = {3e-3, 3e-4, 1, 10};
+  cfg.seed = 5;
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::kernels::fused> nt(ctx, cfg);
+  loom::train::ascend_phase_timer dt(dev.runtime(), ctx.stream);
+  int transitions = 0;
+  nt.on_phase = [&](phase p, bool begin) {
+    ++transitions;
+    begin ? dt.enter(p) : dt.leave();
+  };
+  std::vector<std::int32_t> windows(nt.windows_per_step() * nt.window());
+  for (std::size_t i = 0; i < windows.size(); ++i) windows[i] = std::int32_t((i * 7 + 1) % M::vocab);
+  for (int s = 0; s < 2; ++s) {  // the second step reuses the first step's events
+    ctx.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    transitions = 0;
+    dt.begin_step();
+    nt.step(ctx, windows);
+    const auto b = dt.end_step();
+    const double host = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CAPTURE(s);
+    if (s == 1)
+      MESSAGE("device ms: h2d " << 1e3 * b[phase::h2d_copy] << ", forward " << 1e3 * b[phase::forward] << ", backward "
+                                << 1e3 * b[phase::backward] << ", optimizer " << 1e3 * b[phase::optimizer] << ", other "
+                                << 1e3 * b[phase::other] << ", total " << 1e3 * b.total << " (host " << 1e3 * host << ")");
+    CHECK(transitions >= 2 * 4);  // h2d, forward, backward per micro-batch, optimizer: begin and end
+    // every phase that enqueues kernels took device time; nothing ran in data_wait
+    CHECK(b[phase::forward] > 0);
+    CHECK(b[phase::backward] > 0);
+    CHECK(b[phase::optimizer] > 0);
+    CHECK(b[phase::data_wait] == 0);
+    double sum = 0;
+    for (double x : b.seconds) sum += x;
+    CHECK(sum == doctest::Approx(b.total).epsilon(1e-12));
+    // the events were recorded after t0 and completed before end_step returned: a bound, not a speed
+    CHECK(b.total > 0);
+    CHECK(b.total <= host);
+  }
 }
