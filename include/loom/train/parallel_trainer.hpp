@@ -106,10 +106,14 @@ class parallel_trainer {
     for (int i = 0; i < ring; ++i) acts_.emplace_back(ctx);
   }
 
+  /// This rank's part of the model (tp_rank(), stage()); parameters in param_table<M, layout>
+  /// order, local shapes. nn::gather_parameters turns them into the single-rank model's.
   model_t& model() noexcept { return model_; }
   const model_t& model() const noexcept { return model_; }
+  /// AdamW over this rank's parameters (moments of the same local shapes; not sharded over dp).
   optim::adamw<model_t>& optimizer() noexcept { return opt_; }
   const optim::adamw<model_t>& optimizer() const noexcept { return opt_; }
+  /// The settings, with micro_batch and seq_len 0 replaced by the capacities B and T.
   const trainer_config& config() const noexcept { return cfg_; }
   /// The saved-activation ring (max_in_flight(PP, grad_accum, stage) sets of (B, T)).
   std::span<const acts_t> activations() const noexcept { return acts_; }
