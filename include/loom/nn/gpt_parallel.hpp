@@ -436,25 +436,26 @@ class gpt_parallel {
   buffer<device, storage_t> tie_scratch_;
 };
 
-/// The parameters of the whole model in global shape, in the buffer order of the single-rank
-/// loom::gpt<M, ...> (param_table<M, layout<1,1>>: copy them into gpt::parameters() to run the
-/// unsharded model, e.g. for sampling or export), on every rank of the tp x pp group.
-/// Each element of the unsharded model is written by exactly one rank (the owner rule of
-/// counts_in_norm: sharded tensors by every tp rank at their global indices, replicated ones by
-/// tp rank 0, wte by the first stage, lnf by the last), the others contribute zeros, and the
-/// buffers are summed over tp, then pp (x + 0 is exact: the result is bitwise the shards').
-/// Memory: num_parameters of the unsharded model per rank (host). Collective over tp and pp;
-/// data-parallel replicas hold the same values and need not take part.
-template <class Model, class Comm>
-std::vector<typename Model::storage_t> gather_parameters(context<typename Model::device>& ctx, const Model& model,
-                                                         Comm& tp, Comm& pp) {
+/// Any per-parameter buffer of this rank (parameters, gradients, AdamW moments: `local` holds
+/// Model::num_parameters values of type V in param_table<M, layout> order, on the host) in the
+/// global shape of the single-rank loom::gpt<M, ...> (param_table<M, layout<1,1>> order), on
+/// every rank of the tp x pp group. Each element of the unsharded model is written by exactly
+/// one rank (the owner rule of counts_in_norm: sharded tensors by every tp rank at their global
+/// indices, replicated ones by tp rank 0, wte by the first stage, lnf by the last), the others
+/// contribute zeros, and the buffers are summed over tp, then pp (x + 0 is exact: the result is
+/// bitwise the owners' values). V must be reducible (float, double, bfloat16, half). Memory:
+/// one global buffer per rank. Collective over tp and pp; data-parallel replicas hold the same
+/// values and need not take part. Throws loom::input_error when local has the wrong size.
+template <class Model, class V, class Comm>
+std::vector<V> gather_to_global(const Model& model, std::span<const V> local, Comm& tp, Comm& pp) {
   using M = typename Model::model;
   using L = typename Model::layout;
-  using S = typename Model::storage_t;
   constexpr auto global_offsets = param_offsets<M, parallel::layout<1, 1>>();
-  std::vector<S> local(Model::num_parameters), global(global_offsets.back(), S(0));
-  Model::device::copy_to_host(local.data(), model.parameters().data(), local.size() * sizeof(S), ctx.stream);
-  ctx.synchronize();
+  if (local.size() != Model::num_parameters)
+    throw input_error("gather_to_global: " + std::to_string(local.size()) + " values, but this rank of model " +
+                      std::string(M::name) + " has " + std::to_string(Model::num_parameters) +
+                      " parameters; pass a buffer laid out like model.parameters()");
+  std::vector<V> global(global_offsets.back(), V(0));
   for (int k = 0; k < num_param_tensors; ++k) {
     const auto p = param(k);
     if (!counts_in_norm<M, L>(p, model.tp_rank(), model.stage())) continue;
@@ -462,33 +463,56 @@ std::vector<typename Model::storage_t> gather_parameters(context<typename Model:
     for (std::size_t i = 0; i < n; ++i)
       global[global_offsets[std::size_t(k)] + global_index<M, L>(p, model.tp_rank(), model.stage(), i)] = local[off + i];
   }
-  if constexpr (Model::TP > 1) tp.all_reduce(std::span<S>(global), parallel::reduce_op::sum);
-  if constexpr (Model::PP > 1) pp.all_reduce(std::span<S>(global), parallel::reduce_op::sum);
+  if constexpr (Model::TP > 1) tp.all_reduce(std::span<V>(global), parallel::reduce_op::sum);
+  if constexpr (Model::PP > 1) pp.all_reduce(std::span<V>(global), parallel::reduce_op::sum);
   return global;
 }
 
-/// Sets this rank's parameters from the whole model's `global` parameters (the single-rank
-/// loom::gpt buffer order, as gather_parameters returns): element i of local tensor p =
-/// global[offset(p) + global_index(p, tp_rank, stage, i)]. The inverse of gather_parameters;
-/// re-shards a single-rank checkpoint or imported weights onto any layout. Local, no
-/// communication. Throws loom::input_error when global has the wrong size.
-template <class Model>
-void load_global_parameters(context<typename Model::device>& ctx, Model& model,
-                            std::span<const typename Model::storage_t> global) {
+/// This rank's slices of a whole-model buffer: local[offset(p) + i] = global[global offset(p) +
+/// global_index(p, tp_rank, stage, i)] for every tensor p (also those the stage does not use).
+/// The inverse of gather_to_global; re-shards single-rank parameters or optimizer moments onto
+/// any layout. Local, no communication. Throws loom::input_error on wrong sizes.
+template <class Model, class V>
+void scatter_from_global(const Model& model, std::span<const V> global, std::span<V> local) {
   using M = typename Model::model;
   using L = typename Model::layout;
-  using S = typename Model::storage_t;
   constexpr auto global_offsets = param_offsets<M, parallel::layout<1, 1>>();
-  if (global.size() != global_offsets.back())
-    throw input_error("load_global_parameters: " + std::to_string(global.size()) + " values for model " +
-                      std::string(M::name) + ", which has " + std::to_string(global_offsets.back()) +
-                      " parameters; pass the single-rank model's parameters (gather_parameters)");
-  std::vector<S> local(Model::num_parameters);
+  if (global.size() != global_offsets.back() || local.size() != Model::num_parameters)
+    throw input_error("scatter_from_global: " + std::to_string(global.size()) + " global and " +
+                      std::to_string(local.size()) + " local values for model " + std::string(M::name) + ", which has " +
+                      std::to_string(global_offsets.back()) + " parameters (" + std::to_string(Model::num_parameters) +
+                      " on this rank); pass the single-rank model's buffer (gather_to_global)");
   for (int k = 0; k < num_param_tensors; ++k) {
     const std::size_t off = Model::offsets[std::size_t(k)], n = Model::table[std::size_t(k)].size();
     for (std::size_t i = 0; i < n; ++i)
       local[off + i] = global[global_offsets[std::size_t(k)] + global_index<M, L>(param(k), model.tp_rank(), model.stage(), i)];
   }
+}
+
+/// The parameters of the whole model in the buffer order of the single-rank loom::gpt (copy them
+/// into gpt::parameters() to run the unsharded model: sampling, export), on every rank of the
+/// tp x pp group: gather_to_global of model.parameters() (copied to the host first).
+/// Collective over tp and pp.
+template <class Model, class Comm>
+std::vector<typename Model::storage_t> gather_parameters(context<typename Model::device>& ctx, const Model& model,
+                                                         Comm& tp, Comm& pp) {
+  using S = typename Model::storage_t;
+  std::vector<S> local(Model::num_parameters);
+  Model::device::copy_to_host(local.data(), model.parameters().data(), local.size() * sizeof(S), ctx.stream);
+  ctx.synchronize();
+  return gather_to_global(model, std::span<const S>(local), tp, pp);
+}
+
+/// Sets this rank's parameters from the whole model's `global` parameters (the single-rank
+/// loom::gpt buffer order, as gather_parameters returns): scatter_from_global, then a copy to
+/// the device. Re-shards a single-rank checkpoint or imported weights onto any layout. Local,
+/// no communication. Throws loom::input_error when global has the wrong size.
+template <class Model>
+void load_global_parameters(context<typename Model::device>& ctx, Model& model,
+                            std::span<const typename Model::storage_t> global) {
+  using S = typename Model::storage_t;
+  std::vector<S> local(Model::num_parameters);
+  scatter_from_global(model, global, std::span<S>(local));
   Model::device::copy_to_device(model.parameters().data(), local.data(), local.size() * sizeof(S), ctx.stream);
   ctx.synchronize();
 }

@@ -321,12 +321,12 @@ TEST_CASE("parallel_trainer: a non-finite gradient skips the step on every rank;
                   input_error);
 }
 
-TEST_CASE("gather_parameters / load_global_parameters: layout<2,2> to the single-rank buffer and back") {
+TEST_CASE("gather_parameters / gather_to_global / load_global_parameters: layout<2,2> to the single-rank buffer and back") {
   using P22 = policy<cpu, precision::fp32, layout<2, 2>>;
   using trainer_t = train::parallel_trainer<M, P22, B, T, comm::threads>;
   using ref_model = nn::gpt<M, policy<cpu, precision::fp32, layout<1, 1>>>;
-  std::vector<std::vector<float>> fresh(4), trained(4);
-  std::vector<int> round_trip(4);
+  std::vector<std::vector<float>> fresh(4), trained(4), moments(4);
+  std::vector<int> round_trip(4), moments_round_trip(4);
   comm::run_threads(4, [&](comm::threads& w) {
     context<cpu> ctx;
     trainer_t tr(ctx, trainer_cfg(2), w);
@@ -334,6 +334,20 @@ TEST_CASE("gather_parameters / load_global_parameters: layout<2,2> to the single
     fresh[me] = nn::gather_parameters(ctx, tr.model(), tr.tp_group(), tr.pp_group());
     for (int s = 0; s < 3; ++s) tr.step(ctx, step_windows(s, 2 * B));
     trained[me] = nn::gather_parameters(ctx, tr.model(), tr.tp_group(), tr.pp_group());
+    const auto m1 = tr.optimizer().first_moment();  // any per-parameter buffer: AdamW's first moment
+    moments[me] = nn::gather_to_global(tr.model(), std::span<const float>(m1.data(), m1.size()), tr.tp_group(), tr.pp_group());
+    std::vector<float> back(m1.size());
+    nn::scatter_from_global(tr.model(), std::span<const float>(moments[me]), std::span<float>(back));
+    moments_round_trip[me] = 1;
+    for (int k = 0; k < nn::num_param_tensors; ++k)
+      if (nn::stage_uses(nn::param(k), tr.stage(), 2))
+        for (std::size_t i = trainer_t::model_t::offsets[std::size_t(k)]; i < trainer_t::model_t::offsets[std::size_t(k) + 1]; ++i)
+          moments_round_trip[me] &= int(back[i] == m1.data()[i]);
+    try {  // a buffer of the wrong size: every rank throws before communicating
+      nn::gather_to_global(tr.model(), std::span<const float>(back).first(10), tr.tp_group(), tr.pp_group());
+      moments_round_trip[me] = 0;
+    } catch (const input_error&) {
+    }
     typename trainer_t::model_t copy(ctx, tr.tp_rank(), tr.stage(), 99);  // other seed: every value must be loaded
     nn::load_global_parameters(ctx, copy, std::span<const float>(trained[me]));
     round_trip[me] = 1;  // every tensor this stage uses equals the trained one bitwise (the unused
@@ -348,9 +362,19 @@ TEST_CASE("gather_parameters / load_global_parameters: layout<2,2> to the single
   train::trainer<M, policy<cpu, precision::fp32, layout<1, 1>>, B, T> ref(ctx, trainer_cfg(2));
   for (int s = 0; s < 3; ++s) ref.step(ctx, step_windows(s, 2 * B));
   const auto want = ref.model().parameters();
+  const auto want_m = ref.optimizer().first_moment();
+  double m_max = 0, m_err = 0;
+  for (std::size_t i = 0; i < want_m.size(); ++i) {
+    m_max = std::max(m_max, std::abs(double(want_m[i])));
+    m_err = std::max(m_err, std::abs(double(moments[0][i]) - double(want_m[i])));
+  }
+  CHECK(m_max > 0);
+  CHECK(m_err <= 1e-4 * m_max);  // the gathered first moment is the single-rank one (fp32 summation order)
   for (std::size_t r = 0; r < 4; ++r) {
     CAPTURE(r);
     CHECK(round_trip[r]);
+    CHECK(moments_round_trip[r]);
+    CHECK(moments[r] == moments[0]);
     REQUIRE(fresh[r].size() == ref_model::num_parameters);
     CHECK(std::equal(fresh[r].begin(), fresh[r].end(), init.parameters().begin()));  // sharded init == unsharded, bitwise
     CHECK(trained[r] == trained[0]);
@@ -360,4 +384,5 @@ TEST_CASE("gather_parameters / load_global_parameters: layout<2,2> to the single
   }
   typename trainer_t::model_t lone(ctx, 0, 0);
   CHECK_THROWS_AS(nn::load_global_parameters(ctx, lone, std::span<const float>(trained[0]).first(10)), input_error);
+
 }
