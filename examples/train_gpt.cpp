@@ -139,9 +139,6 @@ int run(const options& o, World* world) {
                       std::to_string(M::max_seq));
   std::optional<trainer_t> trainer_storage;
   if constexpr (is_parallel) {
-    if (o.zero1 && (!o.checkpoint_dir.empty() || !o.resume.empty()))
-      throw input_error("--zero1 with --checkpoint-dir/--resume: checkpoints of sharded optimizer state are not "
-                        "implemented yet; drop --zero1 (plain data parallelism checkpoints normally)");
     trainer_storage.emplace(ctx, cfg, *world,
                             parallel::ddp_options{.bucket_mb = o.bucket_mb, .overlap = !o.no_overlap, .zero1 = o.zero1,
                                                   .check_every = o.replica_check_every});
@@ -334,9 +331,11 @@ int run(const options& o, World* world) {
       warn(e.what());
     }
   };
+  // With --zero1 every rank holds a shard of the AdamW moments: the save is collective and
+  // blocking (every rank writes its shard; latest moves only when all succeeded).
+  const bool collective_save = is_parallel && o.zero1;
   auto save_checkpoint = [&] {
-    if (ckpt_dir.empty() || tr.step_count() == last_saved || !lead) return;
-    finish_save();
+    if (ckpt_dir.empty() || tr.step_count() == last_saved || (!lead && !collective_save)) return;
     const auto s = src.state();
     io::run_state st;
     st.tokens = tokens_seen;
@@ -344,6 +343,24 @@ int run(const options& o, World* world) {
     st.extra = {{"program", "train_gpt"}, {"data_path", o.data}};
     io::checkpoint_options copt;
     copt.keep = o.keep;
+    if constexpr (is_parallel) {
+      if (collective_save) {
+        const auto t_save = clock::now();
+        try {  // numeric_error (NaN weights, nothing written) stops the run on every rank
+          const auto where = io::save_checkpoint(ctx, ckpt_dir, tr, st, *world, copt);
+          if (lead)
+            con.message("saved checkpoint " + where.string() + " (all " + std::to_string(dp) + " ranks, " +
+                        std::to_string(std::chrono::duration<double>(clock::now() - t_save).count()).substr(0, 5) + " s)");
+        } catch (const numeric_error&) {
+          throw;
+        } catch (const error& e) {  // every rank got the same error; latest did not move
+          warn(e.what());
+        }
+        last_saved = tr.step_count();
+        return;
+      }
+    }
+    finish_save();
     saver.save(ctx, ckpt_dir, tr, st, copt);  // throws numeric_error on NaN weights: nothing written
     last_saved = tr.step_count();
   };

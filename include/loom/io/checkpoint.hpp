@@ -71,6 +71,7 @@
 #include <loom/io/safetensors.hpp>
 #include <loom/models/configs.hpp>
 #include <loom/nn/params.hpp>
+#include <loom/parallel/comm.hpp>
 #include <loom/precision/policy.hpp>
 #include <loom/train/loss_scaler.hpp>
 
@@ -103,10 +104,12 @@ struct checkpoint_options {
   /// Refuse (loom::numeric_error, nothing written) when a parameter or optimizer value is NaN
   /// or infinite, so a diverged run never overwrites good checkpoints.
   bool check_finite = true;
-  /// Test hook, called after each durable step of a save with its name: "file_written"
+  /// Test hook, called after each durable step of a save with its name: "prepared" (the
+  /// empty temporary directory exists; in a collective save on rank 0 only), "file_written"
   /// (a rank file is written, fsynced and verified), "manifest_written", "committed" (the
   /// step directory is in place), "latest_updated". Throwing from it simulates a failure at
-  /// that point; save_checkpoint then cleans up as it would after a real failure.
+  /// that point; save_checkpoint then cleans up as it would after a real failure. In a
+  /// collective save each rank has its own options, so a test can fail one rank only.
   std::function<void(std::string_view stage)> on_stage;
 };
 
@@ -601,76 +604,275 @@ struct rank_file {
   int tp = 0, pp = 0, dp = 0;
   std::vector<tensor_ref> tensors;
   std::map<std::string, std::string> metadata;
+  std::vector<std::byte> owned;  ///< bytes some tensors point into (moves keep them in place)
 };
 
-/// Steps 2-7 of a save (docs/checkpoint.md "Save protocol"), for files already snapshotted.
-inline std::filesystem::path commit_checkpoint(const std::filesystem::path& root, long step,
-                                               const std::vector<rank_file>& files, nlohmann::json manifest,
-                                               const checkpoint_options& opt) {
-  const std::string name = checkpoint_dir_name(step);
-  const std::filesystem::path final = root / name;
-  std::filesystem::path tmp;
-  auto stage = [&](std::string_view s) {
-    if (opt.on_stage) opt.on_stage(s);
-  };
-  auto where = [&](const std::string& what) {
-    return "checkpoint save of step " + std::to_string(step) + " to '" + root.string() + "' failed: " + what +
-           "; the previous checkpoint and '" + (root / latest_name).string() + "' are unchanged";
-  };
-  bool committed = false;
-  try {
-    std::error_code ec;
-    std::filesystem::create_directories(root, ec);
-    if (ec || !std::filesystem::is_directory(root))
-      throw input_error("cannot create the checkpoint directory '" + root.string() + "' (" + ec.message() +
-                        "); check the path and its permissions");
-    // Leftovers of interrupted saves are never read; remove them (one writer per root).
-    for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
-      const std::string f = e.path().filename().string();
-      if (f.rfind(".tmp-", 0) == 0 || f.rfind(".old-", 0) == 0) remove_quietly(e.path());
-    }
-    tmp = root / (".tmp-" + name + "-" + std::to_string(::getpid()));
-    remove_quietly(tmp);
-    if (!std::filesystem::create_directory(tmp, ec) || ec)
-      throw input_error("cannot create '" + tmp.string() + "' (" + ec.message() +
-                        "); check that the checkpoint directory is writable");
-    nlohmann::json listed = nlohmann::json::array();
-    for (const auto& f : files) {
-      const auto path = tmp / f.name;
-      const std::string written = write_safetensors(path, f.tensors, f.metadata);  // tmp file, fsync, rename
-      (void)safetensors_reader(path);                                             // the header reads back
-      const auto [hash, bytes] = xxh3_file(path);                                 // and so do the bytes
-      if (hash != written)
-        throw error("'" + path.string() + "' reads back with XXH3-64 " + hash + " but " + written +
-                    " was written: the storage corrupted it; check the disk");
-      listed.push_back({{"path", f.name}, {"tp", f.tp}, {"pp", f.pp}, {"dp", f.dp}, {"bytes", bytes}, {"xxh3_64", hash}});
-      stage("file_written");
-    }
-    manifest["files"] = listed;
-    manifest["checksum"] = {{"algorithm", "xxh3_64 of the compact JSON dump of this object without \"checksum\""},
-                            {"xxh3_64", manifest_checksum(manifest)}};
-    write_file_atomic(tmp / manifest_name, manifest.dump(2) + "\n");
-    stage("manifest_written");
-    fsync_dir(tmp, "the new checkpoint");
-    move_into_place(tmp, final);
-    committed = true;
-    stage("committed");
-  } catch (const input_error& e) {
-    if (!committed && !tmp.empty()) remove_quietly(tmp);
-    throw input_error(where(e.what()));
-  } catch (const std::exception& e) {
-    if (!committed && !tmp.empty()) remove_quietly(tmp);
-    throw error(where(e.what()));
+/// Step 2 of a save: creates `root`, removes leftovers of interrupted saves (".tmp-*",
+/// ".old-*"; one writer per root) and creates the empty temporary directory `tmp`.
+/// Throws loom::input_error when either cannot be created.
+inline void prepare_save(const std::filesystem::path& root, const std::filesystem::path& tmp) {
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec || !std::filesystem::is_directory(root))
+    throw input_error("cannot create the checkpoint directory '" + root.string() + "' (" + ec.message() +
+                      "); check the path and its permissions");
+  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind(".tmp-", 0) == 0 || f.rfind(".old-", 0) == 0) remove_quietly(e.path());
   }
+  remove_quietly(tmp);
+  if (!std::filesystem::create_directory(tmp, ec) || ec)
+    throw input_error("cannot create '" + tmp.string() + "' (" + ec.message() +
+                      "); check that the checkpoint directory is writable");
+}
+
+/// Step 3 of a save: writes each of `files` into `tmp` (temporary name, fsync, rename, fsync
+/// of `tmp`), reads it back (the safetensors header parses, the XXH3-64 of the file equals
+/// the hash of what was written) and returns the manifest's "files" entries. Calls
+/// stage("file_written") after each file. Throws loom::error / input_error on any failure.
+inline nlohmann::json write_rank_files(const std::filesystem::path& tmp, const std::vector<rank_file>& files,
+                                       const std::function<void(std::string_view)>& stage) {
+  nlohmann::json listed = nlohmann::json::array();
+  for (const auto& f : files) {
+    const auto path = tmp / f.name;
+    const std::string written = write_safetensors(path, f.tensors, f.metadata);  // tmp file, fsync, rename
+    (void)safetensors_reader(path);                                             // the header reads back
+    const auto [hash, bytes] = xxh3_file(path);                                 // and so do the bytes
+    if (hash != written)
+      throw error("'" + path.string() + "' reads back with XXH3-64 " + hash + " but " + written +
+                  " was written: the storage corrupted it; check the disk");
+    listed.push_back({{"path", f.name}, {"tp", f.tp}, {"pp", f.pp}, {"dp", f.dp}, {"bytes", bytes}, {"xxh3_64", hash}});
+    if (stage) stage("file_written");
+  }
+  return listed;
+}
+
+/// Steps 4-5 of a save: adds `files` and the checksum to `manifest`, writes manifest.json
+/// into `tmp` (temporary file, fsync, rename), fsyncs `tmp` and moves it to `final`.
+inline void write_manifest_and_commit(const std::filesystem::path& tmp, const std::filesystem::path& final,
+                                      nlohmann::json manifest, nlohmann::json files,
+                                      const std::function<void(std::string_view)>& stage) {
+  manifest["files"] = std::move(files);
+  manifest["checksum"] = {{"algorithm", "xxh3_64 of the compact JSON dump of this object without \"checksum\""},
+                          {"xxh3_64", manifest_checksum(manifest)}};
+  write_file_atomic(tmp / manifest_name, manifest.dump(2) + "\n");
+  if (stage) stage("manifest_written");
+  fsync_dir(tmp, "the new checkpoint");
+  move_into_place(tmp, final);
+}
+
+/// "checkpoint save of step N to 'root' failed: <what>; the previous checkpoint and latest are unchanged".
+inline std::string save_failed(const std::filesystem::path& root, long step, const std::string& what) {
+  return "checkpoint save of step " + std::to_string(step) + " to '" + root.string() + "' failed: " + what +
+         "; the previous checkpoint and '" + (root / latest_name).string() + "' are unchanged";
+}
+
+/// Steps 6-7 of a save: points `latest` at `final`, prunes to opt.keep. Throws loom::error
+/// when `latest` cannot be replaced (the new checkpoint is in place, `latest` names the old).
+inline void publish_latest(const std::filesystem::path& root, long step, const std::filesystem::path& final,
+                           const checkpoint_options& opt) {
   try {
-    write_latest(root, name);
-    stage("latest_updated");
+    write_latest(root, checkpoint_dir_name(step));
+    if (opt.on_stage) opt.on_stage("latest_updated");
   } catch (const std::exception& e) {
     throw error("checkpoint " + final.string() + " was written, but updating '" + (root / latest_name).string() +
                 "' failed: " + e.what() + "; it still names the previous checkpoint, which --resume will use");
   }
   prune(root, step, opt.keep);
+}
+
+/// Steps 2-7 of a save (docs/checkpoint.md "Save protocol"), for files already snapshotted.
+inline std::filesystem::path commit_checkpoint(const std::filesystem::path& root, long step,
+                                               const std::vector<rank_file>& files, nlohmann::json manifest,
+                                               const checkpoint_options& opt) {
+  const std::filesystem::path final = root / checkpoint_dir_name(step);
+  const std::filesystem::path tmp = root / (".tmp-" + checkpoint_dir_name(step) + "-" + std::to_string(::getpid()));
+  bool created = false, committed = false;
+  try {
+    prepare_save(root, tmp);
+    created = true;
+    if (opt.on_stage) opt.on_stage("prepared");
+    auto listed = write_rank_files(tmp, files, opt.on_stage);
+    write_manifest_and_commit(tmp, final, std::move(manifest), std::move(listed), opt.on_stage);
+    committed = true;
+    if (opt.on_stage) opt.on_stage("committed");
+  } catch (const input_error& e) {
+    if (created && !committed) remove_quietly(tmp);
+    throw input_error(save_failed(root, step, e.what()));
+  } catch (const std::exception& e) {
+    if (created && !committed) remove_quietly(tmp);
+    throw error(save_failed(root, step, e.what()));
+  }
+  publish_latest(root, step, final, opt);
   return final;
+}
+
+/// The outcome of one rank in a collective save: ok, or the reason it failed. Fixed size, so
+/// that it travels through any communicator's all_gather as bytes.
+struct rank_outcome {
+  std::int32_t ok = 1;
+  char reason[500] = {};
+  void fail(std::string_view why) noexcept {
+    ok = 0;
+    const std::size_t n = std::min(why.size(), sizeof reason - 1);
+    std::memcpy(reason, why.data(), n);
+    reason[n] = '\0';
+  }
+};
+static_assert(std::is_trivially_copyable_v<rank_outcome>);
+
+/// Every rank's outcome (collective over `world`: one all_gather of fixed-size records).
+/// Empty string when every rank succeeded, else "rank 1: <reason>; rank 3: <reason>".
+template <class Comm>
+std::string agree(Comm& world, const rank_outcome& mine) {
+  std::vector<rank_outcome> all(std::size_t(world.size()));
+  world.all_gather(std::span<const std::byte>(reinterpret_cast<const std::byte*>(&mine), sizeof mine),
+                   std::span<std::byte>(reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof mine));
+  std::string failed;
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (!all[r].ok) {
+      all[r].reason[sizeof all[r].reason - 1] = '\0';
+      failed += (failed.empty() ? "rank " : "; rank ") + std::to_string(r) + ": " + all[r].reason;
+    }
+  return failed;
+}
+
+/// One manifest "files" entry as a fixed-size record (for the all_gather to rank 0).
+struct file_record {
+  char path[96] = {};
+  char xxh3_64[24] = {};
+  std::int32_t tp = 0, pp = 0, dp = 0, used = 0;
+  std::uint64_t bytes = 0;
+};
+static_assert(std::is_trivially_copyable_v<file_record>);
+
+/// The collective save of the files of every rank of `world` (docs/checkpoint.md "Multi-rank
+/// save"): rank 0 prepares the temporary directory (its name, with rank 0's pid, is
+/// broadcast); every rank writes and verifies its own `files` (possibly none) there; the
+/// ranks agree (all_gather of an ok flag and a reason: an all-reduce(min) of the flag that
+/// also carries the reasons); if any failed, rank 0 removes the temporary directory and
+/// every rank throws loom::error naming each failing rank and its reason, with `latest`
+/// unmoved. Otherwise rank 0 gathers the file entries, writes `manifest` (only rank 0's is
+/// used), renames the directory into place, moves `latest` and prunes; its outcome is
+/// agreed again, so that every rank returns the checkpoint directory or throws the same
+/// error. Every rank must call it with the same root and step. Collective: 5 collectives
+/// of a few KB each.
+template <class Comm>
+std::filesystem::path commit_checkpoint_collective(Comm& world, const std::filesystem::path& root, long step,
+                                                   const std::vector<rank_file>& files, nlohmann::json manifest,
+                                                   const checkpoint_options& opt) {
+  const int me = world.rank();
+  const std::filesystem::path final = root / checkpoint_dir_name(step);
+  std::int64_t pid = me == 0 ? std::int64_t(::getpid()) : 0;
+  world.broadcast(std::span<std::int64_t>(&pid, 1), 0);
+  const std::filesystem::path tmp = root / (".tmp-" + checkpoint_dir_name(step) + "-" + std::to_string(pid));
+  auto fail_all = [&](const std::string& failed) -> error {
+    if (me == 0) remove_quietly(tmp);
+    return error(save_failed(root, step, failed));
+  };
+  rank_outcome out;
+  if (me == 0) try {
+      prepare_save(root, tmp);
+      if (opt.on_stage) opt.on_stage("prepared");
+    } catch (const std::exception& e) {
+      out.fail(e.what());
+    }
+  if (auto failed = agree(world, out); !failed.empty()) throw fail_all(failed);
+
+  nlohmann::json listed;
+  try {
+    listed = write_rank_files(tmp, files, opt.on_stage);
+  } catch (const std::exception& e) {
+    out.fail(e.what());
+  }
+  if (auto failed = agree(world, out); !failed.empty()) throw fail_all(failed);
+
+  // Every rank's file entries to rank 0 (fixed-size records, padded to the largest count).
+  std::int64_t count = std::int64_t(listed.size());
+  world.all_reduce(std::span<std::int64_t>(&count, 1), parallel::reduce_op::max);
+  std::vector<file_record> mine(static_cast<std::size_t>(count));
+  std::vector<file_record> all(static_cast<std::size_t>(count) * static_cast<std::size_t>(world.size()));
+  for (std::size_t i = 0; i < listed.size(); ++i) {
+    const auto& f = listed[i];
+    std::snprintf(mine[i].path, sizeof mine[i].path, "%s", f["path"].get<std::string>().c_str());
+    std::snprintf(mine[i].xxh3_64, sizeof mine[i].xxh3_64, "%s", f["xxh3_64"].get<std::string>().c_str());
+    mine[i].tp = f["tp"].get<int>();
+    mine[i].pp = f["pp"].get<int>();
+    mine[i].dp = f["dp"].get<int>();
+    mine[i].bytes = f["bytes"].get<std::uint64_t>();
+    mine[i].used = 1;
+  }
+  world.all_gather(std::span<const std::byte>(reinterpret_cast<const std::byte*>(mine.data()), mine.size() * sizeof(file_record)),
+                   std::span<std::byte>(reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof(file_record)));
+  if (me == 0) {
+    bool committed = false;
+    try {
+      nlohmann::json every = nlohmann::json::array();
+      for (const auto& f : all)
+        if (f.used)
+          every.push_back({{"path", std::string(f.path)}, {"tp", f.tp}, {"pp", f.pp}, {"dp", f.dp},
+                           {"bytes", f.bytes}, {"xxh3_64", std::string(f.xxh3_64)}});
+      write_manifest_and_commit(tmp, final, std::move(manifest), std::move(every), opt.on_stage);
+      committed = true;
+      if (opt.on_stage) opt.on_stage("committed");
+      publish_latest(root, step, final, opt);
+    } catch (const std::exception& e) {
+      if (!committed) remove_quietly(tmp);
+      out.fail(committed ? std::string(e.what()) : save_failed(root, step, e.what()));
+    }
+  }
+  if (auto failed = agree(world, out); !failed.empty()) throw error(failed);
+  return final;
+}
+
+/// ZeRO-1 load, gather half: fills the whole first and second moments `m`, `v` (the
+/// parameter buffer of model-parallel rank (tp, pp), m.size() elements) from that rank's
+/// optim-tp..-pp..-dp..safetensors shard files listed in `files`. Checks each file's dtype,
+/// shapes and ranges (in bounds of the buffer and of the shard) and that the shards cover the
+/// buffer exactly once. Throws bad_checkpoint (loom::input_error) otherwise. Pure I/O on the
+/// host; the caller re-splits (by its own moment_ranges) or copies the whole.
+template <class T>
+void gather_zero1_moments(const std::filesystem::path& dir, const std::vector<checkpoint_file>& files, int tp, int pp,
+                          std::span<T> m, std::span<T> v) {
+  std::vector<std::uint8_t> seen(m.size(), 0);
+  std::size_t covered = 0, shards = 0;
+  for (const auto& f : files) {
+    if (f.tp != tp || f.pp != pp || f.path.rfind("optim-", 0) != 0) continue;
+    ++shards;
+    const safetensors_reader r(dir / f.path);
+    for (const char* t : {"adam_m", "adam_v", "ranges"})
+      if (!r.has(t)) throw bad_checkpoint(dir, "its ZeRO-1 shard '" + f.path + "' has no tensor '" + t + "'");
+    const auto& mi = r.info("adam_m");
+    if (mi.dtype != tensor_dtype<T>() || mi.shape.size() != 1 || r.info("adam_v").shape != mi.shape ||
+        r.info("adam_v").dtype != mi.dtype)
+      throw bad_checkpoint(dir, "its ZeRO-1 shard '" + f.path + "' holds adam_m/adam_v of dtype " + mi.dtype + " " +
+                                    shape_string(mi.shape) + ", not two 1-D " + std::string(tensor_dtype<T>()) + " arrays");
+    const auto& ri = r.info("ranges");
+    if (ri.dtype != "I64" || ri.shape.size() != 2 || ri.shape[1] != 3)
+      throw bad_checkpoint(dir, "its ZeRO-1 shard '" + f.path + "' has ranges " + ri.dtype + " " + shape_string(ri.shape) +
+                                    ", not I64 (pieces, 3)");
+    const auto ranges = r.read<std::int64_t>("ranges");
+    const std::size_t n = std::size_t(mi.shape[0]);
+    const auto sm = r.read<T>("adam_m"), sv = r.read<T>("adam_v");
+    for (std::size_t i = 0; i + 2 < ranges.size(); i += 3) {
+      const std::int64_t po = ranges[i], len = ranges[i + 1], so = ranges[i + 2];
+      if (po < 0 || len < 0 || so < 0 || std::size_t(po + len) > m.size() || std::size_t(so + len) > n)
+        throw bad_checkpoint(dir, "its ZeRO-1 shard '" + f.path + "' has a range (" + std::to_string(po) + ", " +
+                                      std::to_string(len) + ", " + std::to_string(so) + ") outside the model's " +
+                                      std::to_string(m.size()) + " parameters or its " + std::to_string(n) + " moments");
+      for (std::int64_t j = 0; j < len; ++j) {
+        if (seen[std::size_t(po + j)]++)
+          throw bad_checkpoint(dir, "its ZeRO-1 shards cover parameter element " + std::to_string(po + j) + " twice");
+        m[std::size_t(po + j)] = sm[std::size_t(so + j)];
+        v[std::size_t(po + j)] = sv[std::size_t(so + j)];
+      }
+      covered += std::size_t(len);
+    }
+  }
+  if (covered != m.size())
+    throw bad_checkpoint(dir, "its " + std::to_string(shards) + " ZeRO-1 shard file(s) of rank tp=" + std::to_string(tp) +
+                                  " pp=" + std::to_string(pp) + " cover " + std::to_string(covered) + " of " +
+                                  std::to_string(m.size()) + " moment elements (a shard file is missing from the manifest)");
 }
 
 }  // namespace detail
@@ -704,17 +906,28 @@ nlohmann::json loss_scaler_json(const Trainer& tr) {
   }
 }
 
-/// Step 1 of a save: the rank file's tensor list and the manifest (without "files" and
-/// "checksum", which commit_checkpoint adds). With copy = false the tensors point into the
-/// trainer's memory (host-accessible devices only), which must not change until the file is
-/// written; with copy = true every tensor is first copied into `staging` (grown to the total
-/// and reused across calls). Throws loom::numeric_error when opt.check_finite finds a NaN or
-/// an infinity.
+/// The data-parallel engine of a trainer (train::trainer::data_parallel()), or null.
 template <class Trainer>
-std::pair<rank_file, nlohmann::json> snapshot(context<typename Trainer::device>& ctx, const Trainer& tr,
-                                              const run_state& state, const checkpoint_options& opt,
-                                              const std::filesystem::path& root, bool copy,
-                                              std::vector<std::byte>& staging) {
+auto data_parallel_of(const Trainer& tr) {
+  if constexpr (requires { tr.data_parallel(); }) return tr.data_parallel();
+  else return static_cast<const void*>(nullptr);
+}
+
+/// Step 1 of a save: the files this rank writes and the manifest (without "files" and
+/// "checksum", which the commit adds). Data-parallel rank 0 writes the model file
+/// (param.*, master.*, and adam_m.* / adam_v.* unless ZeRO-1 shards them); with ZeRO-1 every
+/// data-parallel rank also writes its moment shard, optim-tp00-pp00-dpDD.safetensors:
+/// "adam_m", "adam_v" (master precision, 1-D, the rank's shard as it holds it) and "ranges"
+/// (I64, (pieces, 3): parameter-buffer offset, length, shard offset of each contiguous piece,
+/// parallel::moment_range). With copy = false the tensors point into the trainer's memory
+/// (host-accessible devices only), which must not change until the files are written; with
+/// copy = true every tensor is first copied into `staging` (grown to the total and reused
+/// across calls). Throws loom::numeric_error when opt.check_finite finds a NaN or an infinity.
+template <class Trainer>
+std::pair<std::vector<rank_file>, nlohmann::json> snapshot(context<typename Trainer::device>& ctx, const Trainer& tr,
+                                                           const run_state& state, const checkpoint_options& opt,
+                                                           const std::filesystem::path& root, bool copy,
+                                                           std::vector<std::byte>& staging) {
   using G = typename Trainer::model_t;
   using M = typename G::model;
   using P = typename G::precision;
@@ -731,17 +944,35 @@ std::pair<rank_file, nlohmann::json> snapshot(context<typename Trainer::device>&
   const long step = tr.step_count();
   const auto& model = tr.model();
   const auto& optim = tr.optimizer();
+  const auto* sync = data_parallel_of(tr);
+  int dp = 1, dp_rank = 0;
+  bool zero = false;
+  if constexpr (!std::is_same_v<decltype(sync), const void*>) {
+    if (sync) {
+      dp = sync->size();
+      dp_rank = sync->rank();
+      zero = sync->options().zero1;
+    }
+  }
+  const bool writes_model = dp_rank == 0;
+  std::size_t shard = 0;  // ZeRO-1 moment shard elements
+  if constexpr (!std::is_same_v<decltype(sync), const void*>)
+    if (zero) shard = sync->first_moment_shard().size();
   if (copy) {
-    const std::size_t total = G::num_parameters * (sizeof(storage_t) + (has_master ? 3 : 2) * sizeof(master_t));
+    const std::size_t total =
+        (writes_model ? G::num_parameters * (sizeof(storage_t) + (has_master ? 1 : 0) * sizeof(master_t) +
+                                             (zero ? 0 : 2) * sizeof(master_t))
+                      : 0) +
+        2 * shard * sizeof(master_t);
     if (staging.size() < total) staging.resize(total);
   }
 
-  rank_file file{checkpoint_file_name(0, 0), 0, 0, 0, {}, {}};
+  std::vector<rank_file> files;
+  files.reserve(2);
+  rank_file file{checkpoint_file_name(0, 0), 0, 0, 0, {}, {}, {}};
   std::size_t used = 0;
-  nlohmann::json tensors = nlohmann::json::array();
-  auto add = [&](const std::string& prefix, int k, auto v, auto tag) {
+  auto bytes_of = [&](auto v, auto tag, const std::string& name) {
     using T = decltype(tag);
-    const auto& s = G::table[std::size_t(k)];
     std::span<const std::byte> bytes;
     if (copy) {
       D::copy_to_host(staging.data() + used, v.data(), v.bytes(), ctx.stream);
@@ -753,19 +984,30 @@ std::pair<rank_file, nlohmann::json> snapshot(context<typename Trainer::device>&
     if (opt.check_finite) {
       if (copy) ctx.synchronize();
       if (!all_finite<T>(bytes))
-        throw numeric_error("checkpoint of step " + std::to_string(step) + " not saved: tensor '" + prefix + "." +
-                            std::string(s.name) + "' holds NaN or infinite values; the checkpoints in '" +
-                            root.string() + "' are unchanged: resume from the last one with a lower learning rate");
+        throw numeric_error("checkpoint of step " + std::to_string(step) + " not saved: tensor '" + name +
+                            "' holds NaN or infinite values; the checkpoints in '" + root.string() +
+                            "' are unchanged: resume from the last one with a lower learning rate");
     }
-    file.tensors.push_back({prefix + "." + std::string(s.name), std::string(tensor_dtype<T>()),
-                            std::vector<std::int64_t>(s.shape.begin(), s.shape.begin() + s.ndim), bytes});
+    return bytes;
+  };
+  nlohmann::json tensors = nlohmann::json::array();
+  auto add = [&](const std::string& prefix, int k, auto v, auto tag) {
+    using T = decltype(tag);
+    const auto& s = G::table[std::size_t(k)];
+    const std::string name = prefix + "." + std::string(s.name);
+    file.tensors.push_back({name, std::string(tensor_dtype<T>()),
+                            std::vector<std::int64_t>(s.shape.begin(), s.shape.begin() + s.ndim), bytes_of(v, tag, name)});
   };
   for (int k = 0; k < nn::num_param_tensors; ++k) {
     const auto& s = G::table[std::size_t(k)];
-    add("param", k, model.parameter(nn::param(k)), storage_t{});
-    if constexpr (has_master) add("master", k, optim.master_weights().subview(G::offsets[k], s.size()), master_t{});
-    add("adam_m", k, optim.first_moment().subview(G::offsets[k], s.size()), master_t{});
-    add("adam_v", k, optim.second_moment().subview(G::offsets[k], s.size()), master_t{});
+    if (writes_model) {
+      add("param", k, model.parameter(nn::param(k)), storage_t{});
+      if constexpr (has_master) add("master", k, optim.master_weights().subview(G::offsets[k], s.size()), master_t{});
+      if (!zero) {
+        add("adam_m", k, optim.first_moment().subview(G::offsets[k], s.size()), master_t{});
+        add("adam_v", k, optim.second_moment().subview(G::offsets[k], s.size()), master_t{});
+      }
+    }
     const auto g = geometry_of<M>(k);
     tensors.push_back({{"name", std::string(s.name)},
                        {"shard", std::string(shard_name(s.rule))},
@@ -775,8 +1017,31 @@ std::pair<rank_file, nlohmann::json> snapshot(context<typename Trainer::device>&
                        {"local_shape", std::vector<long>(s.shape.begin(), s.shape.begin() + s.ndim)},
                        {"decay", s.decay}});
   }
-  if (copy) ctx.synchronize();
   file.metadata = {{"format", "loom.checkpoint.rank"}, {"step", std::to_string(step)}};
+  if (writes_model) files.push_back(std::move(file));
+  if constexpr (!std::is_same_v<decltype(sync), const void*>) {
+    if (zero) {
+      char name[64];
+      std::snprintf(name, sizeof name, "optim-tp%02d-pp%02d-dp%02d.safetensors", 0, 0, dp_rank);
+      rank_file o{name, 0, 0, dp_rank, {}, {}, {}};
+      const auto ranges = sync->moment_ranges();
+      o.owned.resize(ranges.size() * 3 * sizeof(std::int64_t));
+      for (std::size_t i = 0; i < ranges.size(); ++i) {
+        const std::int64_t row[3] = {std::int64_t(ranges[i].param_offset), std::int64_t(ranges[i].length),
+                                     std::int64_t(ranges[i].shard_offset)};
+        std::memcpy(o.owned.data() + i * sizeof row, row, sizeof row);
+      }
+      o.tensors.push_back({"adam_m", std::string(tensor_dtype<master_t>()), {std::int64_t(shard)},
+                           bytes_of(sync->first_moment_shard(), master_t{}, "adam_m (ZeRO-1 shard)")});
+      o.tensors.push_back({"adam_v", std::string(tensor_dtype<master_t>()), {std::int64_t(shard)},
+                           bytes_of(sync->second_moment_shard(), master_t{}, "adam_v (ZeRO-1 shard)")});
+      o.tensors.push_back({"ranges", "I64", {std::int64_t(ranges.size()), 3}, std::span<const std::byte>(o.owned)});
+      o.metadata = {{"format", "loom.checkpoint.zero1"}, {"step", std::to_string(step)},
+                    {"ranges", "rows (param_offset, length, shard_offset) in elements of the parameter buffer"}};
+      files.push_back(std::move(o));
+    }
+  }
+  if (copy) ctx.synchronize();
 
   const auto& cfg = tr.config();
   const auto now = std::time(nullptr);
@@ -802,8 +1067,8 @@ std::pair<rank_file, nlohmann::json> snapshot(context<typename Trainer::device>&
       {"layout",
        {{"tp", L::tp},
         {"pp", L::pp},
-        {"dp", 1},
-        {"zero", 0},
+        {"dp", dp},
+        {"zero", zero ? 1 : 0},
         {"rank_order", "tp fastest, then dp, then pp (Megatron-LM)"}}},
       {"precision",
        {{"name", std::string(P::name)},
@@ -840,9 +1105,21 @@ std::pair<rank_file, nlohmann::json> snapshot(context<typename Trainer::device>&
       {"tensors", tensors},
   };
   m["rng"]["init_seed"] = cfg.seed;
-  return {std::move(file), std::move(m)};
+  return {std::move(files), std::move(m)};
 }
 
+}  // namespace detail
+
+namespace detail {
+/// A single-rank save of a ZeRO-1 trainer would miss the other ranks' moment shards.
+template <class Trainer>
+void require_unsharded(const Trainer& tr, std::string_view api) {
+  const auto* sync = data_parallel_of(tr);
+  if constexpr (!std::is_same_v<decltype(sync), const void*>)
+    if (sync && sync->options().zero1)
+      throw input_error(std::string(api) + ": this trainer shards its AdamW moments (ZeRO-1), so one rank cannot "
+                        "save them alone; call io::save_checkpoint(ctx, root, tr, state, dp_group) on every rank");
+}
 }  // namespace detail
 
 /// Saves the state of trainer `tr` and the caller's `state` as checkpoint
@@ -864,11 +1141,41 @@ std::pair<rank_file, nlohmann::json> snapshot(context<typename Trainer::device>&
 template <checkpointable_trainer Trainer>
 std::filesystem::path save_checkpoint(context<typename Trainer::device>& ctx, const std::filesystem::path& root,
                                       const Trainer& tr, const run_state& state, const checkpoint_options& opt = {}) {
+  detail::require_unsharded(tr, "save_checkpoint");
   std::vector<std::byte> staging;
-  auto [file, manifest] = detail::snapshot(ctx, tr, state, opt, root, false, staging);
-  std::vector<detail::rank_file> files;
-  files.push_back(std::move(file));
+  auto [files, manifest] = detail::snapshot(ctx, tr, state, opt, root, false, staging);
   return detail::commit_checkpoint(root, tr.step_count(), files, std::move(manifest), opt);
+}
+
+/// The collective save of a data-parallel trainer (train::trainer built with a communicator),
+/// called by every rank of `world` (its data-parallel group, passed explicitly) with the same
+/// root. Rank 0 writes the model file; with ZeRO-1 every rank also writes its AdamW moment
+/// shard (optim-tp00-pp00-dpDD.safetensors, with the ranges of the parameter buffer it
+/// covers: ZeRO, Rajbhandari et al., arXiv:1910.02054, stage 1). The save is complete only
+/// when every rank has written and verified its files: the ranks agree before rank 0 renames
+/// the directory into place and moves `latest` (detail::commit_checkpoint_collective); if any
+/// rank failed, nobody moves `latest`, the temporary directory is removed, and every rank
+/// throws loom::error naming each failing rank and its reason. Returns the checkpoint's
+/// directory on every rank. Blocking (the communicator cannot serve a background thread while
+/// training uses it). Writes straight from the trainer's buffers.
+/// Errors: as save_checkpoint, on every rank: a NaN in any rank's state is agreed on first
+/// (loom::numeric_error on every rank naming the rank and tensor, nothing written); an I/O
+/// failure of any rank is loom::error on every rank naming the rank and its reason.
+template <checkpointable_trainer Trainer, class Comm>
+  requires parallel::communicator_for<Comm, std::int64_t>
+std::filesystem::path save_checkpoint(context<typename Trainer::device>& ctx, const std::filesystem::path& root,
+                                      const Trainer& tr, const run_state& state, Comm& world,
+                                      const checkpoint_options& opt = {}) {
+  std::vector<std::byte> staging;
+  std::pair<std::vector<detail::rank_file>, nlohmann::json> snap;
+  detail::rank_outcome out;
+  try {
+    snap = detail::snapshot(ctx, tr, state, opt, root, false, staging);
+  } catch (const std::exception& e) {
+    out.fail(e.what());
+  }
+  if (auto failed = detail::agree(world, out); !failed.empty()) throw numeric_error(failed);
+  return detail::commit_checkpoint_collective(world, root, tr.step_count(), snap.first, std::move(snap.second), opt);
 }
 
 /// Checkpoints written in the background, so that saving holds the training loop only for a
@@ -902,14 +1209,13 @@ class async_checkpointer {
   void save(context<device>& ctx, const std::filesystem::path& root, const Trainer& tr, const run_state& state,
             checkpoint_options opt = {}) {
     (void)wait();
-    auto [file, manifest] = detail::snapshot(ctx, tr, state, opt, root, true, staging_);
+    detail::require_unsharded(tr, "async_checkpointer::save");
+    auto [files, manifest] = detail::snapshot(ctx, tr, state, opt, root, true, staging_);
     const long step = tr.step_count();
-    worker_ = std::thread([this, root, step, opt = std::move(opt), file = std::move(file),
+    worker_ = std::thread([this, root, step, opt = std::move(opt), files = std::move(files),
                            manifest = std::move(manifest)]() mutable {
       const auto t0 = std::chrono::steady_clock::now();
       try {
-        std::vector<detail::rank_file> files;
-        files.push_back(std::move(file));
         done_ = detail::commit_checkpoint(root, step, files, std::move(manifest), opt);
       } catch (...) {
         error_ = std::current_exception();
@@ -984,10 +1290,31 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
   const auto& layout_j = detail::field<nlohmann::json>(j, "layout", dir);
   const int tp = detail::field<int>(layout_j, "tp", dir), pp = detail::field<int>(layout_j, "pp", dir);
   const int zero = detail::field<int>(layout_j, "zero", dir);
-  if (tp != L::tp || pp != L::pp || zero != 0)
-    throw mismatch("layout tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " zero=" + std::to_string(zero),
-                   "layout tp=" + std::to_string(L::tp) + " pp=" + std::to_string(L::pp) + " zero=0",
-                   "resume on the same layout (resharding a checkpoint into another layout is not implemented yet)");
+  if (tp != L::tp || pp != L::pp)
+    throw mismatch("layout tp=" + std::to_string(tp) + " pp=" + std::to_string(pp),
+                   "layout tp=" + std::to_string(L::tp) + " pp=" + std::to_string(L::pp),
+                   "resume on the same tensor/pipeline layout, or load it with io::load_parallel_checkpoint, which reshards");
+  if (zero != 0 && zero != 1)
+    throw detail::bad_checkpoint(dir, "its layout has zero = " + std::to_string(zero) + " (loom writes 0 or 1)");
+  // ZeRO-1 on either side: the moments are a flat array split by ranges, so any data-parallel
+  // size and either setting loads (gather the saved shards, re-split by this rank's ranges).
+  const auto* sync = detail::data_parallel_of(tr);
+  bool dst_zero = false;
+  struct piece {
+    std::size_t param_offset, length, shard_offset;
+  };
+  std::vector<piece> my_ranges;  // this rank's parallel::moment_range list
+  if constexpr (!std::is_same_v<decltype(sync), const void*>)
+    if (sync && sync->options().zero1) {
+      dst_zero = true;
+      for (const auto& q : sync->moment_ranges()) my_ranges.push_back({q.param_offset, q.length, q.shard_offset});
+    }
+  const bool src_zero = zero == 1;
+  std::vector<master_t> full_m, full_v;  // the whole moments on the host, when either side is ZeRO-1
+  if (src_zero || dst_zero) {
+    full_m.assign(G::num_parameters, master_t(0));
+    full_v.assign(G::num_parameters, master_t(0));
+  }
   const auto& prec_j = detail::field<nlohmann::json>(j, "precision", dir);
   const auto storage = detail::field<std::string>(prec_j, "storage", dir);
   if (storage != detail::tensor_dtype<storage_t>())
@@ -996,7 +1323,8 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
                    "resume with the checkpoint's precision");
 
   const auto files = detail::manifest_files(j, dir);
-  const auto it = std::find_if(files.begin(), files.end(), [](const auto& f) { return f.tp == 0 && f.pp == 0; });
+  const auto it = std::find_if(files.begin(), files.end(),
+                               [](const auto& f) { return f.tp == 0 && f.pp == 0 && f.path.rfind("model-", 0) == 0; });
   if (it == files.end()) throw detail::bad_checkpoint(dir, "manifest.json lists no file for rank tp=0 pp=0");
   const safetensors_reader r(dir / it->path);
 
@@ -1004,9 +1332,10 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
   struct copy_job {
     std::span<const std::byte> src;
     std::byte* dst;
+    bool host = false;  ///< dst is host memory (full_m / full_v), not the trainer's
   };
   std::vector<copy_job> jobs;
-  auto plan = [&](const std::string& prefix, int k, auto v, std::string_view dtype) {
+  auto plan = [&](const std::string& prefix, int k, std::byte* dst, bool host, std::string_view dtype) {
     const auto& s = G::table[std::size_t(k)];
     const std::string name = prefix + "." + std::string(s.name);
     if (!r.has(name)) throw detail::bad_checkpoint(dir, "its file has no tensor '" + name + "'");
@@ -1015,18 +1344,26 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
     if (info.shape != shape || info.dtype != dtype)
       throw detail::bad_checkpoint(dir, "tensor '" + name + "' is " + info.dtype + " " + detail::shape_string(info.shape) +
                                             ", this model needs " + std::string(dtype) + " " + detail::shape_string(shape));
-    jobs.push_back({r.bytes(name), reinterpret_cast<std::byte*>(v.data())});
+    jobs.push_back({r.bytes(name), dst, host});
   };
+  auto dev = [](auto v) { return reinterpret_cast<std::byte*>(v.data()); };
   auto& model = tr.model();
   auto& optim = tr.optimizer();
+  const std::string_view mdtype = detail::tensor_dtype<master_t>();
   for (int k = 0; k < nn::num_param_tensors; ++k) {
     const auto& s = G::table[std::size_t(k)];
-    plan("param", k, model.parameter(nn::param(k)), detail::tensor_dtype<storage_t>());
-    if constexpr (has_master)
-      plan("master", k, optim.master_weights().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>());
-    plan("adam_m", k, optim.first_moment().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>());
-    plan("adam_v", k, optim.second_moment().subview(G::offsets[k], s.size()), detail::tensor_dtype<master_t>());
+    plan("param", k, dev(model.parameter(nn::param(k))), false, detail::tensor_dtype<storage_t>());
+    if constexpr (has_master) plan("master", k, dev(optim.master_weights().subview(G::offsets[k], s.size())), false, mdtype);
+    if (src_zero) continue;  // the moments are in the optim-* shard files
+    if (dst_zero) {
+      plan("adam_m", k, reinterpret_cast<std::byte*>(full_m.data() + G::offsets[k]), true, mdtype);
+      plan("adam_v", k, reinterpret_cast<std::byte*>(full_v.data() + G::offsets[k]), true, mdtype);
+    } else {
+      plan("adam_m", k, dev(optim.first_moment().subview(G::offsets[k], s.size())), false, mdtype);
+      plan("adam_v", k, dev(optim.second_moment().subview(G::offsets[k], s.size())), false, mdtype);
+    }
   }
+  if (src_zero) detail::gather_zero1_moments(dir, files, 0, 0, std::span<master_t>(full_m), std::span<master_t>(full_v));
   checkpoint_info out;
   out.dir = dir;
   out.step = detail::field<long>(j, "step", dir);
@@ -1070,6 +1407,13 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
   differs(tr_j, "micro_batch", cfg.micro_batch);
   differs(tr_j, "seq_len", cfg.seq_len);
   differs(tr_j, "grad_accum", cfg.grad_accum);
+  int dp_now = 1;
+  if constexpr (!std::is_same_v<decltype(sync), const void*>)
+    if (sync) dp_now = sync->size();
+  if (const int dp_then = layout_j.value("dp", 1); dp_then != dp_now)
+    out.warnings.push_back("the data-parallel size is " + std::to_string(dp_now) + " now but " + std::to_string(dp_then) +
+                           " in the checkpoint (optimizer state resharded): the run continues, but not bit for bit as "
+                           "the original would have (another global batch or summation order)");
 
   // the loss scaler's state (scale, good steps), when both the checkpoint and this trainer have one
   std::optional<train::loss_scaler_state> scaler_state;
@@ -1088,7 +1432,21 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
     }
   }
 
-  for (const auto& job : jobs) D::copy_to_device(job.dst, job.src.data(), job.src.size(), ctx.stream);
+  for (const auto& job : jobs)
+    if (job.host) std::memcpy(job.dst, job.src.data(), job.src.size());
+    else D::copy_to_device(job.dst, job.src.data(), job.src.size(), ctx.stream);
+  if (dst_zero) {
+    if constexpr (!std::is_same_v<decltype(sync), const void*>) {
+      const auto m = sync->first_moment_shard(), v = sync->second_moment_shard();
+      for (const auto& q : my_ranges) {
+        D::copy_to_device(m.data() + q.shard_offset, full_m.data() + q.param_offset, q.length * sizeof(master_t), ctx.stream);
+        D::copy_to_device(v.data() + q.shard_offset, full_v.data() + q.param_offset, q.length * sizeof(master_t), ctx.stream);
+      }
+    }
+  } else if (src_zero) {
+    D::copy_to_device(optim.first_moment().data(), full_m.data(), full_m.size() * sizeof(master_t), ctx.stream);
+    D::copy_to_device(optim.second_moment().data(), full_v.data(), full_v.size() * sizeof(master_t), ctx.stream);
+  }
   ctx.synchronize();
   if constexpr (requires { tr.loss_scaler().set_state(train::loss_scaler_state{}); })
     if (scaler_state) tr.loss_scaler().set_state(*scaler_state);

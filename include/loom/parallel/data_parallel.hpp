@@ -103,6 +103,16 @@ struct ddp_memory {
   std::size_t saved() const noexcept { return moments_unsharded - moments; }
 };
 
+/// ZeRO-1: one contiguous piece of a rank's AdamW moment shard: elements
+/// [param_offset, param_offset + length) of the parameter buffer (nn::param_table order) are
+/// held at [shard_offset, shard_offset + length) of the rank's moment arrays. A rank's pieces
+/// are disjoint; the pieces of all ranks of the group cover the parameter buffer exactly once.
+struct moment_range {
+  std::size_t param_offset = 0;
+  std::size_t length = 0;
+  std::size_t shard_offset = 0;
+};
+
 /// The interface train::trainer drives (the communicator type is erased behind it). Call order
 /// per optimizer step, on every rank of the group: global_sum (token count); for the final
 /// micro-batch begin_backward, then grads_ready for every `ready` call of gpt::backward;
@@ -135,6 +145,14 @@ class grad_sync {
   /// differing tensor.
   virtual void check_replicas(context<device>& ctx, const G& model, long steps) = 0;
   virtual ddp_memory memory() const noexcept = 0;
+  /// ZeRO-1: where this rank's moment shard lies in the parameter buffer (empty without zero1;
+  /// for checkpoints: io::save_checkpoint writes the shard with these ranges, and
+  /// io::load_checkpoint rebuilds any rank's shard from them).
+  virtual std::vector<moment_range> moment_ranges() const = 0;
+  /// ZeRO-1: this rank's first and second AdamW moments (empty without zero1), laid out as
+  /// moment_ranges() says. Writable, so that a checkpoint can be loaded into them.
+  virtual view<device, typename G::precision::master> first_moment_shard() const noexcept = 0;
+  virtual view<device, typename G::precision::master> second_moment_shard() const noexcept = 0;
   /// Number of buckets (for logs and tests).
   virtual std::size_t bucket_count() const noexcept = 0;
 };
@@ -239,6 +257,19 @@ class data_parallel final : public grad_sync<G> {
     m.moments = opt_.zero1 ? m_.bytes() + v_.bytes() : m.moments_unsharded;
     return m;
   }
+
+  std::vector<moment_range> moment_ranges() const override {
+    std::vector<moment_range> out;
+    if (!opt_.zero1) return out;
+    for (const auto& b : buckets_)
+      for (const auto& s : b.segs) {
+        const std::size_t a = std::max(b.lo, s.packed), e = std::min(b.hi, s.packed + s.length);
+        if (a < e) out.push_back({s.offset + (a - s.packed), e - a, b.moment_offset + (a - b.lo)});
+      }
+    return out;
+  }
+  view<device, master_t> first_moment_shard() const noexcept override { return m_.all(); }
+  view<device, master_t> second_moment_shard() const noexcept override { return v_.all(); }
 
   long global_sum(long local) override {
     std::int64_t x = local;

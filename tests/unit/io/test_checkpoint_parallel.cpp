@@ -1,0 +1,297 @@
+// Tests of the multi-rank checkpoint paths of loom/io/checkpoint.hpp, with comm::threads:
+// the collective save (every rank writes and verifies, the ranks agree, then one rank moves
+// `latest`; a failing rank stops everyone), data parallelism with ZeRO-1 (each rank's moment
+// shard, bitwise resume, loading into another data-parallel size or ZeRO setting).
+#include <doctest/doctest.h>
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <loom/core/random.hpp>
+#include <loom/device/cpu.hpp>
+#include <loom/io/checkpoint.hpp>
+#include <loom/kernels/cpu.hpp>
+#include <loom/parallel/comm_threads.hpp>
+#include <loom/train/trainer.hpp>
+
+namespace fs = std::filesystem;
+using namespace loom;
+
+namespace {
+
+using M = models::tiny;
+using P = policy<device::cpu, precision::fp32>;
+using trainer_t = train::trainer<M, P, 4, 16>;
+
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    std::string tmpl = (fs::temp_directory_path() / "loom_ckpt_par_XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+void one_thread_per_rank() {
+#ifdef _OPENMP
+  omp_set_num_threads(1);  // ranks are threads already; also makes the runs bitwise comparable
+#endif
+}
+
+train::trainer_config config(int micro_batch, std::uint64_t seed = 1337) {
+  train::trainer_config cfg;
+  cfg.micro_batch = micro_batch;
+  cfg.seq_len = 13;
+  cfg.grad_accum = 1;
+  cfg.schedule = {3e-3, 3e-4, 1, 6};
+  cfg.seed = seed;
+  return cfg;
+}
+
+constexpr int global_windows = 6;  // per step: 6 windows = 3 per rank at dp 2, 2 at dp 3
+
+/// Rows [first, first + count) of step s's global batch: windows of 14 tokens from a learnable
+/// stream (next = 3 t + 1 mod vocab, every 5th token random), started at random offsets.
+std::vector<std::int32_t> windows(long s, int first, int count) {
+  std::vector<std::int32_t> out;
+  for (int w = first; w < first + count; ++w) {
+    std::int32_t t = std::int32_t(random_below(M::vocab, 21, std::uint64_t(s), std::uint64_t(w)));
+    for (int i = 0; i < 14; ++i) {
+      out.push_back(t);
+      t = i % 5 == 4 ? std::int32_t(random_below(M::vocab, 22, std::uint64_t(s * 100 + w), std::uint64_t(i)))
+                     : (3 * t + 1) % M::vocab;
+    }
+  }
+  return out;
+}
+
+/// Step s on a rank of a dp-sized group (its share of the global batch).
+double step(context<device::cpu>& ctx, trainer_t& tr, long s, int rank, int dp) {
+  const int mine = global_windows / dp;
+  return tr.step(ctx, windows(s, rank * mine, mine)).loss;
+}
+
+/// The whole AdamW moments of a trainer (its own, or its ZeRO-1 shard written into the right
+/// places of `m`, `v`, which all ranks of a group share: their ranges are disjoint).
+void collect_moments(const trainer_t& tr, std::vector<float>& m, std::vector<float>& v) {
+  m.resize(trainer_t::model_t::num_parameters);
+  v.resize(m.size());
+  const auto* sync = tr.data_parallel();
+  if (sync && sync->options().zero1) {
+    const auto sm = sync->first_moment_shard(), sv = sync->second_moment_shard();
+    for (const auto& q : sync->moment_ranges()) {
+      std::memcpy(m.data() + q.param_offset, sm.data() + q.shard_offset, q.length * sizeof(float));
+      std::memcpy(v.data() + q.param_offset, sv.data() + q.shard_offset, q.length * sizeof(float));
+    }
+  } else {
+    std::memcpy(m.data(), tr.optimizer().first_moment().data(), m.size() * sizeof(float));
+    std::memcpy(v.data(), tr.optimizer().second_moment().data(), v.size() * sizeof(float));
+  }
+}
+
+std::vector<float> params_of(const trainer_t& tr) {
+  const auto p = tr.model().parameters();
+  return {p.data(), p.data() + p.size()};
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+io::run_state state_at(long s) {
+  io::run_state st;
+  st.tokens = std::uint64_t(s) * global_windows * 13;
+  st.data = {{"kind", "test"}, {"step", s}};
+  return st;
+}
+
+/// Trains `dp` ranks (ZeRO-1 or not) for steps [from, to), optionally loading `load` first and
+/// saving (collectively) after step `save_at`. Returns rank 0's losses; params/moments of the end.
+struct run_result {
+  std::vector<double> losses;
+  std::vector<float> params, m, v;
+};
+run_result run(int dp, bool zero1, long from, long to, const fs::path& load = {}, const fs::path& save_root = {},
+               long save_at = -1) {
+  run_result out;
+  if (zero1) {
+    out.m.assign(trainer_t::model_t::num_parameters, 0.0f);
+    out.v.assign(out.m.size(), 0.0f);
+  }
+  std::mutex mu;
+  comm::run_threads(dp, [&](comm::threads& world) {
+    one_thread_per_rank();
+    context<device::cpu> ctx;
+    parallel::ddp_options o;
+    o.zero1 = zero1;
+    trainer_t tr(ctx, config(global_windows / dp, load.empty() ? 1337 : 99), world, o);
+    if (!load.empty()) {
+      const auto info = io::load_checkpoint(ctx, load, tr);
+      CHECK(info.step == from);
+      const bool same = info.manifest["layout"]["dp"] == dp;
+      const bool warned = !info.warnings.empty() && info.warnings.back().find("data-parallel size") != std::string::npos;
+      CHECK(warned == !same);
+    }
+    for (long s = from; s < to; ++s) {
+      const double l = step(ctx, tr, s, world.rank(), dp);
+      if (world.rank() == 0) out.losses.push_back(l);
+      if (s + 1 == save_at) io::save_checkpoint(ctx, save_root, tr, state_at(s + 1), world);
+    }
+    std::lock_guard lock(mu);
+    if (world.rank() == 0) out.params = params_of(tr);
+    if (zero1) {
+      std::vector<float> m, v;
+      collect_moments(tr, m, v);
+      for (const auto& q : tr.data_parallel()->moment_ranges())
+        for (std::size_t i = 0; i < q.length; ++i) {
+          out.m[q.param_offset + i] = m[q.param_offset + i];
+          out.v[q.param_offset + i] = v[q.param_offset + i];
+        }
+    } else if (world.rank() == 0) {
+      collect_moments(tr, out.m, out.v);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint (dp 2, ZeRO-1): save after 2 steps, new trainers load it, 2 steps == 4 uninterrupted, bit for bit") {
+  temp_dir dir;
+  const fs::path root = dir.path / "ckpt";
+  const auto whole = run(2, true, 0, 4);
+  const auto first = run(2, true, 0, 2, {}, root, 2);
+  const fs::path ck = root / io::checkpoint_dir_name(2);
+  // the files: the model file of rank 0 (no moments) and one moment shard per rank
+  const auto man = io::verify_checkpoint(ck);
+  CHECK(man["layout"]["dp"] == 2);
+  CHECK(man["layout"]["zero"] == 1);
+  REQUIRE(man["files"].size() == 3);
+  CHECK(man["files"][0]["path"] == "model-tp00-pp00.safetensors");
+  CHECK(man["files"][1]["path"] == "optim-tp00-pp00-dp00.safetensors");
+  CHECK(man["files"][2]["path"] == "optim-tp00-pp00-dp01.safetensors");
+  CHECK(man["files"][2]["dp"] == 1);
+  const io::safetensors_reader model_file(ck / "model-tp00-pp00.safetensors");
+  CHECK(model_file.has("param.wte"));
+  CHECK_FALSE(model_file.has("adam_m.wte"));
+  const io::safetensors_reader shard1(ck / "optim-tp00-pp00-dp01.safetensors");
+  CHECK(shard1.info("adam_m").numel() * 2 >= trainer_t::model_t::num_parameters - 64);  // about half
+  CHECK(shard1.info("ranges").shape[1] == 3);
+  CHECK(read_text(root / "latest") == "step_00000002\n");
+
+  const auto second = run(2, true, 2, 4, ck);
+  REQUIRE(whole.losses.size() == 4);
+  REQUIRE(second.losses.size() == 2);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(std::memcmp(&whole.losses[std::size_t(i)], &first.losses[std::size_t(i)], sizeof(double)) == 0);
+    CHECK(std::memcmp(&whole.losses[std::size_t(i + 2)], &second.losses[std::size_t(i)], sizeof(double)) == 0);
+  }
+  CHECK(same_bits(whole.params, second.params));
+  CHECK(same_bits(whole.m, second.m));
+  CHECK(same_bits(whole.v, second.v));
+  CHECK(whole.losses[3] < whole.losses[0]);  // it trains
+}
+
+TEST_CASE("checkpoint (ZeRO-1): the moments reshard across dp sizes and ZeRO settings, bit for bit") {
+  temp_dir dir;
+  const fs::path a = dir.path / "a", b = dir.path / "b";
+  const auto src = run(2, true, 0, 2, {}, a, 2);  // dp 2, ZeRO-1
+  const fs::path ck = a / io::checkpoint_dir_name(2);
+  SUBCASE("into dp 3 with ZeRO-1 (other ranges), then saved and loaded into plain dp 2") {
+    const auto three = run(3, true, 2, 2, ck, b, -1);
+    CHECK(same_bits(three.params, src.params));
+    CHECK(same_bits(three.m, src.m));
+    CHECK(same_bits(three.v, src.v));
+  }
+  SUBCASE("into one rank without ZeRO; its save loads back into dp 2 with ZeRO-1") {
+    context<device::cpu> ctx;
+    trainer_t one(ctx, config(3, 7));  // only loaded: the batch shape does not matter
+    (void)io::load_checkpoint(ctx, ck, one);
+    std::vector<float> m, v;
+    collect_moments(one, m, v);
+    CHECK(same_bits(params_of(one), src.params));
+    CHECK(same_bits(m, src.m));
+    CHECK(same_bits(v, src.v));
+    io::save_checkpoint(ctx, b, one, state_at(2));
+    CHECK(io::verify_checkpoint(b / io::checkpoint_dir_name(2))["layout"]["zero"] == 0);
+    const auto back = run(2, true, 2, 2, b / io::checkpoint_dir_name(2));
+    CHECK(same_bits(back.m, src.m));
+    CHECK(same_bits(back.v, src.v));
+  }
+  SUBCASE("into plain dp 2: training continues as ZeRO-1 would (ZeRO-1 and DDP are bitwise equal on comm::threads)") {
+    const auto zero = run(2, true, 2, 4, ck);
+    const auto plain = run(2, false, 2, 4, ck);
+    REQUIRE(plain.losses.size() == 2);
+    CHECK(std::memcmp(plain.losses.data(), zero.losses.data(), 2 * sizeof(double)) == 0);
+    CHECK(same_bits(plain.params, zero.params));
+  }
+}
+
+TEST_CASE("checkpoint (multi-rank): a rank whose write fails stops the save on every rank; latest stays") {
+  temp_dir dir;
+  const fs::path root = dir.path / "ckpt";
+  std::vector<std::string> errors(2);
+  std::string expect = "injected write failure of rank 1";
+  comm::run_threads(2, [&](comm::threads& world) {
+    one_thread_per_rank();
+    context<device::cpu> ctx;
+    parallel::ddp_options o;
+    o.zero1 = true;
+    trainer_t tr(ctx, config(3), world, o);
+    step(ctx, tr, 0, world.rank(), 2);
+    io::save_checkpoint(ctx, root, tr, state_at(1), world);
+    step(ctx, tr, 1, world.rank(), 2);
+    io::checkpoint_options opt;
+    const int r = world.rank();
+    SUBCASE("rank 1 fails after writing its shard") {
+      opt.on_stage = [r](std::string_view s) {
+        if (r == 1 && s == "file_written") throw error("injected write failure of rank 1");
+      };
+    }
+    SUBCASE("rank 1 cannot create its file (a directory is in the way: a real I/O error)") {
+      expect = "Is a directory";
+      opt.on_stage = [r, &root](std::string_view s) {
+        if (r != 0 || s != "prepared") return;
+        for (const auto& e : fs::directory_iterator(root))
+          if (e.path().filename().string().rfind(".tmp-", 0) == 0)
+            fs::create_directory(e.path() / ("optim-tp00-pp00-dp01.safetensors.tmp." + std::to_string(::getpid())));
+      };
+    }
+    try {
+      io::save_checkpoint(ctx, root, tr, state_at(2), world, opt);
+    } catch (const error& e) {
+      errors[std::size_t(r)] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    CAPTURE(e);
+    CHECK(e.find("rank 1: ") != std::string::npos);
+    CHECK(e.find(expect) != std::string::npos);
+    CHECK(e.find("latest") != std::string::npos);
+  }
+  CHECK(read_text(root / "latest") == "step_00000001\n");
+  CHECK_FALSE(fs::exists(root / io::checkpoint_dir_name(2)));
+  for (const auto& e : fs::directory_iterator(root)) CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
+  CHECK(io::find_checkpoint(root) == root / io::checkpoint_dir_name(1));
+}
