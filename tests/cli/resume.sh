@@ -8,7 +8,9 @@
 #      resumed run always finds a valid checkpoint and continues with the reference losses;
 #   4. bad input: --resume on a missing, empty or foreign directory, another model, a fresh run
 #      into another run's checkpoints -> exit 2 with one clear line;
-#   5. --export-hf writes GPT-2 files, --init-from-hf starts from them.
+#   5. --export-hf writes GPT-2 files, --init-from-hf starts from them;
+#   6. fp16 with the dynamic loss scaler: exact resume (losses, loss scale every step, weights,
+#      and the scaler's good-step counter in the last manifest).
 #   tests/cli/resume.sh <dir with train_gpt>
 set -u
 bin="$1"
@@ -121,6 +123,27 @@ first_fresh=$(losses "$work/a/logs/metrics.jsonl" | head -1 | cut -d' ' -f2)
 first_init=$(losses "$work/i/logs/metrics.jsonl" | head -1 | cut -d' ' -f2)
 awk -v a="$first_init" -v b="$first_fresh" 'BEGIN { exit !(a < b - 0.1) }' && ok ||
   bad "a run from trained GPT-2 weights should start lower: $first_init vs fresh $first_fresh"
+
+# --- 6. fp16 with dynamic loss scaling: exact resume ----------------------------------------------
+scales() { grep -o '"step":[0-9]*\|"train/loss_scale":[^,}]*' "$1" | paste -d' ' - - | grep loss_scale; }
+scaler_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss_scaler"])' "$1"; }
+fp16=(--precision fp16 --steps 6)
+"$t" "${common[@]}" "${fp16[@]}" --log-dir "$work/h/a" --out "$work/h/a.safetensors" --checkpoint-dir "$work/h/ca" \
+  > "$work/h.a.txt" 2>&1 || bad "fp16 uninterrupted run: $(tail -3 "$work/h.a.txt")"
+"$t" "${common[@]}" "${fp16[@]}" --log-dir "$work/h/b1" --out "$work/h/b.safetensors" --checkpoint-dir "$work/h/cb" \
+  --stop-at-step 3 > "$work/h.b1.txt" 2>&1 || bad "fp16 run stopped at 3: $(tail -3 "$work/h.b1.txt")"
+"$t" "${common[@]}" "${fp16[@]}" --log-dir "$work/h/b2" --out "$work/h/b.safetensors" --resume "$work/h/cb" \
+  > "$work/h.b2.txt" 2>&1 || bad "fp16 resumed run: $(tail -3 "$work/h.b2.txt")"
+ref="$(losses "$work/h/a/metrics.jsonl"; scales "$work/h/a/metrics.jsonl")"
+got="$(losses "$work/h/b1/metrics.jsonl"; losses "$work/h/b2/metrics.jsonl"; scales "$work/h/b1/metrics.jsonl"; scales "$work/h/b2/metrics.jsonl")"
+[[ $(grep -c loss_scale <<< "$ref") -eq 6 && "$ref" == "$got" ]] && ok || bad "fp16 losses or loss scales differ:
+$ref
+vs
+$got"
+cmp -s "$work/h/a.safetensors" "$work/h/b.safetensors" && ok || bad "fp16 final weights differ"
+sa="$(scaler_of "$work/h/ca/step_00000006/manifest.json")"; sb="$(scaler_of "$work/h/cb/step_00000006/manifest.json")"
+[[ "$sa" == "$sb" && "$sa" == *"'growth_tracker': 6"* && "$sa" == *"'enabled': True"* ]] && ok ||
+  bad "fp16 loss scaler state differs: uninterrupted $sa, resumed $sb"
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
