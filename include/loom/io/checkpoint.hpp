@@ -16,7 +16,11 @@
 ///                                          by data-parallel rank 0: "param.<name>" in storage
 ///                                          precision, "master.<name>" (fp32, only when the
 ///                                          storage is narrower), "adam_m.<name>",
-///                                          "adam_v.<name>" (master precision); local shapes
+///                                          "adam_v.<name>" (master precision; not with
+///                                          ZeRO-1); local shapes
+///   <root>/step_00000300/optim-tp00-pp00-dp01.safetensors
+///                                          ZeRO-1 only: data-parallel rank 1's AdamW moment
+///                                          shard and the ranges of the parameter buffer it holds
 ///   <root>/.tmp-step_00000400-<pid>/       a save in progress (or one a crash interrupted:
 ///                                          never read, removed by the next save)
 ///
@@ -32,9 +36,13 @@
 /// learning-rate schedule reads), and whatever the caller's run_state carries (data position,
 /// RNG state, tokens consumed) come back exactly.
 ///
-/// Today loom executes layout<1,1> on one rank; the manifest already records the layout
-/// (tp, pp, dp, zero), the file-per-rank naming, and every tensor's logical (global) shape and
-/// shard rule, so that resharding is the pure function shard_tensor(gather_tensor(...)) below.
+/// Multi-rank runs (data parallel with or without ZeRO-1, train::parallel_trainer's
+/// layout<TP,PP>) save collectively: save_checkpoint(ctx, root, tr, state, world) on every
+/// rank; the save is complete only when every rank wrote and verified its files, otherwise no
+/// rank moves `latest` and every rank throws naming the failed ranks. The manifest records the
+/// layout (tp, pp, dp, zero) and every tensor's logical (global) shape and shard rule, so
+/// load_checkpoint reshards a checkpoint onto any other layout of the same model with the pure
+/// functions shard_tensor(gather_tensor(...)) below.
 #include <fcntl.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
 #include <unistd.h>
@@ -47,10 +55,12 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -906,6 +916,25 @@ nlohmann::json loss_scaler_json(const Trainer& tr) {
   }
 }
 
+/// The pipeline stages that use table row k (nn::stage_uses in nn/gpt_parallel.hpp): "all"
+/// (per-layer tensors, each stage its own layers), "first and last" (wte: embedding and tied
+/// LM head), "first" (wpe), "last" (lnf). Every stage's file holds every row of its table; the
+/// copies on stages that do not use a tensor are never read when resharding (owner_stage).
+inline std::string used_on_stages(int k) {
+  switch (nn::param(k)) {
+    case nn::param::wte: return "first and last";
+    case nn::param::wpe: return "first";
+    case nn::param::lnf_w:
+    case nn::param::lnf_b: return "last";
+    default: return "all";
+  }
+}
+/// The stage whose copy of non-per-layer table row k is read when resharding from `pp` stages:
+/// the last for lnf, the first for wte (the last stage's tied copy is identical) and wpe.
+inline int owner_stage(int k, int pp) {
+  return nn::param(k) == nn::param::lnf_w || nn::param(k) == nn::param::lnf_b ? pp - 1 : 0;
+}
+
 /// The data-parallel engine of a trainer (train::trainer::data_parallel()), or null.
 template <class Trainer>
 auto data_parallel_of(const Trainer& tr) {
@@ -954,7 +983,17 @@ std::pair<std::vector<rank_file>, nlohmann::json> snapshot(context<typename Trai
       zero = sync->options().zero1;
     }
   }
-  const bool writes_model = dp_rank == 0;
+  // tensor/pipeline-parallel trainers (train::parallel_trainer): this rank's cell and replica
+  int tp_rank = 0, pp_rank = 0;
+  if constexpr (requires { model.tp_rank(); model.stage(); }) {
+    tp_rank = model.tp_rank();
+    pp_rank = model.stage();
+  }
+  if constexpr (requires { tr.dp_rank(); tr.dp_size(); }) {
+    dp_rank = tr.dp_rank();
+    dp = tr.dp_size();
+  }
+  const bool writes_model = dp_rank == 0;  // replicas of a (tp, pp) cell hold the same values
   std::size_t shard = 0;  // ZeRO-1 moment shard elements
   if constexpr (!std::is_same_v<decltype(sync), const void*>)
     if (zero) shard = sync->first_moment_shard().size();
@@ -969,7 +1008,7 @@ std::pair<std::vector<rank_file>, nlohmann::json> snapshot(context<typename Trai
 
   std::vector<rank_file> files;
   files.reserve(2);
-  rank_file file{checkpoint_file_name(0, 0), 0, 0, 0, {}, {}, {}};
+  rank_file file{checkpoint_file_name(tp_rank, pp_rank), tp_rank, pp_rank, 0, {}, {}, {}};
   std::size_t used = 0;
   auto bytes_of = [&](auto v, auto tag, const std::string& name) {
     using T = decltype(tag);
@@ -1015,9 +1054,13 @@ std::pair<std::vector<rank_file>, nlohmann::json> snapshot(context<typename Trai
                        {"sections", g.sections},
                        {"logical_shape", logical_shape<M>(k)},
                        {"local_shape", std::vector<long>(s.shape.begin(), s.shape.begin() + s.ndim)},
+                       {"used_on_stages", used_on_stages(k)},
                        {"decay", s.decay}});
   }
-  file.metadata = {{"format", "loom.checkpoint.rank"}, {"step", std::to_string(step)}};
+  file.metadata = {{"format", "loom.checkpoint.rank"},
+                   {"step", std::to_string(step)},
+                   {"tp_rank", std::to_string(tp_rank)},
+                   {"pp_rank", std::to_string(pp_rank)}};
   if (writes_model) files.push_back(std::move(file));
   if constexpr (!std::is_same_v<decltype(sync), const void*>) {
     if (zero) {
@@ -1114,6 +1157,11 @@ namespace detail {
 /// A single-rank save of a ZeRO-1 trainer would miss the other ranks' moment shards.
 template <class Trainer>
 void require_unsharded(const Trainer& tr, std::string_view api) {
+  using L = typename Trainer::model_t::layout;
+  if constexpr (L::tp * L::pp > 1)
+    throw input_error(std::string(api) + ": this trainer is split over tp = " + std::to_string(L::tp) + ", pp = " +
+                      std::to_string(L::pp) + " ranks, so one rank cannot save the model alone; call "
+                      "io::save_checkpoint(ctx, root, tr, state, world) on every rank of the world");
   const auto* sync = data_parallel_of(tr);
   if constexpr (!std::is_same_v<decltype(sync), const void*>)
     if (sync && sync->options().zero1)
@@ -1256,10 +1304,23 @@ class async_checkpointer {
 /// the checkpoint's (schedule, optimizer, batch shape, seed), which break bitwise resumption
 /// but not loading.
 ///
+/// Any trainer (train::trainer with or without a data-parallel group and ZeRO-1,
+/// train::parallel_trainer on any layout<TP,PP>), from a checkpoint of any layout of the same
+/// model and storage precision: on the saved (tp, pp) a rank reads its own file (bitwise); on
+/// another one it reads every model file, gathers each logical tensor and cuts its own shard
+/// (gather_tensor, shard_tensor; non-per-layer tensors from the stage that uses them). ZeRO-1
+/// moments (either side, any dp size) are gathered from the shards by their ranges and re-split
+/// by this rank's parallel::moment_range list. A changed layout or dp size is a warning (not
+/// bit for bit). Called on every rank; no communication.
+///
 /// All-or-nothing: every check runs before the first byte is copied into `tr`.
+/// Memory: with the same layout and no ZeRO-1, none beyond the mapped file; otherwise this
+/// rank's resharded state on the host, one logical tensor at a time, plus the whole moments
+/// when ZeRO-1 is on either side.
 /// Errors (loom::input_error): the checkpoint fails verify_checkpoint; it was saved for another
-/// model config, layout or precision (naming both); a tensor is missing or has another
-/// shape or dtype.
+/// model config or storage precision (naming both); a file of the saved layout, a tensor or a
+/// ZeRO-1 range is missing, or has another shape or dtype; the saved layout does not divide the
+/// model.
 template <checkpointable_trainer Trainer>
 checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const std::filesystem::path& dir, Trainer& tr) {
   using G = typename Trainer::model_t;
@@ -1290,10 +1351,18 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
   const auto& layout_j = detail::field<nlohmann::json>(j, "layout", dir);
   const int tp = detail::field<int>(layout_j, "tp", dir), pp = detail::field<int>(layout_j, "pp", dir);
   const int zero = detail::field<int>(layout_j, "zero", dir);
-  if (tp != L::tp || pp != L::pp)
-    throw mismatch("layout tp=" + std::to_string(tp) + " pp=" + std::to_string(pp),
-                   "layout tp=" + std::to_string(L::tp) + " pp=" + std::to_string(L::pp),
-                   "resume on the same tensor/pipeline layout, or load it with io::load_parallel_checkpoint, which reshards");
+  if (tp < 1 || pp < 1 || M::n_layer % pp != 0)
+    throw detail::bad_checkpoint(dir, "its layout tp = " + std::to_string(tp) + ", pp = " + std::to_string(pp) +
+                                          " cannot hold model " + std::string(M::name));
+  const bool same_layout = tp == L::tp && pp == L::pp;  // else: reshard (gather_tensor, shard_tensor)
+  int my_tp = 0, my_pp = 0;
+  if constexpr (requires { tr.model().tp_rank(); tr.model().stage(); }) {
+    my_tp = tr.model().tp_rank();
+    my_pp = tr.model().stage();
+  }
+  if (zero == 1 && (tp != 1 || pp != 1))
+    throw detail::bad_checkpoint(dir, "its layout has ZeRO-1 with tp = " + std::to_string(tp) + ", pp = " +
+                                          std::to_string(pp) + " (loom shards optimizer state on layout<1,1> only)");
   if (zero != 0 && zero != 1)
     throw detail::bad_checkpoint(dir, "its layout has zero = " + std::to_string(zero) + " (loom writes 0 or 1)");
   // ZeRO-1 on either side: the moments are a flat array split by ranges, so any data-parallel
@@ -1323,10 +1392,48 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
                    "resume with the checkpoint's precision");
 
   const auto files = detail::manifest_files(j, dir);
-  const auto it = std::find_if(files.begin(), files.end(),
-                               [](const auto& f) { return f.tp == 0 && f.pp == 0 && f.path.rfind("model-", 0) == 0; });
-  if (it == files.end()) throw detail::bad_checkpoint(dir, "manifest.json lists no file for rank tp=0 pp=0");
-  const safetensors_reader r(dir / it->path);
+  // The model files this rank reads: its own (same layout), or every (tp, pp) one (resharding).
+  std::map<std::pair<int, int>, std::unique_ptr<safetensors_reader>> readers;
+  for (const auto& f : files)
+    if (f.path.rfind("model-", 0) == 0 && (!same_layout || (f.tp == my_tp && f.pp == my_pp)))
+      readers[{f.tp, f.pp}] = std::make_unique<safetensors_reader>(dir / f.path);
+  for (int a = 0; a < (same_layout ? 1 : tp); ++a)
+    for (int b = 0; b < (same_layout ? 1 : pp); ++b) {
+      const int ta = same_layout ? my_tp : a, pb = same_layout ? my_pp : b;
+      if (!readers.count({ta, pb}))
+        throw detail::bad_checkpoint(dir, "manifest.json lists no model file for rank tp=" + std::to_string(ta) +
+                                              " pp=" + std::to_string(pb));
+    }
+  std::deque<std::vector<std::byte>> owned;  // resharded tensors, until they are copied
+
+  // The bytes of this rank's local tensor "<prefix>.<name k>" of dtype `dtype`: a view of its
+  // own file (same layout), or gathered from the saved layout's files and re-split for this
+  // rank (io::gather_tensor, io::shard_tensor). Throws bad_checkpoint on a missing tensor or
+  // another dtype or shape.
+  auto source = [&](const std::string& prefix, int k, std::string_view dtype) -> std::span<const std::byte> {
+    const auto& s = G::table[std::size_t(k)];
+    const std::string name = prefix + "." + std::string(s.name);
+    auto check = [&](const safetensors_reader& r, const std::vector<std::int64_t>* shape) {
+      if (!r.has(name)) throw detail::bad_checkpoint(dir, "its file '" + r.path().filename().string() + "' has no tensor '" + name + "'");
+      const auto& info = r.info(name);
+      if (info.dtype != dtype || (shape && info.shape != *shape))
+        throw detail::bad_checkpoint(dir, "tensor '" + name + "' is " + info.dtype + " " + detail::shape_string(info.shape) +
+                                              ", this model needs " + std::string(dtype) +
+                                              (shape ? " " + detail::shape_string(*shape) : std::string()));
+      return r.bytes(name);
+    };
+    if (same_layout) {
+      const std::vector<std::int64_t> shape(s.shape.begin(), s.shape.begin() + s.ndim);
+      return check(*readers.at({my_tp, my_pp}), &shape);
+    }
+    const auto g = geometry_of<M>(k);
+    const std::size_t elem = detail::dtype_size(std::string(dtype));
+    const auto logical = gather_tensor(g, elem, [&](int r, int st) {
+      return check(*readers.at({r, g.per_layer ? st : detail::owner_stage(k, pp)}), nullptr);
+    }, tp, pp);
+    owned.push_back(shard_tensor(g, elem, logical, L::tp, L::pp, my_tp, my_pp));
+    return owned.back();
+  };
 
   // Check every tensor before touching the trainer.
   struct copy_job {
@@ -1336,17 +1443,20 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
   };
   std::vector<copy_job> jobs;
   auto plan = [&](const std::string& prefix, int k, std::byte* dst, bool host, std::string_view dtype) {
-    const auto& s = G::table[std::size_t(k)];
-    const std::string name = prefix + "." + std::string(s.name);
-    if (!r.has(name)) throw detail::bad_checkpoint(dir, "its file has no tensor '" + name + "'");
-    const auto& info = r.info(name);
-    const std::vector<std::int64_t> shape(s.shape.begin(), s.shape.begin() + s.ndim);
-    if (info.shape != shape || info.dtype != dtype)
-      throw detail::bad_checkpoint(dir, "tensor '" + name + "' is " + info.dtype + " " + detail::shape_string(info.shape) +
-                                            ", this model needs " + std::string(dtype) + " " + detail::shape_string(shape));
-    jobs.push_back({r.bytes(name), dst, host});
+    const auto src = source(prefix, k, dtype);
+    const std::size_t want = G::table[std::size_t(k)].size() * detail::dtype_size(std::string(dtype));
+    if (src.size() != want)
+      throw detail::bad_checkpoint(dir, "tensor '" + prefix + "." + std::string(G::table[std::size_t(k)].name) + "' has " +
+                                            std::to_string(src.size()) + " bytes for this rank, not " + std::to_string(want));
+    jobs.push_back({src, dst, host});
   };
   auto dev = [](auto v) { return reinterpret_cast<std::byte*>(v.data()); };
+  if (src_zero) {  // saved on layout<1,1>: the whole moments in (1,1) order
+    constexpr std::size_t n11 = nn::param_offsets<M, parallel::layout<1, 1>>().back();
+    full_m.assign(n11, master_t(0));
+    full_v.assign(n11, master_t(0));
+    detail::gather_zero1_moments(dir, files, 0, 0, std::span<master_t>(full_m), std::span<master_t>(full_v));
+  }
   auto& model = tr.model();
   auto& optim = tr.optimizer();
   const std::string_view mdtype = detail::tensor_dtype<master_t>();
@@ -1354,7 +1464,20 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
     const auto& s = G::table[std::size_t(k)];
     plan("param", k, dev(model.parameter(nn::param(k))), false, detail::tensor_dtype<storage_t>());
     if constexpr (has_master) plan("master", k, dev(optim.master_weights().subview(G::offsets[k], s.size())), false, mdtype);
-    if (src_zero) continue;  // the moments are in the optim-* shard files
+    if (src_zero) {  // the moments are in the optim-* shard files: gathered below (full_m, full_v)
+      if constexpr (L::tp * L::pp > 1) {  // ... and re-split for this tensor/pipeline rank
+        const auto g = geometry_of<M>(k);
+        constexpr auto off11 = nn::param_offsets<M, parallel::layout<1, 1>>();
+        for (auto* full : {&full_m, &full_v}) {
+          const auto logical = std::as_bytes(std::span<const master_t>(full->data() + off11[std::size_t(k)], g.logical_elems()));
+          owned.push_back(shard_tensor(g, sizeof(master_t), logical, L::tp, L::pp, my_tp, my_pp));
+          jobs.push_back({owned.back(), dev(full == &full_m ? optim.first_moment().subview(G::offsets[k], s.size())
+                                                            : optim.second_moment().subview(G::offsets[k], s.size())),
+                          false});
+        }
+      }
+      continue;
+    }
     if (dst_zero) {
       plan("adam_m", k, reinterpret_cast<std::byte*>(full_m.data() + G::offsets[k]), true, mdtype);
       plan("adam_v", k, reinterpret_cast<std::byte*>(full_v.data() + G::offsets[k]), true, mdtype);
@@ -1363,7 +1486,7 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
       plan("adam_v", k, dev(optim.second_moment().subview(G::offsets[k], s.size())), false, mdtype);
     }
   }
-  if (src_zero) detail::gather_zero1_moments(dir, files, 0, 0, std::span<master_t>(full_m), std::span<master_t>(full_v));
+
   checkpoint_info out;
   out.dir = dir;
   out.step = detail::field<long>(j, "step", dir);
@@ -1410,6 +1533,11 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
   int dp_now = 1;
   if constexpr (!std::is_same_v<decltype(sync), const void*>)
     if (sync) dp_now = sync->size();
+  if constexpr (requires { tr.dp_size(); }) dp_now = tr.dp_size();
+  if (!same_layout)
+    out.warnings.push_back("the checkpoint was saved on tp = " + std::to_string(tp) + ", pp = " + std::to_string(pp) +
+                           " and is resharded onto tp = " + std::to_string(L::tp) + ", pp = " + std::to_string(L::pp) +
+                           ": the run continues within fp32 tolerance, not bit for bit (another summation order)");
   if (const int dp_then = layout_j.value("dp", 1); dp_then != dp_now)
     out.warnings.push_back("the data-parallel size is " + std::to_string(dp_now) + " now but " + std::to_string(dp_then) +
                            " in the checkpoint (optimizer state resharded): the run continues, but not bit for bit as "
@@ -1443,7 +1571,7 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
         D::copy_to_device(v.data() + q.shard_offset, full_v.data() + q.param_offset, q.length * sizeof(master_t), ctx.stream);
       }
     }
-  } else if (src_zero) {
+  } else if (src_zero && L::tp * L::pp == 1) {
     D::copy_to_device(optim.first_moment().data(), full_m.data(), full_m.size() * sizeof(master_t), ctx.stream);
     D::copy_to_device(optim.second_moment().data(), full_v.data(), full_v.size() * sizeof(master_t), ctx.stream);
   }

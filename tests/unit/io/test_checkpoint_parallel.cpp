@@ -1,7 +1,8 @@
 // Tests of the multi-rank checkpoint paths of loom/io/checkpoint.hpp, with comm::threads:
 // the collective save (every rank writes and verifies, the ranks agree, then one rank moves
 // `latest`; a failing rank stops everyone), data parallelism with ZeRO-1 (each rank's moment
-// shard, bitwise resume, loading into another data-parallel size or ZeRO setting).
+// shard, bitwise resume, loading into another data-parallel size or ZeRO setting), tensor and
+// pipeline parallel files (train::parallel_trainer) and resharding across (TP, PP, DP) layouts.
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <omp.h>
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -24,6 +26,8 @@
 #include <loom/io/checkpoint.hpp>
 #include <loom/kernels/cpu.hpp>
 #include <loom/parallel/comm_threads.hpp>
+#include <loom/nn/gpt_parallel.hpp>
+#include <loom/train/parallel_trainer.hpp>
 #include <loom/train/trainer.hpp>
 
 namespace fs = std::filesystem;
@@ -294,4 +298,181 @@ TEST_CASE("checkpoint (multi-rank): a rank whose write fails stops the save on e
   CHECK_FALSE(fs::exists(root / io::checkpoint_dir_name(2)));
   for (const auto& e : fs::directory_iterator(root)) CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
   CHECK(io::find_checkpoint(root) == root / io::checkpoint_dir_name(1));
+}
+
+// ============================================================================================
+// Tensor and pipeline parallel files; resharding across (TP, PP, DP) layouts
+// ============================================================================================
+
+namespace {
+
+using MP = models::tiny_parallel;  // 4 layers, 4 heads: splits over tp 2 and pp 2
+template <int TP, int PP>
+using layout_trainer = train::parallel_trainer<MP, policy<device::cpu, precision::fp32, layout<TP, PP>>, 2, 8, comm::threads>;
+using plain_trainer = train::trainer<MP, P, 2, 8>;
+
+/// Rows of step s's global batch of 4 windows of 9 tokens (next = 7 t + 3 mod vocab, every 4th
+/// random); s = -1 is the evaluation batch.
+std::vector<std::int32_t> mp_windows(long s, int first, int count) {
+  std::vector<std::int32_t> out;
+  for (int w = first; w < first + count; ++w)
+    for (int i = 0; i < 9; ++i) {
+      const auto noise = random_below(4, 31, std::uint64_t(s + 1), std::uint64_t(w * 9 + i));
+      out.push_back(i == 0 || noise == 0 ? std::int32_t(random_below(MP::vocab, 32, std::uint64_t(s + 1), std::uint64_t(w * 9 + i)))
+                                         : (7 * out.back() + 3) % MP::vocab);
+    }
+  return out;
+}
+
+train::trainer_config mp_config(int micro, int accum, std::uint64_t seed) {
+  train::trainer_config cfg;
+  cfg.micro_batch = micro;
+  cfg.seq_len = 8;
+  cfg.grad_accum = accum;
+  cfg.schedule = {3e-3, 3e-4, 1, 6};
+  cfg.seed = seed;
+  return cfg;
+}
+
+/// A layout<TP,PP> run over TP*PP ranks (dp 1, 2 micro-batches of 2 windows per step): optionally
+/// loads `load`, evaluates, optionally saves (collectively, after loading / step `from`), then
+/// trains steps [from, to). Returns the evaluation loss and the training losses.
+template <int TP, int PP>
+std::pair<double, std::vector<double>> layout_run(long from, long to, const fs::path& load, const fs::path& save_root,
+                                                  std::vector<std::string>* warnings = nullptr) {
+  double eval = 0;
+  std::vector<double> losses;
+  comm::run_threads(TP * PP, [&](comm::threads& world) {
+    one_thread_per_rank();
+    context<device::cpu> ctx;
+    layout_trainer<TP, PP> tr(ctx, mp_config(2, 2, load.empty() ? 5 : 77), world);
+    if (!load.empty()) {
+      const auto info = io::load_checkpoint(ctx, load, tr);
+      CHECK(info.step == from);
+      if (warnings && world.rank() == 0) *warnings = info.warnings;
+    }
+    for (long s = 0; s < from && load.empty(); ++s) tr.step(ctx, mp_windows(s, 0, 4));
+    const double e = tr.evaluate(ctx, mp_windows(-1, 0, 4));
+    if (!save_root.empty()) io::save_checkpoint(ctx, save_root, tr, state_at(from), world);
+    std::vector<double> mine;
+    for (long s = from; s < to; ++s) mine.push_back(tr.step(ctx, mp_windows(s, 0, 4)).loss);
+    if (world.rank() == 0) {
+      eval = e;
+      losses = mine;
+    }
+  });
+  return {eval, losses};
+}
+
+/// The same on layout<1,1> with dp ranks (ZeRO-1 when dp > 1; each rank 4/dp windows).
+std::pair<double, std::vector<double>> plain_run(int dp, long from, long to, const fs::path& load, const fs::path& save_root) {
+  double eval = 0;
+  std::vector<double> losses;
+  auto body = [&](auto& tr, context<device::cpu>& ctx, int rank, auto save) {
+    const auto info = io::load_checkpoint(ctx, load, tr);
+    CHECK(info.step == from);
+    const double e = tr.evaluate(ctx, mp_windows(-1, 0, 4));
+    save();
+    std::vector<double> mine;
+    for (long s = from; s < to; ++s) mine.push_back(tr.step(ctx, mp_windows(s, rank * 4 / dp, 4 / dp)).loss);
+    if (rank == 0) {
+      eval = e;
+      losses = mine;
+    }
+  };
+  if (dp == 1) {
+    one_thread_per_rank();
+    context<device::cpu> ctx;
+    plain_trainer tr(ctx, mp_config(2, 2, 88));
+    body(tr, ctx, 0, [&] {
+      if (!save_root.empty()) io::save_checkpoint(ctx, save_root, tr, state_at(from));
+    });
+  } else {
+    comm::run_threads(dp, [&](comm::threads& world) {
+      one_thread_per_rank();
+      context<device::cpu> ctx;
+      parallel::ddp_options o;
+      o.zero1 = true;
+      plain_trainer tr(ctx, mp_config(2, 4 / dp / 2, 88), world, o);
+      body(tr, ctx, world.rank(), [&] {
+        if (!save_root.empty()) io::save_checkpoint(ctx, save_root, tr, state_at(from), world);
+      });
+    });
+  }
+  return {eval, losses};
+}
+
+void check_close(double got, double want) {
+  CHECK(got == doctest::Approx(want).epsilon(1e-5));
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint (layouts): (TP,PP,DP) = (2,2,1) -> (1,1,2) ZeRO-1 -> (1,1,1) -> (2,2,1): same loss, same curve") {
+  temp_dir dir;
+  const fs::path a = dir.path / "a", b = dir.path / "b", c = dir.path / "c";
+  const auto step3 = io::checkpoint_dir_name(3);
+  // (2,2,1): 3 steps, evaluate, save (4 files, one per (tp, pp)), 3 more steps
+  const auto [eval_a, curve_a] = layout_run<2, 2>(3, 6, {}, a);
+  const auto man = io::verify_checkpoint(a / step3);
+  CHECK(man["layout"]["tp"] == 2);
+  CHECK(man["layout"]["pp"] == 2);
+  REQUIRE(man["files"].size() == 4);
+  CHECK(man["files"][3]["path"] == "model-tp01-pp01.safetensors");
+  CHECK(man["tensors"][int(nn::param::lnf_w)]["used_on_stages"] == "last");
+  // the files hold local shapes: qkv_w of a (tp 1, stage 1) rank = layers 2..3, its heads' rows
+  const io::safetensors_reader r11(a / step3 / "model-tp01-pp01.safetensors");
+  CHECK(r11.info("param.qkv_w").shape == std::vector<std::int64_t>{2, 30, 20});
+
+  // the same layout resumes bit for bit
+  const auto [eval_same, curve_same] = layout_run<2, 2>(3, 6, a / step3, {});
+  CHECK(std::memcmp(&eval_same, &eval_a, sizeof(double)) == 0);
+  REQUIRE(curve_same.size() == 3);
+  CHECK(std::memcmp(curve_same.data(), curve_a.data(), 3 * sizeof(double)) == 0);
+
+  // -> (1,1,2) with ZeRO-1 (moments resharded into flat ranges), saved again
+  const auto [eval_b, curve_b] = plain_run(2, 3, 6, a / step3, b);
+  // -> (1,1,1) from the ZeRO-1 checkpoint
+  const auto [eval_c, curve_c] = plain_run(1, 3, 6, b / step3, c);
+  // -> back to (2,2,1) from the ZeRO-1 checkpoint (moments gathered, then split by tp and pp)
+  std::vector<std::string> warnings;
+  const auto [eval_d, curve_d] = layout_run<2, 2>(3, 6, b / step3, {}, &warnings);
+  CHECK(std::find_if(warnings.begin(), warnings.end(), [](const std::string& w) {
+          return w.find("resharded onto tp = 2, pp = 2") != std::string::npos;
+        }) != warnings.end());
+  for (const double e : {eval_b, eval_c, eval_d}) check_close(e, eval_a);  // the loss after loading
+  for (const auto* curve : {&curve_b, &curve_c, &curve_d}) {                // the curve after it
+    REQUIRE(curve->size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) check_close((*curve)[i], curve_a[i]);
+  }
+  CHECK(curve_a[2] < eval_a);  // it still trains
+  MESSAGE("eval loss before saving on (2,2,1) " << eval_a << "; after loading on (1,1,2) " << eval_b << ", (1,1,1) "
+                                                << eval_c << ", (2,2,1) " << eval_d << "; step 6 loss " << curve_a[2] << " / "
+                                                << curve_b[2] << " / " << curve_c[2] << " / " << curve_d[2]);
+  // (1,1,1) and (1,1,2) are bitwise the same model after loading: same tensors, same order
+  const auto [eval_c2, curve_c2] = plain_run(1, 3, 6, c / step3, {});
+  CHECK(std::memcmp(&eval_c2, &eval_c, sizeof(double)) == 0);
+}
+
+TEST_CASE("reshard: io::shard_tensor places every element where nn::global_index says (layout<2,2>)") {
+  using L = layout<2, 2>;
+  constexpr auto t = nn::param_table<MP, L>();
+  for (int k = 0; k < nn::num_param_tensors; ++k) {
+    const auto g = io::geometry_of<MP>(k);
+    std::vector<std::int32_t> logical(g.logical_elems());
+    for (std::size_t i = 0; i < logical.size(); ++i) logical[i] = std::int32_t(i);
+    for (int r = 0; r < 2; ++r)
+      for (int s = 0; s < 2; ++s) {
+        const auto shard = io::shard_tensor(g, 4, std::as_bytes(std::span<const std::int32_t>(logical)), 2, 2, r, s);
+        REQUIRE(shard.size() == t[std::size_t(k)].size() * 4);
+        bool same = true;
+        for (std::size_t i = 0; i < t[std::size_t(k)].size(); ++i) {
+          std::int32_t v;
+          std::memcpy(&v, shard.data() + 4 * i, 4);
+          same = same && std::size_t(v) == nn::global_index<MP, L>(nn::param(k), r, s, i);
+        }
+        CAPTURE(k);
+        CHECK(same);
+      }
+  }
 }
