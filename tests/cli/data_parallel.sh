@@ -2,7 +2,8 @@
 # train_gpt data parallel as a user runs it: --ranks 2 (threads) for a few steps prints one log
 # (rank 0 only), and its losses and final validation equal one rank accumulating the same two
 # halves of every global batch (--grad-accum 2); ZeRO-1 and --no-overlap give the same numbers;
-# bad data-parallel flags exit with status 2 and a message. Given mpiexec (and its flags), also
+# bad data-parallel flags exit with status 2 and a message; a ZeRO-1 run stopped and resumed
+# (with ZeRO-1, and without it) ends with the uninterrupted run's numbers. Given mpiexec (and its flags), also
 # `mpiexec -n 2 train_gpt --comm mpi` gives the same numbers.
 #   tests/cli/data_parallel.sh <dir with train_gpt> [mpiexec [mpiexec flags...]]
 set -euo pipefail
@@ -12,8 +13,9 @@ mpiexec=("$@")
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 data="${LOOM_DATA_DIR:-../shared/data}/tinyshakespeare.txt"
-common=(--data "$data" --model char_tiny --steps 8 --eval-every 0 --summary-every 0 --log-dir ''
-        --peak-gflops 100 --sample-tokens 0 --out "$work/w.safetensors")
+base=(--data "$data" --model char_tiny --steps 8 --eval-every 0 --summary-every 0 --log-dir ''
+      --peak-gflops 100 --sample-tokens 0)
+common=("${base[@]}" --out "$work/w.safetensors")
 
 losses() { grep -oP '^step +\d+/8 \| loss \K[0-9.]+|val loss \K[0-9.]+' "$1" | tr '\n' ' '; }
 
@@ -31,22 +33,25 @@ a=$(losses "$work/dp2.txt"); b=$(losses "$work/one.txt"); z=$(losses "$work/zero
 
 # ZeRO-1 checkpoints: stop after step 4 (a collective save: rank 0 writes the model file, every
 # rank its AdamW moment shard), resume with ZeRO-1, and without it from a copy (the moments are
-# gathered from the shards): the same losses and final validation as the uninterrupted run.
-steps() { grep -oP '^step +\d+/8 \| loss \K[0-9.]+' "$1" | tr '\n' ' '; }
-val() { grep -oP '^final validation.*val loss \K[0-9.]+' "$1"; }
-OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --ranks 2 --zero1 --bucket-mb 0.01 --checkpoint-dir "$work/ckpt" \
+# gathered from the shards): the last loss, the final validation and the final weights (byte for
+# byte) equal the uninterrupted ZeRO-1 run's.
+last() { grep -oP '^step +7/8 \| loss \K[0-9.]+|val loss \K[0-9.]+' "$1" | tr '\n' ' '; }
+zero=("${base[@]}" --ranks 2 --zero1 --bucket-mb 0.01)
+OMP_NUM_THREADS=2 "$bin/train_gpt" "${zero[@]}" --out "$work/z0.safetensors" > "$work/z0.txt"
+OMP_NUM_THREADS=2 "$bin/train_gpt" "${zero[@]}" --out "$work/z1.safetensors" --checkpoint-dir "$work/ckpt" \
   --stop-at-step 4 > "$work/z1.txt"
 [[ -f "$work/ckpt/step_00000004/optim-tp00-pp00-dp01.safetensors" ]] || { echo "no ZeRO-1 shard of rank 1"; ls -R "$work/ckpt"; exit 1; }
 cp -r "$work/ckpt" "$work/ckpt2"
-OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --ranks 2 --zero1 --bucket-mb 0.01 --resume "$work/ckpt" > "$work/z2.txt"
-OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --ranks 2 --resume "$work/ckpt2" > "$work/z3.txt" 2> "$work/z3.err"
-whole="$(steps "$work/zero.txt")$(val "$work/zero.txt")"
-zz="$(steps "$work/z1.txt")$(steps "$work/z2.txt")$(val "$work/z2.txt")"
-zp="$(steps "$work/z1.txt")$(steps "$work/z3.txt")$(val "$work/z3.txt")"
-[[ -n "$whole" && "$zz" == "$whole" && "$zp" == "$whole" ]] ||
-  { echo "ZeRO-1 resume differs: whole: $whole | resumed zero1: $zz | resumed plain: $zp"; exit 1; }
+OMP_NUM_THREADS=2 "$bin/train_gpt" "${zero[@]}" --out "$work/z2.safetensors" --resume "$work/ckpt" > "$work/z2.txt"
+OMP_NUM_THREADS=2 "$bin/train_gpt" "${base[@]}" --ranks 2 --out "$work/z3.safetensors" --resume "$work/ckpt2" > "$work/z3.txt"
+grep -q 'resumed from .*step_00000004: step 4' "$work/z2.txt" && grep -q 'resumed from .*step_00000004: step 4' "$work/z3.txt"
+w="$(last "$work/z0.txt")"; r2="$(last "$work/z2.txt")"; r3="$(last "$work/z3.txt")"
+[[ -n "$w" && "$r2" == "$w" && "$r3" == "$w" ]] ||
+  { echo "ZeRO-1 resume differs: whole: $w | resumed zero1: $r2 | resumed plain: $r3"; exit 1; }
+cmp "$work/z0.safetensors" "$work/z2.safetensors" && cmp "$work/z0.safetensors" "$work/z3.safetensors" ||
+  { echo "ZeRO-1 resume: final weights differ"; exit 1; }
 [[ -f "$work/ckpt/step_00000008/optim-tp00-pp00-dp00.safetensors" && -f "$work/ckpt2/step_00000008/model-tp00-pp00.safetensors" ]]
-echo "ZeRO-1 checkpoint resume: same losses ($zz)"
+echo "ZeRO-1 checkpoint resume: same losses ($w) and weights"
 
 if (( ${#mpiexec[@]} )); then
   OMP_NUM_THREADS=1 "${mpiexec[@]}" -n 2 "$bin/train_gpt" "${common[@]}" --comm mpi > "$work/mpi.txt"

@@ -1401,8 +1401,9 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
     for (int b = 0; b < (same_layout ? 1 : pp); ++b) {
       const int ta = same_layout ? my_tp : a, pb = same_layout ? my_pp : b;
       if (!readers.count({ta, pb}))
-        throw detail::bad_checkpoint(dir, "manifest.json lists no model file for rank tp=" + std::to_string(ta) +
-                                              " pp=" + std::to_string(pb));
+        throw detail::bad_checkpoint(dir, "its layout tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) +
+                                              " needs a model file of rank tp=" + std::to_string(ta) + " pp=" +
+                                              std::to_string(pb) + ", which manifest.json does not list");
     }
   std::deque<std::vector<std::byte>> owned;  // resharded tensors, until they are copied
 

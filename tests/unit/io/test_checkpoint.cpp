@@ -419,7 +419,7 @@ TEST_CASE("checkpoint: --resume on a missing, empty or unrelated directory is a 
   CHECK(error_of([&] { io::find_checkpoint(dir / "unrelated"); }).find("holds no checkpoint") != std::string::npos);
 }
 
-TEST_CASE("checkpoint: another model config, layout or precision is refused before anything is loaded") {
+TEST_CASE("checkpoint: another model config or precision, or a missing file, is refused before anything is loaded") {
   fixture f;
   const auto dir2 = f.root / "step_00000002";
   SUBCASE("another model") {
@@ -441,9 +441,10 @@ TEST_CASE("checkpoint: another model config, layout or precision is refused befo
     write_bytes(f.manifest(2), j.dump(2));
   };
   trainer_t other(f.ctx, test_config(3));
-  SUBCASE("another layout") {
+  SUBCASE("a layout whose files are not there (another layout with its files reshards: test_checkpoint_parallel)") {
     rewrite([](nlohmann::json& j) { j["layout"]["tp"] = 2; });
-    CHECK(error_of([&] { io::load_checkpoint(f.ctx, dir2, other); }).find("layout tp=2") != std::string::npos);
+    const auto what = error_of([&] { io::load_checkpoint(f.ctx, dir2, other); });
+    CHECK(what.find("layout tp=2 pp=1 needs a model file of rank tp=1 pp=0") != std::string::npos);
   }
   SUBCASE("another precision") {
     rewrite([](nlohmann::json& j) { j["precision"]["storage"] = "BF16"; });
