@@ -139,17 +139,19 @@ fp16=(--precision fp16 --steps 6)
 python3 - "$work/h" <<'PY' && ok || bad "fp16 resume: losses, loss scales or scaler state differ (above)"
 import json, sys
 d = sys.argv[1]
-def steps(path):
+def steps(path):  # step -> [loss, loss scale] (the scale is logged in a line of its own)
     out = {}
     for line in open(path):
         r = json.loads(line)
-        if "train/loss" in r: out[r["step"]] = (r["train/loss"], r["train/loss_scale"])
+        for i, key in enumerate(("train/loss", "train/loss_scale")):
+            if key in r: out.setdefault(r["step"], [None, None])[i] = r[key]
     return out
 a = steps(d + "/a/metrics.jsonl"); b = {**steps(d + "/b1/metrics.jsonl"), **steps(d + "/b2/metrics.jsonl")}
 sa = json.load(open(d + "/ca/step_00000006/manifest.json"))["loss_scaler"]
 sb = json.load(open(d + "/cb/step_00000006/manifest.json"))["loss_scaler"]
 good = sorted(a) == list(range(6)) and sorted(b) == sorted(a) and sa == sb and sa["enabled"] and sa["growth_tracker"] == 6
-good = good and all(abs(a[s][0] - b[s][0]) <= 1e-5 * abs(a[s][0]) and a[s][1] == b[s][1] for s in a)
+good = good and all(None not in a[s] and None not in b[s] and abs(a[s][0] - b[s][0]) <= 1e-5 * abs(a[s][0]) and
+                   a[s][1] == b[s][1] for s in a)
 if not good: print("uninterrupted", a, sa, "\nresumed", b, sb)
 sys.exit(0 if good else 1)
 PY
