@@ -55,9 +55,6 @@ inline std::pair<int, int> parse_layout(const std::string& s) {
 /// The flags a --layout run refuses, then the world size; throws loom::input_error.
 inline void check_layout_run(const options& o, int tp, int pp, int world_size) {
   const std::string l = "--layout tp" + std::to_string(tp) + "pp" + std::to_string(pp);
-  if (!o.checkpoint_dir.empty() || !o.resume.empty())
-    throw loom::input_error(l + " with --checkpoint-dir/--resume: checkpoints of tensor/pipeline-parallel runs are not "
-                            "implemented yet; drop the checkpoint flags, or train with --layout tp1pp1");
   if (o.precision != "fp32")
     throw loom::input_error(l + " with --precision " + o.precision + ": tensor/pipeline-parallel training runs in fp32 "
                             "so far; drop --precision or use --layout tp1pp1");

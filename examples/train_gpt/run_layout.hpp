@@ -3,8 +3,9 @@
 // on top (train::parallel_trainer; docs/tensor_pipeline.md). Included by train_gpt/layout_*.cpp
 // only, each instantiating run_layout<Model, World> for one model.
 //
-// What differs from the one-layout path (train_gpt.cpp's run()): fp32 only; no checkpoints yet
-// (--checkpoint-dir / --resume are refused: multi-rank checkpoints are issue 7); no ZeRO-1; the
+// What differs from the one-layout path (train_gpt.cpp's run()): fp32 only; checkpoints are saved
+// collectively and blocking (every rank takes part; docs/checkpoint.md "Multi-rank save") and
+// --resume accepts a checkpoint of any layout (resharded on load); no ZeRO-1; the
 // gradient buffer is all-reduced over the dp group once after the pipeline. Validation runs on
 // the ranks of dp replica 0 (evaluate() is collective over tp and pp); rank 0 prints and logs.
 // At the end the parameters are gathered to the single-rank model's shape
@@ -31,7 +32,7 @@
 #include <loom/data/text/tokenizer.hpp>
 #endif
 #include <loom/device/cpu.hpp>
-#include <loom/io/checkpoint.hpp>  // import_gpt2 / export_gpt2
+#include <loom/io/checkpoint.hpp>  // checkpoints, import_gpt2 / export_gpt2
 #include <loom/io/jsonl.hpp>
 #include <loom/io/tensorboard.hpp>
 #include <loom/io/trace.hpp>
@@ -129,6 +130,42 @@ int run_layout_impl(const options& o, World& world) {
     nn::load_global_parameters(ctx, tr.model(), std::span<const float>(p.data(), p.size()));
   }
 
+  // checkpoints: every rank loads its part (resharded when the checkpoint has another layout);
+  // a fresh run never writes into another run's checkpoints
+  const std::string ckpt_dir = !o.checkpoint_dir.empty() ? o.checkpoint_dir
+                               : o.resume.empty()         ? std::string()
+                               : std::filesystem::exists(std::filesystem::path(o.resume) / "manifest.json")
+                                   ? std::filesystem::path(o.resume).parent_path().string()
+                                   : o.resume;
+  auto warn = [lead](const std::string& w) {
+    if (lead) std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str());
+  };
+  long start = 0;
+  std::uint64_t tokens_seen = 0;
+  if (!o.resume.empty()) {
+    const auto info = io::resume_checkpoint(ctx, o.resume, tr, warn);
+    for (const auto& w : info.warnings) warn(w);
+    const nlohmann::json& d = info.state.data;
+    data::source_state pos;
+    try {
+      pos = {data::source_kind(d.at("kind").get<int>()), d.at("epoch").get<std::uint64_t>(),
+             d.at("index").get<std::uint64_t>(), d.at("seed").get<std::uint64_t>()};
+    } catch (const nlohmann::json::exception&) {
+      throw input_error("checkpoint '" + info.dir.string() + "' has no data position (kind, epoch, index, seed); it was "
+                        "not written by train_gpt: start a new run");
+    }
+    src.restore(pos);
+    start = info.step;
+    tokens_seen = info.state.tokens;
+    if (lead)
+      std::printf("resumed from %s: step %ld, %llu tokens seen\n", info.dir.c_str(), start,
+                  static_cast<unsigned long long>(tokens_seen));
+  } else if (const auto old = io::list_checkpoints(ckpt_dir); !ckpt_dir.empty() && !old.empty()) {
+    throw input_error("checkpoint directory '" + ckpt_dir + "' already holds checkpoints of an earlier run (newest " +
+                      old.back().dir.filename().string() + "); pass --resume " + ckpt_dir +
+                      " to continue it, or choose another --checkpoint-dir");
+  }
+
   memory_counter mem;  // this rank's (rank 0's on the console): its shards, its stage's activations
   mem.add(memory_kind::parameters, tr.model().parameters().bytes());
   mem.add(memory_kind::gradients, tr.model().gradients().bytes());
@@ -163,7 +200,7 @@ int run_layout_impl(const options& o, World& world) {
   if (!o.log_dir.empty() && lead) {
     std::filesystem::create_directories(o.log_dir);
     const auto log_file = std::filesystem::path(o.log_dir) / "metrics.jsonl";
-    if (std::filesystem::exists(log_file)) {  // a new run starts a new log; the old one is kept
+    if (o.resume.empty() && std::filesystem::exists(log_file)) {  // a new run starts a new log (kept); a resumed one continues
       auto kept = log_file;
       for (int k = 1; std::filesystem::exists(kept); ++k)
         kept = std::filesystem::path(o.log_dir) / ("metrics.previous-" + std::to_string(k) + ".jsonl");
@@ -201,7 +238,32 @@ int run_layout_impl(const options& o, World& world) {
     if (jsonl) jsonl->write_scalars(step, sc);
   };
 
-  long step = 0;
+  // A collective, blocking checkpoint of the state after tr.step_count() steps (no-op without
+  // --checkpoint-dir). A failed save is reported on rank 0 and training goes on; NaN weights stop it.
+  long last_saved = start;  // never save the step we resumed from again
+  auto save_checkpoint = [&] {
+    if (ckpt_dir.empty() || tr.step_count() == last_saved) return;
+    const auto s = src.state();
+    io::run_state st;
+    st.tokens = tokens_seen;
+    st.data = {{"kind", int(s.kind)}, {"epoch", s.epoch}, {"index", s.index}, {"seed", s.seed}};
+    st.extra = {{"program", "train_gpt"}, {"data_path", o.data}, {"layout", "tp" + std::to_string(TP) + "pp" + std::to_string(PP)}};
+    io::checkpoint_options copt;
+    copt.keep = o.keep;
+    const auto t_save = clock::now();
+    try {
+      const auto where = io::save_checkpoint(ctx, ckpt_dir, tr, st, world, copt);
+      if (lead)
+        con.message("saved checkpoint " + where.string() + " (all " + std::to_string(world.size()) + " ranks, " +
+                    std::to_string(std::chrono::duration<double>(clock::now() - t_save).count()).substr(0, 5) + " s)");
+    } catch (const numeric_error&) {
+      throw;
+    } catch (const error& e) {  // every rank got the same error; latest did not move
+      warn(e.what());
+    }
+    last_saved = tr.step_count();
+  };
+  long step = start;
   std::span<const std::int32_t> batch;
   for (; step < o.steps; ++step) {
     int stop = o.time_budget > 0 && std::chrono::duration<double>(clock::now() - t0).count() > o.time_budget;
@@ -210,7 +272,10 @@ int run_layout_impl(const options& o, World& world) {
       if (lead) con.message("time budget of " + std::to_string(long(o.time_budget)) + " s reached after " + std::to_string(step) + " steps");
       break;
     }
-    if (o.stop_at_step > 0 && step >= o.stop_at_step) break;
+    if (o.stop_at_step > 0 && step >= o.stop_at_step) {
+      if (lead) con.message("stopping at step " + std::to_string(step) + " (--stop-at-step); continue with --resume");
+      break;
+    }
     trace.begin_step(step);
     timer.begin_step();
     if (o.synthetic_data) {
@@ -234,7 +299,10 @@ int run_layout_impl(const options& o, World& world) {
       }
     }
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) report_val(step + 1);
+    tokens_seen += std::uint64_t(r.tokens);
+    if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_checkpoint();
   }
+  save_checkpoint();  // the last step, also after --stop-at-step or the time budget
   trace.stop();
   if (lead) con.finish();
   // final validation over the whole validation split (dp replica 0), then the gathered model

@@ -6,7 +6,8 @@
 #   --layout tp2pp1 --ranks 2, --layout tp1pp2 --ranks 2
 # all equal `--layout tp1pp1 --ranks 1 --grad-accum 4` within 1e-5 relative (train/loss and the
 # final val/loss of metrics.jsonl); one run samples from the gathered weights; bad layouts exit
-# with status 2 and a message. Given mpiexec (and its flags), also the 3D case under MPI:
+# with status 2 and a message; a tp2pp2 checkpoint resumes bit for bit on tp2pp2 and within 1e-5
+# on one rank (resharded). Given mpiexec (and its flags), also the 3D case under MPI:
 # `mpiexec -n 8 train_gpt --comm mpi --layout tp2pp2 --grad-accum 2`.
 #   tests/cli/layout.sh <dir with train_gpt> [mpiexec [mpiexec flags...]]
 set -euo pipefail
@@ -57,6 +58,30 @@ done
 grep -q 'layout tp2pp2 x dp 2 = 8 ranks' "$work/tp2pp2dp2.txt"
 grep -q -- '---- sample' "$work/tp2pp2.txt" || { echo "no sample"; cat "$work/tp2pp2.txt"; exit 1; }
 
+# checkpoints: tp2pp2 stopped after step 3 (a collective save: one file per (tp, pp)) and resumed
+# on tp2pp2 gives the uninterrupted run's numbers and weights bit for bit; the same checkpoint
+# resumed on one rank (--layout tp1pp1: resharded on load) gives them within 1e-5.
+OMP_NUM_THREADS=4 run ck1 "${tg[@]}" --layout tp2pp2 --ranks 4 --grad-accum 4 --sample-tokens 0 \
+  --checkpoint-dir "$work/ckpt" --stop-at-step 3
+ls "$work/ckpt/step_00000003/model-tp01-pp01.safetensors" > /dev/null
+cp -r "$work/ckpt" "$work/ckpt1"
+OMP_NUM_THREADS=4 run ck2 "${tg[@]}" --layout tp2pp2 --ranks 4 --grad-accum 4 --sample-tokens 0 --resume "$work/ckpt"
+cp "$work/w.safetensors" "$work/w.resumed.safetensors"
+OMP_NUM_THREADS=4 run whole "${tg[@]}" --layout tp2pp2 --ranks 4 --grad-accum 4 --sample-tokens 0
+cmp "$work/w.safetensors" "$work/w.resumed.safetensors" || { echo "tp2pp2 resume: final weights differ"; exit 1; }
+grep -q 'resumed from .*step_00000003: step 3' "$work/ck2.txt" || { echo "no resume message"; cat "$work/ck2.txt"; exit 1; }
+mkdir -p "$work/joined"
+grep -v '"val/loss"' "$work/ck1/metrics.jsonl" | cat - "$work/ck2/metrics.jsonl" > "$work/joined/metrics.jsonl"
+[[ "$(grep '"train/loss"' "$work/joined/metrics.jsonl" | grep -o '"train/loss":[^,}]*')" == \
+   "$(grep '"train/loss"' "$work/whole/metrics.jsonl" | grep -o '"train/loss":[^,}]*')" ]] ||
+  { echo "tp2pp2 resume: losses differ"; exit 1; }
+OMP_NUM_THREADS=1 run ck3 "${tg[@]}" --grad-accum 4 --sample-tokens 0 --resume "$work/ckpt1"
+grep -q 'resharded onto tp = 1, pp = 1' "$work/ck3.txt" || { echo "no resharding warning"; cat "$work/ck3.txt"; exit 1; }
+mkdir -p "$work/resharded"
+grep -v '"val/loss"' "$work/ck1/metrics.jsonl" | cat - "$work/ck3/metrics.jsonl" > "$work/resharded/metrics.jsonl"
+same resharded whole
+echo "checkpoints: tp2pp2 resumes bit for bit; resharded onto one rank within 1e-5"
+
 if (( ${#mpiexec[@]} )); then
   OMP_NUM_THREADS=1 run mpi "${mpiexec[@]}" -n 8 "$bin/train_gpt" --comm mpi --layout tp2pp2 --grad-accum 2 --sample-tokens 0
   same mpi one
@@ -79,6 +104,5 @@ expect_status_2 "2 attention heads, not divisible by TP=4" --layout tp4pp1 --ran
 expect_status_2 "is not compiled into this train_gpt" --model quickstart_bpe --layout tp1pp4 --ranks 4
 expect_status_2 "compiled for --model char_tiny and quickstart_bpe only" --model quickstart --layout tp2pp1 --ranks 2
 expect_status_2 "not of the form tp<TP>pp<PP>" --layout tp2 --ranks 2
-expect_status_2 "drop the checkpoint flags" --layout tp2pp1 --ranks 2 --checkpoint-dir "$work/ckpt"
 expect_status_2 "runs in fp32" --layout tp2pp1 --ranks 2 --precision bf16
 echo "1 passed, 0 failed"
