@@ -23,7 +23,8 @@
 // on its own part of every global batch (micro-batch x accumulation per rank), gradients
 // all-reduced in --bucket-mb buckets while backward runs (--no-overlap serialises them);
 // `mpirun -np N train_gpt --comm mpi ...` runs one process per rank (a build with loom::mpi).
-// --zero1 shards the AdamW moments. Only rank 0 prints, logs, evaluates and saves.
+// --zero1 shards the AdamW moments. Only rank 0 prints, logs and evaluates; rank 0 saves
+// checkpoints (in the background), or every rank with --zero1 (its moment shard; blocking).
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --ranks 2
 //   mpirun -np 2 train_gpt --data ../shared/data/tinyshakespeare.txt --comm mpi --zero1
 //
