@@ -9,26 +9,40 @@
 
 namespace loom::kernels::cpu {
 
+namespace detail {
+/// The AdamW element update shared by adamw_update and adamw_update_master, with the step's
+/// constants computed once: bias corrections bc1 = 1 - beta1^t, bc2 = 1 - beta2^t and the
+/// decoupled decay factor 1 - lr * weight_decay.
+template <class M>
+struct adamw_element {
+  M lr, beta1, beta2, eps, grad_scale, bc1, bc2, decay;
+  adamw_element(M lr_, M beta1_, M beta2_, M eps_, M weight_decay, M grad_scale_, long t)
+      : lr(lr_), beta1(beta1_), beta2(beta2_), eps(eps_), grad_scale(grad_scale_),
+        bc1(M(1) - std::pow(beta1_, M(t))), bc2(M(1) - std::pow(beta2_, M(t))), decay(M(1) - lr_ * weight_decay) {}
+  /// Updates m and v in place from the raw gradient g (scaled by grad_scale here) and returns
+  /// the new value of the parameter p.
+  M operator()(M p, M g, M& m, M& v) const {
+    g *= grad_scale;
+    const M mi = beta1 * m + (M(1) - beta1) * g;
+    const M vi = beta2 * v + (M(1) - beta2) * g * g;
+    m = mi;
+    v = vi;
+    return p * decay - lr * (mi / bc1) / (std::sqrt(vi / bc2) + eps);
+  }
+};
+}  // namespace detail
+
 /// One AdamW step over n contiguous parameters; t is the 1-based step count.
 ///   param (n) updated in place; m, v (n) updated in place (first/second moments);
 ///   grad (n) read, multiplied by grad_scale first (the clip coefficient, 1 when not clipping).
-/// Cost: ~15 n flops; memory bound.
+/// Computed in M: param[i] = T(update(M(param[i]))) — adamw_update_master with the parameters
+/// as their own masters. Cost: ~15 n flops; memory bound.
 template <class T, class M>
 void adamw_update(T* param, M* m, M* v, const T* grad, std::size_t n, M lr, M beta1, M beta2,
                   M eps, M weight_decay, M grad_scale, long t) {
-  const M bc1 = M(1) - std::pow(beta1, M(t));
-  const M bc2 = M(1) - std::pow(beta2, M(t));
-  const M decay = M(1) - lr * weight_decay;
+  const detail::adamw_element<M> step(lr, beta1, beta2, eps, weight_decay, grad_scale, t);
 #pragma omp parallel for schedule(static)
-  for (std::ptrdiff_t i = 0; i < std::ptrdiff_t(n); ++i) {
-    const M g = M(grad[i]) * grad_scale;
-    const M mi = beta1 * m[i] + (M(1) - beta1) * g;
-    const M vi = beta2 * v[i] + (M(1) - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const M p = M(param[i]) * decay;
-    param[i] = T(p - lr * (mi / bc1) / (std::sqrt(vi / bc2) + eps));
-  }
+  for (std::ptrdiff_t i = 0; i < std::ptrdiff_t(n); ++i) param[i] = T(step(M(param[i]), M(grad[i]), m[i], v[i]));
 }
 
 /// One AdamW step on fp32 master weights (mixed precision): the same update as adamw_update,
@@ -41,19 +55,11 @@ void adamw_update(T* param, M* m, M* v, const T* grad, std::size_t n, M lr, M be
 template <class T, class M, class G>
 void adamw_update_master(T* param, M* master, M* m, M* v, const G* grad, std::size_t n, M lr, M beta1, M beta2,
                          M eps, M weight_decay, M grad_scale, long t) {
-  const M bc1 = M(1) - std::pow(beta1, M(t));
-  const M bc2 = M(1) - std::pow(beta2, M(t));
-  const M decay = M(1) - lr * weight_decay;
+  const detail::adamw_element<M> step(lr, beta1, beta2, eps, weight_decay, grad_scale, t);
 #pragma omp parallel for schedule(static)
   for (std::ptrdiff_t i = 0; i < std::ptrdiff_t(n); ++i) {
-    const M g = M(grad[i]) * grad_scale;
-    const M mi = beta1 * m[i] + (M(1) - beta1) * g;
-    const M vi = beta2 * v[i] + (M(1) - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const M p = master[i] * decay - lr * (mi / bc1) / (std::sqrt(vi / bc2) + eps);
-    master[i] = p;
-    param[i] = T(p);
+    master[i] = step(master[i], M(grad[i]), m[i], v[i]);
+    param[i] = T(master[i]);
   }
 }
 
