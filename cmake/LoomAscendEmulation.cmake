@@ -69,9 +69,15 @@ function(loom_ascend_emulation_tests)
     return()
   endif()
   find_package(doctest REQUIRED)
-  add_executable(loom_ascend_tests "${root}/tests/unit/main.cpp" ${sources})
-  # loom::ascend: the policy over loom's own declarations; the emulation is loaded, never linked
-  target_link_libraries(loom_ascend_tests PRIVATE loom::ascend doctest::doctest)
+  if(TARGET loom_doctest_main)   # tests/CMakeLists.txt: doctest's main, compiled once
+    add_executable(loom_ascend_tests $<TARGET_OBJECTS:loom_doctest_main> ${sources})
+  else()
+    add_executable(loom_ascend_tests "${root}/tests/unit/main.cpp" ${sources})
+  endif()
+  # loom::ascend: the policy over loom's own declarations; the emulation is loaded, never linked.
+  # loom_kernel_instances (when loom's programs are built): the CPU reference kernels compiled once.
+  target_link_libraries(loom_ascend_tests PRIVATE loom::ascend doctest::doctest
+                                                  $<TARGET_NAME_IF_EXISTS:loom_kernel_instances>)
   target_include_directories(loom_ascend_tests PRIVATE "${root}/tests" "${root}/emulation/include")
   target_compile_definitions(loom_ascend_tests PRIVATE LOOM_ASCEND_EMULATION_HOME="${LOOM_ASCEND_EMULATION_HOME}")
   add_dependencies(loom_ascend_tests loom_ascend_emulation)

@@ -489,4 +489,30 @@ void attention_fused_backward(T* dqkv, const T* dout, const T* qkv, const T* out
   });
 }
 
+// Note [explicit kernel instantiations]: the fused attention kernels are instantiated for every
+// tuned head size (attention_tuned_head_dims) plus the generic traits, which costs GCC about
+// 30 s (-O3) per storage type in every translation unit that runs them. A program made of
+// many translation units (loom's own tests, examples and benchmarks: CMake target
+// loom_kernel_instances) compiles them once: every translation unit is compiled with
+// LOOM_CPU_EXTERN_KERNELS defined, which declares the instances below `extern template`
+// (called, never instantiated there), and one translation unit per storage type holds the
+// explicit instantiation definitions, LOOM_CPU_FUSED_ATTENTION_INSTANCES(template, float) and
+// so on (cmake/kernel_instances/). Without LOOM_CPU_EXTERN_KERNELS (the default) every
+// translation unit instantiates what it uses, as with any header-only template. The code is
+// the same either way; only where it is compiled changes. kernels/cpu/matmul.hpp does the same.
+#define LOOM_CPU_FUSED_ATTENTION_INSTANCES(PREFIX, T)                                                         \
+  PREFIX void attention_fused_forward<T>(T*, T*, const T*, int, int, int, int, const std::uint8_t*);          \
+  PREFIX void attention_fused_backward<T>(T*, const T*, const T*, const T*, const T*, T*, int, int, int, int, \
+                                          const std::uint8_t*);
+#define LOOM_CPU_FUSED_ATTENTION_16_INSTANCES(PREFIX, T)                                                       \
+  PREFIX void attention_fused_forward_16<T>(T*, float*, const T*, int, int, int, int, const std::uint8_t*);    \
+  PREFIX void attention_fused_backward_16<T>(T*, const T*, const T*, const T*, const float*, int, int, int, int, \
+                                             const std::uint8_t*);
+#ifdef LOOM_CPU_EXTERN_KERNELS
+LOOM_CPU_FUSED_ATTENTION_INSTANCES(extern template, float)
+LOOM_CPU_FUSED_ATTENTION_INSTANCES(extern template, double)
+LOOM_CPU_FUSED_ATTENTION_16_INSTANCES(extern template, Eigen::bfloat16)
+LOOM_CPU_FUSED_ATTENTION_16_INSTANCES(extern template, Eigen::half)
+#endif
+
 }  // namespace loom::kernels::cpu

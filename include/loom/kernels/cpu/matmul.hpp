@@ -67,4 +67,16 @@ void matmul_backward(T* dinp, G* dw, G* dbias, const T* dout, const T* inp, cons
   }
 }
 
+// Compiled once per program with LOOM_CPU_EXTERN_KERNELS: Note [explicit kernel instantiations]
+// in kernels/cpu/attention_fused.hpp. G is the parameter-gradient type (fp32 for 16-bit T).
+#define LOOM_CPU_MATMUL_INSTANCES(PREFIX, T, G)                                                      \
+  PREFIX void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int);                    \
+  PREFIX void matmul_backward<T, G>(T*, G*, G*, const T*, const T*, const T*, int, int, int, bool);
+#ifdef LOOM_CPU_EXTERN_KERNELS
+LOOM_CPU_MATMUL_INSTANCES(extern template, float, float)
+LOOM_CPU_MATMUL_INSTANCES(extern template, double, double)
+LOOM_CPU_MATMUL_INSTANCES(extern template, Eigen::bfloat16, float)
+LOOM_CPU_MATMUL_INSTANCES(extern template, Eigen::half, float)
+#endif
+
 }  // namespace loom::kernels::cpu

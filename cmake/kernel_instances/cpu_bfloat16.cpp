@@ -1,0 +1,8 @@
+// The CPU kernels for bfloat16 storage, compiled once for all of loom's own programs (CMake target
+// loom_kernel_instances): Note [explicit kernel instantiations] in kernels/cpu/attention_fused.hpp.
+#include <loom/kernels/cpu.hpp>
+
+namespace loom::kernels::cpu {
+LOOM_CPU_FUSED_ATTENTION_16_INSTANCES(template, Eigen::bfloat16)
+LOOM_CPU_MATMUL_INSTANCES(template, Eigen::bfloat16, float)
+}  // namespace loom::kernels::cpu
