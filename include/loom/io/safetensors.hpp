@@ -194,6 +194,104 @@ inline bool write_all(int fd, const std::byte* p, std::size_t n) noexcept {
   return true;
 }
 
+/// What a safetensors file holds before its data, for tensors i = 0..n-1 (`tensor(i)` has
+/// name, dtype and shape; `nbytes(i)` is its byte count): `order`, the order their data is
+/// stored in (by decreasing element size, stable, so every tensor stays aligned), and `head`,
+/// the 8-byte little-endian header length followed by the JSON header ("__metadata__" first
+/// when `metadata` is not empty, then the tensors in index order with their data_offsets),
+/// padded with spaces to a multiple of 8 bytes.
+struct safetensors_head {
+  std::vector<std::size_t> order;
+  std::string head;
+};
+template <class Tensor, class NBytes>
+safetensors_head make_safetensors_head(std::size_t n, Tensor&& tensor, NBytes&& nbytes,
+                                       const std::map<std::string, std::string>& metadata) {
+  safetensors_head h;
+  h.order.resize(n);
+  for (std::size_t i = 0; i < n; ++i) h.order[i] = i;
+  std::stable_sort(h.order.begin(), h.order.end(), [&](std::size_t a, std::size_t b) {
+    return dtype_size(tensor(a).dtype) > dtype_size(tensor(b).dtype);
+  });
+  std::vector<std::pair<std::size_t, std::size_t>> offsets(n);
+  std::size_t pos = 0;
+  for (std::size_t i : h.order) {
+    offsets[i] = {pos, pos + nbytes(i)};
+    pos += nbytes(i);
+  }
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& t = tensor(i);
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offsets[i].first, offsets[i].second}}};
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::uint64_t length = text.size();  // stored little-endian (loom runs on little-endian hosts)
+  h.head.resize(8);
+  std::memcpy(h.head.data(), &length, 8);
+  h.head += text;
+  return h;
+}
+
+/// fsync of directory `dir`; throws loom::error naming `what` on failure. EINVAL (a file system
+/// that cannot sync directories) counts as success.
+inline void fsync_dir(const std::filesystem::path& dir, std::string_view what) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || (::fsync(fd) != 0 && errno != EINVAL)) {
+    const int e = errno;
+    if (fd >= 0) (void)::close(fd);
+    throw error("fsync of directory '" + dir.string() + "' (" + std::string(what) + ") failed: " +
+                std::strerror(e) + "; the new file may not survive a crash: check the file system, then write again");
+  }
+  (void)::close(fd);
+}
+
+/// Replaces `path` by the file that `fill(fd)` writes, atomically and durably (POSIX; ext4/xfs
+/// semantics, LWN "Ensuring data reaches disk"): `fill` writes `path.tmp.<pid>` (returns false
+/// with errno set when a write fails), then fsync, close, rename(2) over `path`, fsync of the
+/// directory. rename is atomic: a reader sees the old file or the new one, never a mix. On
+/// failure (or when `fill` throws) the temporary file is removed and `path` is left as it was.
+/// Not safe for two threads of one process replacing the same path at once (same temp name).
+/// Throws loom::input_error when the temporary file cannot be created (missing directory, no
+/// permission), loom::error when writing, fsync, close or rename fails (disk full, I/O error)
+/// or when the directory cannot be synced; each carries the errno text.
+template <class Fill>
+void atomic_replace(const std::filesystem::path& path, Fill&& fill) {
+  const std::string target = path.string();
+  const std::string tmp = target + ".tmp." + std::to_string(::getpid());
+  std::filesystem::path dir = path.parent_path();
+  if (dir.empty()) dir = ".";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int e = errno;
+    throw input_error("cannot create '" + tmp + "' to write '" + target + "': " + std::strerror(e) +
+                      "; check that directory '" + dir.string() + "' exists and is writable");
+  }
+  auto fail = [&](const char* step, int e, bool close_it, const char* fix) {
+    if (close_it) (void)::close(fd);
+    (void)::unlink(tmp.c_str());
+    return error(std::string(step) + " '" + tmp + "' failed: " + std::strerror(e) + "; '" + target +
+                 "' was left unchanged: " + fix);
+  };
+  constexpr const char* retry = "check free space and the file system, then retry";
+  bool written = false;
+  try {
+    written = fill(fd);
+  } catch (...) {
+    (void)::close(fd);
+    (void)::unlink(tmp.c_str());
+    throw;
+  }
+  if (!written) throw fail("writing", errno, true, retry);
+  if (::fsync(fd) != 0) throw fail("fsync of", errno, true, retry);
+  if (::close(fd) != 0) throw fail("closing", errno, false, retry);
+  if (::rename(tmp.c_str(), target.c_str()) != 0)
+    throw fail("renaming", errno, false,
+               "check that it is not a directory and lies on the same file system, then retry");
+  fsync_dir(dir, "after writing " + path.filename().string());
+}
+
 }  // namespace detail
 
 /// Reads a safetensors file. The constructor maps the file and validates the whole header;
@@ -539,83 +637,23 @@ class safetensors_writer {
   /// Number of tensors added so far.
   std::size_t size() const noexcept { return entries_.size(); }
 
-  /// Writes the file to `path` atomically: into `path + ".tmp.<pid>"`, fsync, rename over
-  /// `path`, fsync of the directory. On any failure the temporary file is removed and an
-  /// existing file at `path` is left as it was. The writer is unchanged and can write again.
-  /// Not safe for two threads of one process writing the same path at once (same temp name).
+  /// Writes the file to `path` atomically (detail::atomic_replace): into `path + ".tmp.<pid>"`,
+  /// fsync, rename over `path`, fsync of the directory. On any failure the temporary file is
+  /// removed and an existing file at `path` is left as it was. The writer is unchanged and can
+  /// write again. Not safe for two threads of one process writing the same path at once.
   /// Throws loom::input_error when the temporary file cannot be created (missing directory,
   /// no permission), loom::error when writing, fsync or rename fails (disk full, I/O error);
   /// both carry the errno text.
   void write(const std::filesystem::path& path) const {
-    // Data placement: by decreasing element size, stable, so every tensor is aligned.
-    std::vector<std::size_t> order(entries_.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return detail::dtype_size(entries_[a].info.dtype) > detail::dtype_size(entries_[b].info.dtype);
+    const auto h = detail::make_safetensors_head(
+        entries_.size(), [&](std::size_t i) -> const tensor_info& { return entries_[i].info; },
+        [&](std::size_t i) { return entries_[i].data.size(); }, metadata_);
+    detail::atomic_replace(path, [&](int fd) {
+      if (!detail::write_all(fd, reinterpret_cast<const std::byte*>(h.head.data()), h.head.size())) return false;
+      for (std::size_t i : h.order)
+        if (!detail::write_all(fd, entries_[i].data.data(), entries_[i].data.size())) return false;
+      return true;
     });
-    std::vector<std::pair<std::size_t, std::size_t>> offsets(entries_.size());
-    std::size_t pos = 0;
-    for (std::size_t i : order) {
-      offsets[i] = {pos, pos + entries_[i].data.size()};
-      pos += entries_[i].data.size();
-    }
-    nlohmann::ordered_json header = nlohmann::ordered_json::object();
-    if (!metadata_.empty()) header["__metadata__"] = metadata_;
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const tensor_info& t = entries_[i].info;
-      header[t.name] = {{"dtype", t.dtype},
-                        {"shape", t.shape},
-                        {"data_offsets", {offsets[i].first, offsets[i].second}}};
-    }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');
-    std::byte length[8];
-    const std::uint64_t n = text.size();
-    std::memcpy(length, &n, 8);
-
-    const std::string target = path.string();
-    const std::string tmp = target + ".tmp." + std::to_string(::getpid());
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      const int e = errno;
-      std::filesystem::path dir = path.parent_path();
-      if (dir.empty()) dir = ".";
-      throw input_error("cannot create '" + tmp + "' to write safetensors file '" + target +
-                        "': " + std::strerror(e) + "; check that directory '" + dir.string() +
-                        "' exists and is writable");
-    }
-    auto fail = [&](const std::string& step, int e, bool close_it) -> error {
-      if (close_it) (void)::close(fd);
-      (void)::unlink(tmp.c_str());
-      return error(step + " '" + tmp + "' failed: " + std::strerror(e) + "; '" + target +
-                   "' was left unchanged: check free space and the file system, then retry");
-    };
-    if (!detail::write_all(fd, length, 8) ||
-        !detail::write_all(fd, reinterpret_cast<const std::byte*>(text.data()), text.size()))
-      throw fail("writing", errno, true);
-    for (std::size_t i : order)
-      if (!detail::write_all(fd, entries_[i].data.data(), entries_[i].data.size()))
-        throw fail("writing", errno, true);
-    if (::fsync(fd) != 0) throw fail("fsync of", errno, true);
-    if (::close(fd) != 0) throw fail("closing", errno, false);
-    if (::rename(tmp.c_str(), target.c_str()) != 0) {
-      const int e = errno;
-      (void)::unlink(tmp.c_str());
-      throw error("renaming '" + tmp + "' to '" + target + "' failed: " + std::strerror(e) +
-                  "; '" + target + "' was left unchanged: check that it is not a directory and "
-                  "lies on the same file system");
-    }
-    std::filesystem::path dir = path.parent_path();
-    if (dir.empty()) dir = ".";
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || (::fsync(dfd) != 0 && errno != EINVAL)) {
-      const int e = errno;
-      if (dfd >= 0) (void)::close(dfd);
-      throw error("'" + target + "' was written but fsync of its directory '" + dir.string() +
-                  "' failed: " + std::strerror(e) + "; the rename may not survive a crash: "
-                  "check the file system, then write again");
-    }
-    (void)::close(dfd);
   }
 
  private:
