@@ -6,9 +6,10 @@
 //   compare --a fp32 --b bf16                                   # quickstart, random weights and tokens
 //   compare --a fp32 --b fp16 --weights out/quickstart.safetensors --data ../shared/data/tinyshakespeare.txt
 //   compare --a fp32 --b bf16 --model char_tiny --tolerance 1e-3  # a tighter bound than bf16's
+//   compare --a fp32 --b bf16 --model quickstart_bpe --weights out/quickstart_bpe.safetensors --data out/shakespeare
 //
 // Exit status: 0 every tensor within tolerance, 1 some tensor outside it, 2 bad input.
-#include <CLI/CLI.hpp>
+#include "cli.hpp"  // CLI11 and parse_or_exit
 
 #include <cstdio>
 #include <optional>
@@ -17,7 +18,9 @@
 
 #include <loom/core/random.hpp>
 #include <loom/data/byte_dataset.hpp>
+#include <loom/data/indexed_dataset.hpp>
 #include <loom/data/sampler.hpp>
+#include <loom/data/source.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/io/weights.hpp>
 #include <loom/kernels/cpu.hpp>
@@ -48,7 +51,24 @@ int run(const options& o) {
   if (!o.weights.empty()) io::load_weights(source, o.weights);
   // batch: B windows of tinyshakespeare-like text (byte tokens), or random ids
   verify::batch<B, T> x;
-  if (!o.data.empty()) {
+  if (const auto prefix = o.data.empty() ? std::nullopt : data::indexed_dataset_prefix(o.data)) {
+    // a prepare_data dataset: B consecutive windows of its token ids from a seeded position
+    const data::indexed_dataset ds(*prefix);
+    const std::uint64_t need = std::uint64_t(B) * (T + 1);
+    if (ds.token_count() < need)
+      throw input_error("dataset '" + prefix->string() + "' holds " + std::to_string(ds.token_count()) +
+                        " tokens, fewer than the " + std::to_string(need) + " of one batch; pass a larger dataset");
+    std::vector<std::int32_t> w(need);
+    ds.read_tokens(random_below(ds.token_count() - need + 1, o.seed, 13, 0), std::span(w), M::vocab);
+    for (int r = 0; r < B; ++r)
+      for (int t = 0; t < T; ++t) {
+        x.inputs.push_back(w[std::size_t(r) * (T + 1) + t]);
+        x.targets.push_back(w[std::size_t(r) * (T + 1) + t + 1]);
+      }
+  } else if (!o.data.empty()) {
+    if (M::name == models::quickstart_bpe::name)
+      throw input_error("--data '" + o.data + "' is a text file (byte tokens), but model quickstart_bpe reads the "
+                        "token ids of a prepare_data dataset; pass its prefix (e.g. --data out/shakespeare)");
     if (M::vocab < 256)
       throw input_error("--data gives byte tokens (0..255), but model " + std::string(M::name) +
                         " has a vocabulary of " + std::to_string(M::vocab) + "; use --model quickstart or char_tiny");
@@ -96,21 +116,18 @@ int main(int argc, char** argv) {
   CLI::App app{"compare: the same weights and batch under two precisions, layer by layer (loom::verify::compare)"};
   app.add_option("--a", o.a, "reference precision")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--b", o.b, "compared precision")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--model", o.model, "model config")->check(CLI::IsMember({"quickstart", "char_tiny"}));
+  app.add_option("--model", o.model, "model config (quickstart_bpe: the quickstart's weights, out/quickstart_bpe.safetensors)")
+      ->check(CLI::IsMember({"quickstart", "char_tiny", "quickstart_bpe"}));
   app.add_option("--weights", o.weights, "weights saved by train_gpt (safetensors); default: initialised with --seed");
-  app.add_option("--data", o.data, "UTF-8 text file for the batch (byte tokens); default: random token ids");
+  app.add_option("--data", o.data,
+                 "the batch: a UTF-8 text file (byte tokens) or a prepare_data dataset prefix (token ids, for "
+                 "quickstart_bpe); default: random token ids");
   app.add_option("--seed", o.seed, "initialisation and sampling seed");
   app.add_option("--tolerance", o.tolerance, "relative-error bound for every tensor (default: the precisions' own)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "compare: error: %s; run compare --help for the flags\n", e.what());
-    return 2;
-  }
+  loom_examples::parse_or_exit(app, argc, argv);
   try {
     if (o.model == "char_tiny") return run<loom::models::char_tiny, 4, 32>(o);
+    if (o.model == "quickstart_bpe") return run<loom::models::quickstart_bpe, 4, 128>(o);
     return run<loom::models::quickstart, 4, 128>(o);
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "compare: error: %s\n", e.what());

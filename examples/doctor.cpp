@@ -24,7 +24,7 @@
 
 #include <dlfcn.h>
 
-#include <CLI/CLI.hpp>
+#include "cli.hpp"  // CLI11 and parse_or_exit
 #include <Eigen/Core>
 
 #include <loom/bench/peak.hpp>
@@ -47,9 +47,12 @@ void ok(const std::string& what, const std::string& detail) { std::printf("OK   
 void info(const std::string& what, const std::string& detail) {
   std::printf("--    %-16s %s\n", what.c_str(), detail.c_str());
 }
-void fail(int bit, const std::string& what, const std::string& problem, const std::string& fix) {
+/// A FAIL line, then `details` (lines, printed indented under it), then the fix, once.
+void fail(int bit, const std::string& what, const std::string& problem, const std::string& fix,
+          const std::vector<std::string>& details = {}) {
   status |= bit;
   std::printf("FAIL  %-16s %s\n", what.c_str(), problem.c_str());
+  for (const auto& d : details) std::printf("      %-16s %s\n", "", d.c_str());
   std::printf("      %-16s fix: %s\n", "", fix.c_str());
 }
 
@@ -173,12 +176,23 @@ void check_ascend(int max_devices) {
   try {
     rt = loom::device::ascend_runtime::load();
   } catch (const loom::device::runtime_not_found& e) {
+    // e.what(): what was not loaded, the places tried, and a "fix:" line. The places go under the
+    // FAIL line; the fix is printed once (the runtime's own, when it has one).
+    std::string fix = "install the CANN toolkit and driver, then `source <toolkit>/set_env.sh` (sets "
+                      "ASCEND_HOME_PATH, ASCEND_TOOLKIT_HOME, LD_LIBRARY_PATH), or set ASCEND_HOME_PATH=<toolkit "
+                      "root containing lib64/libascendcl.so>";
+    std::vector<std::string> details;
     const std::string what = e.what();
-    fail(2, "ascend runtime", "no Ascend NPU runtime found (libascendcl.so)",
-         "install the CANN toolkit and driver, then `source <toolkit>/set_env.sh` (sets ASCEND_HOME_PATH, "
-         "ASCEND_TOOLKIT_HOME, LD_LIBRARY_PATH), or set ASCEND_HOME_PATH=<toolkit root containing lib64/"
-         "libascendcl.so>. Details:");
-    std::printf("%s\n", what.c_str());
+    for (std::size_t at = 0; at < what.size();) {
+      std::size_t end = what.find('\n', at);
+      if (end == std::string::npos) end = what.size();
+      const std::string line = what.substr(at, end - at);
+      const std::size_t text = line.find_first_not_of(' ');
+      if (text != std::string::npos && line.compare(text, 5, "fix: ") == 0) fix = line.substr(text + 5);
+      else if (text != std::string::npos) details.push_back(line);
+      at = end + 1;
+    }
+    fail(2, "ascend runtime", "no Ascend NPU runtime found (libascendcl.so)", fix, details);
     info("ascend", "skipped the NPU checks (CPU training works without them)");
     return;
   }
@@ -294,7 +308,7 @@ int main(int argc, char** argv) {
   int max_devices = 8;
   app.add_flag("--no-peak", no_peak, "skip the CPU fp32 peak measurement (~1 s)");
   app.add_option("--max-devices", max_devices, "smoke-test at most this many NPUs")->check(CLI::Range(1, 64));
-  CLI11_PARSE(app, argc, argv);
+  loom_examples::parse_or_exit(app, argc, argv);
 
   std::printf("loom doctor\n");
   check_cpu(!no_peak);

@@ -11,7 +11,7 @@
 //        -lsentencepiece_train -lutf8proc -lxxhash -pthread
 #if __has_include(<sentencepiece_processor.h>) && __has_include(<utf8proc.h>) && __has_include(<xxhash.h>) && \
     __has_include(<nlohmann/json.hpp>) && __has_include(<CLI/CLI.hpp>)
-#include <CLI/CLI.hpp>
+#include "cli.hpp"  // CLI11 and parse_or_exit
 
 #include <cstdio>
 #include <string>
@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   app.add_option("--min-chars", o.filter.min_chars, "shortest document kept, in characters")->capture_default_str();
   app.add_option("--max-chars", o.filter.max_chars, "longest document kept (0: no limit)")->capture_default_str();
   app.add_option("--threads", o.threads, "threads for cleaning, MinHash and encoding (0: all cores)")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  loom_examples::parse_or_exit(app, argc, argv);
 
   try {
     for (const auto& i : inputs) o.inputs.emplace_back(i);

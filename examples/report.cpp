@@ -14,7 +14,7 @@
 //
 // Errors (missing, empty, corrupt log; unwritable output; bad flag) exit with status 2 and
 // one line naming the problem and the fix.
-#include <CLI/CLI.hpp>
+#include "cli.hpp"  // CLI11 and parse_or_exit
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -67,6 +67,23 @@ void append(series& s, double step, double v) {
   s.push_back({step, v});
 }
 
+/// nlohmann-json's parse error without its "[json.exception.parse_error.N] " tag, and at most
+/// about `limit` characters, shortened at a word boundary (a "last read" quote of a long line
+/// would otherwise fill the terminal).
+std::string json_error_text(const nlohmann::json::parse_error& e, std::size_t limit = 160) {
+  std::string text = e.what();
+  if (text.starts_with("[json.exception.")) {
+    const std::size_t tag_end = text.find("] ");
+    if (tag_end != std::string::npos) text.erase(0, tag_end + 2);
+  }
+  if (text.size() > limit) {
+    const std::size_t space = text.rfind(' ', limit);
+    text.erase(space == std::string::npos || space < limit / 2 ? limit : space);
+    text += " ...";
+  }
+  return text;
+}
+
 /// Reads `path` (a metrics.jsonl, or a --log-dir holding one). Throws input_error for a
 /// missing, unreadable, empty or corrupt log.
 run_log read_log(std::string path, std::string label) {
@@ -101,7 +118,7 @@ run_log read_log(std::string path, std::string label) {
         continue;
       }
       throw input_error("log '" + path + "', line " + std::to_string(lineno) + " is not JSON (" +
-                        std::string(e.what()).substr(0, 120) +
+                        json_error_text(e) +
                         "); pass a metrics.jsonl written by train_gpt --log-dir, or delete the damaged lines");
     }
     if (!j.is_object() || !j.contains("step") || !j["step"].is_number())
@@ -730,14 +747,7 @@ int main(int argc, char** argv) {
   app.add_option("-o,--output", output, "the HTML page to write (replaced atomically)");
   app.add_option("--label", labels, "a name per log, in order (default: the log's directory name)")->expected(1, 2);
   app.add_option("--title", title, "page title (default: 'loom training report')");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "report: error: %s; run report --help for the usage\n", e.what());
-    return 2;
-  }
+  loom_examples::parse_or_exit(app, argc, argv);
   try {
     if (labels.size() > logs.size())
       throw input_error("--label given " + std::to_string(labels.size()) + " times for " + std::to_string(logs.size()) +

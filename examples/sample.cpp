@@ -9,7 +9,7 @@
 // weights' metadata (a build with LOOM_WITH_TEXT). The prompt is encoded with it and the ids
 // decoded, a blank line for each end-of-document id. Errors (missing/corrupt file, unknown
 // model, missing tokenizer, bad flag) exit with status 2 and one line naming the problem and the fix.
-#include <CLI/CLI.hpp>
+#include "cli.hpp"  // CLI11 and parse_or_exit
 
 #include <cstdio>
 #include <filesystem>
@@ -80,19 +80,16 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", o.tokenizer,
                  "SentencePiece .model of the data the weights were trained on (prepare_data's PREFIX.model; "
                  "default: the one recorded in the weights, if any)");
-  app.add_option("--tokens", o.tokens, "tokens to generate (bytes for a byte-level model)")->check(CLI::NonNegativeNumber);
+  app.add_option("--tokens,--sample-tokens", o.tokens,
+                 "tokens to generate, >= 1 (bytes for a byte-level model; --sample-tokens as in train_gpt)");
   app.add_option("--temperature", o.temperature, "sampling temperature (> 0)");
   app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)");
   app.add_option("--seed", o.seed, "seed of the sampling draws");
+  loom_examples::parse_or_exit(app, argc, argv);
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "sample: error: %s; run sample --help for the flags\n", e.what());
-    return 2;
-  }
-  try {
+    if (o.tokens < 1)
+      throw loom::input_error("--tokens " + std::to_string(o.tokens) +
+                              " generates nothing (the output would be the prompt alone); pass --tokens 1 or more");
     if (o.top_k < 0)
       throw loom::input_error("--top-k " + std::to_string(o.top_k) + " is negative; pass --top-k 0 to sample from all tokens, or k >= 1");
     if (!(o.temperature > 0)) {

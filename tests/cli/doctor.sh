@@ -24,6 +24,8 @@ expect "no runtime" "$out" '^FAIL +ascend runtime +no Ascend NPU runtime found \
 expect "no runtime" "$out" 'fix: .*source <toolkit>/set_env.sh.*ASCEND_HOME_PATH'
 expect "no runtime" "$out" '\$ASCEND_HOME_PATH is not set'
 expect "no runtime" "$out" '^exit status 2 '
+n_fix=$(grep -c 'set_env.sh' <<<"$out")
+[[ $n_fix -eq 1 ]] || { echo "FAILED (no runtime): the fix is printed $n_fix times, wanted once"; echo "$out"; fail=1; }
 
 out="$(env ASCEND_HOME_PATH="$emulation" "$doctor" --no-peak --max-devices 3 2>&1)"; status=$?
 [[ $status -eq 0 ]] || { echo "FAILED (emulation): exit status $status, wanted 0"; echo "$out"; fail=1; }

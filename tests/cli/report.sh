@@ -64,6 +64,7 @@ expect_error "cannot open log '$work/none.jsonl'.*metrics.jsonl" "$work/none.jso
 expect_error "is empty: no step was logged" "$work/empty.jsonl"
 head -c 3000 "$bin/report" > "$work/binary.jsonl"
 expect_error "line 1 is not JSON" "$work/binary.jsonl"
+! grep -q "json.exception" "$work/err.txt" || { echo "report: the JSON error keeps nlohmann's tag:"; cat "$work/err.txt"; exit 1; }
 { head -n 5 "$work/text/metrics.jsonl"; echo '[1, 2, 3]'; } > "$work/array.jsonl"
 expect_error "line 6 is not a metrics record" "$work/array.jsonl"
 expect_error "directory without metrics.jsonl" "$work"
