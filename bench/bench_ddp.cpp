@@ -8,6 +8,8 @@
 //   build/bench/bench_ddp [--ranks N] [--steps S] [--bucket-mb X]
 //
 // OpenMP threads are split between the ranks (cores / N each), as train_gpt --ranks does.
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -128,20 +130,13 @@ void compare(int ranks, int steps, double bucket_mb) {
 int main(int argc, char** argv) {
   int ranks = 2, steps = 10;
   double bucket_mb = 1.0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--ranks") ranks = std::atoi(argv[i + 1]);
-    else if (a == "--steps") steps = std::atoi(argv[i + 1]);
-    else if (a == "--bucket-mb") bucket_mb = std::atof(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "bench_ddp: unknown flag %s; flags: --ranks N --steps S --bucket-mb X\n", argv[i]);
-      return 2;
-    }
-  }
-  if (ranks < 1 || steps < 1 || !(bucket_mb > 0)) {
-    std::fprintf(stderr, "bench_ddp: --ranks and --steps must be >= 1 and --bucket-mb > 0\n");
-    return 2;
-  }
+  CLI::App app{"bench_ddp: data-parallel step time with the bucket all-reduces overlapped with backward and "
+               "serialised, on comm::threads ranks"};
+  app.add_option("--ranks", ranks, "data-parallel ranks (threads)")->check(CLI::Range(1, 1024));
+  app.add_option("--steps", steps, "timed steps per configuration")->check(CLI::Range(1, 1000000));
+  app.add_option("--bucket-mb", bucket_mb, "gradient bucket size in MiB (> 0)")
+      ->check(CLI::Range(1e-6, 1e6));
+  CLI11_PARSE(app, argc, argv);
   loom::device::configure_host_malloc_for_gemm();
   compare<loom::models::quickstart, 8, 128>(ranks, steps, bucket_mb);
   compare<loom::models::bench_small, 4, 256>(ranks, steps, bucket_mb);

@@ -9,6 +9,8 @@
 // MFU = (6 N + 12 L T d) * tokens/s / peak (N: parameters without position embeddings).
 // Reference figures on these 2-core machines (issue #2): PyTorch 1.13 fp32, tuned, about
 // 2,900 tokens/s on the comparison config; llm.c's CPU trainer about 580 tokens/s.
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -66,15 +68,10 @@ int main(int argc, char** argv) {
   loom::device::configure_host_malloc_for_gemm();
   int steps = 10;
   double peak_gflops = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--steps") steps = std::atoi(argv[i + 1]);
-    else if (a == "--peak-gflops") peak_gflops = std::atof(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "bench_step: unknown flag %s; use --steps N or --peak-gflops G\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"bench_step: one whole training step (forward, backward, AdamW) on the CPU: ms/step, tokens/s, MFU, memory"};
+  app.add_option("--steps", steps, "timed steps per configuration")->check(CLI::Range(1, 1000000));
+  app.add_option("--peak-gflops", peak_gflops, "fp32 peak for MFU (default: measured at start-up)");
+  CLI11_PARSE(app, argc, argv);
   if (peak_gflops <= 0) peak_gflops = loom::bench::measure_fp32_peak().gflops;
   const char* ct = std::getenv("OPENBLAS_CORETYPE");
   std::printf("fp32 peak %.0f GFLOP/s (measured unless --peak-gflops); OPENBLAS_CORETYPE=%s (loom's GEMM is Eigen, unaffected)\n",
