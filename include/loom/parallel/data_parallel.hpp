@@ -373,7 +373,12 @@ class data_parallel final : public grad_sync<G> {
         if (all[std::size_t(j) * K + k] != all[std::size_t(k)]) {
           std::string differ;
           for (int i = 1; i < size(); ++i)
-            if (all[std::size_t(i) * K + k] != all[std::size_t(k)]) differ += (differ.empty() ? "" : ",") + std::to_string(i);
+            if (all[std::size_t(i) * K + k] != all[std::size_t(k)]) {
+              // appended piece by piece: `"," + std::to_string(i)` (operator+(const char*, string&&),
+              // an insert at the front) is what GCC 12's -Wrestrict misreads as an overlapping copy
+              if (!differ.empty()) differ += ',';
+              differ += std::to_string(i);
+            }
           throw replica_mismatch("replica check after step " + std::to_string(steps) +
                                  ": the data-parallel replicas have different parameters; first differing tensor '" +
                                  std::string(G::table[k].name) + "' differs between rank 0 and rank(s) {" + differ +
