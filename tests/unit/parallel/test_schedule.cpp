@@ -31,8 +31,11 @@ static_assert(lp::pipeline_fills<2, 2>() && lp::pipeline_fills<1, 1>() && lp::pi
 /// Forward/backward order of the compute actions, as "F0 F1 B0 ...".
 std::string compute_string(int p, int m, int s) {
   std::string out;
-  for (const auto& a : lp::compute_actions(lp::one_f_one_b(p, m, s)))
-    out += (out.empty() ? "" : " ") + std::string(a.op == pipe_op::forward ? "F" : "B") + std::to_string(a.micro);
+  for (const auto& a : lp::compute_actions(lp::one_f_one_b(p, m, s))) {
+    if (!out.empty()) out += ' ';  // piece by piece: "" + string&& trips GCC 12's -Wrestrict
+    out += a.op == pipe_op::forward ? 'F' : 'B';
+    out += std::to_string(a.micro);
+  }
   return out;
 }
 
