@@ -3,9 +3,8 @@
 # runs it for a bounded time from a small seed corpus (a valid safetensors file, a manifest, a
 # ZeRO-1 shard). Any crash, sanitizer report or leak fails the run.
 #   tests/fuzz/run.sh <source dir> [seconds=15] [clang++]
-# Needs a clang whose C++ library has std::source_location (loom/core/error.hpp): clang >= 16
-# with libstdc++ 12. Debian 12's clang 14 lacks __builtin_source_location, and GCC's
-# -fsanitize-coverage=trace-pc is refused by libFuzzer, so this is not a CTest yet (manual run).
+# Needs clang with libFuzzer (Debian 12: clang + libclang-rt-14-dev, from scripts/setup.sh); loom's
+# headers build with clang 14 (core/error.hpp's source_location fallback). A CTest (fuzz_checkpoint).
 set -euo pipefail
 src="$1"; seconds="${2:-15}"; cxx="${3:-clang++}"
 work="$(mktemp -d)"

@@ -70,7 +70,7 @@ inline const ascend_runtime*& thread_runtime() noexcept {
 }
 
 /// The calling thread's runtime; throws device_error naming the fix when the thread has none.
-inline const ascend_runtime& bound_runtime(std::source_location where = std::source_location::current()) {
+inline const ascend_runtime& bound_runtime(loom::source_location where = loom::source_location::current()) {
   if (const ascend_runtime* rt = thread_runtime()) return *rt;
   throw device_error(acl_status::invalid_device, "loom::device::ascend",
                      "this thread has no current NPU: create a loom::device::ascend_device(runtime, ordinal) or "
@@ -81,7 +81,7 @@ inline const ascend_runtime& bound_runtime(std::source_location where = std::sou
 
 /// The calling thread's current NPU. Throws device_error when the thread never selected one.
 inline int ascend_current_device(const acl::api_table& api,
-                                 std::source_location where = std::source_location::current()) {
+                                 loom::source_location where = loom::source_location::current()) {
   int32_t dev = -1;
   const acl::aclError rc = api.aclrtGetDevice(&dev);
   if (rc != acl::success)

@@ -98,12 +98,12 @@ class ascend_profiler {
                                       opt_.data_types);
     if (!config_) {
       const auto e = detail::acl_error(api, 500005 /* ACL_ERROR_PROFILING_FAILURE */, "aclprofCreateConfig",
-                                       std::source_location::current());
+                                       loom::source_location::current());
       detail::acl_warn(api, api.aclprofFinalize(), "aclprofFinalize");
       throw e;
     }
     if (const int rc = api.aclprofStart(config_); rc != acl::success) {
-      const auto e = detail::acl_error(api, rc, "aclprofStart", std::source_location::current());
+      const auto e = detail::acl_error(api, rc, "aclprofStart", loom::source_location::current());
       detail::acl_warn(api, api.aclprofDestroyConfig(config_), "aclprofDestroyConfig");
       detail::acl_warn(api, api.aclprofFinalize(), "aclprofFinalize");
       throw e;

@@ -866,7 +866,9 @@ void gather_zero1_moments(const std::filesystem::path& dir, const std::vector<ch
     const auto sm = r.read<T>("adam_m"), sv = r.read<T>("adam_v");
     for (std::size_t i = 0; i + 2 < ranges.size(); i += 3) {
       const std::int64_t po = ranges[i], len = ranges[i + 1], so = ranges[i + 2];
-      if (po < 0 || len < 0 || so < 0 || std::size_t(po + len) > m.size() || std::size_t(so + len) > n)
+      // no po + len: the values come from the file and may be anything (the fuzzer found the overflow)
+      if (po < 0 || len < 0 || so < 0 || std::uint64_t(len) > m.size() || std::uint64_t(po) > m.size() - std::size_t(len) ||
+          std::uint64_t(len) > n || std::uint64_t(so) > n - std::size_t(len))
         throw bad_checkpoint(dir, "its ZeRO-1 shard '" + f.path + "' has a range (" + std::to_string(po) + ", " +
                                       std::to_string(len) + ", " + std::to_string(so) + ") outside the model's " +
                                       std::to_string(m.size()) + " parameters or its " + std::to_string(n) + " moments");

@@ -60,7 +60,7 @@ namespace acl = loom::device::acl;
 
 /// Throws device_error unless rc == HCCL_SUCCESS.
 inline void hccl_check(const acl::api_table& t, acl::HcclResult rc, std::string_view api,
-                       std::source_location where = std::source_location::current()) {
+                       loom::source_location where = loom::source_location::current()) {
   if (rc == acl::hccl_success) [[likely]]
     return;
   const char* text = t.HcclGetErrorString ? t.HcclGetErrorString(rc) : nullptr;
@@ -70,7 +70,7 @@ inline void hccl_check(const acl::api_table& t, acl::HcclResult rc, std::string_
 }
 
 /// Throws device_error when the runtime has no (complete) HCCL: names the libraries and the fix.
-inline void require_hccl(const device::ascend_runtime& rt, std::source_location where = std::source_location::current()) {
+inline void require_hccl(const device::ascend_runtime& rt, loom::source_location where = loom::source_location::current()) {
   if (rt.has_hccl()) [[likely]]
     return;
   std::string missing;

@@ -61,7 +61,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <source_location>
 #include <span>
 #include <string>
 #include <string_view>
@@ -77,7 +76,7 @@
 namespace loom::parallel::detail {
 
 /// Throws loom::device_error(rc, api, MPI_Error_string(rc)) unless rc == MPI_SUCCESS.
-inline void mpi_check(int rc, std::string_view api, std::source_location where = std::source_location::current()) {
+inline void mpi_check(int rc, std::string_view api, loom::source_location where = loom::source_location::current()) {
   if (rc == MPI_SUCCESS) [[likely]]
     return;
   char text[MPI_MAX_ERROR_STRING] = {};

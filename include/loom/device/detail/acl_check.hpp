@@ -2,13 +2,12 @@
 /// \file acl_check, aclnn_check: ACL and aclnn status codes become loom::device_error.
 ///
 /// ggml-cann's ACL_CHECK idea without a macro (STYLE §3.11): the call site comes from
-/// std::source_location, the message from aclGetRecentErrMsg(), which the reference recommends
+/// loom::source_location, the message from aclGetRecentErrMsg(), which the reference recommends
 /// reading after any failing acl/aclnn call. what() reads
 ///   "<file>:<line>: <api> failed with code <code>: <recent error message> [hint]".
 /// Cleanup paths (destructors, deallocate) use acl_warn, which reports on stderr and never throws.
 /// Source: loom's API reference (shared/reference/ascend-api.md) §1.2, §1.3, §2.4, §7.
 #include <cstdio>
-#include <source_location>
 #include <string>
 #include <string_view>
 
@@ -69,7 +68,7 @@ inline std::string acl_recent_message(const acl::api_table& api) {
 }
 
 /// Builds the exception for a failed call (message + hint).
-inline device_error acl_error(const acl::api_table& t, int rc, std::string_view api, std::source_location where) {
+inline device_error acl_error(const acl::api_table& t, int rc, std::string_view api, loom::source_location where) {
   std::string msg = acl_recent_message(t);
   if (const auto hint = acl_hint(rc); !hint.empty()) msg += (msg.empty() ? "" : " — ") + std::string(hint);
   return device_error(rc, api, msg, where);
@@ -78,7 +77,7 @@ inline device_error acl_error(const acl::api_table& t, int rc, std::string_view 
 /// Throws loom::device_error unless rc == ACL_SUCCESS. Usage:
 ///   acl_check(api, api.aclrtSynchronizeStream(s), "aclrtSynchronizeStream");
 inline void acl_check(const acl::api_table& t, int rc, std::string_view api,
-                      std::source_location where = std::source_location::current()) {
+                      loom::source_location where = loom::source_location::current()) {
   if (rc == acl::success) [[likely]]
     return;
   throw acl_error(t, rc, api, where);
@@ -86,7 +85,7 @@ inline void acl_check(const acl::api_table& t, int rc, std::string_view api,
 
 /// Same for aclnnStatus (an int32, 0 = success) of the two-phase operator calls.
 inline void aclnn_check(const acl::api_table& t, int rc, std::string_view api,
-                        std::source_location where = std::source_location::current()) {
+                        loom::source_location where = loom::source_location::current()) {
   if (rc == 0) [[likely]]
     return;
   throw acl_error(t, rc, api, where);

@@ -20,13 +20,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
-#include <source_location>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
+#include <loom/core/error.hpp>
 
 #include <loom/device/ascend.hpp>
 #include <loom/kernels/ops.hpp>
@@ -82,7 +82,7 @@ inline constexpr int8_t cube_math_type = 0;
 /// meaning ("no kernel for this operator").
 template <class Fn>
 void require(const acl::api_table&, Fn* fn, std::string_view name,
-             std::source_location where = std::source_location::current()) {
+             loom::source_location where = loom::source_location::current()) {
   if (fn) [[likely]]
     return;
   throw device_error(device::detail::acl_status::aclnn_find_kernel_error, name,
@@ -96,9 +96,9 @@ void require(const acl::api_table&, Fn* fn, std::string_view name,
 /// site is the caller's).
 struct op_site {
   std::string_view name;
-  std::source_location where;
-  op_site(const char* n, std::source_location w = std::source_location::current()) : name(n), where(w) {}
-  op_site(std::string_view n, std::source_location w) : name(n), where(w) {}
+  loom::source_location where;
+  op_site(const char* n, loom::source_location w = loom::source_location::current()) : name(n), where(w) {}
+  op_site(std::string_view n, loom::source_location w) : name(n), where(w) {}
 };
 
 // --- descriptors -------------------------------------------------------------------------------------
@@ -107,10 +107,10 @@ struct op_site {
 class tensor {
  public:
   tensor(const ctx_t& ctx, const void* data, aclDataType dt, std::initializer_list<int64_t> dims,
-         std::initializer_list<int64_t> strides = {}, std::source_location where = std::source_location::current())
+         std::initializer_list<int64_t> strides = {}, loom::source_location where = loom::source_location::current())
       : tensor(ctx, data, dt, std::vector<int64_t>(dims), std::vector<int64_t>(strides), where) {}
   tensor(const ctx_t& ctx, const void* data, aclDataType dt, std::vector<int64_t> dims, std::vector<int64_t> strides,
-         std::source_location where = std::source_location::current())
+         loom::source_location where = loom::source_location::current())
       : api_(&ctx.api()) {
     if (strides.empty()) {
       strides.assign(dims.size(), 1);
@@ -254,14 +254,14 @@ void launch(ctx_t& ctx, op_site site, acl::aclnnStatus (*phase1)(Params...),
 /// dst (n elements of D) = src (n elements of S), converting the dtype (aclnnInplaceCopy, which
 /// accepts non-contiguous views and casts; ops-math documentation). The views may be strided.
 inline void copy(ctx_t& ctx, const tensor& dst, const tensor& src,
-                 std::source_location where = std::source_location::current()) {
+                 loom::source_location where = loom::source_location::current()) {
   launch(ctx, op_site{"aclnnInplaceCopy", where}, ctx.api().aclnnInplaceCopyGetWorkspaceSize,
          ctx.api().aclnnInplaceCopy, dst, src);
 }
 
 /// self += alpha * other (aclnnInplaceAdd; other broadcasts to self).
 inline void add_inplace(ctx_t& ctx, const tensor& self, const tensor& other, float alpha = 1.0f,
-                        std::source_location where = std::source_location::current()) {
+                        loom::source_location where = loom::source_location::current()) {
   scalar a(ctx, alpha);
   launch(ctx, op_site{"aclnnInplaceAdd", where}, ctx.api().aclnnInplaceAddGetWorkspaceSize, ctx.api().aclnnInplaceAdd,
          self, other, a);
@@ -274,7 +274,7 @@ inline void add_inplace(ctx_t& ctx, const tensor& self, const tensor& other, flo
 /// aclnnInplaceAdd is relied on: its type promotion is not in the reference.
 template <class G, class T>
 void accumulate(ctx_t& ctx, G* dst, const T* src, std::initializer_list<int64_t> dims,
-                std::source_location where = std::source_location::current()) {
+                loom::source_location where = loom::source_location::current()) {
   if constexpr (std::is_same_v<G, T>) {
     add_inplace(ctx, tensor(ctx, dst, dtype_of<G>(), dims, {}, where), tensor(ctx, src, dtype_of<T>(), dims, {}, where),
                 1.0f, where);
