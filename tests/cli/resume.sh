@@ -9,8 +9,8 @@
 #   4. bad input: --resume on a missing, empty or foreign directory, another model, a fresh run
 #      into another run's checkpoints -> exit 2 with one clear line;
 #   5. --export-hf writes GPT-2 files, --init-from-hf starts from them;
-#   6. fp16 with the dynamic loss scaler: the scale and its good-step counter resume exactly,
-#      the losses within 1e-5 (fp16 runs are not bitwise reproducible even uninterrupted).
+#   6. fp16 with the dynamic loss scaler: losses, loss scales, the scaler's good-step counter and
+#      the final weights of the resumed run equal the uninterrupted run's, bit for bit.
 #   tests/cli/resume.sh <dir with train_gpt>
 set -u
 bin="$1"
@@ -124,11 +124,9 @@ first_init=$(losses "$work/i/logs/metrics.jsonl" | head -1 | cut -d' ' -f2)
 awk -v a="$first_init" -v b="$first_fresh" 'BEGIN { exit !(a < b - 0.1) }' && ok ||
   bad "a run from trained GPT-2 weights should start lower: $first_init vs fresh $first_fresh"
 
-# --- 6. fp16 with dynamic loss scaling: the scaler's state resumes --------------------------------
-# fp16 training is not bitwise reproducible from run to run on this CPU backend (two uninterrupted
-# runs differ in the 6th digit, also with one thread; docs/checkpoint.md), so the losses are
-# compared within 1e-5 relative; the scaler state is compared exactly: the resumed run took 3
-# steps, so a growth_tracker of 6 proves the good-step counter came back from the checkpoint.
+# --- 6. fp16 with dynamic loss scaling: bitwise resume, scaler state included --------------------
+# The resumed run took 3 steps, so a growth_tracker of 6 proves the good-step counter came back
+# from the checkpoint.
 fp16=(--precision fp16 --steps 6)
 "$t" "${common[@]}" "${fp16[@]}" --log-dir "$work/h/a" --out "$work/h/a.safetensors" --checkpoint-dir "$work/h/ca" \
   > "$work/h.a.txt" 2>&1 || bad "fp16 uninterrupted run: $(tail -3 "$work/h.a.txt")"
@@ -150,11 +148,12 @@ a = steps(d + "/a/metrics.jsonl"); b = {**steps(d + "/b1/metrics.jsonl"), **step
 sa = json.load(open(d + "/ca/step_00000006/manifest.json"))["loss_scaler"]
 sb = json.load(open(d + "/cb/step_00000006/manifest.json"))["loss_scaler"]
 good = sorted(a) == list(range(6)) and sorted(b) == sorted(a) and sa == sb and sa["enabled"] and sa["growth_tracker"] == 6
-good = good and all(None not in a[s] and None not in b[s] and abs(a[s][0] - b[s][0]) <= 1e-5 * abs(a[s][0]) and
+good = good and all(None not in a[s] and None not in b[s] and a[s][0] == b[s][0] and
                    a[s][1] == b[s][1] for s in a)
 if not good: print("uninterrupted", a, sa, "\nresumed", b, sb)
 sys.exit(0 if good else 1)
 PY
+cmp -s "$work/h/a.safetensors" "$work/h/b.safetensors" && ok || bad "fp16: the resumed run's final weights differ from the uninterrupted run's"
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -16,6 +16,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -326,10 +329,21 @@ attention_shape<A> checked_shape(const char* what, int B, int Tn, int C, int NH,
 
 /// Per-thread fp32 workspace of the 16-bit attention paths, grown on first use and then reused
 /// (no allocation in steady state). See Note [fused attention in 16-bit storage].
+/// 64-byte aligned on every thread, so the tile kernels' vectorisation (and with it the order of
+/// additions) does not depend on which thread's allocation a head landed in.
 inline float* thread_workspace(std::size_t n) {
-  thread_local std::vector<float> w;
-  if (w.size() < n) w.resize(n);
-  return w.data();
+  struct aligned_free {
+    void operator()(float* p) const noexcept { std::free(p); }
+  };
+  thread_local std::unique_ptr<float[], aligned_free> w;
+  thread_local std::size_t size = 0;
+  if (size < n) {
+    const std::size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    w.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    if (!w) throw std::bad_alloc();
+    size = n;
+  }
+  return w.get();
 }
 
 /// Copies head h of batch b out of a (B,T,parts*C) tensor into a (T, parts*HD) fp32 block
