@@ -85,6 +85,7 @@
 #include <loom/train/trainer.hpp>
 
 #include "train_gpt/options.hpp"
+#include "train_gpt/resume.hpp"
 
 namespace {
 
@@ -221,23 +222,9 @@ int run(const options& o, World* world) {
     if (lead) std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str());
   };
   if (!o.resume.empty()) {
-    const auto info = io::resume_checkpoint(ctx, o.resume, tr, warn);
-    for (const auto& w : info.warnings) warn(w);
-    const nlohmann::json& d = info.state.data;
-    data::source_state pos;
-    try {
-      pos = {data::source_kind(d.at("kind").get<int>()), d.at("epoch").get<std::uint64_t>(),
-             d.at("index").get<std::uint64_t>(), d.at("seed").get<std::uint64_t>()};
-    } catch (const nlohmann::json::exception&) {
-      throw input_error("checkpoint '" + info.dir.string() + "' has no data position (kind, epoch, index, seed); it was "
-                        "not written by train_gpt: start a new run, or load its weights with --init-from-hf after export");
-    }
-    src.restore(pos);
-    start = info.step;
-    tokens_seen = info.state.tokens;
-    if (lead)
-      std::printf("resumed from %s: step %ld, %llu tokens seen\n", info.dir.c_str(), start,
-                  static_cast<unsigned long long>(tokens_seen));
+    const auto at = train_gpt_cli::resume_run(ctx, o.resume, tr, src, warn, lead);
+    start = at.step;
+    tokens_seen = at.tokens;
   } else {
     if (!o.init_from_hf.empty()) {
       io::import_gpt2(ctx, tr.model(), o.init_from_hf);

@@ -47,6 +47,7 @@
 #include <loom/train/parallel_trainer.hpp>
 
 #include "options.hpp"
+#include "resume.hpp"
 
 namespace train_gpt_cli {
 
@@ -143,23 +144,9 @@ int run_layout_impl(const options& o, World& world) {
   long start = 0;
   std::uint64_t tokens_seen = 0;
   if (!o.resume.empty()) {
-    const auto info = io::resume_checkpoint(ctx, o.resume, tr, warn);
-    for (const auto& w : info.warnings) warn(w);
-    const nlohmann::json& d = info.state.data;
-    data::source_state pos;
-    try {
-      pos = {data::source_kind(d.at("kind").get<int>()), d.at("epoch").get<std::uint64_t>(),
-             d.at("index").get<std::uint64_t>(), d.at("seed").get<std::uint64_t>()};
-    } catch (const nlohmann::json::exception&) {
-      throw input_error("checkpoint '" + info.dir.string() + "' has no data position (kind, epoch, index, seed); it was "
-                        "not written by train_gpt: start a new run");
-    }
-    src.restore(pos);
-    start = info.step;
-    tokens_seen = info.state.tokens;
-    if (lead)
-      std::printf("resumed from %s: step %ld, %llu tokens seen\n", info.dir.c_str(), start,
-                  static_cast<unsigned long long>(tokens_seen));
+    const auto at = resume_run(ctx, o.resume, tr, src, warn, lead);
+    start = at.step;
+    tokens_seen = at.tokens;
   } else if (const auto old = io::list_checkpoints(ckpt_dir); !ckpt_dir.empty() && !old.empty()) {
     throw input_error("checkpoint directory '" + ckpt_dir + "' already holds checkpoints of an earlier run (newest " +
                       old.back().dir.filename().string() + "); pass --resume " + ckpt_dir +

@@ -1,0 +1,49 @@
+#pragma once
+// train_gpt's --resume, shared by train_gpt.cpp (one layout) and train_gpt/run_layout.hpp
+// (--layout tpXppY). Not a library header: examples/ only.
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include <loom/core/error.hpp>
+#include <loom/data/source.hpp>
+#include <loom/io/checkpoint.hpp>
+
+namespace train_gpt_cli {
+
+/// Where a resumed run continues.
+struct resume_point {
+  long step = 0;              ///< optimizer steps already taken
+  std::uint64_t tokens = 0;   ///< training tokens already consumed
+};
+
+/// Loads the newest valid checkpoint under `dir` into `tr` (io::resume_checkpoint: parameters,
+/// optimizer state, step, loss scaler; resharded when it was saved under another layout), moves
+/// `src` to the saved data position, passes every warning to `warn` and, on the lead rank, prints
+/// where the run resumes. Throws loom::input_error when nothing valid is found or the checkpoint
+/// has no data position (it was not written by train_gpt).
+template <class Ctx, class Trainer, class Source, class Warn>
+resume_point resume_run(Ctx& ctx, const std::string& dir, Trainer& tr, Source& src, Warn&& warn, bool lead) {
+  const auto info = loom::io::resume_checkpoint(ctx, dir, tr, warn);
+  for (const auto& w : info.warnings) warn(w);
+  const nlohmann::json& d = info.state.data;
+  loom::data::source_state pos;
+  try {
+    pos = {loom::data::source_kind(d.at("kind").get<int>()), d.at("epoch").get<std::uint64_t>(),
+           d.at("index").get<std::uint64_t>(), d.at("seed").get<std::uint64_t>()};
+  } catch (const nlohmann::json::exception&) {
+    throw loom::input_error("checkpoint '" + info.dir.string() + "' has no data position (kind, epoch, index, seed); it "
+                            "was not written by train_gpt: start a new run, or load its weights with --init-from-hf "
+                            "after export");
+  }
+  src.restore(pos);
+  if (lead)
+    std::printf("resumed from %s: step %ld, %llu tokens seen\n", info.dir.c_str(), info.step,
+                static_cast<unsigned long long>(info.state.tokens));
+  return {info.step, info.state.tokens};
+}
+
+}  // namespace train_gpt_cli
