@@ -176,12 +176,7 @@ class parallel_trainer {
                         std::to_string(n) + " ids each, got " + std::to_string(inputs.size()) + " and " +
                         std::to_string(targets.size()));
     validate_tokens(inputs, M::vocab, "training inputs");
-    std::int64_t count = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (targets[i] == kernels::ignore_index) continue;
-      if (targets[i] < 0 || targets[i] >= M::vocab) validate_tokens(targets.subspan(i, 1), M::vocab, "training targets");
-      ++count;
-    }
+    std::int64_t count = count_targets(targets, M::vocab);
     g_.dp.all_reduce(std::span<std::int64_t>(&count, 1), parallel::reduce_op::sum);
     if (count == 0)
       throw input_error("every target of the global batch is ignored (-1); the batch holds no tokens to learn from");
@@ -285,12 +280,7 @@ class parallel_trainer {
   }
   // rows of seq_len+1 ids -> inputs row[0..seq_len), targets row[1..seq_len]
   void split_windows(std::span<const std::int32_t> w, std::span<std::int32_t> in, std::span<std::int32_t> tg) const {
-    const std::size_t t = std::size_t(cfg_.seq_len), wn = window();
-    for (std::size_t r = 0; r * wn < w.size(); ++r)
-      for (std::size_t i = 0; i < t; ++i) {
-        in[r * t + i] = w[r * wn + i];
-        tg[r * t + i] = w[r * wn + i + 1];
-      }
+    train::split_windows(w, std::size_t(cfg_.seq_len), in, tg);
   }
 
   trainer_config cfg_;

@@ -74,6 +74,31 @@ inline void validate_tokens(std::span<const std::int32_t> ids, int vocab, std::s
                         " tokens or choose a model with a larger vocabulary");
 }
 
+/// Number of targets in `targets` that are not kernels::ignore_index (-1): the tokens a batch
+/// learns from. Throws loom::input_error (via validate_tokens) naming the first id outside
+/// [0, vocab) that is not the ignore index.
+inline long count_targets(std::span<const std::int32_t> targets, int vocab) {
+  long count = 0;
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i] == kernels::ignore_index) continue;
+    if (targets[i] < 0 || targets[i] >= vocab) validate_tokens(targets.subspan(i, 1), vocab, "training targets");
+    ++count;
+  }
+  return count;
+}
+
+/// Rows of seq_len+1 token ids (row-major) -> inputs row[0..seq_len) and targets row[1..seq_len],
+/// each (rows, seq_len) int32. Writes `in` and `tg` (at least rows * seq_len ids each).
+inline void split_windows(std::span<const std::int32_t> w, std::size_t seq_len, std::span<std::int32_t> in,
+                          std::span<std::int32_t> tg) {
+  const std::size_t wn = seq_len + 1;
+  for (std::size_t r = 0; r * wn < w.size(); ++r)
+    for (std::size_t i = 0; i < seq_len; ++i) {
+      in[r * seq_len + i] = w[r * wn + i];
+      tg[r * seq_len + i] = w[r * wn + i + 1];
+    }
+}
+
 /// Template arguments: M a models::model_config; Policy a loom::policy; B, T the micro-batch
 /// and sequence capacity; Attn the attention tag; Scaler train::no_loss_scaler (default) or
 /// train::dynamic_loss_scaler (required for fp16).
@@ -183,13 +208,7 @@ class trainer {
       throw input_error("inputs and targets of a global batch need grad_accum*micro_batch*seq_len = " + std::to_string(n) +
                         " ids each, got " + std::to_string(inputs.size()) + " and " + std::to_string(targets.size()));
     validate_tokens(inputs, M::vocab, "training inputs");
-    long count = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (targets[i] == kernels::ignore_index) continue;
-      if (targets[i] < 0 || targets[i] >= M::vocab)
-        validate_tokens(targets.subspan(i, 1), M::vocab, "training targets");
-      ++count;
-    }
+    long count = count_targets(targets, M::vocab);
     if (sync_) count = sync_->global_sum(count);  // every rank scales by the global count
     if (count == 0) throw input_error("every target of the global batch is ignored (-1); the batch holds no tokens to learn from");
     const double loss_scale = scaler_.scale();
@@ -275,14 +294,8 @@ class trainer {
   void mark(phase p, bool begin) {
     if (on_phase) on_phase(p, begin);
   }
-  // rows of seq_len+1 ids -> inputs row[0..seq_len), targets row[1..seq_len]
   void split_windows(std::span<const std::int32_t> w, std::span<std::int32_t> in, std::span<std::int32_t> tg) const {
-    const std::size_t t = std::size_t(cfg_.seq_len), wn = window();
-    for (std::size_t r = 0; r * wn < w.size(); ++r)
-      for (std::size_t i = 0; i < t; ++i) {
-        in[r * t + i] = w[r * wn + i];
-        tg[r * t + i] = w[r * wn + i + 1];
-      }
+    train::split_windows(w, std::size_t(cfg_.seq_len), in, tg);
   }
   void copy_in(context<device>& ctx, std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
     device::copy_to_device(inputs_.data(), in.data(), in.size_bytes(), ctx.stream);
