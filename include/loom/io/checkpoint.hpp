@@ -517,15 +517,18 @@ inline std::filesystem::path find_checkpoint(const std::filesystem::path& dir,
   }
   std::string problems;
   bool first = true;
+  // candidates not yet tried: a later, abandoned branch of the run (step > latest) is skipped
+  auto left = std::count_if(all.begin(), all.end(), [&](const auto& c) { return latest < 0 || c.step <= latest; });
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (latest >= 0 && it->step > latest) continue;  // a later, abandoned branch of the run
+    if (latest >= 0 && it->step > latest) continue;
+    --left;
     try {
       (void)verify_checkpoint(it->dir);
       return it->dir;
     } catch (const input_error& e) {
       const std::string what = e.what();
       const std::string problem = what.substr(0, what.find("; resume from"));
-      say(problem + (first ? "; falling back to the previous checkpoint" : "; trying an earlier one"));
+      if (left > 0) say(problem + (first ? "; falling back to the previous checkpoint" : "; trying an earlier one"));
       problems += " [" + problem + "]";
       first = false;
     }

@@ -57,11 +57,22 @@ std::string read_text(const fs::path& p) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
-void one_thread_per_rank() {
+/// OpenMP threads of the calling thread set to 1 for the guard's lifetime, then restored (a
+/// test must not leave its setting to the next test case of the same process).
+class one_thread_per_rank {
+ public:
 #ifdef _OPENMP
-  omp_set_num_threads(1);  // ranks are threads already; also makes the runs bitwise comparable
+  one_thread_per_rank() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }  // ranks are threads already; also makes the runs bitwise comparable
+  ~one_thread_per_rank() { omp_set_num_threads(saved_); }
+#else
+  one_thread_per_rank() = default;
 #endif
-}
+  one_thread_per_rank(const one_thread_per_rank&) = delete;
+  one_thread_per_rank& operator=(const one_thread_per_rank&) = delete;
+
+ private:
+  [[maybe_unused]] int saved_ = 0;
+};
 
 train::trainer_config config(int micro_batch, std::uint64_t seed = 1337) {
   train::trainer_config cfg;
@@ -145,7 +156,7 @@ run_result run(int dp, bool zero1, long from, long to, const fs::path& load = {}
   }
   std::mutex mu;
   comm::run_threads(dp, [&](comm::threads& world) {
-    one_thread_per_rank();
+    const one_thread_per_rank one_thread;
     context<device::cpu> ctx;
     parallel::ddp_options o;
     o.zero1 = zero1;
@@ -258,7 +269,7 @@ TEST_CASE("checkpoint (multi-rank): a rank whose write fails stops the save on e
   std::vector<std::string> errors(2);
   std::string expect = "injected write failure of rank 1";
   comm::run_threads(2, [&](comm::threads& world) {
-    one_thread_per_rank();
+    const one_thread_per_rank one_thread;
     context<device::cpu> ctx;
     parallel::ddp_options o;
     o.zero1 = true;
@@ -343,7 +354,7 @@ std::pair<double, std::vector<double>> layout_run(long from, long to, const fs::
   double eval = 0;
   std::vector<double> losses;
   comm::run_threads(TP * PP, [&](comm::threads& world) {
-    one_thread_per_rank();
+    const one_thread_per_rank one_thread;
     context<device::cpu> ctx;
     layout_trainer<TP, PP> tr(ctx, mp_config(2, 2, load.empty() ? 5 : 77), world);
     if (!load.empty()) {
@@ -381,7 +392,7 @@ std::pair<double, std::vector<double>> plain_run(int dp, long from, long to, con
     }
   };
   if (dp == 1) {
-    one_thread_per_rank();
+    const one_thread_per_rank one_thread;
     context<device::cpu> ctx;
     plain_trainer tr(ctx, mp_config(2, 2, 88));
     body(tr, ctx, 0, [&] {
@@ -389,7 +400,7 @@ std::pair<double, std::vector<double>> plain_run(int dp, long from, long to, con
     });
   } else {
     comm::run_threads(dp, [&](comm::threads& world) {
-      one_thread_per_rank();
+      const one_thread_per_rank one_thread;
       context<device::cpu> ctx;
       parallel::ddp_options o;
       o.zero1 = true;

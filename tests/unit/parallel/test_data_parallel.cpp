@@ -65,11 +65,22 @@ std::span<const std::int32_t> rows_of(const std::vector<std::int32_t>& v, int fi
   return std::span<const std::int32_t>(v).subspan(std::size_t(first) * T, std::size_t(count) * T);
 }
 
-void one_thread_per_rank() {
+/// OpenMP threads of the calling thread set to 1 for the guard's lifetime, then restored (a
+/// test must not leave its setting to the next test case of the same process).
+class one_thread_per_rank {
+ public:
 #ifdef _OPENMP
-  omp_set_num_threads(1);  // CI has 2 cores; ranks are threads already
+  one_thread_per_rank() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }  // CI has 2 cores; ranks are threads already
+  ~one_thread_per_rank() { omp_set_num_threads(saved_); }
+#else
+  one_thread_per_rank() = default;
 #endif
-}
+  one_thread_per_rank(const one_thread_per_rank&) = delete;
+  one_thread_per_rank& operator=(const one_thread_per_rank&) = delete;
+
+ private:
+  [[maybe_unused]] int saved_ = 0;
+};
 
 /// True for the key part of qkv_b. Its gradient is zero in exact arithmetic (softmax does not
 /// change when every score of a row moves by q.b_k), so what backward computes is rounding
@@ -109,7 +120,7 @@ std::vector<double> run_dp(int dp, int grad_accum, const std::vector<batch>& bat
   std::vector<double> losses;
   std::mutex mutex;
   comm::run_threads(dp, [&](comm::threads& world) {
-    one_thread_per_rank();
+    const one_thread_per_rank one_thread;
     context<device::cpu> ctx;
     const int mine = rows / dp;
     trainer_t tr(ctx, config(mine / grad_accum, grad_accum), world, o);
@@ -132,7 +143,7 @@ std::vector<double> run_single(const std::vector<batch>& batches, trainer_t& tr,
 }  // namespace
 
 TEST_CASE("data parallel: DP=2 and DP=4 give the single-rank loss and every gradient on the same global batch") {
-  one_thread_per_rank();
+  const one_thread_per_rank one_thread;
   constexpr int rows = 8;
   const std::vector<batch> one{random_batch(rows, 11, 0.2, 5)};  // padding only in the last rows: uneven counts
   context<device::cpu> ctx;
@@ -155,7 +166,7 @@ TEST_CASE("data parallel: DP=2 and DP=4 give the single-rank loss and every grad
 }
 
 TEST_CASE("data parallel: 20 steps on 2 ranks follow the single-rank loss curve") {
-  one_thread_per_rank();
+  const one_thread_per_rank one_thread;
   constexpr int rows = 8;
   std::vector<batch> batches;
   for (int s = 0; s < 20; ++s) batches.push_back(random_batch(rows, 100 + std::uint64_t(s) % 3));
@@ -174,7 +185,7 @@ TEST_CASE("data parallel: 20 steps on 2 ranks follow the single-rank loss curve"
 }
 
 TEST_CASE("data parallel: 4 micro-batches of B/4 per rank equal 1 batch of B, with padded targets") {
-  one_thread_per_rank();
+  const one_thread_per_rank one_thread;
   constexpr int rows = 8;  // 2 ranks x 4 micro-batches x 1 row
   // rows 3..7 lose ~60% of their targets: micro-batches have very different token counts, so a
   // mean of per-micro-batch means would differ from the per-token mean
@@ -190,7 +201,7 @@ TEST_CASE("data parallel: 4 micro-batches of B/4 per rank equal 1 batch of B, wi
 }
 
 TEST_CASE("data parallel: ZeRO-1 gives DDP's parameters after 20 steps, no-overlap gives overlap's, memory saved") {
-  one_thread_per_rank();
+  const one_thread_per_rank one_thread;
   constexpr int rows = 8;
   std::vector<batch> batches;
   for (int s = 0; s < 20; ++s) batches.push_back(random_batch(rows, 300 + std::uint64_t(s), 0.1, 4));
@@ -228,7 +239,7 @@ TEST_CASE("data parallel: ZeRO-1 gives DDP's parameters after 20 steps, no-overl
 }
 
 TEST_CASE("data parallel: a rank that never joins the step raises comm_timeout naming it") {
-  one_thread_per_rank();
+  const one_thread_per_rank one_thread;
   lp::comm_options o;
   o.timeout = std::chrono::milliseconds(300);
   const auto b = random_batch(4, 5);
@@ -247,7 +258,7 @@ TEST_CASE("data parallel: a rank that never joins the step raises comm_timeout n
 }
 
 TEST_CASE("data parallel: the replica check names the first differing tensor and the ranks") {
-  one_thread_per_rank();
+  const one_thread_per_rank one_thread;
   const auto b = random_batch(4, 6);
   lp::ddp_options o;
   o.check_every = 2;
