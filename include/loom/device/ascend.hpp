@@ -475,6 +475,9 @@ struct context<device::ascend> {
   int ordinal = 0;
   std::shared_ptr<loom::device::detail::ascend_constants> constants =
       std::make_shared<loom::device::detail::ascend_constants>();
+  /// Observer of the kernels enqueued with this context (core/kernel_hook.hpp); null = none. The
+  /// zones it sees are host-side enqueues: the kernels run later on `stream`.
+  kernel_hook* hook = nullptr;
   /// The resolved CANN functions (runtime must be set: contexts come from ascend_device).
   const loom::device::acl::api_table& api() const noexcept { return runtime->api(); }
   /// Blocks until everything queued on this context's stream has finished.

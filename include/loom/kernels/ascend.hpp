@@ -48,6 +48,7 @@ struct ops<device::ascend, T> {
 
   static void encoder_forward(ctx_t& ctx, T* out, const std::int32_t* tok, const T* wte, const T* wpe, int B, int Tn,
                               int C) {
+    const kernel_scope k(ctx.hook, "encoder_forward");
     static_assert(ascend::supports_v<ascend::op::embedding, T>,
                   "loom::kernels::ops<ascend, T>::encoder_forward: aclnnEmbedding has no kernel for this storage type "
                   "on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
@@ -57,6 +58,7 @@ struct ops<device::ascend, T> {
   template <class G>
   static void encoder_backward(ctx_t& ctx, G* dwte, G* dwpe, const T* dout, const std::int32_t* tok, int B, int Tn,
                                int C) {
+    const kernel_scope k(ctx.hook, "encoder_backward");
     static_assert(ascend::supports_v<ascend::op::embedding, T>,
                   "loom::kernels::ops<ascend, T>::encoder_backward: aclnnEmbeddingDenseBackward has no kernel for this "
                   "storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
@@ -64,6 +66,7 @@ struct ops<device::ascend, T> {
   }
   static void layernorm_forward(ctx_t& ctx, T* out, acc* mean, acc* rstd, const T* in, const T* w, const T* b, int N,
                                 int C) {
+    const kernel_scope k(ctx.hook, "layernorm_forward");
     static_assert(ascend::supports_v<ascend::op::layernorm, T>,
                   "loom::kernels::ops<ascend, T>::layernorm_forward: aclnnLayerNorm has no kernel for this storage "
                   "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
@@ -73,12 +76,14 @@ struct ops<device::ascend, T> {
   template <class G>
   static void layernorm_backward(ctx_t& ctx, T* din, G* dw, G* db, const T* dout, const T* in, const T* w,
                                  const acc* mean, const acc* rstd, int N, int C) {
+    const kernel_scope k(ctx.hook, "layernorm_backward");
     static_assert(ascend::supports_v<ascend::op::layernorm, T>,
                   "loom::kernels::ops<ascend, T>::layernorm_backward: aclnnLayerNormBackward has no kernel for this "
                   "storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::layernorm_backward(ctx, din, dw, db, dout, in, w, mean, rstd, N, C);
   }
   static void matmul_forward(ctx_t& ctx, T* out, const T* in, const T* w, const T* bias, int N, int C, int OC) {
+    const kernel_scope k(ctx.hook, "matmul_forward");
     static_assert(ascend::supports_v<ascend::op::matmul, T>,
                   "loom::kernels::ops<ascend, T>::matmul_forward: aclnnMatmul/aclnnAddmm have no kernel for this "
                   "storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
@@ -88,24 +93,28 @@ struct ops<device::ascend, T> {
   template <class G>
   static void matmul_backward(ctx_t& ctx, T* din, G* dw, G* dbias, const T* dout, const T* in, const T* w, int N,
                               int C, int OC, bool accumulate_din) {
+    const kernel_scope k(ctx.hook, "matmul_backward");
     static_assert(ascend::supports_v<ascend::op::matmul, T>,
                   "loom::kernels::ops<ascend, T>::matmul_backward: aclnnMatmul/aclnnInplaceAddmm have no kernel for "
                   "this storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::matmul_backward(ctx, din, dw, dbias, dout, in, w, N, C, OC, accumulate_din);
   }
   static void gelu_forward(ctx_t& ctx, T* out, const T* in, std::size_t n) {
+    const kernel_scope k(ctx.hook, "gelu_forward");
     static_assert(ascend::supports_v<ascend::op::gelu, T>,
                   "loom::kernels::ops<ascend, T>::gelu_forward: aclnnGeluV2 has no kernel for this storage type on "
                   "Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::gelu_forward(ctx, out, in, n);
   }
   static void gelu_backward(ctx_t& ctx, T* din, const T* in, const T* dout, std::size_t n) {
+    const kernel_scope k(ctx.hook, "gelu_backward");
     static_assert(ascend::supports_v<ascend::op::gelu, T>,
                   "loom::kernels::ops<ascend, T>::gelu_backward: aclnnGeluBackwardV2 has no kernel for this storage "
                   "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::gelu_backward(ctx, din, in, dout, n);
   }
   static void residual_forward(ctx_t& ctx, T* out, const T* a, const T* b, std::size_t n) {
+    const kernel_scope k(ctx.hook, "residual_forward");
     static_assert(ascend::supports_v<ascend::op::add, T>,
                   "loom::kernels::ops<ascend, T>::residual_forward: aclnnAdd has no kernel for this storage type on "
                   "Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
@@ -113,6 +122,7 @@ struct ops<device::ascend, T> {
   }
   static acc crossentropy(ctx_t& ctx, T* logits, acc* losses, const std::int32_t* targets, int N, int V, int Vp,
                           bool write_dlogits, acc grad_scale) {
+    const kernel_scope k(ctx.hook, "crossentropy");
     static_assert(ascend::supports_v<ascend::op::crossentropy, T>,
                   "loom::kernels::ops<ascend, T>::crossentropy: aclnnCrossEntropyLoss has no kernel for this storage "
                   "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
@@ -121,6 +131,7 @@ struct ops<device::ascend, T> {
   /// Sum of squares of n values of any supported type X (storage or fp32 gradients).
   template <class X>
   static double sum_of_squares(ctx_t& ctx, const X* x, std::size_t n) {
+    const kernel_scope k(ctx.hook, "sum_of_squares");
     static_assert(ascend::supports_v<ascend::op::matmul, X>,
                   "loom::kernels::ops<ascend, T>::sum_of_squares: aclnnMatmul/aclnnInplaceCopy have no kernel for "
                   "this storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
@@ -129,6 +140,7 @@ struct ops<device::ascend, T> {
   /// Ascend extension (not in the CPU set yet): true when all n values are finite.
   template <class X>
   static bool all_finite(ctx_t& ctx, const X* x, std::size_t n) {
+    const kernel_scope k(ctx.hook, "all_finite");
     static_assert(ascend::supports_v<ascend::op::add, X>,
                   "loom::kernels::ops<ascend, T>::all_finite: aclnnIsFinite has no kernel for this storage type on "
                   "Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
@@ -137,6 +149,7 @@ struct ops<device::ascend, T> {
   /// dst = D(src), n values (aclnnInplaceCopy casts): parameters <-> master weights.
   template <class D, class S>
   static void cast(ctx_t& ctx, D* dst, const S* src, std::size_t n) {
+    const kernel_scope k(ctx.hook, "cast");
     if (n) ascend::copy(ctx, ascend::tensor(ctx, dst, ascend::dtype_of<D>(), {int64_t(n)}),
                         ascend::tensor(ctx, src, ascend::dtype_of<S>(), {int64_t(n)}));
   }
@@ -144,6 +157,7 @@ struct ops<device::ascend, T> {
   template <class M, class G>
   static void adamw_master(ctx_t& ctx, T* p, M* master, M* m, M* v, const G* g, std::size_t n, M lr, M b1, M b2,
                            M eps, M wd, M gscale, long t) {
+    const kernel_scope k(ctx.hook, "adamw_master");
     static_assert(ascend::supports_v<ascend::op::adamw, T>,
                   "loom::kernels::ops<ascend, T>::adamw_master: aclnnApplyAdamWV2/aclnnInplaceCopy have no kernel for "
                   "this storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
@@ -152,6 +166,7 @@ struct ops<device::ascend, T> {
   template <class M>
   static void adamw(ctx_t& ctx, T* p, M* m, M* v, const T* g, std::size_t n, M lr, M b1, M b2, M eps, M wd, M gscale,
                     long t) {
+    const kernel_scope k(ctx.hook, "adamw");
     static_assert(ascend::supports_v<ascend::op::adamw, T> && ascend::supports_v<ascend::op::adamw, M>,
                   "loom::kernels::ops<ascend, T>::adamw: aclnnApplyAdamWV2 has no kernel for this parameter/moment "
                   "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
@@ -176,16 +191,19 @@ struct attention<device::ascend, T, fused> {
   /// (same arguments as attention<cpu, T, fused>).
   static void forward(context<device::ascend>& ctx, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH,
                       const std::uint8_t* key_padding = nullptr) {
+    const kernel_scope k(ctx.hook, "attention_forward");
     impl::forward(ctx, out, saved, qkv, B, Tn, C, NH, key_padding);
   }
   /// dqkv (B,T,3C) =. Recomputes the forward output, which this overload does not receive.
   static void backward(context<device::ascend>& ctx, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc*,
                        int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    const kernel_scope k(ctx.hook, "attention_backward");
     impl::backward(ctx, dqkv, dout, qkv, nullptr, saved, B, Tn, C, NH, key_padding);
   }
   /// dqkv (B,T,3C) =, given the forward output `out` (B,T,C): no recomputation.
   static void backward(context<device::ascend>& ctx, T* dqkv, const T* dout, const T* qkv, const T* out,
                        const acc* saved, acc*, int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    const kernel_scope k(ctx.hook, "attention_backward");
     impl::backward(ctx, dqkv, dout, qkv, out, saved, B, Tn, C, NH, key_padding);
   }
 };

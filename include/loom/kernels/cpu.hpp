@@ -25,53 +25,80 @@ template <class T>
 struct ops<device::cpu, T> {
   using ctx_t = context<device::cpu>;
   using acc = cpu::acc_t<T>;
-  static void encoder_forward(ctx_t&, T* out, const std::int32_t* tok, const T* wte, const T* wpe, int B, int Tn, int C) {
+  static void encoder_forward(ctx_t& ctx, T* out, const std::int32_t* tok, const T* wte, const T* wpe, int B, int Tn, int C) {
+    const kernel_scope k(ctx.hook, "encoder_forward");
     cpu::encoder_forward(out, tok, wte, wpe, B, Tn, C);
   }
   // Parameter gradients have their own type G (fp32 for 16-bit T; kernels::gradient_t).
   template <class G>
-  static void encoder_backward(ctx_t&, G* dwte, G* dwpe, const T* dout, const std::int32_t* tok, int B, int Tn, int C) {
+  static void encoder_backward(ctx_t& ctx, G* dwte, G* dwpe, const T* dout, const std::int32_t* tok, int B, int Tn, int C) {
+    const kernel_scope k(ctx.hook, "encoder_backward");
     cpu::encoder_backward(dwte, dwpe, dout, tok, B, Tn, C);
   }
-  static void layernorm_forward(ctx_t&, T* out, acc* mean, acc* rstd, const T* in, const T* w, const T* b, int N, int C) {
+  static void layernorm_forward(ctx_t& ctx, T* out, acc* mean, acc* rstd, const T* in, const T* w, const T* b, int N, int C) {
+    const kernel_scope k(ctx.hook, "layernorm_forward");
     cpu::layernorm_forward(out, mean, rstd, in, w, b, N, C);
   }
   template <class G>
-  static void layernorm_backward(ctx_t&, T* din, G* dw, G* db, const T* dout, const T* in, const T* w, const acc* mean,
+  static void layernorm_backward(ctx_t& ctx, T* din, G* dw, G* db, const T* dout, const T* in, const T* w, const acc* mean,
                                  const acc* rstd, int N, int C) {
+    const kernel_scope k(ctx.hook, "layernorm_backward");
     cpu::layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, C);
   }
-  static void matmul_forward(ctx_t&, T* out, const T* in, const T* w, const T* bias, int N, int C, int OC) {
+  static void matmul_forward(ctx_t& ctx, T* out, const T* in, const T* w, const T* bias, int N, int C, int OC) {
+    const kernel_scope k(ctx.hook, "matmul_forward");
     cpu::matmul_forward(out, in, w, bias, N, C, OC);
   }
   template <class G>
-  static void matmul_backward(ctx_t&, T* din, G* dw, G* dbias, const T* dout, const T* in, const T* w, int N, int C, int OC,
+  static void matmul_backward(ctx_t& ctx, T* din, G* dw, G* dbias, const T* dout, const T* in, const T* w, int N, int C, int OC,
                               bool accumulate_din) {
+    const kernel_scope k(ctx.hook, "matmul_backward");
     cpu::matmul_backward(din, dw, dbias, dout, in, w, N, C, OC, accumulate_din);
   }
-  static void gelu_forward(ctx_t&, T* out, const T* in, std::size_t n) { cpu::gelu_forward(out, in, n); }
-  static void gelu_backward(ctx_t&, T* din, const T* in, const T* dout, std::size_t n) { cpu::gelu_backward(din, in, dout, n); }
-  static void residual_forward(ctx_t&, T* out, const T* a, const T* b, std::size_t n) { cpu::residual_forward(out, a, b, n); }
-  static acc crossentropy(ctx_t&, T* logits, acc* losses, const std::int32_t* targets, int N, int V, int Vp,
+  static void gelu_forward(ctx_t& ctx, T* out, const T* in, std::size_t n) {
+    const kernel_scope k(ctx.hook, "gelu_forward");
+    cpu::gelu_forward(out, in, n);
+  }
+  static void gelu_backward(ctx_t& ctx, T* din, const T* in, const T* dout, std::size_t n) {
+    const kernel_scope k(ctx.hook, "gelu_backward");
+    cpu::gelu_backward(din, in, dout, n);
+  }
+  static void residual_forward(ctx_t& ctx, T* out, const T* a, const T* b, std::size_t n) {
+    const kernel_scope k(ctx.hook, "residual_forward");
+    cpu::residual_forward(out, a, b, n);
+  }
+  static acc crossentropy(ctx_t& ctx, T* logits, acc* losses, const std::int32_t* targets, int N, int V, int Vp,
                           bool write_dlogits, acc grad_scale) {
+    const kernel_scope k(ctx.hook, "crossentropy");
     return cpu::crossentropy_forward_backward(logits, losses, targets, N, V, Vp, write_dlogits, grad_scale);
   }
   template <class X>
-  static double sum_of_squares(ctx_t&, const X* x, std::size_t n) { return cpu::sum_of_squares(x, n); }
+  static double sum_of_squares(ctx_t& ctx, const X* x, std::size_t n) {
+    const kernel_scope k(ctx.hook, "sum_of_squares");
+    return cpu::sum_of_squares(x, n);
+  }
   /// True when all n values are finite (the loss scaler's overflow check).
   template <class X>
-  static bool all_finite(ctx_t&, const X* x, std::size_t n) { return cpu::all_finite(x, n); }
+  static bool all_finite(ctx_t& ctx, const X* x, std::size_t n) {
+    const kernel_scope k(ctx.hook, "all_finite");
+    return cpu::all_finite(x, n);
+  }
   /// dst = D(src), n values (parameters <-> master weights).
   template <class D, class S>
-  static void cast(ctx_t&, D* dst, const S* src, std::size_t n) { cpu::cast(dst, src, n); }
+  static void cast(ctx_t& ctx, D* dst, const S* src, std::size_t n) {
+    const kernel_scope k(ctx.hook, "cast");
+    cpu::cast(dst, src, n);
+  }
   template <class M>
-  static void adamw(ctx_t&, T* p, M* m, M* v, const T* g, std::size_t n, M lr, M b1, M b2, M eps, M wd, M gscale, long t) {
+  static void adamw(ctx_t& ctx, T* p, M* m, M* v, const T* g, std::size_t n, M lr, M b1, M b2, M eps, M wd, M gscale, long t) {
+    const kernel_scope k(ctx.hook, "adamw");
     cpu::adamw_update(p, m, v, g, n, lr, b1, b2, eps, wd, gscale, t);
   }
   /// AdamW on fp32 master weights, then p = T(master) (kernels::cpu::adamw_update_master).
   template <class M, class G>
-  static void adamw_master(ctx_t&, T* p, M* master, M* m, M* v, const G* g, std::size_t n, M lr, M b1, M b2, M eps,
+  static void adamw_master(ctx_t& ctx, T* p, M* master, M* m, M* v, const G* g, std::size_t n, M lr, M b1, M b2, M eps,
                            M wd, M gscale, long t) {
+    const kernel_scope k(ctx.hook, "adamw_master");
     cpu::adamw_update_master(p, master, m, v, g, n, lr, b1, b2, eps, wd, gscale, t);
   }
 };
@@ -84,11 +111,13 @@ struct attention<device::cpu, T, reference> {
   static constexpr std::size_t saved_elems(std::size_t B, std::size_t NH, std::size_t Tn) { return B * NH * Tn * Tn; }
   /// Backward scratch elements for `threads` worker threads.
   static constexpr std::size_t scratch_elems(std::size_t threads, std::size_t Tn) { return threads * Tn * Tn; }
-  static void forward(context<device::cpu>&, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH) {
+  static void forward(context<device::cpu>& ctx, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH) {
+    const kernel_scope k(ctx.hook, "attention_forward");
     cpu::attention_forward(out, saved, qkv, B, Tn, C, NH);
   }
-  static void backward(context<device::cpu>&, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc* scratch,
+  static void backward(context<device::cpu>& ctx, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc* scratch,
                        int B, int Tn, int C, int NH) {
+    const kernel_scope k(ctx.hook, "attention_backward");
     cpu::attention_backward(dqkv, dout, qkv, saved, scratch, B, Tn, C, NH);
   }
   /// Same as above, in the signature of the fused kernel (which takes the forward's output

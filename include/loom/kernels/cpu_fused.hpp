@@ -30,20 +30,23 @@ struct attention<device::cpu, T, fused> {
   }
   /// out (B,T,C) =, saved (B,NH,T) = log-sum-exp; qkv (B,T,3C). key_padding (B,T) optional,
   /// non-zero = padded key (a query with no visible key gets zeros).
-  static void forward(context<device::cpu>&, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH,
+  static void forward(context<device::cpu>& ctx, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH,
                       const std::uint8_t* key_padding = nullptr) {
+    const kernel_scope k(ctx.hook, "attention_forward");
     cpu::attention_fused_forward(out, saved, qkv, B, Tn, C, NH, key_padding);
   }
   /// dqkv (B,T,3C) =. Without the forward's output, D = rowsum(dO .* O) is recomputed from
   /// the scores (about one extra forward); prefer the overload below when `out` is kept.
-  static void backward(context<device::cpu>&, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc* scratch,
+  static void backward(context<device::cpu>& ctx, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc* scratch,
                        int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    const kernel_scope k(ctx.hook, "attention_backward");
     cpu::attention_fused_backward(dqkv, dout, qkv, static_cast<const T*>(nullptr), saved, scratch, B, Tn, C, NH,
                                   key_padding);
   }
   /// dqkv (B,T,3C) =, given the forward's output `out` (B,T,C) for D = rowsum(dO .* O).
-  static void backward(context<device::cpu>&, T* dqkv, const T* dout, const T* qkv, const T* out, const acc* saved,
+  static void backward(context<device::cpu>& ctx, T* dqkv, const T* dout, const T* qkv, const T* out, const acc* saved,
                        acc* scratch, int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    const kernel_scope k(ctx.hook, "attention_backward");
     cpu::attention_fused_backward(dqkv, dout, qkv, out, saved, scratch, B, Tn, C, NH, key_padding);
   }
 };
@@ -59,19 +62,22 @@ struct attention<device::cpu, T, fused> {
   static constexpr std::size_t saved_elems(std::size_t B, std::size_t NH, std::size_t Tn) { return B * NH * Tn; }
   static constexpr std::size_t scratch_elems(std::size_t, std::size_t) { return 0; }
   /// out (B,T,C) =, saved (B,NH,T) = log-sum-exp (fp32); qkv (B,T,3C); key_padding (B,T) optional.
-  static void forward(context<device::cpu>&, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH,
+  static void forward(context<device::cpu>& ctx, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH,
                       const std::uint8_t* key_padding = nullptr) {
+    const kernel_scope k(ctx.hook, "attention_forward");
     cpu::attention_fused_forward_16(out, saved, qkv, B, Tn, C, NH, key_padding);
   }
   /// dqkv (B,T,3C) =; D = rowsum(dO .* O) recomputed from the scores.
-  static void backward(context<device::cpu>&, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc*, int B,
+  static void backward(context<device::cpu>& ctx, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc*, int B,
                        int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    const kernel_scope k(ctx.hook, "attention_backward");
     cpu::attention_fused_backward_16(dqkv, dout, qkv, static_cast<const T*>(nullptr), saved, B, Tn, C, NH,
                                      key_padding);
   }
   /// dqkv (B,T,3C) =, given the forward's output `out` (B,T,C).
-  static void backward(context<device::cpu>&, T* dqkv, const T* dout, const T* qkv, const T* out, const acc* saved,
+  static void backward(context<device::cpu>& ctx, T* dqkv, const T* dout, const T* qkv, const T* out, const acc* saved,
                        acc*, int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+    const kernel_scope k(ctx.hook, "attention_backward");
     cpu::attention_fused_backward_16(dqkv, dout, qkv, out, saved, B, Tn, C, NH, key_padding);
   }
 };

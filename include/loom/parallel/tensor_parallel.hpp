@@ -159,6 +159,7 @@ void vocab_parallel_embedding_forward(context<D>& ctx, T* out, const std::int32_
                                       const T* wpe, int B, int Tn, int C, int vocab_padded, Comm& tp) {
   detail::require_host_vocab_kernels<D>();
   const auto r = vocab_range::of(vocab_padded, tp.size(), tp.rank());
+  const kernel_scope k(ctx.hook, "embedding_forward");
   kernels::cpu::embedding_shard_forward(out, tokens, wte_local, tp.rank() == 0 ? wpe : nullptr, B, Tn, C, r.begin,
                                         r.rows);
   ctx.synchronize();
@@ -169,10 +170,11 @@ void vocab_parallel_embedding_forward(context<D>& ctx, T* out, const std::int32_
 /// identity): dwte_local[token - begin] += dout for tokens this rank owns; dwpe += dout (every
 /// rank, the same values: wpe is replicated). dwpe may be null.
 template <class D, class T, communicator_for<T> Comm>
-void vocab_parallel_embedding_backward(context<D>& /*ctx*/, T* dwte_local, T* dwpe, const T* dout,
+void vocab_parallel_embedding_backward(context<D>& ctx, T* dwte_local, T* dwpe, const T* dout,
                                        const std::int32_t* tokens, int B, int Tn, int C, int vocab_padded, Comm& tp) {
   detail::require_host_vocab_kernels<D>();
   const auto r = vocab_range::of(vocab_padded, tp.size(), tp.rank());
+  const kernel_scope k(ctx.hook, "embedding_backward");
   kernels::cpu::embedding_shard_backward(dwte_local, dwpe, dout, tokens, B, Tn, C, r.begin, r.rows);
 }
 
@@ -203,12 +205,19 @@ kernels::cpu::acc_t<T> vocab_parallel_crossentropy(context<D>& ctx, T* logits_lo
   const int valid = kernels::cpu::real_columns(V, r.begin, r.rows);
   A* row_max = scratch;
   A* stats = scratch + N;
-  kernels::cpu::vocab_shard_max(row_max, logits_local, targets, N, r.rows, valid);
+  {
+    const kernel_scope k(ctx.hook, "crossentropy_max");
+    kernels::cpu::vocab_shard_max(row_max, logits_local, targets, N, r.rows, valid);
+  }
   ctx.synchronize();
   tp.all_reduce(std::span<A>(row_max, std::size_t(N)), reduce_op::max);
-  kernels::cpu::vocab_shard_sums(stats, logits_local, row_max, targets, N, r.rows, valid, r.begin);
+  {
+    const kernel_scope k(ctx.hook, "crossentropy_sums");
+    kernels::cpu::vocab_shard_sums(stats, logits_local, row_max, targets, N, r.rows, valid, r.begin);
+  }
   ctx.synchronize();
   tp.all_reduce(std::span<A>(stats, 2 * std::size_t(N)), reduce_op::sum);
+  const kernel_scope k(ctx.hook, "crossentropy_finish");
   return kernels::cpu::vocab_shard_finish(logits_local, losses, row_max, stats, targets, N, r.rows, valid, r.begin,
                                           write_dlogits, grad_scale);
 }
