@@ -118,8 +118,8 @@ constexpr std::size_t global_index(param p, int tp_rank, int stage, std::size_t 
 /// on its NH/TP heads with width C/TP). Communication goes through the groups passed to forward,
 /// backward and the gradient helpers (explicit, never stored): `tp` is the tensor-parallel group
 /// (size TP, make_groups(...).tp), `pp` the pipeline group (size PP).
-/// Memory: 2 * num_parameters * sizeof(storage) bytes (+ one wte shard of scratch on the first
-/// and last stage when PP > 1), allocated at construction.
+/// Memory: num_parameters * (sizeof(storage_t) + sizeof(grad_t)) bytes (+ one wte shard of
+/// gradient scratch on the first and last stage when PP > 1), allocated at construction.
 template <models::model_config M, class Policy, class Attn = kernels::fused>
 class gpt_parallel {
  public:
@@ -132,6 +132,10 @@ class gpt_parallel {
   using ops = kernels::ops<device, storage_t>;
   using attention = kernels::attention<device, storage_t, Attn>;
   using acc_t = typename ops::acc;
+  /// Parameter-gradient element type: fp32 for 16-bit storage (kernels::gradient_t), as
+  /// loom::gpt — gradients accumulate over micro-batches and enter the norm, the tied-embedding
+  /// sum and the dp all-reduce in fp32.
+  using grad_t = kernels::gradient_t<device, precision>;
 
   static_assert(parallel::fits<layout, M>());
   static constexpr int TP = layout::tp, PP = layout::pp;
@@ -152,7 +156,7 @@ class gpt_parallel {
                         ") is outside layout<" + std::to_string(TP) + ", " + std::to_string(PP) +
                         ">; pass groups.tp.rank() and groups.pp.rank() of make_groups<layout>(world)");
     if constexpr (PP > 1)
-      if (first_stage() || last_stage()) tie_scratch_ = buffer<device, storage_t>(table[int(param::wte)].size(), ctx.stream);
+      if (first_stage() || last_stage()) tie_scratch_ = buffer<device, grad_t>(table[int(param::wte)].size(), ctx.stream);
     initialize(ctx, seed);
   }
 
@@ -183,11 +187,11 @@ class gpt_parallel {
   }
 
   view<device, storage_t> parameters() const noexcept { return params_.all(); }
-  view<device, storage_t> gradients() const noexcept { return grads_.all(); }
+  view<device, grad_t> gradients() const noexcept { return grads_.all(); }
   view<device, storage_t> parameter(param p) const noexcept {
     return params_.all().subview(offsets[std::size_t(p)], table[std::size_t(p)].size());
   }
-  view<device, storage_t> gradient(param p) const noexcept {
+  view<device, grad_t> gradient(param p) const noexcept {
     return grads_.all().subview(offsets[std::size_t(p)], table[std::size_t(p)].size());
   }
   void zero_grad(context<device>& ctx) { device::memset(grads_.data(), 0, grads_.bytes(), ctx.stream); }
@@ -324,7 +328,7 @@ class gpt_parallel {
     storage_t* encoded = acts.sp(A::encoded);
     if (last_stage()) {
       // LM head (tied, vocab-parallel): dlnf = sum over tp of dlogits_r wte_r; dwte_r += dlogits_r^T lnf
-      parallel::column_parallel_linear_backward(ctx, dln, g(param::wte), static_cast<storage_t*>(nullptr),
+      parallel::column_parallel_linear_backward(ctx, dln, g(param::wte), static_cast<grad_t*>(nullptr),
                                                 acts.sp(A::logits), acts.sp(A::lnf), w(param::wte), n, C, Vl, tp);
       device::memset(dres, 0, N * C * sizeof(storage_t), ctx.stream);
       acc_t* stf = stats + (2 * L) * 2 * BT;
@@ -377,20 +381,20 @@ class gpt_parallel {
       if (!first_stage() && !last_stage()) return;
       ctx.synchronize();
       const auto gw = gradient(param::wte);
-      const std::span<storage_t> mine(gw.data(), gw.size());
-      const std::span<storage_t> theirs(tie_scratch_.data(), tie_scratch_.size());
+      const std::span<grad_t> mine(gw.data(), gw.size());
+      const std::span<grad_t> theirs(tie_scratch_.data(), tie_scratch_.size());
       constexpr int tag = 7;  // distinct from the pipeline executor's activation/gradient tags
       if (first_stage()) {
-        pp.send(std::span<const storage_t>(mine), PP - 1, tag);
+        pp.send(std::span<const grad_t>(mine), PP - 1, tag);
         pp.recv(theirs, PP - 1, tag);
       } else {
         pp.recv(theirs, 0, tag);
-        pp.send(std::span<const storage_t>(mine), 0, tag);
+        pp.send(std::span<const grad_t>(mine), 0, tag);
       }
       // first: mine + theirs; last: mine + theirs with the operands swapped — the same sum
       // bitwise (fp addition commutes), so both copies stay identical.
       for (std::size_t i = 0; i < mine.size(); ++i)
-        mine[i] = storage_t(acc_t(first_stage() ? mine[i] : theirs[i]) + acc_t(first_stage() ? theirs[i] : mine[i]));
+        mine[i] = grad_t(acc_t(first_stage() ? mine[i] : theirs[i]) + acc_t(first_stage() ? theirs[i] : mine[i]));
     } else {
       (void)ctx;
       (void)pp;
@@ -423,8 +427,9 @@ class gpt_parallel {
 
  private:
   storage_t* w(param p, int l = 0) const noexcept { return slice(params_.data(), p, l); }
-  storage_t* g(param p, int l = 0) const noexcept { return slice(grads_.data(), p, l); }
-  static storage_t* slice(storage_t* base, param p, int l) noexcept {
+  grad_t* g(param p, int l = 0) const noexcept { return slice(grads_.data(), p, l); }
+  template <class X>
+  static X* slice(X* base, param p, int l) noexcept {
     const auto& s = table[std::size_t(p)];
     const std::size_t per = is_per_layer(p) ? s.size() / std::size_t(s.shape[0]) : 0;
     return base + offsets[std::size_t(p)] + std::size_t(l) * per;
@@ -432,8 +437,8 @@ class gpt_parallel {
 
   int tp_rank_ = 0, stage_ = 0;
   buffer<device, storage_t> params_;
-  buffer<device, storage_t> grads_;
-  buffer<device, storage_t> tie_scratch_;
+  buffer<device, grad_t> grads_;
+  buffer<device, grad_t> tie_scratch_;
 };
 
 /// Any per-parameter buffer of this rank (parameters, gradients, AdamW moments: `local` holds

@@ -99,10 +99,11 @@ void column_parallel_linear_forward(context<D>& ctx, T* out, const T* inp, const
 ///   dw (OCl, Cin) += dout^T inp;  dbias (OCl) += column sums of dout (skipped when null)
 /// dout (N, OCl) is this rank's slice of the output gradient. dinp is overwritten, not
 /// accumulated, because the all-reduce (f backward) sums whatever dinp holds: to add the result
-/// to a residual-stream gradient, write into scratch and add. Cost: 4 N Cin OCl flops and one
-/// all-reduce of N*Cin elements.
-template <class D, class T, communicator_for<T> Comm>
-void column_parallel_linear_backward(context<D>& ctx, T* dinp, T* dw, T* dbias, const T* dout, const T* inp,
+/// to a residual-stream gradient, write into scratch and add. G is the parameter-gradient type
+/// (kernels::gradient_t: fp32 for 16-bit T; T itself for fp32). Cost: 4 N Cin OCl flops and one
+/// all-reduce of N*Cin elements (of T: bf16/fp16 activation gradients are summed in fp32, rounded once).
+template <class D, class T, class G, communicator_for<T> Comm>
+void column_parallel_linear_backward(context<D>& ctx, T* dinp, G* dw, G* dbias, const T* dout, const T* inp,
                                      const T* w, int N, int Cin, int OCl, Comm& tp) {
   kernels::ops<D, T>::matmul_backward(ctx, dinp, dw, dbias, dout, inp, w, N, Cin, OCl, false);
   ctx.synchronize();
@@ -126,10 +127,10 @@ void row_parallel_linear_forward(context<D>& ctx, T* out, const T* inp, const T*
 /// RowParallelLinear backward (g backward is the identity: dout is replicated):
 ///   dinp (N, Cl) = dout (N, OC) * w (OC, Cl)     written (=), this rank's slice
 ///   dw (OC, Cl) += dout^T inp;  dbias (OC) += column sums of dout (skipped when null)
-/// The replicated bias gets the same gradient on every rank. Cost: 4 N Cl OC flops, no
-/// communication.
-template <class D, class T, communicator_for<T> Comm>
-void row_parallel_linear_backward(context<D>& ctx, T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w,
+/// The replicated bias gets the same gradient on every rank. G as column_parallel_linear_backward.
+/// Cost: 4 N Cl OC flops, no communication.
+template <class D, class T, class G, communicator_for<T> Comm>
+void row_parallel_linear_backward(context<D>& ctx, T* dinp, G* dw, G* dbias, const T* dout, const T* inp, const T* w,
                                   int N, int Cl, int OC, Comm& tp) {
   reduce_from_tp_backward(std::span<T>{}, tp);
   kernels::ops<D, T>::matmul_backward(ctx, dinp, dw, dbias, dout, inp, w, N, Cl, OC, false);
@@ -168,9 +169,9 @@ void vocab_parallel_embedding_forward(context<D>& ctx, T* out, const std::int32_
 
 /// VocabParallelEmbedding backward (no communication: dout is replicated, g backward is the
 /// identity): dwte_local[token - begin] += dout for tokens this rank owns; dwpe += dout (every
-/// rank, the same values: wpe is replicated). dwpe may be null.
-template <class D, class T, communicator_for<T> Comm>
-void vocab_parallel_embedding_backward(context<D>& ctx, T* dwte_local, T* dwpe, const T* dout,
+/// rank, the same values: wpe is replicated). dwpe may be null. G as column_parallel_linear_backward.
+template <class D, class T, class G, communicator_for<T> Comm>
+void vocab_parallel_embedding_backward(context<D>& ctx, G* dwte_local, G* dwpe, const T* dout,
                                        const std::int32_t* tokens, int B, int Tn, int C, int vocab_padded, Comm& tp) {
   detail::require_host_vocab_kernels<D>();
   const auto r = vocab_range::of(vocab_padded, tp.size(), tp.rank());

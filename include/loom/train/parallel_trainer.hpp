@@ -26,9 +26,19 @@
 /// The loss, gradient norm and update equal the single-rank trainer's on the whole global batch
 /// (dp * grad_accum * micro_batch windows) up to fp32 summation order.
 ///
+/// Mixed precision as train::trainer (docs/precision.md): bf16/fp16 parameters and activations,
+/// fp32 parameter gradients (nn::gpt_parallel::grad_t), fp32 master weights and moments in AdamW;
+/// the TP/PP activation (gradient) messages travel in the storage type, reductions of them sum in
+/// fp32. With a loss scaler (Scaler = train::dynamic_loss_scaler, required for fp16) the dlogits
+/// are multiplied by S, the global norm is divided by S (unscale, then clip), AdamW multiplies the
+/// gradients by clip/S, and a step whose norm is not finite is skipped on every rank (the norm is
+/// a tp/pp all-reduce of dp-all-reduced gradients: a NaN or inf on any rank reaches every rank's
+/// norm; the decision is also max-reduced over dp, so it holds whatever rounding the dp all-reduce
+/// gives each replica) and S backs off — so every rank's scaler takes the same decision at the
+/// same step. The learning-rate schedule then follows the optimizer's step count, as in trainer.
+///
 /// Not here: ZeRO-1 on the dp group and overlapping the dp all-reduce with backward (the
-/// gradient buffer is all-reduced once, after the pipeline); loss scaling (fp32 and bf16 only:
-/// fp16 does not compile).
+/// gradient buffer is all-reduced once, after the pipeline).
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -62,13 +72,16 @@ constexpr phase phase_of(parallel::pipe_op op) noexcept {
 
 /// Template arguments: M a models::model_config; Policy a loom::policy whose layout is
 /// layout<TP, PP> (parallel::fits<layout, M>() must hold); B, T the micro-batch and sequence
-/// capacity; Comm the communicator type (comm::threads, comm::mpi); Attn the attention tag.
-template <models::model_config M, class Policy, int B, int T, class Comm, class Attn = kernels::fused>
+/// capacity; Comm the communicator type (comm::threads, comm::mpi); Attn the attention tag; Scaler
+/// train::no_loss_scaler (default) or train::dynamic_loss_scaler (required for fp16), as trainer.
+template <models::model_config M, class Policy, int B, int T, class Comm, class Attn = kernels::fused,
+          loss_scaler Scaler = no_loss_scaler>
   requires parallel::communicator_for<Comm, float>
 class parallel_trainer {
-  static_assert(!Policy::precision::needs_loss_scaling,
-                "loom::train::parallel_trainer: fp16 needs a loss scaler, which the tensor/pipeline-parallel "
-                "trainer does not have yet: use precision::fp32 or precision::bf16");
+  static_assert(!Policy::precision::needs_loss_scaling || Scaler::enabled,
+                "loom::train::parallel_trainer: fp16 needs a loss scaler (half-precision gradients underflow and "
+                "overflow without one): use train::parallel_trainer<M, Policy, B, T, Comm, Attn, "
+                "train::dynamic_loss_scaler>");
 
  public:
   using model_t = nn::gpt_parallel<M, Policy, Attn>;
@@ -77,6 +90,8 @@ class parallel_trainer {
   using acts_t = typename model_t::template activations<B, T>;
   using acc_t = typename model_t::acc_t;
   using storage_t = typename model_t::storage_t;
+  using grad_t = typename model_t::grad_t;
+  using scaler_t = Scaler;
   using comm_t = Comm;
   static constexpr int micro_batch = B, seq_len = T, TP = layout::tp, PP = layout::pp;
 
@@ -93,7 +108,7 @@ class parallel_trainer {
   /// As above with groups already made by parallel::make_groups<layout>(world) (moved in).
   parallel_trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm> groups)
       : cfg_(checked(cfg)), g_(std::move(groups)), model_(ctx, g_.tp.rank(), g_.pp.rank(), cfg_.seed),
-        opt_(ctx, cfg_.adamw, model_), inputs_(std::size_t(cfg_.grad_accum) * B * T, ctx.stream),
+        opt_(ctx, cfg_.adamw, model_), scaler_(cfg_.loss_scaler), inputs_(std::size_t(cfg_.grad_accum) * B * T, ctx.stream),
         targets_(inputs_.size(), ctx.stream), host_in_(inputs_.size()), host_tg_(inputs_.size()),
         plan_(parallel::one_f_one_b(PP, cfg_.grad_accum, g_.pp.rank())) {
     if (g_.tp.size() != TP || g_.pp.size() != PP)
@@ -113,6 +128,9 @@ class parallel_trainer {
   /// AdamW over this rank's parameters (moments of the same local shapes; not sharded over dp).
   optim::adamw<model_t>& optimizer() noexcept { return opt_; }
   const optim::adamw<model_t>& optimizer() const noexcept { return opt_; }
+  /// The loss scaler (its state() / set_state() go into checkpoints; identical on every rank).
+  Scaler& loss_scaler() noexcept { return scaler_; }
+  const Scaler& loss_scaler() const noexcept { return scaler_; }
   /// The settings, with micro_batch and seq_len 0 replaced by the capacities B and T.
   const trainer_config& config() const noexcept { return cfg_; }
   /// The saved-activation ring (max_in_flight(PP, grad_accum, stage) sets of (B, T)).
@@ -131,7 +149,8 @@ class parallel_trainer {
   int dp_rank() const noexcept { return g_.dp.rank(); }
   int dp_size() const noexcept { return g_.dp.size(); }
 
-  /// Steps taken, skipped ones included (the learning-rate schedule follows this count).
+  /// Steps taken, skipped ones included. Without a loss scaler the schedule follows this count
+  /// (a skipped step advances it); with one it follows optimizer().step(), as in trainer.
   long step_count() const noexcept { return step_; }
   void set_step_count(long s) noexcept { step_ = s; }
 
@@ -181,6 +200,7 @@ class parallel_trainer {
     if (count == 0)
       throw input_error("every target of the global batch is ignored (-1); the batch holds no tokens to learn from");
     const int b = cfg_.micro_batch, t = cfg_.seq_len, m = cfg_.grad_accum;
+    const double loss_scale = scaler_.scale();
     mark(phase::h2d_copy, true);
     device::copy_to_device(inputs_.data(), inputs.data(), inputs.size_bytes(), ctx.stream);
     device::copy_to_device(targets_.data(), targets.data(), targets.size_bytes(), ctx.stream);
@@ -196,27 +216,31 @@ class parallel_trainer {
     };
     acc_t loss = nn::pipeline_forward_backward<model_t, B, T>(
         ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m, inputs_.data(), targets_.data(), b, t,
-        acc_t(1.0 / double(count)), observe);
+        acc_t(loss_scale / double(count)), observe);
     mark(phase::exposed_comm, true);
     model_.tie_embedding_gradients(ctx, g_.pp);
     if (g_.dp.size() > 1) {
       ctx.synchronize();
       const auto grads = model_.gradients();
-      g_.dp.all_reduce(std::span<storage_t>(grads.data(), grads.size()), parallel::reduce_op::sum);
+      g_.dp.all_reduce(std::span<grad_t>(grads.data(), grads.size()), parallel::reduce_op::sum);
       g_.dp.all_reduce(std::span<acc_t>(&loss, 1), parallel::reduce_op::sum);
     }
     step_result r;
-    r.grad_norm = model_.grad_norm(ctx, g_.tp, g_.pp);
+    r.grad_norm = model_.grad_norm(ctx, g_.tp, g_.pp) / loss_scale;  // unscale, then clip
+    int overflow = !std::isfinite(r.grad_norm);  // the same on every rank (see the file comment)
+    if (g_.dp.size() > 1) g_.dp.all_reduce(std::span<int>(&overflow, 1), parallel::reduce_op::max);
     mark(phase::exposed_comm, false);
     mark(phase::optimizer, true);
     r.tokens = long(count);
     r.loss = double(loss) / double(count);
-    r.lr = cfg_.schedule(step_);
+    r.loss_scale = loss_scale;
+    r.lr = cfg_.schedule(Scaler::enabled ? opt_.step() : step_);
+    r.warning = scaler_.update(!overflow, step_);
     ++step_;
-    if (!std::isfinite(r.grad_norm)) {
-      r.skipped = true;  // identical norm on every rank: every rank skips
+    if (overflow) {
+      r.skipped = true;  // on every rank: parameters, moments (and, with a scaler, the schedule) untouched
     } else {
-      opt_.update(ctx, model_, r.lr, optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm));
+      opt_.update(ctx, model_, r.lr, optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm) / loss_scale);
       ctx.synchronize();
     }
     mark(phase::optimizer, false);
@@ -287,6 +311,7 @@ class parallel_trainer {
   parallel::groups<Comm> g_;
   model_t model_;
   optim::adamw<model_t> opt_;
+  Scaler scaler_;
   std::vector<acts_t> acts_;
   buffer<device, std::int32_t> inputs_, targets_;
   std::vector<std::int32_t> host_in_, host_tg_;

@@ -38,10 +38,11 @@ void embedding_shard_forward(T* out, const std::int32_t* tokens, const T* wte_lo
 
 /// dwte_local[tokens[n]-begin,:] += dout[n,:] for the tokens this rank owns;
 /// dwpe[n % Tn,:] += dout[n,:] when dwpe is not null.
-///   dwte_local (rows, C) +=, dwpe (>= Tn, C) +=, dout (B*Tn, C). Serial over tokens, parallel
-///   over channels: a fixed summation order, deterministic (as encoder_backward).
-template <class T>
-void embedding_shard_backward(T* dwte_local, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn,
+///   dwte_local (rows, C) +=, dwpe (>= Tn, C) +=, dout (B*Tn, C). G is the parameter-gradient
+///   type (kernels::gradient_t: fp32 for 16-bit T), summed in acc_t<T>. Serial over tokens,
+///   parallel over channels: a fixed summation order, deterministic (as encoder_backward).
+template <class T, class G>
+void embedding_shard_backward(G* dwte_local, G* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn,
                               int C, int begin, int rows) {
 #pragma omp parallel for schedule(static)
   for (int c0 = 0; c0 < C; c0 += 16) {
@@ -51,12 +52,12 @@ void embedding_shard_backward(T* dwte_local, T* dwpe, const T* dout, const std::
         const T* d = dout + (std::size_t(b) * Tn + t) * C;
         const int local = tokens[b * Tn + t] - begin;
         if (local >= 0 && local < rows) {
-          T* e = dwte_local + std::size_t(local) * C;
-          for (int c = c0; c < c1; ++c) e[c] = T(acc_t<T>(e[c]) + acc_t<T>(d[c]));
+          G* e = dwte_local + std::size_t(local) * C;
+          for (int c = c0; c < c1; ++c) e[c] = G(acc_t<T>(e[c]) + acc_t<T>(d[c]));
         }
         if (dwpe) {
-          T* p = dwpe + std::size_t(t) * C;
-          for (int c = c0; c < c1; ++c) p[c] = T(acc_t<T>(p[c]) + acc_t<T>(d[c]));
+          G* p = dwpe + std::size_t(t) * C;
+          for (int c = c0; c < c1; ++c) p[c] = G(acc_t<T>(p[c]) + acc_t<T>(d[c]));
         }
       }
   }
@@ -110,14 +111,16 @@ void vocab_shard_sums(acc_t<T>* stats, const T* logits_local, const acc_t<T>* ro
 ///   losses[n] = row_max[n] + log(stats[n]) - stats[N+n]       (= ; 0 for ignored rows)
 /// and, when write_dlogits, overwrites logits_local with
 ///   grad_scale * (exp(logit - row_max[n]) / stats[n] - [column is the target])
-/// on real columns, 0 on padding columns and ignored rows. Returns the sum of the losses.
+/// on real columns, 0 on padding columns and ignored rows. Returns the sum of the losses, added
+/// serially in row order after the parallel loop: bitwise the same on every tp rank and in every
+/// run whatever OpenMP team size each rank gets (an OpenMP reduction's partial sums follow the
+/// team size: with OMP_NUM_THREADS=2 the tp ranks of one step reported losses 1 ulp apart).
 template <class T>
 acc_t<T> vocab_shard_finish(T* logits_local, acc_t<T>* losses, const acc_t<T>* row_max, const acc_t<T>* stats,
                             const std::int32_t* targets, int N, int rows, int valid, int begin, bool write_dlogits,
                             acc_t<T> grad_scale) {
   using A = acc_t<T>;
-  A total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     T* row = logits_local + std::size_t(n) * rows;
     if (targets[n] == ignore_index) {
@@ -128,7 +131,6 @@ acc_t<T> vocab_shard_finish(T* logits_local, acc_t<T>* losses, const acc_t<T>* r
     const A sum = stats[n], mx = row_max[n];
     const A loss = mx + std::log(sum) - stats[std::size_t(N) + n];
     losses[n] = loss;
-    total += loss;
     if (write_dlogits) {
       const A scale = grad_scale / sum;
       for (int v = 0; v < valid; ++v) row[v] = T(std::exp(A(row[v]) - mx) * scale);
@@ -137,6 +139,8 @@ acc_t<T> vocab_shard_finish(T* logits_local, acc_t<T>* losses, const acc_t<T>* r
       if (local >= 0 && local < valid) row[local] = T(A(row[local]) - grad_scale);
     }
   }
+  A total = 0;
+  for (int n = 0; n < N; ++n) total += losses[n];  // ignored rows hold 0
   return total;
 }
 
