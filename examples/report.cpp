@@ -35,6 +35,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/io/detail/checkpoint_fs.hpp>
 
 namespace {
 
@@ -711,27 +712,16 @@ std::string page(const std::vector<run_log>& runs, const std::string& title) {
   return h;
 }
 
-/// Writes `text` to `path` through a temporary file in the same directory (fsync + rename):
-/// an existing page survives a failed write.
+/// Writes `text` to `path` through a temporary file in the same directory (fsync, rename, fsync of
+/// the directory): an existing page survives a failed write.
 void write_atomically(const fs::path& path, const std::string& text) {
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw input_error("-o '" + path.string() + "': directory '" + dir.string() + "' does not exist; create it or choose another path");
-  const fs::path tmp = dir / (path.filename().string() + ".tmp." + std::to_string(::getpid()));
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw input_error("-o '" + path.string() + "': cannot create '" + tmp.string() + "': " + std::strerror(errno) + "; choose a writable directory");
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  std::fclose(f);
-  if (!ok) {
-    fs::remove(tmp, ec);
-    throw loom::error("report: writing '" + tmp.string() + "' failed (disk full?)");
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw input_error("-o '" + path.string() + "': cannot replace it: " + ec.message() + "; choose another path");
-  }
+  if (fs::is_directory(path, ec)) throw input_error("-o '" + path.string() + "' is a directory; name a file, e.g. " + (path / "report.html").string());
+  // temporary file, fsync, rename over `path`, fsync of the directory (the checkpoints' writer)
+  loom::io::detail::write_file_atomic(path, text);
 }
 
 }  // namespace

@@ -595,12 +595,19 @@ int main(int argc, char** argv) {
   if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
   try {
     if (app.count("--model") == 0 && loom::data::indexed_dataset_prefix(o.data)) o.model = "quickstart_bpe";
+    if (!o.resume.empty() && !std::filesystem::exists(o.resume))  // before the model and data banner
+      throw loom::input_error("--resume '" + o.resume + "' does not exist; pass the --checkpoint-dir of an earlier run "
+                              "(e.g. out/ckpt) or one step_NNNNNNNN directory inside it");
     const auto parsed_layout = train_gpt_cli::parse_layout(o.layout);
     const int tp = parsed_layout.first, pp = parsed_layout.second;
     if (tp * pp > 1) {  // tensor/pipeline parallel: train_gpt/layout_<model>.cpp
       if (o.model != "char_tiny" && o.model != "quickstart_bpe")
         throw loom::input_error("--layout " + o.layout + " is compiled for --model char_tiny and quickstart_bpe only, not " +
                                 o.model + "; pass one of those, or --layout tp1pp1");
+      if (o.model == "char_tiny")  // the model first: a layout that cannot split it is the basic problem
+        train_gpt_cli::check_layout_fits<loom::models::char_tiny>(tp, pp);
+      else
+        train_gpt_cli::check_layout_fits<loom::models::quickstart_bpe>(tp, pp);
       if (o.comm == "threads") train_gpt_cli::check_layout_run(o, tp, pp, o.ranks);  // before starting the ranks
     }
     auto by_model = [&](auto* world) {

@@ -52,6 +52,23 @@ inline std::pair<int, int> parse_layout(const std::string& s) {
   return {std::stoi(m[1]), std::stoi(m[2])};
 }
 
+/// Throws loom::input_error naming the first quantity of M that tp or pp does not divide (the
+/// run-time twin of parallel::fits<layout<TP,PP>, M>(), which rejects such a layout at compile
+/// time, so the dispatcher must check before choosing an instantiation). train_gpt runs it first,
+/// before the world-size check: a layout that cannot split the model is the more basic problem.
+template <class M>
+void check_layout_fits(int tp, int pp) {
+  const std::string l = "--layout tp" + std::to_string(tp) + "pp" + std::to_string(pp) + ": model " + std::string(M::name);
+  auto bad = [&](const std::string& what, int n, const char* deg, int d) {
+    throw loom::input_error(l + " has " + std::to_string(n) + " " + what + ", not divisible by " + deg + "=" +
+                            std::to_string(d) + "; choose " + deg + " dividing " + std::to_string(n));
+  };
+  if (M::n_head % tp) bad("attention heads", M::n_head, "TP", tp);
+  if ((4 * M::d_model) % tp) bad("MLP columns (4 x width)", 4 * M::d_model, "TP", tp);
+  if (M::vocab_padded % tp) bad("padded vocabulary rows", M::vocab_padded, "TP", tp);
+  if (M::n_layer % pp) bad("layers", M::n_layer, "PP", pp);
+}
+
 /// The flags a --layout run refuses, then the world size; throws loom::input_error.
 inline void check_layout_run(const options& o, int tp, int pp, int world_size) {
   const std::string l = "--layout tp" + std::to_string(tp) + "pp" + std::to_string(pp);

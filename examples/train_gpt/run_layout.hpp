@@ -51,22 +51,6 @@
 
 namespace train_gpt_cli {
 
-/// Throws loom::input_error naming the first quantity of M that tp or pp does not divide (the
-/// run-time twin of parallel::fits<layout<TP,PP>, M>(), which rejects such a layout at compile
-/// time, so the dispatcher must check before choosing an instantiation).
-template <class M>
-void check_layout_fits(int tp, int pp) {
-  const std::string l = "--layout tp" + std::to_string(tp) + "pp" + std::to_string(pp) + ": model " + std::string(M::name);
-  auto bad = [&](const std::string& what, int n, const char* deg, int d) {
-    throw loom::input_error(l + " has " + std::to_string(n) + " " + what + ", not divisible by " + deg + "=" +
-                            std::to_string(d) + "; choose " + deg + " dividing " + std::to_string(n));
-  };
-  if (M::n_head % tp) bad("attention heads", M::n_head, "TP", tp);
-  if ((4 * M::d_model) % tp) bad("MLP columns (4 x width)", 4 * M::d_model, "TP", tp);
-  if (M::vocab_padded % tp) bad("padded vocabulary rows", M::vocab_padded, "TP", tp);
-  if (M::n_layer % pp) bad("layers", M::n_layer, "PP", pp);
-}
-
 template <class M, int B, int T, int TP, int PP, class World>
 int run_layout_impl(const options& o, World& world) {
   using namespace loom;
@@ -351,8 +335,8 @@ int run_layout_impl(const options& o, World& world) {
 /// Chooses the compiled instantiation for (tp, pp); B, T the model's capacities in train_gpt.
 template <class M, int B, int T, class World>
 int dispatch_layout(const options& o, int tp, int pp, World& world) {
-  check_layout_run(o, tp, pp, world.size());
   check_layout_fits<M>(tp, pp);
+  check_layout_run(o, tp, pp, world.size());
   if (tp == 2 && pp == 1) return run_layout_impl<M, B, T, 2, 1>(o, world);
   if (tp == 1 && pp == 2) return run_layout_impl<M, B, T, 1, 2>(o, world);
   if (tp == 2 && pp == 2) return run_layout_impl<M, B, T, 2, 2>(o, world);

@@ -101,6 +101,8 @@ expect_status_2() {  # expected message, then the flags (--model char_tiny unles
 expect_status_2 "needs a multiple of TP\*PP = 4" --layout tp2pp2 --ranks 6
 expect_status_2 "needs a multiple of TP\*PP = 4" --layout tp2pp2
 expect_status_2 "2 attention heads, not divisible by TP=4" --layout tp4pp1 --ranks 4
+# the model check comes before the world-size check: tp3 names what does not divide, not --ranks 3
+expect_status_2 "not divisible by TP=3" --model quickstart_bpe --layout tp3pp1 --ranks 2
 expect_status_2 "is not compiled into this train_gpt" --model quickstart_bpe --layout tp1pp4 --ranks 4
 expect_status_2 "compiled for --model char_tiny and quickstart_bpe only" --model quickstart --layout tp2pp1 --ranks 2
 expect_status_2 "not of the form tp<TP>pp<PP>" --layout tp2 --ranks 2

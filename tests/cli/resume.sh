@@ -96,6 +96,9 @@ expect_error() {  # expect_error <pattern> <command...>
 mkdir -p "$work/empty" "$work/foreign/stepping"
 echo hi > "$work/foreign/notes.txt"
 expect_error "does not exist" "$t" "${common[@]}" --steps 2 --resume "$work/missing"
+# a missing --resume path is reported before any work: nothing on stdout (no model or data banner)
+out="$("$t" "${common[@]}" --steps 2 --resume "$work/missing" 2>/dev/null)"
+[[ -z "$out" ]] && ok || bad "--resume of a missing path printed before its error: $out"
 expect_error "holds no checkpoint" "$t" "${common[@]}" --steps 2 --resume "$work/empty"
 expect_error "holds no checkpoint" "$t" "${common[@]}" --steps 2 --resume "$work/foreign"
 expect_error "saved with model char_tiny" "$t" --data "$data" --model quickstart --steps 2 --peak-gflops 1 \
@@ -107,7 +110,8 @@ truncate -s 1000 "$work/broken/step_00000006/model-tp00-pp00.safetensors"
 # every checkpoint damaged: one warning per checkpoint, then one error line naming both
 err="$("$t" "${common[@]}" --steps 2 --resume "$work/broken" 2>&1 >/dev/null)"; status=$?
 [[ $status -eq 2 && $(grep -c 'warning: .*is unusable' <<< "$err") -eq 2 && $(grep -c . <<< "$err") -eq 3 &&
-   "$(tail -1 <<< "$err")" =~ error:.*no\ usable\ checkpoint.*step_00000006.*truncated.*step_00000003.*no\ manifest ]] &&
+   "$(tail -1 <<< "$err")" =~ error:.*no\ usable\ checkpoint.*step_00000006.*truncated.*step_00000003.*no\ manifest &&
+   $(grep -c 'step_00000003.*no earlier checkpoint is left' <<< "$err") -eq 1 ]] &&
   ok || bad "all damaged -> status $status, stderr: $err"
 expect_error "excludes|--init-from-hf" "$t" "${common[@]}" --steps 2 --resume "$work/a/ckpt" --init-from-hf "$work/x"
 expect_error "config.json" "$t" "${common[@]}" --steps 2 --init-from-hf "$work/missing"

@@ -528,7 +528,9 @@ inline std::filesystem::path find_checkpoint(const std::filesystem::path& dir,
     } catch (const input_error& e) {
       const std::string what = e.what();
       const std::string problem = what.substr(0, what.find("; resume from"));
-      if (left > 0) say(problem + (first ? "; falling back to the previous checkpoint" : "; trying an earlier one"));
+      say(problem + (left == 0 ? "; no earlier checkpoint is left to fall back to"
+                     : first    ? "; falling back to the previous checkpoint"
+                                : "; trying an earlier one"));
       problems += " [" + problem + "]";
       first = false;
     }

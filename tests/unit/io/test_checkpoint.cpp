@@ -404,10 +404,12 @@ TEST_CASE("checkpoint: damaged checkpoints are detected; resume falls back to th
     std::vector<std::string> warnings;
     const auto what = error_of([&] { io::find_checkpoint(f.root, [&](const std::string& w) { warnings.push_back(w); }); });
     CHECK(what.find("no usable checkpoint") != std::string::npos);
-    // one warning: step 2 falls back to step 1; step 1, the last candidate, promises nothing more
-    REQUIRE(warnings.size() == 1);
+    // step 2 falls back to step 1; step 1, the last candidate, promises no further fallback
+    REQUIRE(warnings.size() == 2);
     CHECK(warnings[0].find("step_00000002") != std::string::npos);
     CHECK(warnings[0].find("falling back") != std::string::npos);
+    CHECK(warnings[1].find("step_00000001") != std::string::npos);
+    CHECK(warnings[1].find("no earlier checkpoint") != std::string::npos);
     CHECK(what.find("step_00000001") != std::string::npos);
     CHECK(what.find("step_00000002") != std::string::npos);
   }
