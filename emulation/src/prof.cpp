@@ -59,6 +59,22 @@ void log_event(profiler_state& s, loomemu_prof_kind k, const aclprofConfig* c) {
   s.log.push_back({int(k), launches(), c ? c->data_types : 0, c ? uint32_t(c->devices.size()) : 0});
 }
 
+// aclprofStart (collect = true) and aclprofStop (false): a config of this session, started once,
+// stopped only when started.
+aclError set_collecting(const aclprofConfig* config, bool collect) {
+  const std::string api = collect ? "aclprofStart" : "aclprofStop";
+  if (int rc = loomemu::injected(api.c_str())) return rc;
+  auto& s = p();
+  std::lock_guard lock(s.m);
+  aclprofConfig* c = find(s, config);
+  if (!c) return loomemu::fail(ACL_ERROR_INVALID_PARAM, api + ": not a config of this profiling session");
+  if (c->started == collect)
+    return loomemu::fail(ACL_ERROR_PROFILING_FAILURE, api + (collect ? ": already started" : ": the config was not started"));
+  c->started = collect;
+  log_event(s, collect ? LOOMEMU_PROF_START : LOOMEMU_PROF_STOP, c);
+  return ACL_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -114,29 +130,9 @@ aclprofConfig* aclprofCreateConfig(uint32_t* deviceIdList, uint32_t deviceNums, 
   return s.configs.back().get();
 }
 
-aclError aclprofStart(const aclprofConfig* profilerConfig) {
-  if (int rc = loomemu::injected("aclprofStart")) return rc;
-  auto& s = p();
-  std::lock_guard lock(s.m);
-  aclprofConfig* c = find(s, profilerConfig);
-  if (!c) return loomemu::fail(ACL_ERROR_INVALID_PARAM, "aclprofStart: not a config of this profiling session");
-  if (c->started) return loomemu::fail(ACL_ERROR_PROFILING_FAILURE, "aclprofStart: already started");
-  c->started = true;
-  log_event(s, LOOMEMU_PROF_START, c);
-  return ACL_SUCCESS;
-}
+aclError aclprofStart(const aclprofConfig* profilerConfig) { return set_collecting(profilerConfig, true); }
 
-aclError aclprofStop(const aclprofConfig* profilerConfig) {
-  if (int rc = loomemu::injected("aclprofStop")) return rc;
-  auto& s = p();
-  std::lock_guard lock(s.m);
-  aclprofConfig* c = find(s, profilerConfig);
-  if (!c) return loomemu::fail(ACL_ERROR_INVALID_PARAM, "aclprofStop: not a config of this profiling session");
-  if (!c->started) return loomemu::fail(ACL_ERROR_PROFILING_FAILURE, "aclprofStop: the config was not started");
-  c->started = false;
-  log_event(s, LOOMEMU_PROF_STOP, c);
-  return ACL_SUCCESS;
-}
+aclError aclprofStop(const aclprofConfig* profilerConfig) { return set_collecting(profilerConfig, false); }
 
 aclError aclprofDestroyConfig(const aclprofConfig* profilerConfig) {
   if (int rc = loomemu::injected("aclprofDestroyConfig")) return rc;
