@@ -75,9 +75,6 @@ inline void check_layout_run(const options& o, int tp, int pp, int world_size) {
   if (o.precision != "fp32")
     throw loom::input_error(l + " with --precision " + o.precision + ": tensor/pipeline-parallel training runs in fp32 "
                             "so far; drop --precision or use --layout tp1pp1");
-  if (o.zero1)
-    throw loom::input_error(l + " with --zero1: ZeRO-1 over the data-parallel group of a tensor/pipeline-parallel run "
-                            "is not implemented; drop --zero1");
   if (world_size % (tp * pp) != 0)
     throw loom::input_error(l + " needs a multiple of TP*PP = " + std::to_string(tp * pp) + " ranks (TP*PP*DP), got " +
                             std::to_string(world_size) + "; pass --ranks " + std::to_string(tp * pp) + " (DP=1) or " +

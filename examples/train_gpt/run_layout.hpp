@@ -5,8 +5,9 @@
 //
 // What differs from the one-layout path (train_gpt.cpp's run()): fp32 only; checkpoints are saved
 // collectively and blocking (every rank takes part; docs/checkpoint.md "Multi-rank save") and
-// --resume accepts a checkpoint of any layout (resharded on load); no ZeRO-1; the
-// gradient buffer is all-reduced over the dp group once after the pipeline. Validation runs on
+// --resume accepts a checkpoint of any layout (resharded on load); the gradient buffer is
+// all-reduced over the dp group once after the pipeline (--zero1: reduce-scattered, the AdamW
+// moments sharded over the dp group, the parameters all-gathered). Validation runs on
 // the ranks of dp replica 0 (evaluate() is collective over tp and pp); rank 0 prints and logs.
 // At the end the parameters are gathered to the single-rank model's shape
 // (nn::gather_parameters) and rank 0 saves, exports and samples with an nn::gpt.
@@ -69,7 +70,8 @@ int run_layout_impl(const options& o, World& world) {
     throw input_error("--seq-len " + std::to_string(o.seq_len) + " exceeds the maximum sequence length " +
                       std::to_string(M::max_seq) + " of model " + std::string(M::name) + "; pass --seq-len <= " +
                       std::to_string(M::max_seq));
-  trainer_t tr(ctx, cfg, world);
+  trainer_t tr(ctx, cfg, world,
+               parallel::ddp_options{.bucket_mb = o.bucket_mb, .overlap = !o.no_overlap, .zero1 = o.zero1});
   const bool lead = world.rank() == 0;
   const int dp = tr.dp_size();
   const auto& c = tr.config();
@@ -140,7 +142,7 @@ int run_layout_impl(const options& o, World& world) {
   memory_counter mem;  // this rank's (rank 0's on the console): its shards, its stage's activations
   mem.add(memory_kind::parameters, tr.model().parameters().bytes());
   mem.add(memory_kind::gradients, tr.model().gradients().bytes());
-  mem.add(memory_kind::optimizer, 2 * tr.optimizer().first_moment().bytes());
+  mem.add(memory_kind::optimizer, tr.optimizer_bytes());  // with --zero1 this rank's 1/dp of the moments
   mem.add(memory_kind::activations, tr.activation_bytes());
   const double peak = world.size() * (o.peak_gflops > 0 ? o.peak_gflops : lead ? bench::measure_fp32_peak().gflops : 1.0);
   if (lead) {
@@ -151,9 +153,9 @@ int run_layout_impl(const options& o, World& world) {
     std::printf("data %s | %ld steps, lr %.1e -> %.1e, warm-up %ld\n", src.describe().c_str(), o.steps, o.lr, o.min_lr,
                 o.warmup);
     std::printf("layout tp%dpp%d x dp %d = %d ranks (%s): tensor parallel %d, pipeline %d stages of %d layers, 1F1B over "
-                "%d micro-batches (ideal bubble %.0f %%), data parallel %d\n",
+                "%d micro-batches (ideal bubble %.0f %%), data parallel %d%s\n",
                 TP, PP, dp, world.size(), o.comm.c_str(), TP, PP, M::n_layer / PP, c.grad_accum,
-                100 * parallel::bubble_fraction(PP, c.grad_accum), dp);
+                100 * parallel::bubble_fraction(PP, c.grad_accum), dp, o.zero1 ? " with ZeRO-1 (AdamW moments sharded)" : "");
     std::printf("fp32 peak %.0f GFLOP/s (%s) | memory of rank 0 (tp 0, stage 0): parameters %.1f MiB, gradients %.1f MiB, "
                 "optimizer %.1f MiB, activations %.1f MiB\n",
                 peak, o.peak_gflops > 0 ? "--peak-gflops" : "measured", mem.current(memory_kind::parameters) / 1048576.0,

@@ -4,6 +4,8 @@
 #   --layout tp2pp2 --ranks 4 --grad-accum 4   (TP=2, PP=2, DP=1)
 #   --layout tp2pp2 --ranks 8 --grad-accum 2   (DP=2: each replica half of the global batch)
 #   --layout tp2pp1 --ranks 2, --layout tp1pp2 --ranks 2
+#   --layout tp2pp1 --ranks 4 --grad-accum 2, with and without --zero1 (bitwise the same losses;
+#   the ZeRO-1 rank holds half the optimizer memory)
 # all equal `--layout tp1pp1 --ranks 1 --grad-accum 4` within 1e-5 relative (train/loss and the
 # final val/loss of metrics.jsonl); one run samples from the gathered weights; bad layouts exit
 # with status 2 and a message; a tp2pp2 checkpoint resumes bit for bit on tp2pp2 and within 1e-5
@@ -51,7 +53,19 @@ OMP_NUM_THREADS=4 run tp2pp2 "${tg[@]}" --layout tp2pp2 --ranks 4 --grad-accum 4
 OMP_NUM_THREADS=8 run tp2pp2dp2 "${tg[@]}" --layout tp2pp2 --ranks 8 --grad-accum 2 --sample-tokens 0
 OMP_NUM_THREADS=2 run tp2pp1 "${tg[@]}" --layout tp2pp1 --ranks 2 --grad-accum 4 --sample-tokens 0
 OMP_NUM_THREADS=2 run tp1pp2 "${tg[@]}" --layout tp1pp2 --ranks 2 --grad-accum 4 --sample-tokens 0
-for r in tp2pp2 tp2pp2dp2 tp2pp1 tp1pp2; do
+OMP_NUM_THREADS=4 run tp2pp1dp2 "${tg[@]}" --layout tp2pp1 --ranks 4 --grad-accum 2 --sample-tokens 0
+OMP_NUM_THREADS=4 run tp2pp1dp2z "${tg[@]}" --layout tp2pp1 --ranks 4 --grad-accum 2 --sample-tokens 0 --zero1
+[[ "$(grep -o '"train/loss":[^,}]*' "$work/tp2pp1dp2/metrics.jsonl")" == \
+   "$(grep -o '"train/loss":[^,}]*' "$work/tp2pp1dp2z/metrics.jsonl")" ]] ||
+  { echo "tp2pp1 x dp 2: --zero1 changed the losses"; exit 1; }
+grep -q 'data parallel 2 with ZeRO-1' "$work/tp2pp1dp2z.txt" || { echo "no ZeRO-1 in the layout line"; cat "$work/tp2pp1dp2z.txt"; exit 1; }
+python3 - "$work/tp2pp1dp2/metrics.jsonl" "$work/tp2pp1dp2z/metrics.jsonl" <<'PY'
+import json, sys
+opt = [next(json.loads(l)["memory/optimizer_mib"] for l in open(p) if "memory/optimizer_mib" in l) for p in sys.argv[1:]]
+assert abs(opt[1] / opt[0] - 0.5) < 0.02, opt  # rank 0 holds 1/DP of its cell's moments
+print(f"tp2pp1 x dp 2: optimizer memory of rank 0 {opt[0]:.4f} MiB, with --zero1 {opt[1]:.4f} MiB")
+PY
+for r in tp2pp2 tp2pp2dp2 tp2pp1 tp1pp2 tp2pp1dp2z; do
   same "$r" one
   [[ $(grep -c '^model ' "$work/$r.txt") == 1 ]] || { echo "$r: more than one rank printed"; cat "$work/$r.txt"; exit 1; }
 done

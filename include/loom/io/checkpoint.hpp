@@ -20,7 +20,8 @@
 ///                                          ZeRO-1); local shapes
 ///   <root>/step_00000300/optim-tp00-pp00-dp01.safetensors
 ///                                          ZeRO-1 only: data-parallel rank 1's AdamW moment
-///                                          shard and the ranges of the parameter buffer it holds
+///                                          shard of model-parallel rank (tp 0, pp 0) and the
+///                                          ranges of that rank's parameter buffer it holds
 ///   <root>/.tmp-step_00000400-<pid>/       a save in progress (or one a crash interrupted:
 ///                                          never read, removed by the next save)
 ///
@@ -952,7 +953,8 @@ auto data_parallel_of(const Trainer& tr) {
 /// Step 1 of a save: the files this rank writes and the manifest (without "files" and
 /// "checksum", which the commit adds). Data-parallel rank 0 writes the model file
 /// (param.*, master.*, and adam_m.* / adam_v.* unless ZeRO-1 shards them); with ZeRO-1 every
-/// data-parallel rank also writes its moment shard, optim-tp00-pp00-dpDD.safetensors:
+/// data-parallel rank also writes its moment shard, optim-tpTT-ppPP-dpDD.safetensors (TT, PP: its
+/// model-parallel cell, 00 on layout<1,1>):
 /// "adam_m", "adam_v" (master precision, 1-D, the rank's shard as it holds it) and "ranges"
 /// (I64, (pieces, 3): parameter-buffer offset, length, shard offset of each contiguous piece,
 /// parallel::moment_range). With copy = false the tensors point into the trainer's memory
@@ -1072,8 +1074,8 @@ std::pair<std::vector<rank_file>, nlohmann::json> snapshot(context<typename Trai
   if constexpr (!std::is_same_v<decltype(sync), const void*>) {
     if (zero) {
       char name[64];
-      std::snprintf(name, sizeof name, "optim-tp%02d-pp%02d-dp%02d.safetensors", 0, 0, dp_rank);
-      rank_file o{name, 0, 0, dp_rank, {}, {}, {}};
+      std::snprintf(name, sizeof name, "optim-tp%02d-pp%02d-dp%02d.safetensors", tp_rank, pp_rank, dp_rank);
+      rank_file o{name, tp_rank, pp_rank, dp_rank, {}, {}, {}};
       const auto ranges = sync->moment_ranges();
       o.owned.resize(ranges.size() * 3 * sizeof(std::int64_t));
       for (std::size_t i = 0; i < ranges.size(); ++i) {
@@ -1205,7 +1207,7 @@ std::filesystem::path save_checkpoint(context<typename Trainer::device>& ctx, co
 /// The collective save of a data-parallel trainer (train::trainer built with a communicator),
 /// called by every rank of `world` (its data-parallel group, passed explicitly) with the same
 /// root. Rank 0 writes the model file; with ZeRO-1 every rank also writes its AdamW moment
-/// shard (optim-tp00-pp00-dpDD.safetensors, with the ranges of the parameter buffer it
+/// shard (optim-tpTT-ppPP-dpDD.safetensors, with the ranges of its cell's parameter buffer it
 /// covers: ZeRO, Rajbhandari et al., arXiv:1910.02054, stage 1). The save is complete only
 /// when every rank has written and verified its files: the ranks agree before rank 0 renames
 /// the directory into place and moves `latest` (detail::commit_checkpoint_collective); if any
@@ -1367,9 +1369,6 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
     my_tp = tr.model().tp_rank();
     my_pp = tr.model().stage();
   }
-  if (zero == 1 && (tp != 1 || pp != 1))
-    throw detail::bad_checkpoint(dir, "its layout has ZeRO-1 with tp = " + std::to_string(tp) + ", pp = " +
-                                          std::to_string(pp) + " (loom shards optimizer state on layout<1,1> only)");
   if (zero != 0 && zero != 1)
     throw detail::bad_checkpoint(dir, "its layout has zero = " + std::to_string(zero) + " (loom writes 0 or 1)");
   // ZeRO-1 on either side: the moments are a flat array split by ranges, so any data-parallel
@@ -1386,8 +1385,8 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
       for (const auto& q : sync->moment_ranges()) my_ranges.push_back({q.param_offset, q.length, q.shard_offset});
     }
   const bool src_zero = zero == 1;
-  std::vector<master_t> full_m, full_v;  // the whole moments on the host, when either side is ZeRO-1
-  if (src_zero || dst_zero) {
+  std::vector<master_t> full_m, full_v;  // this rank's whole moments on the host, when it is ZeRO-1
+  if (dst_zero) {
     full_m.assign(G::num_parameters, master_t(0));
     full_v.assign(G::num_parameters, master_t(0));
   }
@@ -1414,6 +1413,25 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
     }
   std::deque<std::vector<std::byte>> owned;  // resharded tensors, until they are copied
 
+  // ZeRO-1 checkpoint: the whole first and second moments of saved cell (tp r, stage st),
+  // gathered from its optim-tpRR-ppSS-dp* shard files by their ranges (the cell's buffer in
+  // param_table order: tensor k's shard_elems under the saved degrees), once per cell.
+  std::map<std::pair<int, int>, std::pair<std::vector<master_t>, std::vector<master_t>>> zero1_cells;
+  auto zero1_moment = [&](bool first, int k, int r, int st) -> std::span<const std::byte> {
+    auto it = zero1_cells.find({r, st});
+    if (it == zero1_cells.end()) {
+      std::size_t n = 0;
+      for (int j = 0; j < nn::num_param_tensors; ++j) n += shard_elems(geometry_of<M>(j), tp, pp);
+      std::vector<master_t> m(n, master_t(0)), v(n, master_t(0));
+      detail::gather_zero1_moments(dir, files, r, st, std::span<master_t>(m), std::span<master_t>(v));
+      it = zero1_cells.emplace(std::pair{r, st}, std::pair{std::move(m), std::move(v)}).first;
+    }
+    std::size_t off = 0;
+    for (int j = 0; j < k; ++j) off += shard_elems(geometry_of<M>(j), tp, pp);
+    const auto& whole = first ? it->second.first : it->second.second;
+    return std::as_bytes(std::span<const master_t>(whole.data() + off, shard_elems(geometry_of<M>(k), tp, pp)));
+  };
+
   // The bytes of this rank's local tensor "<prefix>.<name k>" of dtype `dtype`: a view of its
   // own file (same layout), or gathered from the saved layout's files and re-split for this
   // rank (io::gather_tensor, io::shard_tensor). Throws bad_checkpoint on a missing tensor or
@@ -1430,14 +1448,19 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
                                               (shape ? " " + detail::shape_string(*shape) : std::string()));
       return r.bytes(name);
     };
+    // ZeRO-1 moments come from the optim-* shard files of the saved cell, not its model file
+    const bool sharded = src_zero && (prefix == "adam_m" || prefix == "adam_v");
+    auto cell = [&](int r, int st, const std::vector<std::int64_t>* shape) {
+      return sharded ? zero1_moment(prefix == "adam_m", k, r, st) : check(*readers.at({r, st}), shape);
+    };
     if (same_layout) {
       const std::vector<std::int64_t> shape(s.shape.begin(), s.shape.begin() + s.ndim);
-      return check(*readers.at({my_tp, my_pp}), &shape);
+      return cell(my_tp, my_pp, &shape);
     }
     const auto g = geometry_of<M>(k);
     const std::size_t elem = detail::dtype_size(std::string(dtype));
     const auto logical = gather_tensor(g, elem, [&](int r, int st) {
-      return check(*readers.at({r, g.per_layer ? st : detail::owner_stage(k, pp)}), nullptr);
+      return cell(r, g.per_layer ? st : detail::owner_stage(k, pp), nullptr);
     }, tp, pp);
     owned.push_back(shard_tensor(g, elem, logical, L::tp, L::pp, my_tp, my_pp));
     return owned.back();
@@ -1459,12 +1482,6 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
     jobs.push_back({src, dst, host});
   };
   auto dev = [](auto v) { return reinterpret_cast<std::byte*>(v.data()); };
-  if (src_zero) {  // saved on layout<1,1>: the whole moments in (1,1) order
-    constexpr std::size_t n11 = nn::param_offsets<M, parallel::layout<1, 1>>().back();
-    full_m.assign(n11, master_t(0));
-    full_v.assign(n11, master_t(0));
-    detail::gather_zero1_moments(dir, files, 0, 0, std::span<master_t>(full_m), std::span<master_t>(full_v));
-  }
   auto& model = tr.model();
   auto& optim = tr.optimizer();
   const std::string_view mdtype = detail::tensor_dtype<master_t>();
@@ -1472,20 +1489,8 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
     const auto& s = G::table[std::size_t(k)];
     plan("param", k, dev(model.parameter(nn::param(k))), false, detail::tensor_dtype<storage_t>());
     if constexpr (has_master) plan("master", k, dev(optim.master_weights().subview(G::offsets[k], s.size())), false, mdtype);
-    if (src_zero) {  // the moments are in the optim-* shard files: gathered below (full_m, full_v)
-      if constexpr (L::tp * L::pp > 1) {  // ... and re-split for this tensor/pipeline rank
-        const auto g = geometry_of<M>(k);
-        constexpr auto off11 = nn::param_offsets<M, parallel::layout<1, 1>>();
-        for (auto* full : {&full_m, &full_v}) {
-          const auto logical = std::as_bytes(std::span<const master_t>(full->data() + off11[std::size_t(k)], g.logical_elems()));
-          owned.push_back(shard_tensor(g, sizeof(master_t), logical, L::tp, L::pp, my_tp, my_pp));
-          jobs.push_back({owned.back(), dev(full == &full_m ? optim.first_moment().subview(G::offsets[k], s.size())
-                                                            : optim.second_moment().subview(G::offsets[k], s.size())),
-                          false});
-        }
-      }
-      continue;
-    }
+    // moments: from the model file or, for a ZeRO-1 checkpoint, its shards (source: zero1_moment);
+    // into the optimizer, or with ZeRO-1 here into the whole host moments, split by ranges below
     if (dst_zero) {
       plan("adam_m", k, reinterpret_cast<std::byte*>(full_m.data() + G::offsets[k]), true, mdtype);
       plan("adam_v", k, reinterpret_cast<std::byte*>(full_v.data() + G::offsets[k]), true, mdtype);
@@ -1579,9 +1584,6 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
         D::copy_to_device(v.data() + q.shard_offset, full_v.data() + q.param_offset, q.length * sizeof(master_t), ctx.stream);
       }
     }
-  } else if (src_zero && L::tp * L::pp == 1) {
-    D::copy_to_device(optim.first_moment().data(), full_m.data(), full_m.size() * sizeof(master_t), ctx.stream);
-    D::copy_to_device(optim.second_moment().data(), full_v.data(), full_v.size() * sizeof(master_t), ctx.stream);
   }
   ctx.synchronize();
   if constexpr (requires { tr.loss_scaler().set_state(train::loss_scaler_state{}); })

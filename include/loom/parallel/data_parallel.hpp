@@ -3,6 +3,9 @@
 /// (PyTorch DDP's scheme), ZeRO-1 optimizer sharding, agreed decisions, and a replica check.
 /// train::trainer drives it through the grad_sync<G> interface (its communicator-taking
 /// constructor); nothing here is global: the data-parallel group is passed in.
+/// train::parallel_trainer uses the same engine (G = nn::gpt_parallel, one (tp, pp) cell's
+/// buffer) for ZeRO-1 on the dp group of a 3D run: it reports every layer ready after the 1F1B
+/// pipeline and restricts the norm to the cell's counted tensors (count_in_norm).
 ///
 /// Note [DDP buckets]. The gradient buffer is tensor-major (nn::param_table: all layers' qkv_w
 /// together, ...), but backward finishes gradients layer by layer, last layer first. A bucket
@@ -48,6 +51,7 @@
 /// 64-bit patterns (HCCL has no fp64 reduction), and summed on the host in rank order 0..n-1:
 /// the order of the threads backend's sum, so every rank gets the same bits.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -271,6 +275,17 @@ class data_parallel final : public grad_sync<G> {
   view<device, master_t> first_moment_shard() const noexcept override { return m_.all(); }
   view<device, master_t> second_moment_shard() const noexcept override { return v_.all(); }
 
+  /// Restricts finish()'s squared gradient norm to the elements of tensors k with counts[k]
+  /// true (nn::param order), summed segment by segment over this rank's chunks. For a
+  /// tensor/pipeline-parallel rank (G = nn::gpt_parallel, train::parallel_trainer), whose
+  /// replicated and tied tensors must count on one (tp rank, stage) only: nn::counts_in_norm.
+  /// Without a call every element counts and each chunk is summed whole (the layout<1,1>
+  /// trainer's path, unchanged).
+  void count_in_norm(const std::array<bool, nn::num_param_tensors>& counts) {
+    norm_mask_ = counts;
+    masked_ = true;
+  }
+
   long global_sum(long local) override {
     std::int64_t x = local;
     if constexpr (host_scalars) {
@@ -308,7 +323,15 @@ class data_parallel final : public grad_sync<G> {
     for (auto& b : buckets_) {
       b.req.wait();
       if (!opt_.zero1) unpack(ctx, b.staging.data(), model.gradients().data(), b);
-      if (b.hi > b.lo) sums[1] += G::ops::sum_of_squares(ctx, b.staging.data() + b.lo, b.hi - b.lo);
+      if (b.hi <= b.lo) continue;
+      if (!masked_) {
+        sums[1] += G::ops::sum_of_squares(ctx, b.staging.data() + b.lo, b.hi - b.lo);
+        continue;
+      }
+      for (const auto& s : b.segs) {
+        const std::size_t a = std::max(b.lo, s.packed), e = std::min(b.hi, s.packed + s.length);
+        if (a < e && norm_mask_[std::size_t(s.tensor)]) sums[1] += G::ops::sum_of_squares(ctx, b.staging.data() + a, e - a);
+      }
     }
     if constexpr (host_scalars) {
       comm_->all_reduce(std::span<double>(sums, 2), reduce_op::sum);
@@ -481,6 +504,8 @@ class data_parallel final : public grad_sync<G> {
   ddp_options opt_;
   std::vector<bucket> buckets_;
   buffer<device, master_t> m_, v_;  // ZeRO-1 moments of this rank's chunks, bucket by bucket
+  std::array<bool, nn::num_param_tensors> norm_mask_{};  // count_in_norm
+  bool masked_ = false;
   int next_layer_ = L;
   std::size_t next_bucket_ = 0;
 };

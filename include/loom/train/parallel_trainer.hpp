@@ -7,12 +7,12 @@
 ///
 /// A separate class rather than a layout branch inside train::trainer: the single-layout
 /// trainer's data-parallel engine (parallel/data_parallel.hpp: buckets all-reduced during
-/// backward, ZeRO-1) is written against nn::gpt's per-layer buffer order and backward hook,
-/// while here backward runs inside the 1F1B executor (nn::pipeline_forward_backward) and the
-/// gradient norm is a TP/PP collective. The user-facing surface is the same where it makes
-/// sense: trainer_config, step(ctx, windows), step_result, evaluate(), step_count(),
-/// set_step_count(), config(), model(), optimizer(), on_phase — and the members of
-/// io::checkpointable_trainer.
+/// backward, ZeRO-1) is driven by nn::gpt's per-layer backward hook, while here backward runs
+/// inside the 1F1B executor (nn::pipeline_forward_backward) and the gradient norm is a TP/PP
+/// collective (the engine runs ZeRO-1 here after the pipeline; below). The user-facing surface
+/// is the same where it makes sense: trainer_config, ddp_options, step(ctx, windows),
+/// step_result, evaluate(), step_count(), set_step_count(), config(), model(), optimizer(),
+/// data_parallel(), on_phase — and the members of io::checkpointable_trainer.
 ///
 /// One step, on every rank (ranks ordered tp fastest, then dp, then pp; parallel::make_groups):
 ///   1. validate the token ids; count the non-ignored targets of THIS dp rank's share and sum the
@@ -26,6 +26,19 @@
 /// The loss, gradient norm and update equal the single-rank trainer's on the whole global batch
 /// (dp * grad_accum * micro_batch windows) up to fp32 summation order.
 ///
+/// ZeRO-1 (ddp_options::zero1; Rajbhandari et al., arXiv:1910.02054, stage 1) runs on the dp
+/// group with the layout<1,1> trainer's engine, parallel::data_parallel<model_t, Comm> (Note
+/// [DDP buckets]; its buckets cut this rank's tp x pp cell's buffer, layer by layer). Steps 4-5
+/// become: 4'. every bucket is padded to dp equal chunks and reduce-scattered over the dp group
+/// (the loss is all-reduced as above); 5'. the squared norm of the owned chunks, counting only
+/// the elements of tensors that nn::counts_in_norm on this (tp rank, stage), summed over dp, then
+/// tp, then pp: every element of the unsharded model once, the same number on every rank; skip
+/// if not finite; clip; AdamW on the owned chunks with moments for them only (2/dp of this
+/// cell's moments); all-gather the updated parameters over dp. The gradient sums are those of
+/// the all-reduce (comm::threads sums in rank order either way), so only the norm's double
+/// summation order differs from the path without ZeRO-1. fp32 only: with bf16/fp16 the fp32
+/// master weights would have to be sharded too (refused with input_error).
+///
 /// Mixed precision as train::trainer (docs/precision.md): bf16/fp16 parameters and activations,
 /// fp32 parameter gradients (nn::gpt_parallel::grad_t), fp32 master weights and moments in AdamW;
 /// the TP/PP activation (gradient) messages travel in the storage type, reductions of them sum in
@@ -37,11 +50,15 @@
 /// gives each replica) and S backs off — so every rank's scaler takes the same decision at the
 /// same step. The learning-rate schedule then follows the optimizer's step count, as in trainer.
 ///
-/// Not here: ZeRO-1 on the dp group and overlapping the dp all-reduce with backward (the
-/// gradient buffer is all-reduced once, after the pipeline).
+/// Not here: overlapping the dp reduction with backward (the pipeline executor has no per-layer
+/// hook: the dp all-reduce, or ZeRO-1's reduce-scatters, start after the last backward; with
+/// ddp_options::overlap the ZeRO-1 buckets' collectives overlap one another and the all-gathers
+/// the AdamW of later buckets).
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -53,6 +70,7 @@
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
 #include <loom/parallel/comm.hpp>
+#include <loom/parallel/data_parallel.hpp>
 #include <loom/parallel/schedule.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/trainer.hpp>
@@ -100,13 +118,17 @@ class parallel_trainer {
   /// of the model (initialised with cfg.seed exactly as the single-rank model's slices), its
   /// AdamW state and parallel::max_in_flight(PP, grad_accum, stage) activation sets.
   /// cfg.micro_batch and cfg.grad_accum are per dp rank; grad_accum is the pipeline's
-  /// micro-batch count m. Throws loom::input_error when world.size() is not a multiple of TP*PP
-  /// or a setting is invalid (on every rank alike).
-  parallel_trainer(context<device>& ctx, trainer_config cfg, Comm& world)
-      : parallel_trainer(ctx, cfg, parallel::make_groups<layout>(world)) {}
+  /// micro-batch count m. With ddp.zero1 the AdamW moments are sharded over the dp group (see
+  /// the file comment; ddp.bucket_mb and ddp.overlap apply to its buckets; without zero1 `ddp` is
+  /// not used): optimizer().first_moment() is empty and data_parallel() holds the shards.
+  /// Throws loom::input_error when world.size() is not a multiple of TP*PP, a setting is invalid,
+  /// or zero1 is asked for with a precision that keeps fp32 master weights (on every rank alike).
+  parallel_trainer(context<device>& ctx, trainer_config cfg, Comm& world, parallel::ddp_options ddp = {})
+      : parallel_trainer(ctx, cfg, parallel::make_groups<layout>(world), ddp) {}
 
   /// As above with groups already made by parallel::make_groups<layout>(world) (moved in).
-  parallel_trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm> groups)
+  parallel_trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm> groups,
+                   parallel::ddp_options ddp = {})
       : cfg_(checked(cfg)), g_(std::move(groups)), model_(ctx, g_.tp.rank(), g_.pp.rank(), cfg_.seed),
         opt_(ctx, cfg_.adamw, model_), scaler_(cfg_.loss_scaler), inputs_(std::size_t(cfg_.grad_accum) * B * T, ctx.stream),
         targets_(inputs_.size(), ctx.stream), host_in_(inputs_.size()), host_tg_(inputs_.size()),
@@ -116,6 +138,21 @@ class parallel_trainer {
                         std::to_string(g_.pp.size()) + " for layout<" + std::to_string(TP) + ", " + std::to_string(PP) +
                         ">; make them with parallel::make_groups<layout<" + std::to_string(TP) + ", " +
                         std::to_string(PP) + ">>(world)");
+    if (ddp.zero1) {
+      if constexpr (optim::adamw<model_t>::has_master) {
+        throw input_error("parallel_trainer: ZeRO-1 with " + std::string(Policy::precision::name) +
+                          " would need its fp32 master weights sharded too, which is not implemented; use fp32 "
+                          "with --zero1, or drop --zero1");
+      } else {
+        auto engine = std::make_unique<parallel::data_parallel<model_t, Comm>>(ctx, g_.dp, ddp);
+        std::array<bool, nn::num_param_tensors> counts{};
+        for (int k = 0; k < nn::num_param_tensors; ++k)
+          counts[std::size_t(k)] = nn::counts_in_norm<M, layout>(nn::param(k), g_.tp.rank(), g_.pp.rank());
+        engine->count_in_norm(counts);
+        zero_ = std::move(engine);
+        opt_.release_moments();
+      }
+    }
     const int ring = parallel::max_in_flight(PP, cfg_.grad_accum, g_.pp.rank());
     acts_.reserve(std::size_t(ring));
     for (int i = 0; i < ring; ++i) acts_.emplace_back(ctx);
@@ -125,7 +162,12 @@ class parallel_trainer {
   /// order, local shapes. nn::gather_parameters turns them into the single-rank model's.
   model_t& model() noexcept { return model_; }
   const model_t& model() const noexcept { return model_; }
-  /// AdamW over this rank's parameters (moments of the same local shapes; not sharded over dp).
+  /// Not copyable or movable: the ZeRO-1 engine keeps a reference to the dp group it holds.
+  parallel_trainer(const parallel_trainer&) = delete;
+  parallel_trainer& operator=(const parallel_trainer&) = delete;
+
+  /// AdamW over this rank's parameters (moments of the same local shapes; released with ZeRO-1,
+  /// whose shards data_parallel() holds; its step() counts the updates either way).
   optim::adamw<model_t>& optimizer() noexcept { return opt_; }
   const optim::adamw<model_t>& optimizer() const noexcept { return opt_; }
   /// The loss scaler (its state() / set_state() go into checkpoints; identical on every rank).
@@ -148,6 +190,17 @@ class parallel_trainer {
   int stage() const noexcept { return model_.stage(); }
   int dp_rank() const noexcept { return g_.dp.rank(); }
   int dp_size() const noexcept { return g_.dp.size(); }
+  /// The ZeRO-1 engine over the dp group (moment shards, their ranges in this rank's parameter
+  /// buffer, memory()), or null without ddp_options::zero1. io::save_checkpoint and
+  /// load_checkpoint read and write the shards through it.
+  parallel::grad_sync<model_t>* data_parallel() const noexcept { return zero_.get(); }
+  /// Bytes of AdamW state this rank holds: the two moments of its cell (1/dp of them with ZeRO-1,
+  /// up to the chunks' padding), plus fp32 master weights when the precision keeps them.
+  std::size_t optimizer_bytes() const noexcept {
+    using opt_t = optim::adamw<model_t>;
+    const std::size_t masters = opt_t::has_master ? model_t::num_parameters * sizeof(typename opt_t::master_t) : 0;
+    return (zero_ ? zero_->memory().moments : opt_.first_moment().bytes() + opt_.second_moment().bytes()) + masters;
+  }
 
   /// Steps taken, skipped ones included. Without a loss scaler the schedule follows this count
   /// (a skipped step advances it); with one it follows optimizer().step(), as in trainer.
@@ -219,14 +272,25 @@ class parallel_trainer {
         acc_t(loss_scale / double(count)), observe);
     mark(phase::exposed_comm, true);
     model_.tie_embedding_gradients(ctx, g_.pp);
-    if (g_.dp.size() > 1) {
-      ctx.synchronize();
-      const auto grads = model_.gradients();
-      g_.dp.all_reduce(std::span<grad_t>(grads.data(), grads.size()), parallel::reduce_op::sum);
-      g_.dp.all_reduce(std::span<acc_t>(&loss, 1), parallel::reduce_op::sum);
-    }
     step_result r;
-    r.grad_norm = model_.grad_norm(ctx, g_.tp, g_.pp) / loss_scale;  // unscale, then clip
+    if (zero_) {  // ZeRO-1: reduce-scatter the buckets; the norm of the owned chunks over dp, tp, pp
+      ctx.synchronize();
+      if (g_.dp.size() > 1) g_.dp.all_reduce(std::span<acc_t>(&loss, 1), parallel::reduce_op::sum);
+      zero_->begin_backward(ctx);
+      for (int layer = model_t::L; layer >= -1; --layer) zero_->grads_ready(ctx, model_, layer);
+      double sumsq = zero_->finish(ctx, model_, 0.0).grad_sumsq;
+      g_.tp.all_reduce(std::span<double>(&sumsq, 1), parallel::reduce_op::sum);
+      g_.pp.all_reduce(std::span<double>(&sumsq, 1), parallel::reduce_op::sum);
+      r.grad_norm = std::sqrt(sumsq) / loss_scale;  // unscale, then clip
+    } else {
+      if (g_.dp.size() > 1) {
+        ctx.synchronize();
+        const auto grads = model_.gradients();
+        g_.dp.all_reduce(std::span<grad_t>(grads.data(), grads.size()), parallel::reduce_op::sum);
+        g_.dp.all_reduce(std::span<acc_t>(&loss, 1), parallel::reduce_op::sum);
+      }
+      r.grad_norm = model_.grad_norm(ctx, g_.tp, g_.pp) / loss_scale;  // unscale, then clip
+    }
     int overflow = !std::isfinite(r.grad_norm);  // the same on every rank (see the file comment)
     if (g_.dp.size() > 1) g_.dp.all_reduce(std::span<int>(&overflow, 1), parallel::reduce_op::max);
     mark(phase::exposed_comm, false);
@@ -239,6 +303,12 @@ class parallel_trainer {
     ++step_;
     if (overflow) {
       r.skipped = true;  // on every rank: parameters, moments (and, with a scaler, the schedule) untouched
+    } else if (zero_) {
+      const long t = opt_.step() + 1;
+      zero_->update(ctx, model_, cfg_.adamw, r.lr,
+                    optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm) / loss_scale, t);
+      opt_.set_step(t);
+      ctx.synchronize();
     } else {
       opt_.update(ctx, model_, r.lr, optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm) / loss_scale);
       ctx.synchronize();
@@ -312,6 +382,7 @@ class parallel_trainer {
   model_t model_;
   optim::adamw<model_t> opt_;
   Scaler scaler_;
+  std::unique_ptr<parallel::grad_sync<model_t>> zero_;  // ZeRO-1 over g_.dp (data_parallel), or null
   std::vector<acts_t> acts_;
   buffer<device, std::int32_t> inputs_, targets_;
   std::vector<std::int32_t> host_in_, host_tg_;

@@ -2,7 +2,8 @@
 // the collective save (every rank writes and verifies, the ranks agree, then one rank moves
 // `latest`; a failing rank stops everyone), data parallelism with ZeRO-1 (each rank's moment
 // shard, bitwise resume, loading into another data-parallel size or ZeRO setting), tensor and
-// pipeline parallel files (train::parallel_trainer) and resharding across (TP, PP, DP) layouts.
+// pipeline parallel files (train::parallel_trainer, also with ZeRO-1 on its dp group) and
+// resharding across (TP, PP, DP) layouts.
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
@@ -345,28 +346,32 @@ train::trainer_config mp_config(int micro, int accum, std::uint64_t seed) {
   return cfg;
 }
 
-/// A layout<TP,PP> run over TP*PP ranks (dp 1, 2 micro-batches of 2 windows per step): optionally
-/// loads `load`, evaluates, optionally saves (collectively, after loading / step `from`), then
-/// trains steps [from, to). Returns the evaluation loss and the training losses.
+/// A layout<TP,PP> run over TP*PP*dp ranks (4 windows per step: 2 micro-batches of 2 windows at
+/// dp 1, one per replica at dp 2; ZeRO-1 on the dp group if zero1): optionally loads `load`,
+/// evaluates, optionally saves (collectively, after loading / step `from`), then trains steps
+/// [from, to). Returns the evaluation loss and the training losses.
 template <int TP, int PP>
 std::pair<double, std::vector<double>> layout_run(long from, long to, const fs::path& load, const fs::path& save_root,
-                                                  std::vector<std::string>* warnings = nullptr) {
+                                                  std::vector<std::string>* warnings = nullptr, int dp = 1,
+                                                  bool zero1 = false) {
   double eval = 0;
   std::vector<double> losses;
-  comm::run_threads(TP * PP, [&](comm::threads& world) {
+  comm::run_threads(TP * PP * dp, [&](comm::threads& world) {
     const one_thread_per_rank one_thread;
     context<device::cpu> ctx;
-    layout_trainer<TP, PP> tr(ctx, mp_config(2, 2, load.empty() ? 5 : 77), world);
+    layout_trainer<TP, PP> tr(ctx, mp_config(2, 2 / dp, load.empty() ? 5 : 77), world,
+                              parallel::ddp_options{.bucket_mb = 0.004, .zero1 = zero1});
+    const int share = 4 / dp, first = tr.dp_rank() * share;
     if (!load.empty()) {
       const auto info = io::load_checkpoint(ctx, load, tr);
       CHECK(info.step == from);
       if (warnings && world.rank() == 0) *warnings = info.warnings;
     }
-    for (long s = 0; s < from && load.empty(); ++s) tr.step(ctx, mp_windows(s, 0, 4));
+    for (long s = 0; s < from && load.empty(); ++s) tr.step(ctx, mp_windows(s, first, share));
     const double e = tr.evaluate(ctx, mp_windows(-1, 0, 4));
     if (!save_root.empty()) io::save_checkpoint(ctx, save_root, tr, state_at(from), world);
     std::vector<double> mine;
-    for (long s = from; s < to; ++s) mine.push_back(tr.step(ctx, mp_windows(s, 0, 4)).loss);
+    for (long s = from; s < to; ++s) mine.push_back(tr.step(ctx, mp_windows(s, first, share)).loss);
     if (world.rank() == 0) {
       eval = e;
       losses = mine;
@@ -463,6 +468,52 @@ TEST_CASE("checkpoint (layouts): (TP,PP,DP) = (2,2,1) -> (1,1,2) ZeRO-1 -> (1,1,
   // (1,1,1) and (1,1,2) are bitwise the same model after loading: same tensors, same order
   const auto [eval_c2, curve_c2] = plain_run(1, 3, 6, c / step3, {});
   CHECK(std::memcmp(&eval_c2, &eval_c, sizeof(double)) == 0);
+}
+
+TEST_CASE("checkpoint (layouts, ZeRO-1): (2,1,2) ZeRO-1 resumes bit for bit, reshards to (2,2,1) and (1,1,1) and back") {
+  temp_dir dir;
+  const fs::path a = dir.path / "a", c = dir.path / "c";
+  const auto step3 = io::checkpoint_dir_name(3);
+  // (2,1,2) with ZeRO-1: 3 steps, evaluate, save (2 model files, 4 moment shards), 3 more steps
+  const auto [eval_a, curve_a] = layout_run<2, 1>(3, 6, {}, a, nullptr, 2, true);
+  const auto man = io::verify_checkpoint(a / step3);
+  CHECK(man["layout"]["tp"] == 2);
+  CHECK(man["layout"]["dp"] == 2);
+  CHECK(man["layout"]["zero"] == 1);
+  std::vector<std::string> paths;
+  for (const auto& f : man["files"]) paths.push_back(f["path"]);
+  std::sort(paths.begin(), paths.end());
+  CHECK(paths == std::vector<std::string>{"model-tp00-pp00.safetensors", "model-tp01-pp00.safetensors",
+                                          "optim-tp00-pp00-dp00.safetensors", "optim-tp00-pp00-dp01.safetensors",
+                                          "optim-tp01-pp00-dp00.safetensors", "optim-tp01-pp00-dp01.safetensors"});
+  // no whole moments in the model files; each shard holds about half of its cell's moments
+  const io::safetensors_reader m01(a / step3 / "model-tp01-pp00.safetensors");
+  CHECK(!m01.has("adam_m.qkv_w"));
+  const std::size_t cell = layout_trainer<2, 1>::model_t::num_parameters;
+  const io::safetensors_reader o11(a / step3 / "optim-tp01-pp00-dp01.safetensors");
+  CHECK(std::size_t(o11.info("adam_m").shape[0]) <= cell / 2 + 64 * 16);
+  CHECK(std::size_t(o11.info("adam_m").shape[0]) + 64 * 16 >= cell / 2);
+
+  // the same layout and ZeRO-1 resumes bit for bit
+  const auto [eval_same, curve_same] = layout_run<2, 1>(3, 6, a / step3, {}, nullptr, 2, true);
+  CHECK(std::memcmp(&eval_same, &eval_a, sizeof(double)) == 0);
+  REQUIRE(curve_same.size() == 3);
+  CHECK(std::memcmp(curve_same.data(), curve_a.data(), 3 * sizeof(double)) == 0);
+  // -> (2,2,1) without ZeRO-1 (moments gathered per (tp, pp) cell, resharded over pp), saved again
+  std::vector<std::string> warnings;
+  const auto [eval_b, curve_b] = layout_run<2, 2>(3, 6, a / step3, c, &warnings);
+  CHECK(std::find_if(warnings.begin(), warnings.end(), [](const std::string& w) {
+          return w.find("resharded onto tp = 2, pp = 2") != std::string::npos;
+        }) != warnings.end());
+  // -> (1,1,1), and from the (2,2,1) checkpoint back onto (2,1,2) with ZeRO-1
+  const auto [eval_c, curve_c] = plain_run(1, 3, 6, a / step3, {});
+  const auto [eval_d, curve_d] = layout_run<2, 1>(3, 6, c / step3, {}, nullptr, 2, true);
+  for (const double e : {eval_b, eval_c, eval_d}) check_close(e, eval_a);
+  for (const auto* curve : {&curve_b, &curve_c, &curve_d}) {
+    REQUIRE(curve->size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) check_close((*curve)[i], curve_a[i]);
+  }
+  CHECK(curve_a[2] < eval_a);  // it trains
 }
 
 TEST_CASE("reshard: io::shard_tensor places every element where nn::global_index says (layout<2,2>)") {

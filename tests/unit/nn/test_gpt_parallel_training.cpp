@@ -5,6 +5,7 @@
 // eight (TP, PP, DP) layouts of issue 6; a non-finite gradient skips the step on every rank.
 // In bf16 and fp16 (dynamic loss scaler) it tracks the single-rank 16-bit trainer: the same loss
 // scales and skipped steps, losses within the 16-bit rounding bound.
+// With ZeRO-1 on the dp group it gives the same run bitwise, with 1/DP of the AdamW moments.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -268,6 +269,135 @@ TEST_CASE("parallel_trainer: eight (TP, PP, DP) layouts give train::trainer's si
   parallel_trainer_case<2, 2>(2, 2);
   parallel_trainer_case<4, 1>(1, 2);
   parallel_trainer_case<1, 4>(1, 4);
+}
+
+namespace {
+
+/// What one rank of a parallel_trainer run ends with.
+struct rank_run {
+  std::vector<train::step_result> results;
+  std::vector<float> global_params;  ///< nn::gather_parameters (single-rank buffer order)
+  std::vector<float> local_params;
+  std::size_t optimizer_bytes = 0, moments_unsharded = 0, buckets = 0;
+  int tp = 0, dp = 0, stage = 0;
+};
+
+/// trainer_steps steps of parallel_trainer<TP, PP> on dp replicas (m micro-batches each), with or
+/// without ZeRO-1; one rank_run per world rank.
+template <int TP, int PP>
+std::vector<rank_run> run_parallel_trainer(int dp, int m, bool zero1) {
+  using trainer_t = train::parallel_trainer<M, policy<cpu, precision::fp32, layout<TP, PP>>, B, T, comm::threads>;
+  std::vector<rank_run> out(std::size_t(TP * PP * dp));
+  comm::run_threads(TP * PP * dp, [&](comm::threads& w) {
+    context<cpu> ctx;
+    // small buckets: several per rank, so chunks cut tensors and the norm mask works per segment
+    trainer_t tr(ctx, trainer_cfg(m), w, parallel::ddp_options{.bucket_mb = 0.004, .zero1 = zero1});
+    auto& o = out[std::size_t(w.rank())];
+    const std::size_t share = tr.windows_per_step() * tr.window();
+    for (int s = 0; s < trainer_steps; ++s) {
+      const auto all = step_windows(s, m * dp * B);
+      o.results.push_back(tr.step(ctx, std::span(all).subspan(std::size_t(tr.dp_rank()) * share, share)));
+    }
+    o.local_params.assign(tr.model().parameters().begin(), tr.model().parameters().end());
+    o.global_params = nn::gather_parameters(ctx, tr.model(), tr.tp_group(), tr.pp_group());
+    o.optimizer_bytes = tr.optimizer_bytes();
+    if (tr.data_parallel()) {
+      o.moments_unsharded = tr.data_parallel()->memory().moments_unsharded;
+      o.buckets = tr.data_parallel()->bucket_count();
+    }
+    o.tp = tr.tp_rank();
+    o.dp = tr.dp_rank();
+    o.stage = tr.stage();
+  });
+  return out;
+}
+
+template <int TP, int PP>
+void zero1_case(int dp, int m) {
+  CAPTURE(TP);
+  CAPTURE(PP);
+  CAPTURE(dp);
+  const auto [ref_loss, ref_norm] = single_rank_trainer_curve(m * dp);
+  context<cpu> ctx;
+  train::trainer<M, policy<cpu, precision::fp32, layout<1, 1>>, B, T> single(ctx, trainer_cfg(m * dp));
+  for (int s = 0; s < trainer_steps; ++s) single.step(ctx, step_windows(s, m * dp * B));
+  const auto plain = run_parallel_trainer<TP, PP>(dp, m, false);
+  const auto zero = run_parallel_trainer<TP, PP>(dp, m, true);
+  const std::size_t unsharded = 2 * nn::param_offsets<M, layout<TP, PP>>().back() * sizeof(float);
+  std::vector<std::size_t> cell_moments(std::size_t(TP * PP));
+  for (std::size_t r = 0; r < zero.size(); ++r) {
+    CAPTURE(r);
+    const auto &z = zero[r], &p = plain[r];
+    for (int s = 0; s < trainer_steps; ++s) {
+      CAPTURE(s);
+      const auto &a = z.results[std::size_t(s)], &b = p.results[std::size_t(s)];
+      // ZeRO-1 vs the dp all-reduce: the same gradient sums (comm::threads sums in rank order
+      // either way) and the same loss; the norm's double sum runs in another order (chunk pieces
+      // vs whole tensors), so it agrees to double rounding, and the fp32 clip factor with it
+      CHECK(a.loss == b.loss);
+      CHECK(a.grad_norm == doctest::Approx(b.grad_norm).epsilon(1e-12));
+      CHECK(!a.skipped);
+      // and the single-rank trainer on the whole global batch (loss and norm, fp32 order: 1e-5)
+      CHECK(a.loss == doctest::Approx(ref_loss[std::size_t(s)]).epsilon(1e-5));
+      CHECK(a.grad_norm == doctest::Approx(ref_norm[std::size_t(s)]).epsilon(1e-5));
+    }
+    // final parameters: bitwise those of the same layout without ZeRO-1 ...
+    CHECK(std::memcmp(z.local_params.data(), p.local_params.data(), z.local_params.size() * sizeof(float)) == 0);
+    // ... and the single-rank trainer's within 5% of one learning-rate step (the criterion of the
+    // gpt_parallel training test above: lr * m / sqrt(v) magnifies the fp32 rounding of near-zero
+    // gradient elements summed in another order)
+    if (z.dp == 0) {
+      const auto ref = single.model().parameters();
+      double err = 0;
+      for (std::size_t i = 0; i < ref.size(); ++i) err = std::max(err, std::abs(double(z.global_params[i]) - double(ref[i])));
+      CHECK(err <= 0.05 * 3e-3);
+    }
+    // optimizer memory: the plain run holds this cell's two moments, ZeRO-1 1/dp of them (up to
+    // each bucket's padding to dp chunks of 16 floats), and the dp ranks of a cell hold them once
+    CHECK(p.optimizer_bytes == unsharded);
+    CHECK(z.moments_unsharded == unsharded);
+    CHECK(z.buckets > 1);
+    CHECK(z.optimizer_bytes <= unsharded / std::size_t(dp) + z.buckets * 2 * 16 * sizeof(float));
+    CHECK(z.optimizer_bytes + z.buckets * 2 * 16 * sizeof(float) * std::size_t(dp) >= unsharded / std::size_t(dp));
+    cell_moments[std::size_t(z.stage * TP + z.tp)] += z.optimizer_bytes;
+  }
+  for (const auto c : cell_moments) CHECK(c == unsharded);
+}
+
+}  // namespace
+
+TEST_CASE("parallel_trainer ZeRO-1: (2,1,2), (1,2,2), (2,2,2) give the run without ZeRO-1 bitwise and the single-rank curve, with 1/DP of the moments") {
+  zero1_case<2, 1>(2, 2);
+  zero1_case<1, 2>(2, 2);
+  zero1_case<2, 2>(2, 2);
+  // a (1,2,1) run with zero1 (one chunk per bucket) is the plain run too
+  const auto a = run_parallel_trainer<1, 2>(1, 2, true), b = run_parallel_trainer<1, 2>(1, 2, false);
+  for (std::size_t r = 0; r < a.size(); ++r) CHECK(a[r].local_params == b[r].local_params);
+  // a NaN on one rank of (2,2,2) (replicated lnf_w of stage 1, tp 0, dp replica 1) reaches every
+  // rank's norm through the reduce-scatter: all 8 skip, parameters (and moments) untouched
+  using trainer_t = train::parallel_trainer<M, policy<cpu, precision::fp32, layout<2, 2>>, B, T, comm::threads>;
+  std::vector<int> skipped(8), unchanged(8);
+  comm::run_threads(8, [&](comm::threads& w) {
+    context<cpu> ctx;
+    trainer_t tr(ctx, trainer_cfg(1), w, parallel::ddp_options{.bucket_mb = 0.004, .zero1 = true});
+    const auto windows = step_windows(0, 2 * B);
+    const auto mine = std::span(windows).subspan(std::size_t(tr.dp_rank()) * B * (T + 1), std::size_t(B) * (T + 1));
+    tr.step(ctx, mine);
+    if (tr.stage() == 1 && tr.tp_rank() == 0 && tr.dp_rank() == 1) tr.model().parameter(nn::param::lnf_w).data()[3] = NAN;
+    const std::vector<float> before(tr.model().parameters().begin(), tr.model().parameters().end());
+    const auto m = tr.data_parallel()->first_moment_shard();
+    const std::vector<float> m_before(m.begin(), m.end());
+    const auto r = tr.step(ctx, mine);
+    const auto me = std::size_t(w.rank());
+    skipped[me] = r.skipped && !std::isfinite(r.grad_norm) && tr.optimizer().step() == 1;
+    unchanged[me] = std::memcmp(before.data(), tr.model().parameters().data(), before.size() * sizeof(float)) == 0 &&
+                    std::memcmp(m_before.data(), m.data(), m_before.size() * sizeof(float)) == 0;
+  });
+  for (std::size_t r = 0; r < 8; ++r) {
+    CAPTURE(r);
+    CHECK(skipped[r]);
+    CHECK(unchanged[r]);
+  }
 }
 
 TEST_CASE("parallel_trainer: a non-finite gradient skips the step on every rank; bad input is an input_error") {
