@@ -5,6 +5,7 @@
 /// Not included here: loom/parallel/comm_mpi.hpp (needs mpi.h; CMake target loom::mpi) and
 /// loom/parallel/comm_hccl.hpp (Ascend; CMake target loom::ascend). Include them yourself.
 #include <loom/parallel/comm.hpp>
+#include <loom/parallel/comm_observer.hpp>
 #include <loom/parallel/comm_threads.hpp>
 #include <loom/parallel/data_parallel.hpp>
 #include <loom/parallel/layout.hpp>

@@ -47,6 +47,8 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/kernel_hook.hpp>
+#include <loom/parallel/comm_observer.hpp>
 
 namespace loom::io {
 
@@ -94,13 +96,19 @@ struct trace_arg {
   double value = 0;
 };
 
+/// A string argument (e.g. {"group", "tp"}); both are copied (interned) when the event is stored.
+struct trace_label {
+  std::string_view key;  ///< empty = none
+  std::string_view value;
+};
+
 /// Options of a trace_recorder.
 struct trace_options {
   step_window window{};            ///< empty = never record
   std::filesystem::path file{};    ///< written when the window closes; empty = call write() yourself
   int pid = 0;                     ///< the rank: one process track per rank
   std::string process_name{};      ///< track label, e.g. "rank 3 (tp 1, dp 1, pp 0)"; default "rank <pid>"
-  std::size_t max_events = 1 << 18;///< memory bound (72 bytes per event: 18 MiB); extra events are dropped
+  std::size_t max_events = 1 << 18;///< memory bound (88 bytes per event: 22 MiB); extra events are dropped
   std::function<void()> on_start{};///< called when recording starts (e.g. aclprofStart for msprof)
   std::function<void()> on_stop{};  ///< called when recording stops (e.g. aclprofStop)
 };
@@ -225,10 +233,11 @@ class trace_recorder {
 
   /// Records a complete event measured elsewhere (e.g. from device events): begins at
   /// `begin_us` (steady_clock microseconds, see now_us()) and lasts `dur_us`.
+  /// `label` adds one string argument (e.g. the communication group).
   void complete(std::string_view name, std::string_view cat, double begin_us, double dur_us, int tid = -1,
-                std::span<const trace_arg> args = {}) {
+                std::span<const trace_arg> args = {}, trace_label label = {}) {
     if (!recording()) return;
-    push('X', name, cat, begin_us, dur_us, tid, args);
+    push('X', name, cat, begin_us, dur_us, tid, args, label);
   }
   /// A zero-duration marker (ph "i", thread scope).
   void instant(std::string_view name, std::string_view cat = "cpu", int tid = -1) {
@@ -268,7 +277,11 @@ class trace_recorder {
 
   /// Writes everything recorded so far as a trace-event JSON object to `file` (temporary file,
   /// then rename: an existing trace is never left half-written). Throws loom::input_error.
-  void write(const std::filesystem::path& file) const {
+  void write(const std::filesystem::path& file) const { write_json(file, to_json()); }
+
+  /// Everything recorded so far as a trace-event JSON object (what write() writes), e.g. to send
+  /// it to the rank that merges the ranks' traces.
+  nlohmann::json to_json() const {
     nlohmann::json events = nlohmann::json::array();
     {
       std::lock_guard lock(mutex_);
@@ -287,9 +300,10 @@ class trace_recorder {
                             {"ts", e->ts}, {"pid", opt_.pid}, {"tid", e->tid}};
         if (e->ph == 'X') j["dur"] = e->dur;
         if (e->ph == 'i') j["s"] = "t";
-        if (e->nargs) {
+        if (e->nargs || e->label_key != no_label) {
           nlohmann::json a = nlohmann::json::object();
           for (std::size_t i = 0; i < e->nargs; ++i) a[names_[e->arg_keys[i]]] = e->arg_values[i];
+          if (e->label_key != no_label) a[names_[e->label_key]] = names_[e->label_value];
           j["args"] = std::move(a);
         }
         events.push_back(std::move(j));
@@ -304,13 +318,30 @@ class trace_recorder {
                             {"events", s.events},
                             {"dropped_events", s.dropped},
                             {"recorder_seconds", s.recorder_seconds}}}};
-    write_json_atomically(file, doc);
+    return doc;
+  }
+
+  /// Writes `doc` to `file` through a temporary file and a rename. Throws loom::input_error.
+  static void write_json(const std::filesystem::path& file, const nlohmann::json& doc) {
+    std::error_code ec;
+    if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
+    const std::filesystem::path tmp = file.string() + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      if (!out) throw input_error("trace: cannot write '" + tmp.string() + "'; choose a writable --log-dir");
+      out << doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+      out.flush();
+      if (!out) throw input_error("trace: writing '" + tmp.string() + "' failed; check free disk space");
+    }
+    std::filesystem::rename(tmp, file, ec);
+    if (ec) throw input_error("trace: cannot rename '" + tmp.string() + "' to '" + file.string() + "': " + ec.message());
   }
 
  private:
   friend class trace_zone;
   enum : int { st_idle = 0, st_recording = 1, st_finished = 2 };
-  struct event {  // about 72 bytes; strings are interned in names_
+  static constexpr std::uint32_t no_label = ~std::uint32_t(0);
+  struct event {  // 88 bytes; strings are interned in names_
     double ts = 0, dur = 0;
     std::uint32_t name = 0, cat = 0;
     int tid = 0;
@@ -318,6 +349,7 @@ class trace_recorder {
     std::uint8_t nargs = 0;
     std::array<std::uint32_t, 4> arg_keys{};
     std::array<double, 4> arg_values{};
+    std::uint32_t label_key = no_label, label_value = 0;
   };
 
   nlohmann::json meta(const char* what, int tid, const std::string& name) const {
@@ -355,7 +387,7 @@ class trace_recorder {
   }
 
   void push(char ph, std::string_view name, std::string_view cat, double ts, double dur, int tid,
-            std::span<const trace_arg> args) {
+            std::span<const trace_arg> args, trace_label label = {}) {
     const double t_in = now_us();
     std::lock_guard lock(mutex_);
     if (state_.load(std::memory_order_relaxed) != st_recording) return;  // closed meanwhile: outside the window
@@ -374,27 +406,16 @@ class trace_recorder {
         e.arg_keys[e.nargs] = intern(a.key);
         e.arg_values[e.nargs++] = a.value;
       }
+      if (!label.key.empty()) {
+        e.label_key = intern(label.key);
+        e.label_value = intern(label.value);
+      }
     }
     overhead_us_ += now_us() - t_in;
   }
 
   void finish(const trace_zone& z) {  // push() accounts its own time as overhead
     push('X', z.name_, z.cat_, z.t0_, now_us() - z.t0_, z.tid_, std::span<const trace_arg>(z.args_.a, z.nargs_));
-  }
-
-  static void write_json_atomically(const std::filesystem::path& file, const nlohmann::json& doc) {
-    std::error_code ec;
-    if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
-    const std::filesystem::path tmp = file.string() + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      if (!out) throw input_error("trace: cannot write '" + tmp.string() + "'; choose a writable --profile-dir");
-      out << doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-      out.flush();
-      if (!out) throw input_error("trace: writing '" + tmp.string() + "' failed; check free disk space");
-    }
-    std::filesystem::rename(tmp, file, ec);
-    if (ec) throw input_error("trace: cannot rename '" + tmp.string() + "' to '" + file.string() + "': " + ec.message());
   }
 
   trace_options opt_;
@@ -414,6 +435,88 @@ class trace_recorder {
 
 inline trace_zone::~trace_zone() {
   if (rec_) rec_->finish(*this);
+}
+
+/// Records kernels and communication as zones of a trace_recorder: a kernel_hook for
+/// context<D>::hook (every kernel call a zone named after the kernel, category "kernel") and a
+/// parallel::comm_observer for a communicator's set_observer() (every collective, send and recv
+/// a zone named after the operation, category "comm", args bytes, group_size, peer (send/recv,
+/// broadcast root) and group = the last component of the communicator's name: "tp", "dp", "pp"
+/// for make_groups' groups, "world" for the world). Zones go on the calling thread's track of
+/// the recorder, so they nest inside the step-phase zones recorded on that thread.
+///
+/// Outside the window a call costs a virtual call, one relaxed atomic load and a branch; with no
+/// observer attached (context::hook and set_observer left null) nothing at all but the null test.
+/// On Ascend the kernel zones are the host-side enqueues (the kernels run later on the stream).
+class trace_observer final : public kernel_hook, public parallel::comm_observer {
+ public:
+  explicit trace_observer(trace_recorder& rec) noexcept : rec_(&rec) {}
+
+  double begin(const char*) noexcept override { return rec_->recording() ? trace_recorder::now_us() : -1.0; }
+  void end(const char* name, double t0) noexcept override {
+    if (t0 < 0) return;
+    try {
+      rec_->complete(name, "kernel", t0, trace_recorder::now_us() - t0);
+    } catch (...) {  // out of memory while recording: the zone is lost, training goes on
+    }
+  }
+
+  double begin(const parallel::comm_event&) noexcept override {
+    return rec_->recording() ? trace_recorder::now_us() : -1.0;
+  }
+  void end(const parallel::comm_event& e, double t0) noexcept override {
+    if (t0 < 0) return;
+    const trace_arg args[] = {{"bytes", double(e.bytes)}, {"group_size", double(e.group_size)}, {"peer", double(e.peer)}};
+    const auto slash = e.group.rfind('/');
+    const std::string_view group = slash == std::string_view::npos ? e.group : e.group.substr(slash + 1);
+    try {
+      rec_->complete(e.op, "comm", t0, trace_recorder::now_us() - t0, -1,
+                     std::span<const trace_arg>(args, e.peer >= 0 ? 3 : 2), {"group", group});
+    } catch (...) {
+    }
+  }
+
+ private:
+  trace_recorder* rec_;
+};
+
+/// Collects the traces of all ranks of `world` into one trace-event file `file` on rank 0: every
+/// other rank sends its recorder's events (to_json(), as text) to rank 0 with send/recv, rank 0
+/// appends them to its own and writes `file` (temporary file + rename). Each rank's events keep
+/// its pid (trace_options::pid = its world rank), so Perfetto shows one process track per rank.
+/// "otherData" gets "ranks" and "recorder_seconds_per_rank" (each rank's recorder overhead).
+/// Collective over world (C: a loom communicator; tag 7411 must be free). Works across machines
+/// (the text travels over the communicator); timestamps are CLOCK_MONOTONIC of each machine, so
+/// ranks on different hosts are aligned only up to the hosts' boot-time offset. Throws
+/// loom::input_error (rank 0) if the file cannot be written, and what the communicator throws.
+template <class C>
+void gather_trace(const trace_recorder& rec, C& world, const std::filesystem::path& file) {
+  constexpr int tag = 7411;
+  if (world.rank() != 0) {
+    const std::string text = rec.to_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    const std::int64_t n = std::int64_t(text.size());
+    world.send(std::span<const std::int64_t>(&n, 1), 0, tag);
+    world.send(std::span<const char>(text.data(), text.size()), 0, tag);
+    return;
+  }
+  nlohmann::json doc = rec.to_json();
+  nlohmann::json per_rank = nlohmann::json::array({doc["otherData"]["recorder_seconds"]});
+  for (int r = 1; r < world.size(); ++r) {
+    std::int64_t n = 0;
+    world.recv(std::span<std::int64_t>(&n, 1), r, tag);
+    std::string text(std::size_t(n), '\0');
+    world.recv(std::span<char>(text.data(), text.size()), r, tag);
+    nlohmann::json part = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!part.is_object() || !part.contains("traceEvents")) {
+      per_rank.push_back(nullptr);
+      continue;
+    }
+    for (auto& e : part["traceEvents"]) doc["traceEvents"].push_back(std::move(e));
+    per_rank.push_back(part["otherData"]["recorder_seconds"]);
+  }
+  doc["otherData"]["ranks"] = world.size();
+  doc["otherData"]["recorder_seconds_per_rank"] = std::move(per_rank);
+  trace_recorder::write_json(file, doc);
 }
 
 /// Merges trace files (e.g. one per rank, each with its own pid) into one file Perfetto opens

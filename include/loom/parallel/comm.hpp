@@ -38,6 +38,7 @@
 #include <Eigen/Core>
 
 #include <loom/core/error.hpp>
+#include <loom/parallel/comm_observer.hpp>
 #include <loom/parallel/layout.hpp>
 
 namespace loom::parallel {
@@ -106,6 +107,11 @@ struct request_state {
 };
 }  // namespace detail
 
+class request;
+namespace detail {
+inline request observe_wait(request r, comm_observer* o, comm_event e);
+}  // namespace detail
+
 /// Handle of an asynchronous collective (all_reduce_async, reduce_scatter_async,
 /// all_gather_async). Move-only. The spans passed to the operation must stay alive and untouched
 /// (neither read nor written) until wait() returns or test() returns true.
@@ -148,6 +154,7 @@ class request {
   bool pending() const noexcept { return static_cast<bool>(state_); }
 
  private:
+  friend request detail::observe_wait(request r, comm_observer* o, comm_event e);
   void finish_quietly() noexcept {
     if (!state_) return;
     if (std::uncaught_exceptions() > 0) state_->abandon();
@@ -159,6 +166,38 @@ class request {
   }
   std::unique_ptr<detail::request_state> state_;
 };
+
+namespace detail {
+/// The request's completion (wait(), or the destructor's wait) seen by an observer as
+/// `e` (op "<collective>_wait"). Owns a copy of the group name, so the request does not depend on
+/// its communicator's lifetime for it.
+class observed_request_state final : public request_state {
+ public:
+  observed_request_state(std::unique_ptr<request_state> inner, comm_observer* o, comm_event e)
+      : inner_(std::move(inner)), o_(o), e_(e), group_(e.group) {
+    e_.group = group_;
+  }
+  void wait() override {
+    const comm_scope s(o_, e_);
+    inner_->wait();
+  }
+  bool test() override { return inner_->test(); }
+  void abandon() noexcept override { inner_->abandon(); }
+
+ private:
+  std::unique_ptr<request_state> inner_;
+  comm_observer* o_;
+  comm_event e_;
+  std::string group_;
+};
+
+/// r, with its wait observed by o (r unchanged when o is null or r is empty).
+inline request observe_wait(request r, comm_observer* o, comm_event e) {
+  if (!o || !r.state_) return r;
+  r.state_ = std::make_unique<observed_request_state>(std::move(r.state_), o, e);
+  return r;
+}
+}  // namespace detail
 
 /// Waits for every request, then throws the first error encountered (in span order), if any.
 inline void wait_all(std::span<request> requests) {

@@ -192,52 +192,65 @@ class hccl_communicator {
   acl::HcclComm native_handle() const noexcept { return s_->comm; }
   /// The communication stream the collectives run on.
   acl::aclrtStream stream() const noexcept { return s_->comm_ctx.stream; }
+  /// Attaches an observer of this rank's operations on this communicator (null = none, the
+  /// default); split() children inherit it. See comm_observer in comm.hpp. Blocking operations
+  /// are observed until the communication stream finished them; an asynchronous one's start is
+  /// its enqueue, its wait the event synchronisation.
+  void set_observer(comm_observer* o) noexcept { s_->observer = o; }
+  comm_observer* observer() const noexcept { return s_->observer; }
 
   /// x = op over ranks of x (x in NPU memory). Throws input_error for fp64 and for avg on
   /// integers, comm_timeout, device_error.
   template <reducible T>
   void all_reduce(std::span<T> x, reduce_op op = reduce_op::sum) {
+    const comm_scope obs(s_->observer, event("all_reduce", x.size_bytes()));
     issue_all_reduce(x, op);
     complete("all_reduce");
   }
   template <reducible T>
   request all_reduce_async(std::span<T> x, reduce_op op = reduce_op::sum) {
+    const comm_scope obs(s_->observer, event("all_reduce_async", x.size_bytes()));
     issue_all_reduce(x, op);
-    return make_request("all_reduce_async");
+    return observed(event("all_reduce_wait", x.size_bytes()), make_request("all_reduce_async"));
   }
 
   /// Rank r: out = op over ranks of in[r*m, (r+1)*m), m = out.size(); in.size() == size()*m.
   template <class In, reducible T>
     requires std::same_as<std::remove_const_t<In>, T>
   void reduce_scatter(std::span<In> in, std::span<T> out, reduce_op op = reduce_op::sum) {
+    const comm_scope obs(s_->observer, event("reduce_scatter", in.size_bytes()));
     issue_reduce_scatter(std::span<const T>(in.data(), in.size()), out, op);
     complete("reduce_scatter");
   }
   template <class In, reducible T>
     requires std::same_as<std::remove_const_t<In>, T>
   request reduce_scatter_async(std::span<In> in, std::span<T> out, reduce_op op = reduce_op::sum) {
+    const comm_scope obs(s_->observer, event("reduce_scatter_async", in.size_bytes()));
     issue_reduce_scatter(std::span<const T>(in.data(), in.size()), out, op);
-    return make_request("reduce_scatter_async");
+    return observed(event("reduce_scatter_wait", in.size_bytes()), make_request("reduce_scatter_async"));
   }
 
   /// out[j*m, (j+1)*m) = in of rank j, m = in.size(); out.size() == size()*m.
   template <class In, transferable T>
     requires std::same_as<std::remove_const_t<In>, T>
   void all_gather(std::span<In> in, std::span<T> out) {
+    const comm_scope obs(s_->observer, event("all_gather", out.size_bytes()));
     issue_all_gather(std::span<const T>(in.data(), in.size()), out);
     complete("all_gather");
   }
   template <class In, transferable T>
     requires std::same_as<std::remove_const_t<In>, T>
   request all_gather_async(std::span<In> in, std::span<T> out) {
+    const comm_scope obs(s_->observer, event("all_gather_async", out.size_bytes()));
     issue_all_gather(std::span<const T>(in.data(), in.size()), out);
-    return make_request("all_gather_async");
+    return observed(event("all_gather_wait", out.size_bytes()), make_request("all_gather_async"));
   }
 
   /// x = x of rank root on every rank (HcclBroadcast, in place).
   template <transferable T>
   void broadcast(std::span<T> x, int root) {
     check_rank(root, "broadcast", "root");
+    const comm_scope obs(s_->observer, event("broadcast", x.size_bytes(), root));
     order_after_compute();
     const auto [dt, count] = wire<T>(x.size());
     detail::hccl_check(api(), api().HcclBroadcast(x.data(), count, dt, uint32_t(root), s_->comm, stream()), "HcclBroadcast");
@@ -251,6 +264,7 @@ class hccl_communicator {
     using T = std::remove_const_t<In>;
     check_rank(dst, "send", "destination");
     check_tag(tag, "send");
+    const comm_scope obs(s_->observer, event("send", in.size_bytes(), dst));
     order_after_compute();
     const auto [dt, count] = wire<T>(in.size());
     detail::hccl_check(api(), api().HcclSend(const_cast<T*>(in.data()), count, dt, uint32_t(dst), s_->comm, stream()), "HcclSend");
@@ -261,6 +275,7 @@ class hccl_communicator {
   void recv(std::span<T> x, int src, int tag) {
     check_rank(src, "recv", "source");
     check_tag(tag, "recv");
+    const comm_scope obs(s_->observer, event("recv", x.size_bytes(), src));
     order_after_compute();
     const auto [dt, count] = wire<T>(x.size());
     detail::hccl_check(api(), api().HcclRecv(x.data(), count, dt, uint32_t(src), s_->comm, stream()), "HcclRecv");
@@ -269,6 +284,7 @@ class hccl_communicator {
 
   /// Returns once every rank has entered barrier() (HcclBarrier + synchronize).
   void barrier() {
+    const comm_scope obs(s_->observer, event("barrier", 0));
     order_after_compute();
     detail::hccl_check(api(), api().HcclBarrier(s_->comm, stream()), "HcclBarrier");
     complete("barrier");
@@ -301,11 +317,22 @@ class hccl_communicator {
                                                &cfg, &sub),
                        "HcclCreateSubCommConfig");
     if (name.empty()) name = s_->name + "/" + std::to_string(color);
-    return hccl_communicator(std::make_unique<state>(sub, int(me), int(members.size()), s_->compute, s_->options,
-                                                     std::move(name)));
+    hccl_communicator child(std::make_unique<state>(sub, int(me), int(members.size()), s_->compute, s_->options,
+                                                    std::move(name)));
+    child.s_->observer = s_->observer;
+    return child;
   }
 
  private:
+  comm_event event(const char* op, std::size_t bytes, int peer = -1) const noexcept {
+    return {op, bytes, s_->size, s_->name, peer};
+  }
+  /// r with its wait observed as `wait` (r itself without an observer).
+  request observed(const comm_event& wait, request r) const {
+    if (!s_->observer) return r;
+    return parallel::detail::observe_wait(std::move(r), s_->observer, wait);
+  }
+
   /// The runtime's function table (the compute context's runtime).
   const acl::api_table& api() const noexcept { return s_->compute.api(); }
 
@@ -319,6 +346,7 @@ class hccl_communicator {
     hccl_options options;
     std::string name;
     std::uint64_t splits = 0;
+    comm_observer* observer = nullptr;  // set_observer(); inherited by split()
 
     state(acl::HcclComm c, int r, int n, const context<device::ascend>& ctx, hccl_options opt, std::string nm)
         : comm(c), rank(r), size(n), compute(ctx), comm_stream(*ctx.runtime), before(*ctx.runtime),

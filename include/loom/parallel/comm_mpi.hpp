@@ -148,6 +148,7 @@ struct mpi_state {
   int thread_level = MPI_THREAD_SINGLE;
   comm_options options;
   std::string name;
+  comm_observer* observer = nullptr;  // set_observer(); inherited by split()
   std::atomic<bool> broken{false};  // a request wait timed out: an operation is stuck in MPI
 
   /// n floats of scratch for operations that complete before they return or that run on the
@@ -534,19 +535,26 @@ class mpi_communicator {
   bool async_on_thread() const noexcept { return s_->thread_level >= MPI_THREAD_MULTIPLE; }
   /// The owned MPI communicator, for calls loom does not wrap. Do not free it.
   MPI_Comm native() const noexcept { return s_->comm; }
+  /// Attaches an observer of this rank's operations on this communicator (null = none, the
+  /// default); split() children inherit it. See comm_observer in comm.hpp.
+  void set_observer(comm_observer* o) noexcept { s_->observer = o; }
+  comm_observer* observer() const noexcept { return s_->observer; }
 
   /// x = op over ranks of x, in place (MPI_Allreduce with MPI_IN_PLACE). See comm.hpp.
   template <reducible T>
   void all_reduce(std::span<T> x, reduce_op op = reduce_op::sum) {
     detail::check_op<T>(op, "comm::mpi::all_reduce");
+    const comm_scope obs(s_->observer, event("all_reduce", x.size_bytes()));
     blocking({"all_reduce", detail::dtype_name<T>(), x.size(), static_cast<int>(op)},
              [&] { return detail::mpi_all_reduce(*s_, x, op, true); });
   }
   template <reducible T>
   request all_reduce_async(std::span<T> x, reduce_op op = reduce_op::sum) {
     detail::check_op<T>(op, "comm::mpi::all_reduce_async");
-    return async({"all_reduce", detail::dtype_name<T>(), x.size(), static_cast<int>(op)},
-                 [x, op](detail::mpi_state& s, bool block) { return detail::mpi_all_reduce(s, x, op, block); });
+    const comm_scope obs(s_->observer, event("all_reduce_async", x.size_bytes()));
+    request r = async({"all_reduce", detail::dtype_name<T>(), x.size(), static_cast<int>(op)},
+                      [x, op](detail::mpi_state& s, bool block) { return detail::mpi_all_reduce(s, x, op, block); });
+    return observed(event("all_reduce_wait", x.size_bytes()), std::move(r));
   }
 
   /// Rank r: out = op over ranks of in[r*m, (r+1)*m), m = out.size() (MPI_Reduce_scatter_block).
@@ -556,6 +564,7 @@ class mpi_communicator {
   void reduce_scatter(std::span<In> in, std::span<T> out, reduce_op op = reduce_op::sum) {
     check_chunks(in.size(), out.size(), "reduce_scatter");
     detail::check_op<T>(op, "comm::mpi::reduce_scatter");
+    const comm_scope obs(s_->observer, event("reduce_scatter", in.size_bytes()));
     const T* p = in.data();
     const std::size_t n = in.size();
     blocking({"reduce_scatter", detail::dtype_name<T>(), out.size(), static_cast<int>(op)},
@@ -566,12 +575,14 @@ class mpi_communicator {
   request reduce_scatter_async(std::span<In> in, std::span<T> out, reduce_op op = reduce_op::sum) {
     check_chunks(in.size(), out.size(), "reduce_scatter_async");
     detail::check_op<T>(op, "comm::mpi::reduce_scatter_async");
+    const comm_scope obs(s_->observer, event("reduce_scatter_async", in.size_bytes()));
     const T* p = in.data();
     const std::size_t n = in.size();
-    return async({"reduce_scatter", detail::dtype_name<T>(), out.size(), static_cast<int>(op)},
-                 [p, n, out, op](detail::mpi_state& s, bool block) {
-                   return detail::mpi_reduce_scatter<T>(s, p, n, out, op, block);
-                 });
+    request r = async({"reduce_scatter", detail::dtype_name<T>(), out.size(), static_cast<int>(op)},
+                      [p, n, out, op](detail::mpi_state& s, bool block) {
+                        return detail::mpi_reduce_scatter<T>(s, p, n, out, op, block);
+                      });
+    return observed(event("reduce_scatter_wait", in.size_bytes()), std::move(r));
   }
 
   /// out[j*m, (j+1)*m) = in of rank j (MPI_Allgather). in may be exactly out[rank*m, (rank+1)*m)
@@ -580,6 +591,7 @@ class mpi_communicator {
     requires std::same_as<std::remove_const_t<In>, T>
   void all_gather(std::span<In> in, std::span<T> out) {
     check_chunks(out.size(), in.size(), "all_gather");
+    const comm_scope obs(s_->observer, event("all_gather", out.size_bytes()));
     const T* p = in.data();
     const std::size_t n = in.size();
     blocking({"all_gather", detail::dtype_name<T>(), n, -1},
@@ -589,16 +601,20 @@ class mpi_communicator {
     requires std::same_as<std::remove_const_t<In>, T>
   request all_gather_async(std::span<In> in, std::span<T> out) {
     check_chunks(out.size(), in.size(), "all_gather_async");
+    const comm_scope obs(s_->observer, event("all_gather_async", out.size_bytes()));
     const T* p = in.data();
     const std::size_t n = in.size();
-    return async({"all_gather", detail::dtype_name<T>(), n, -1},
-                 [p, n, out](detail::mpi_state& s, bool block) { return detail::mpi_all_gather<T>(s, p, n, out, block); });
+    request r = async({"all_gather", detail::dtype_name<T>(), n, -1}, [p, n, out](detail::mpi_state& s, bool block) {
+      return detail::mpi_all_gather<T>(s, p, n, out, block);
+    });
+    return observed(event("all_gather_wait", out.size_bytes()), std::move(r));
   }
 
   /// x = x of rank root (MPI_Bcast).
   template <transferable T>
   void broadcast(std::span<T> x, int root) {
     check_rank(root, "broadcast", "root");
+    const comm_scope obs(s_->observer, event("broadcast", x.size_bytes(), root));
     const auto [type, k] = detail::mpi_transfer_type<T>();
     const int n = detail::mpi_count(x.size() * k, "broadcast");
     blocking({"broadcast", detail::dtype_name<T>(), x.size(), -1}, [&] {
@@ -615,6 +631,7 @@ class mpi_communicator {
     using T = std::remove_const_t<In>;
     check_rank(dst, "send", "destination");
     check_tag(tag, "send");
+    const comm_scope obs(s_->observer, event("send", in.size_bytes(), dst));
     const auto [type, k] = detail::mpi_transfer_type<T>();
     const int n = detail::mpi_count(in.size() * k, "send");
     detail::mpi_armed armed(watchdog(), {"send", detail::dtype_name<T>(), in.size(), -1});
@@ -627,6 +644,7 @@ class mpi_communicator {
   void recv(std::span<T> x, int src, int tag) {
     check_rank(src, "recv", "source");
     check_tag(tag, "recv");
+    const comm_scope obs(s_->observer, event("recv", x.size_bytes(), src));
     const auto [type, k] = detail::mpi_transfer_type<T>();
     const int n = detail::mpi_count(x.size() * k, "recv");
     MPI_Status status{};
@@ -645,6 +663,7 @@ class mpi_communicator {
 
   /// MPI_Barrier.
   void barrier() {
+    const comm_scope obs(s_->observer, event("barrier", 0));
     blocking({"barrier", "", 0, -1}, [&] {
       detail::mpi_check(MPI_Barrier(s_->comm), "MPI_Barrier");
       return detail::mpi_pending{};
@@ -664,7 +683,9 @@ class mpi_communicator {
       detail::mpi_check(MPI_Comm_split(s_->comm, color, key, &c), "MPI_Comm_split");
     }
     if (name.empty()) name = s_->name + "/" + std::to_string(color);
-    return mpi_communicator(adopt{}, c, s_->options, std::move(name));
+    mpi_communicator child(adopt{}, c, s_->options, std::move(name));
+    child.s_->observer = s_->observer;
+    return child;
   }
 
  private:
@@ -736,6 +757,15 @@ class mpi_communicator {
         nullptr, std::string());
     progress_->post(task);
     return request(std::make_unique<detail::mpi_thread_request>(std::move(task), s_, info));
+  }
+
+  comm_event event(const char* op, std::size_t bytes, int peer = -1) const noexcept {
+    return {op, bytes, s_->size, s_->name, peer};
+  }
+  /// r with its wait observed as `wait` (r itself without an observer).
+  request observed(const comm_event& wait, request r) const {
+    if (!s_->observer) return r;
+    return parallel::detail::observe_wait(std::move(r), s_->observer, wait);
   }
 
   void check_rank(int r, const char* api, const char* what) const {

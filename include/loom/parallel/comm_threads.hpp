@@ -219,6 +219,7 @@ class threads_communicator {
       group_ = std::move(other.group_);
       rank_ = other.rank_;
       progress_ = std::move(other.progress_);
+      observer_ = other.observer_;
     }
     return *this;
   }
@@ -231,6 +232,10 @@ class threads_communicator {
   /// "world" for run_threads' communicator; split() children get the name passed to split().
   const std::string& name() const noexcept { return group_->name(); }
   const comm_options& options() const noexcept { return group_->world().options; }
+  /// Attaches an observer of this rank's operations on this communicator (null = none, the
+  /// default); split() children inherit it. See comm_observer for why it is per communicator.
+  void set_observer(comm_observer* o) noexcept { observer_ = o; }
+  comm_observer* observer() const noexcept { return observer_; }
 
   /// x = op over ranks of x, in place; x.size() equal on every rank (may be 0).
   /// Sum order is rank 0..n-1; 16-bit types accumulate in fp32 and round once; avg divides once.
@@ -238,6 +243,7 @@ class threads_communicator {
   template <reducible T>
   void all_reduce(std::span<T> x, reduce_op op = reduce_op::sum) {
     detail::check_op<T>(op, "comm::threads::all_reduce");
+    const comm_scope obs(observer_, event("all_reduce", x.size_bytes()));
     drain();
     detail::threads_all_reduce(*group_, rank_, x, op);
   }
@@ -249,6 +255,7 @@ class threads_communicator {
   void reduce_scatter(std::span<In> in, std::span<T> out, reduce_op op = reduce_op::sum) {
     check_scatter(in.size(), out.size(), "reduce_scatter");
     detail::check_op<T>(op, "comm::threads::reduce_scatter");
+    const comm_scope obs(observer_, event("reduce_scatter", in.size_bytes()));
     drain();
     detail::threads_reduce_scatter<T>(*group_, rank_, in.data(), out, op);
   }
@@ -259,6 +266,7 @@ class threads_communicator {
     requires std::same_as<std::remove_const_t<In>, T>
   void all_gather(std::span<In> in, std::span<T> out) {
     check_scatter(out.size(), in.size(), "all_gather");
+    const comm_scope obs(observer_, event("all_gather", out.size_bytes()));
     drain();
     detail::threads_all_gather<T>(*group_, rank_, in.data(), out);
   }
@@ -267,6 +275,7 @@ class threads_communicator {
   template <transferable T>
   void broadcast(std::span<T> x, int root) {
     detail::check_rank(root, size(), "broadcast", "root");
+    const comm_scope obs(observer_, event("broadcast", x.size_bytes(), root));
     drain();
     detail::threads_broadcast<T>(*group_, rank_, x, root);
   }
@@ -278,6 +287,7 @@ class threads_communicator {
     using T = std::remove_const_t<In>;
     detail::check_rank(dst, size(), "send", "destination");
     check_tag(tag, "send");
+    const comm_scope obs(observer_, event("send", in.size_bytes(), dst));
     group_->world().check("comm::threads::send");
     detail::message m{rank_, tag, detail::dtype_name<T>(), sizeof(T), in.size(), nullptr};
     if (!in.empty()) {
@@ -293,6 +303,7 @@ class threads_communicator {
   void recv(std::span<T> x, int src, int tag) {
     detail::check_rank(src, size(), "recv", "source");
     check_tag(tag, "recv");
+    const comm_scope obs(observer_, event("recv", x.size_bytes(), src));
     const auto what = [&] {
       return "comm::threads::recv(" + std::string(detail::dtype_name<T>()) + " x " + std::to_string(x.size()) +
              " from rank " + std::to_string(src) + ", tag " + std::to_string(tag) + ") on rank " +
@@ -307,6 +318,7 @@ class threads_communicator {
 
   /// Returns once every rank of the group has entered barrier().
   void barrier() {
+    const comm_scope obs(observer_, event("barrier", 0));
     drain();
     detail::threads_barrier(*group_, rank_);
   }
@@ -321,14 +333,17 @@ class threads_communicator {
     drain();
     if (name.empty()) name = group_->name() + "/" + std::to_string(color);
     auto [g, r] = detail::threads_split(*group_, rank_, color, key, std::move(name));
-    return threads_communicator(std::move(g), r);
+    threads_communicator child(std::move(g), r);
+    child.observer_ = observer_;
+    return child;
   }
 
   /// all_reduce on the progress thread; x must stay untouched until the request completes.
   template <reducible T>
   request all_reduce_async(std::span<T> x, reduce_op op = reduce_op::sum) {
     detail::check_op<T>(op, "comm::threads::all_reduce_async");
-    return post([g = group_, r = rank_, x, op] { detail::threads_all_reduce(*g, r, x, op); }, "all_reduce_async");
+    return post([g = group_, r = rank_, x, op] { detail::threads_all_reduce(*g, r, x, op); }, "all_reduce_async",
+                "all_reduce_wait", x.size_bytes());
   }
 
   /// reduce_scatter on the progress thread; in and out untouched until the request completes.
@@ -339,7 +354,7 @@ class threads_communicator {
     detail::check_op<T>(op, "comm::threads::reduce_scatter_async");
     const T* p = in.data();
     return post([g = group_, r = rank_, p, out, op] { detail::threads_reduce_scatter<T>(*g, r, p, out, op); },
-                "reduce_scatter_async");
+                "reduce_scatter_async", "reduce_scatter_wait", in.size_bytes());
   }
 
   /// all_gather on the progress thread; in and out untouched until the request completes.
@@ -349,7 +364,7 @@ class threads_communicator {
     check_scatter(out.size(), in.size(), "all_gather_async");
     const T* p = in.data();
     return post([g = group_, r = rank_, p, out] { detail::threads_all_gather<T>(*g, r, p, out); },
-                "all_gather_async");
+                "all_gather_async", "all_gather_wait", out.size_bytes());
   }
 
  private:
@@ -374,14 +389,23 @@ class threads_communicator {
     if (progress_) progress_->drain();
   }
 
-  request post(std::function<void()> fn, const char* what) {
+  comm_event event(const char* op, std::size_t bytes, int peer = -1) const noexcept {
+    return {op, bytes, size(), name(), peer};
+  }
+
+  /// `what` is "<collective>_async": the observer sees the start as `what` and the request's
+  /// wait as `wait_op` ("<collective>_wait").
+  request post(std::function<void()> fn, const char* what, const char* wait_op, std::size_t bytes) {
+    const comm_scope obs(observer_, event(what, bytes));
     group_->world().check(std::string("comm::threads::") + what);
     if (!progress_) progress_ = std::make_unique<detail::progress_thread>();
     auto task = std::make_shared<detail::thread_task>(
         std::move(fn), group_->world_ptr(),
         std::string("comm::threads::") + what + " on group '" + group_->name() + "' rank " + std::to_string(rank_));
     progress_->post(task);
-    return request(std::make_unique<detail::thread_request>(std::move(task)));
+    request r(std::make_unique<detail::thread_request>(std::move(task)));
+    if (observer_) return parallel::detail::observe_wait(std::move(r), observer_, event(wait_op, bytes));
+    return r;
   }
 
   void release() noexcept {
@@ -395,6 +419,7 @@ class threads_communicator {
   std::shared_ptr<detail::thread_group> group_;
   int rank_ = 0;
   std::unique_ptr<detail::progress_thread> progress_;
+  comm_observer* observer_ = nullptr;
 };
 
 /// comm::threads — the name used in DESIGN §4.

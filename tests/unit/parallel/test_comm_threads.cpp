@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <loom/parallel/comm_threads.hpp>
@@ -558,4 +559,77 @@ TEST_CASE("request: empty handles are complete; destroying a pending handle wait
     result[static_cast<std::size_t>(c.rank())] = v;
   });
   CHECK(result == std::vector<float>{4.0f, 4.0f});
+}
+
+namespace {
+/// Logs what a comm_observer sees: (op, bytes, group_size, group, peer), begin and end paired.
+struct logging_observer final : lp::comm_observer {
+  struct entry {
+    std::string op;
+    std::size_t bytes;
+    int group_size;
+    std::string group;
+    int peer;
+    bool ended;
+  };
+  std::vector<entry> log;
+  double begin(const lp::comm_event& e) noexcept override {
+    log.push_back({e.op, e.bytes, e.group_size, std::string(e.group), e.peer, false});
+    return double(log.size() - 1);
+  }
+  void end(const lp::comm_event& e, double token) noexcept override {
+    auto& x = log[std::size_t(token)];
+    x.ended = x.op == e.op && x.bytes == e.bytes;
+  }
+};
+}  // namespace
+
+TEST_CASE("comm::threads observer: every operation with its bytes, group and peer; split children inherit it") {
+  std::vector<std::vector<logging_observer::entry>> logs(4);
+  comm::run_threads(4, [&](comm::threads& world) {
+    logging_observer obs;
+    CHECK(world.observer() == nullptr);
+    world.set_observer(&obs);
+    const int r = world.rank();
+    auto g = lp::make_groups<lp::layout<2, 1>>(world);  // tp {0,1},{2,3}; dp {0,2},{1,3}
+    std::vector<float> x(7, 1.0f), all(14);
+    std::vector<double> d(2, 1.0);
+    world.barrier();
+    g.tp.all_reduce(std::span<float>(x));
+    g.dp.reduce_scatter(std::span<const float>(all), std::span<float>(x));
+    g.tp.all_gather(std::span<const float>(x), std::span<float>(all));
+    world.broadcast(std::span<float>(x.data(), 3), 2);
+    if (g.tp.rank() == 0) g.tp.send(std::span<const float>(x.data(), 5), 1, 3);
+    else g.tp.recv(std::span<float>(x.data(), 5), 0, 3);
+    auto req = g.dp.all_reduce_async(std::span<double>(d));
+    req.wait();
+    comm::threads unobserved = world.split(0, r);
+    unobserved.set_observer(nullptr);
+    unobserved.barrier();  // not logged
+    logs[std::size_t(r)] = obs.log;
+  });
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    const auto& l = logs[std::size_t(r)];
+    REQUIRE(l.size() == 8);
+    const bool tp0 = r % 2 == 0;
+    const std::vector<std::tuple<std::string, std::size_t, int, std::string, int>> want = {
+        {"barrier", 0, 4, "world", -1},
+        {"all_reduce", 28, 2, "world/tp", -1},
+        {"reduce_scatter", 56, 2, "world/dp", -1},
+        {"all_gather", 56, 2, "world/tp", -1},
+        {"broadcast", 12, 4, "world", 2},
+        {tp0 ? "send" : "recv", 20, 2, "world/tp", tp0 ? 1 : 0},
+        {"all_reduce_async", 16, 2, "world/dp", -1},
+        {"all_reduce_wait", 16, 2, "world/dp", -1}};
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(i);
+      CHECK(l[i].op == std::get<0>(want[i]));
+      CHECK(l[i].bytes == std::get<1>(want[i]));
+      CHECK(l[i].group_size == std::get<2>(want[i]));
+      CHECK(l[i].group == std::get<3>(want[i]));
+      CHECK(l[i].peer == std::get<4>(want[i]));
+      CHECK(l[i].ended);
+    }
+  }
 }
