@@ -10,7 +10,8 @@
 # final val/loss of metrics.jsonl); one run samples from the gathered weights; bad layouts exit
 # with status 2 and a message; a tp2pp2 checkpoint resumes bit for bit on tp2pp2 and within 1e-5
 # on one rank (resharded). Given mpiexec (and its flags), also the 3D case under MPI:
-# `mpiexec -n 8 train_gpt --comm mpi --layout tp2pp2 --grad-accum 2`.
+# `mpiexec -n 8 train_gpt --comm mpi --layout tp2pp2 --grad-accum 2`, and ZeRO-1 on the dp groups
+# of `mpiexec -n 4 train_gpt --comm mpi --layout tp2pp1 --grad-accum 2 --zero1`.
 #   tests/cli/layout.sh <dir with train_gpt> [mpiexec [mpiexec flags...]]
 set -euo pipefail
 bin="$1"
@@ -99,6 +100,9 @@ echo "checkpoints: tp2pp2 resumes bit for bit; resharded onto one rank within 1e
 if (( ${#mpiexec[@]} )); then
   OMP_NUM_THREADS=1 run mpi "${mpiexec[@]}" -n 8 "$bin/train_gpt" --comm mpi --layout tp2pp2 --grad-accum 2 --sample-tokens 0
   same mpi one
+  OMP_NUM_THREADS=1 run mpizero "${mpiexec[@]}" -n 4 "$bin/train_gpt" --comm mpi --layout tp2pp1 --grad-accum 2 \
+    --sample-tokens 0 --zero1
+  same mpizero one
 fi
 
 expect_status_2() {  # expected message, then the flags (--model char_tiny unless given)
