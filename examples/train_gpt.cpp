@@ -85,6 +85,7 @@
 #include <loom/train/trainer.hpp>
 
 #include "train_gpt/options.hpp"
+#include "train_gpt/profile.hpp"
 #include "train_gpt/resume.hpp"
 
 namespace {
@@ -127,6 +128,9 @@ int run(const options& o, World* world) {
   if constexpr (is_parallel) dp = world->size(), dp_rank = world->rank();
   const bool lead = dp_rank == 0;
   context<device::cpu> ctx;
+  const std::string rank_name = "rank " + std::to_string(dp_rank);
+  train_gpt_cli::rank_profile prof(o, dp_rank, is_parallel ? rank_name + " (dp " + std::to_string(dp_rank) + ")" : rank_name);
+  prof.attach(ctx, world);  // before the trainer: its groups inherit the observer
   train::trainer_config cfg;
   cfg.micro_batch = o.micro_batch;
   cfg.seq_len = o.seq_len;
@@ -280,8 +284,7 @@ int run(const options& o, World* world) {
     tb.emplace(o.log_dir);
     jsonl.emplace(log_file);
   }
-  io::trace_recorder trace({.window = io::step_window::parse(lead ? o.profile_steps : std::string()),
-                            .file = std::filesystem::path(o.log_dir.empty() ? "out" : o.log_dir) / "trace.json"});
+  io::trace_recorder& trace = prof.recorder();  // every rank's; one trace.json (profile.hpp)
   std::array<double, train::phase_count> began{};
   tr.on_phase = [&](train::phase p, bool begin) {
     if (begin) {
@@ -365,12 +368,13 @@ int run(const options& o, World* world) {
       if (lead) con.message("stopping at step " + std::to_string(step) + " (--stop-at-step); continue with --resume");
       break;
     }
-    trace.begin_step(step);
+    if (const auto m = prof.begin_step(step, world); !m.empty()) con.message(m);
     timer.begin_step();
     if (o.synthetic_data) {
       batch = synthetic[std::size_t(step) % synthetic.size()];
     } else {
       auto d = timer.scope(train::phase::data_wait);
+      const auto z = trace.zone("data_wait", "data");
       batch = src.next();  // valid until the next call
     }
     const auto r = tr.step(ctx, batch);
@@ -400,7 +404,7 @@ int run(const options& o, World* world) {
   }
   save_checkpoint();  // the last step, also after --stop-at-step or the time budget
   finish_save();
-  trace.stop();
+  if (const auto m = prof.finish(world); !m.empty()) con.message(m);
   if (!lead) return 0;  // the other ranks are done: rank 0 validates, saves and samples
   con.finish();
   // final validation over the whole validation split

@@ -48,6 +48,7 @@
 #include <loom/train/parallel_trainer.hpp>
 
 #include "options.hpp"
+#include "profile.hpp"
 #include "resume.hpp"
 
 namespace train_gpt_cli {
@@ -58,6 +59,11 @@ int run_layout_impl(const options& o, World& world) {
   using P = policy<device::cpu, precision::fp32, parallel::layout<TP, PP>>;
   using trainer_t = train::parallel_trainer<M, P, B, T, World>;
   context<device::cpu> ctx;
+  using L = parallel::layout<TP, PP>;
+  const int wr = world.rank(), wdp = std::max(1, world.size() / (TP * PP));  // world rank: the trace's pid
+  rank_profile prof(o, wr, "rank " + std::to_string(wr) + " (tp " + std::to_string(L::tp_rank(wr)) + ", dp " +
+                               std::to_string(L::dp_rank(wr, wdp)) + ", pp " + std::to_string(L::pp_rank(wr, wdp)) + ")");
+  prof.attach(ctx, &world);  // before the trainer: the tp/dp/pp groups it splits inherit the observer
   train::trainer_config cfg;
   cfg.micro_batch = o.micro_batch;
   cfg.seq_len = o.seq_len;
@@ -182,10 +188,9 @@ int run_layout_impl(const options& o, World& world) {
     tb.emplace(o.log_dir);
     jsonl.emplace(log_file);
   }
-  // the trace shows rank 0's phases: each pipeline action as forward / backward / exposed_comm
-  // (exposed_comm = waiting for the neighbouring stage or the tp/dp reductions)
-  io::trace_recorder trace({.window = io::step_window::parse(lead ? o.profile_steps : std::string()),
-                            .file = std::filesystem::path(o.log_dir.empty() ? "out" : o.log_dir) / "trace.json"});
+  // the trace shows every rank's phases (each pipeline action as forward / backward / exposed_comm:
+  // waiting for the neighbouring stage or the tp/dp reductions), kernels and communication
+  io::trace_recorder& trace = prof.recorder();
   std::array<double, train::phase_count> began{};
   tr.on_phase = [&](train::phase p, bool begin) {
     if (begin) {
@@ -249,12 +254,13 @@ int run_layout_impl(const options& o, World& world) {
       if (lead) con.message("stopping at step " + std::to_string(step) + " (--stop-at-step); continue with --resume");
       break;
     }
-    trace.begin_step(step);
+    if (const auto m = prof.begin_step(step, &world); !m.empty() && lead) con.message(m);
     timer.begin_step();
     if (o.synthetic_data) {
       batch = synthetic[std::size_t(step) % synthetic.size()];
     } else {
       auto d = timer.scope(train::phase::data_wait);
+      const auto z = trace.zone("data_wait", "data");
       batch = src.next();
     }
     const auto r = tr.step(ctx, batch);
@@ -276,7 +282,7 @@ int run_layout_impl(const options& o, World& world) {
     if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_checkpoint();
   }
   save_checkpoint();  // the last step, also after --stop-at-step or the time budget
-  trace.stop();
+  if (const auto m = prof.finish(&world); !m.empty() && lead) con.message(m);
   if (lead) con.finish();
   // final validation over the whole validation split (dp replica 0), then the gathered model
   if (evaluator)

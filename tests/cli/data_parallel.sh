@@ -4,7 +4,9 @@
 # halves of every global batch (--grad-accum 2); ZeRO-1 and --no-overlap give the same numbers;
 # bad data-parallel flags exit with status 2 and a message; a ZeRO-1 run stopped and resumed
 # (with ZeRO-1, and without it) ends with the uninterrupted run's numbers. Given mpiexec (and its flags), also
-# `mpiexec -n 2 train_gpt --comm mpi` gives the same numbers.
+# `mpiexec -n 2 train_gpt --comm mpi` gives the same numbers. The --ranks 2 run profiles steps
+# 2:4: one trace.json with both ranks' tracks, kernels and the gradient buckets' asynchronous
+# all-reduces over the world (start and wait, with bytes).
 #   tests/cli/data_parallel.sh <dir with train_gpt> [mpiexec [mpiexec flags...]]
 set -euo pipefail
 bin="$1"
@@ -19,7 +21,11 @@ common=("${base[@]}" --out "$work/w.safetensors")
 
 losses() { grep -oP '^step +\d+/8 \| loss \K[0-9.]+|val loss \K[0-9.]+' "$1" | tr '\n' ' '; }
 
-OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --ranks 2 > "$work/dp2.txt"
+prof=("${common[@]}")  # the same flags, with a log directory for trace.json
+for i in "${!prof[@]}"; do [[ ${prof[$i]} == --log-dir ]] && prof[$((i + 1))]="$work/dp2"; done
+OMP_NUM_THREADS=2 "$bin/train_gpt" "${prof[@]}" --ranks 2 --profile-steps 2:4 > "$work/dp2.txt"
+python3 "$(dirname "$0")/check_trace.py" "$work/dp2/trace.json" 2 2 --comm all_reduce_async:world:'*' \
+  --comm all_reduce_wait:world:'*'
 OMP_NUM_THREADS=1 "$bin/train_gpt" "${common[@]}" --grad-accum 2 > "$work/one.txt"
 OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --ranks 2 --zero1 --bucket-mb 0.01 > "$work/zero.txt"
 OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --ranks 2 --no-overlap > "$work/serial.txt"

@@ -9,9 +9,12 @@
 # all equal `--layout tp1pp1 --ranks 1 --grad-accum 4` within 1e-5 relative (train/loss and the
 # final val/loss of metrics.jsonl); one run samples from the gathered weights; bad layouts exit
 # with status 2 and a message; a tp2pp2 checkpoint resumes bit for bit on tp2pp2 and within 1e-5
-# on one rank (resharded). Given mpiexec (and its flags), also the 3D case under MPI:
-# `mpiexec -n 8 train_gpt --comm mpi --layout tp2pp2 --grad-accum 2`, and ZeRO-1 on the dp groups
-# of `mpiexec -n 4 train_gpt --comm mpi --layout tp2pp1 --grad-accum 2 --zero1`.
+# on one rank (resharded). The tp2pp2 run profiles steps 2:4: one trace.json with a track per
+# rank holding its kernels, its tp all-reduces and pipeline send/recv of one (B,T,C) activation
+# (tests/cli/check_trace.py). Given mpiexec (and its flags), also the 3D case under MPI:
+# `mpiexec -n 8 train_gpt --comm mpi --layout tp2pp2 --grad-accum 2` (profiled too: the ranks'
+# traces travel to rank 0 over MPI), and ZeRO-1 on the dp groups of
+# `mpiexec -n 4 train_gpt --comm mpi --layout tp2pp1 --grad-accum 2 --zero1`.
 #   tests/cli/layout.sh <dir with train_gpt> [mpiexec [mpiexec flags...]]
 set -euo pipefail
 bin="$1"
@@ -50,7 +53,7 @@ PY
 
 tg=("$bin/train_gpt")
 OMP_NUM_THREADS=1 run one "${tg[@]}" --grad-accum 4 --sample-tokens 0
-OMP_NUM_THREADS=4 run tp2pp2 "${tg[@]}" --layout tp2pp2 --ranks 4 --grad-accum 4 --sample-tokens 40
+OMP_NUM_THREADS=4 run tp2pp2 "${tg[@]}" --layout tp2pp2 --ranks 4 --grad-accum 4 --sample-tokens 40 --profile-steps 2:4
 OMP_NUM_THREADS=8 run tp2pp2dp2 "${tg[@]}" --layout tp2pp2 --ranks 8 --grad-accum 2 --sample-tokens 0
 OMP_NUM_THREADS=2 run tp2pp1 "${tg[@]}" --layout tp2pp1 --ranks 2 --grad-accum 4 --sample-tokens 0
 OMP_NUM_THREADS=2 run tp1pp2 "${tg[@]}" --layout tp1pp2 --ranks 2 --grad-accum 4 --sample-tokens 0
@@ -72,6 +75,11 @@ for r in tp2pp2 tp2pp2dp2 tp2pp1 tp1pp2 tp2pp1dp2z; do
 done
 grep -q 'layout tp2pp2 x dp 2 = 8 ranks' "$work/tp2pp2dp2.txt"
 grep -q -- '---- sample' "$work/tp2pp2.txt" || { echo "no sample"; cat "$work/tp2pp2.txt"; exit 1; }
+# the profile: 4 pids, 2 steps each; activations (micro-batch 4 x seq 32 x width 32 fp32) between stages
+act=$((4 * 32 * 32 * 4))
+grep -q 'trace of steps 2:4 (4 ranks) written to' "$work/tp2pp2.txt" || { echo "no trace message"; cat "$work/tp2pp2.txt"; exit 1; }
+python3 "$(dirname "$0")/check_trace.py" "$work/tp2pp2/trace.json" 4 2 --p2p $act \
+  --comm all_reduce:tp:$act --comm send:pp:$act --comm recv:pp:$act
 
 # checkpoints: tp2pp2 stopped after step 3 (a collective save: one file per (tp, pp)) and resumed
 # on tp2pp2 gives the uninterrupted run's numbers and weights bit for bit; the same checkpoint
@@ -98,8 +106,11 @@ same resharded whole
 echo "checkpoints: tp2pp2 resumes bit for bit; resharded onto one rank within 1e-5"
 
 if (( ${#mpiexec[@]} )); then
-  OMP_NUM_THREADS=1 run mpi "${mpiexec[@]}" -n 8 "$bin/train_gpt" --comm mpi --layout tp2pp2 --grad-accum 2 --sample-tokens 0
+  OMP_NUM_THREADS=1 run mpi "${mpiexec[@]}" -n 8 "$bin/train_gpt" --comm mpi --layout tp2pp2 --grad-accum 2 --sample-tokens 0 \
+    --profile-steps 2:4
   same mpi one
+  python3 "$(dirname "$0")/check_trace.py" "$work/mpi/trace.json" 8 2 --p2p $act --comm all_reduce:tp:$act \
+    --comm all_reduce:dp:'*'
   OMP_NUM_THREADS=1 run mpizero "${mpiexec[@]}" -n 4 "$bin/train_gpt" --comm mpi --layout tp2pp1 --grad-accum 2 \
     --sample-tokens 0 --zero1
   same mpizero one

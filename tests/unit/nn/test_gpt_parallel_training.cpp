@@ -6,6 +6,7 @@
 // In bf16 and fp16 (dynamic loss scaler) it tracks the single-rank 16-bit trainer: the same loss
 // scales and skipped steps, losses within the 16-bit rounding bound.
 // With ZeRO-1 on the dp group it gives the same run bitwise, with 1/DP of the AdamW moments.
+// The timeline of a tp2pp2 run (kernels, collectives, send/recv per rank) is checked at the end.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,12 +15,20 @@
 #include <utility>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
 #include <loom/device/cpu.hpp>
+#include <loom/io/trace.hpp>
 #include <loom/kernels/cpu.hpp>
 #include <loom/nn/gpt.hpp>
 #include <loom/nn/gpt_parallel.hpp>
@@ -672,4 +681,145 @@ TEST_CASE("parallel_trainer fp16: (2,2,1) with a dynamic loss scaler from 2^24 s
     worst = std::max(worst, worst_relative(runs[r], ref));
   }
   MESSAGE("fp16 (2,2,1) vs single-rank fp16: worst relative loss deviation " << worst << " (u = 2^-11 = 0.00049)");
+}
+
+// ---- the timeline of a tp2pp2 run (io::trace_observer on context::hook and the communicators) ----
+
+namespace {
+
+struct zone {
+  std::string name, cat, group;
+  double ts = 0, dur = 0, bytes = -1, peer = -1, group_size = 0;
+  int tid = 0;
+  bool inside(const zone& z) const { return ts >= z.ts && ts + dur <= z.ts + z.dur + 1e-3; }
+};
+
+}  // namespace
+
+TEST_CASE("trace of a tp2pp2 run: one pid per rank, send/recv and tp all_reduce zones with bytes, kernels nested, only the window") {
+  using trainer_t = train::parallel_trainer<M, policy<cpu, precision::fp32, layout<2, 2>>, B, T, comm::threads>;
+  constexpr int m = 2;  // micro-batches per step
+  const auto file = std::filesystem::temp_directory_path() / ("loom_test_trace_tp2pp2_" + std::to_string(::getpid()) + ".json");
+  std::vector<std::array<double, 2>> window_bounds(4);  // per rank: just before the window opened, just after it closed
+  comm::run_threads(4, [&](comm::threads& w) {
+    io::trace_recorder rec({.window = {1, 3}, .pid = w.rank(), .process_name = "rank " + std::to_string(w.rank())});
+    io::trace_observer obs(rec);
+    context<cpu> ctx;
+    ctx.hook = &obs;
+    w.set_observer(&obs);  // before the trainer splits the world: tp, dp, pp inherit it
+    trainer_t tr(ctx, trainer_cfg(m), w);
+    std::array<double, train::phase_count> began{};
+    tr.on_phase = [&](train::phase p, bool begin) {
+      if (begin) began[std::size_t(p)] = io::trace_recorder::now_us();
+      else rec.complete(train::phase_name(p), "step", began[std::size_t(p)], io::trace_recorder::now_us() - began[std::size_t(p)]);
+    };
+    auto& bounds = window_bounds[std::size_t(w.rank())];
+    for (int s = 0; s < 4; ++s) {
+      if (s == 1) bounds[0] = io::trace_recorder::now_us();
+      rec.begin_step(s);
+      if (s == 3) bounds[1] = io::trace_recorder::now_us();
+      tr.step(ctx, step_windows(s, m * B));
+    }
+    tr.evaluate(ctx, step_windows(9, B));  // after the window: communicates and calls kernels, recorded nowhere
+    io::gather_trace(rec, w, file);
+  });
+  std::ifstream in(file);
+  REQUIRE(in);
+  const auto doc = nlohmann::json::parse(in);  // valid JSON, else the test fails here
+  std::filesystem::remove(file);
+  std::map<int, std::string> names;
+  std::map<int, std::vector<zone>> by_pid;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name") names[e["pid"].get<int>()] = e["args"]["name"];
+    if (e["ph"] != "X") continue;
+    zone z{e["name"], e["cat"], "", e["ts"], e["dur"]};
+    z.tid = e["tid"];
+    if (e.contains("args")) {
+      const auto& a = e["args"];
+      if (a.contains("group")) z.group = a["group"];
+      if (a.contains("bytes")) z.bytes = a["bytes"];
+      if (a.contains("peer")) z.peer = a["peer"];
+      if (a.contains("group_size")) z.group_size = a["group_size"];
+    }
+    by_pid[e["pid"].get<int>()].push_back(z);
+  }
+  CHECK(names == std::map<int, std::string>{{0, "rank 0"}, {1, "rank 1"}, {2, "rank 2"}, {3, "rank 3"}});
+  REQUIRE(by_pid.size() == 4);
+  CHECK(doc["otherData"]["ranks"] == 4);
+  CHECK(doc["otherData"]["recorder_seconds_per_rank"].size() == 4);
+  const double act_bytes = double(B * T * M::d_model * sizeof(float));  // a (B,T,C) fp32 activation: 1280
+  for (auto& [pid, zs] : by_pid) {
+    CAPTURE(pid);
+    const int stage = pid / 2;  // layout<2,2>, dp 1: world rank = tp + 2 * stage
+    // only the window: steps 1 and 2, every event between its opening and its closing
+    int steps = 0;
+    for (const auto& z : zs) {
+      CHECK(z.ts >= window_bounds[std::size_t(pid)][0]);
+      CHECK(z.ts + z.dur <= window_bounds[std::size_t(pid)][1]);
+      steps += z.cat == "step" && z.name.starts_with("step ");
+    }
+    CHECK(steps == 2);
+    // nesting per track: sorted by start (longer first), every zone ends inside its enclosing one
+    std::map<int, std::vector<const zone*>> tracks;
+    for (const auto& z : zs) tracks[z.tid].push_back(&z);
+    int violations = 0;
+    for (auto& [tid, t] : tracks) {
+      std::sort(t.begin(), t.end(), [](auto a, auto b) { return a->ts != b->ts ? a->ts < b->ts : a->dur > b->dur; });
+      std::vector<double> open_ends;
+      for (const zone* z : t) {
+        while (!open_ends.empty() && z->ts >= open_ends.back()) open_ends.pop_back();
+        violations += !open_ends.empty() && z->ts + z->dur > open_ends.back() + 1e-3;
+        open_ends.push_back(z->ts + z->dur);
+      }
+    }
+    CHECK(violations == 0);
+    auto enclosing_phase = [&](const zone& k) -> std::string {
+      for (const auto& p : zs)
+        if (p.cat == "step" && !p.name.starts_with("step ") && p.tid == k.tid && k.inside(p)) return p.name;
+      return "";
+    };
+    // pipeline: per micro-batch one activation forward and one gradient backward, (B,T,C) fp32 each;
+    // per step the tied embedding's gradient both ways (first <-> last stage, (Vp/tp, C) fp32); all
+    // between the two stages of the pp group
+    const double tie_bytes = double(M::vocab_padded / 2 * M::d_model * sizeof(float));
+    int act_sends = 0, act_recvs = 0, tie_sends = 0, tie_recvs = 0, bad_p2p = 0;
+    for (const auto& z : zs)
+      if (z.name == "send" || z.name == "recv") {
+        const bool send = z.name == "send";
+        if (z.bytes == act_bytes) (send ? act_sends : act_recvs) += enclosing_phase(z) == "exposed_comm";
+        else if (z.bytes == tie_bytes) (send ? tie_sends : tie_recvs) += enclosing_phase(z) == "exposed_comm";
+        else ++bad_p2p;
+        bad_p2p += z.cat != "comm" || z.peer != 1 - stage || z.group != "pp" || z.group_size != 2;
+      }
+    CHECK(act_sends == 2 * m);
+    CHECK(act_recvs == 2 * m);
+    CHECK(tie_sends == 2);
+    CHECK(tie_recvs == 2);
+    CHECK(bad_p2p == 0);
+    // tensor parallel: (B,T,C) all-reduces over the tp group of 2 — forward: 2 row-parallel layers x 2 blocks
+    // per stage, + the vocab-parallel embedding on stage 0; backward: 2 column-parallel inputs x 2 blocks,
+    // + the vocab-parallel LM head on stage 1
+    int tp_fwd = 0, tp_bwd = 0, kernels_outside = 0, mm_fwd = 0, mm_bwd = 0, attn_bwd = 0, adamw = 0;
+    for (const auto& z : zs) {
+      if (z.name == "all_reduce" && z.group == "tp" && z.bytes == act_bytes && z.group_size == 2) {
+        const auto ph = enclosing_phase(z);
+        tp_fwd += ph == "forward";
+        tp_bwd += ph == "backward";
+      }
+      if (z.cat != "kernel") continue;
+      const auto ph = enclosing_phase(z);
+      kernels_outside += ph.empty();
+      mm_fwd += z.name == "matmul_forward" && ph == "forward";
+      mm_bwd += z.name == "matmul_backward" && ph == "backward";
+      attn_bwd += z.name == "attention_backward" && ph == "backward";
+      adamw += z.name == "adamw" && ph == "optimizer";
+    }
+    CHECK(tp_fwd == 2 * m * (4 + (stage == 0)));
+    CHECK(tp_bwd == 2 * m * (4 + (stage == 1)));
+    CHECK(kernels_outside == 0);
+    CHECK(mm_fwd == 2 * m * (4 * 2 + (stage == 1)));  // 4 linears per block, 2 blocks; + the LM head on stage 1
+    CHECK(mm_bwd == 2 * m * (4 * 2 + (stage == 1)));
+    CHECK(attn_bwd == 2 * m * 2);
+    CHECK(adamw > 0);
+  }
 }

@@ -1,0 +1,94 @@
+#pragma once
+// train_gpt --profile-steps A:B: one rank's timeline profiler, shared by train_gpt.cpp (one layout,
+// DDP over --ranks / mpirun) and run_layout.hpp (--layout tpXppY). Not a library header.
+//
+// Every rank records its own track (pid = world rank, process_name e.g. "rank 3 (tp 1, dp 1,
+// pp 0)"): the step and its phases (recorded by the caller through recorder()), every kernel
+// (context::hook) and every collective and send/recv of the world and the groups split from it
+// (set_observer on the world before the trainer splits it). When the window closes, all ranks
+// hand their events to rank 0 over the world communicator (io::gather_trace), which writes ONE
+// trace.json into --log-dir ("out" when --log-dir is ''): no per-rank files, also across hosts
+// under mpirun. Without --profile-steps nothing is attached (context::hook and the observers stay
+// null: one branch per kernel and per collective).
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <type_traits>
+
+#include <loom/core/context.hpp>
+#include <loom/io/trace.hpp>
+
+#include "options.hpp"
+
+namespace train_gpt_cli {
+
+class rank_profile {
+ public:
+  /// rank: the world rank (the trace's pid); process_name: the track's label.
+  rank_profile(const options& o, int rank, std::string process_name)
+      : trace_({.window = loom::io::step_window::parse(o.profile_steps), .pid = rank,
+                .process_name = std::move(process_name)}),
+        observer_(trace_),
+        file_(std::filesystem::path(o.log_dir.empty() ? "out" : o.log_dir) / "trace.json"),
+        rank_(rank) {}
+
+  bool enabled() const noexcept { return !trace_.options().window.empty(); }
+
+  /// Call before the trainer is built (it splits the world into groups, which inherit the
+  /// observer). World is a communicator, or std::nullptr_t for a single rank (world == nullptr).
+  template <class D, class World>
+  void attach(loom::context<D>& ctx, World* world) {
+    if (!enabled()) return;
+    ctx.hook = &observer_;
+    if constexpr (!std::is_same_v<World, std::nullptr_t>) world->set_observer(&observer_);
+    trace_.name_this_thread("trainer");
+  }
+
+  /// The recorder, for the step's phase zones and the data-loader wait.
+  loom::io::trace_recorder& recorder() noexcept { return trace_; }
+
+  /// At the start of every step, on every rank. When the window has just closed, collects the
+  /// ranks' traces into trace.json (collective) and returns a line for the console, else "".
+  template <class World>
+  std::string begin_step(long step, World* world) {
+    if (!enabled()) return {};
+    trace_.begin_step(step);
+    return trace_.stats().finished && !written_ ? collect(world) : std::string();
+  }
+
+  /// After the training loop, on every rank: closes a window the run ended inside and collects.
+  template <class World>
+  std::string finish(World* world) {
+    if (!enabled()) return {};
+    trace_.stop();
+    return trace_.stats().finished && !written_ ? collect(world) : std::string();
+  }
+
+ private:
+  template <class World>
+  std::string collect(World* world) {
+    written_ = true;
+    int ranks = 1;
+    if constexpr (std::is_same_v<World, std::nullptr_t>) {
+      trace_.write(file_);
+    } else {
+      loom::io::gather_trace(trace_, *world, file_);
+      ranks = world->size();
+    }
+    if (rank_ != 0) return {};
+    const auto s = trace_.stats();
+    const auto& w = trace_.options().window;
+    return "trace of steps " + std::to_string(w.first) + ":" + std::to_string(w.last) + " (" + std::to_string(ranks) +
+           (ranks > 1 ? " ranks" : " rank") + ") written to " + file_.string() + " | " + std::to_string(s.events) +
+           " events on rank 0, recorder overhead " + std::to_string(s.recorder_seconds * 1e3).substr(0, 6) +
+           " ms" + (s.dropped ? ", " + std::to_string(s.dropped) + " events dropped (max_events)" : "");
+  }
+
+  loom::io::trace_recorder trace_;
+  loom::io::trace_observer observer_;
+  std::filesystem::path file_;
+  int rank_ = 0;
+  bool written_ = false;
+};
+
+}  // namespace train_gpt_cli
