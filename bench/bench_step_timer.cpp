@@ -199,7 +199,8 @@ void run_trace(int blocks, int per_block) {
   const auto st = rec.stats();
   // kernel calls per step: the kernel zones recorded / traced steps
   std::size_t kernel_events = 0;
-  for (const auto& e : rec.to_json()["traceEvents"]) kernel_events += e.value("cat", std::string()) == "kernel";
+  const auto doc = rec.to_json();
+  for (const auto& e : doc["traceEvents"]) kernel_events += e.value("cat", std::string()) == "kernel";
   const double kernels_per_step = double(kernel_events) / double(std::max(1L, traced_steps));
   // the off-cost: a kernel_scope with a null hook around an opaque call, alone
   constexpr int reps = 20000000;
