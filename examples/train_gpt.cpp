@@ -29,13 +29,15 @@
 //   mpirun -np 2 train_gpt --data ../shared/data/tinyshakespeare.txt --comm mpi --zero1
 //
 // Tensor and pipeline parallel (docs/tensor_pipeline.md): --layout tp2pp2 splits the model over
-// TP*PP ranks (Megatron-LM's layout; models char_tiny and quickstart_bpe, fp32); the world is
+// TP*PP ranks (Megatron-LM's layout; models char_tiny and quickstart_bpe, fp32; bf16/fp16 on
+// tp2pp2 for char_tiny over threads: train_gpt/layout_char_tiny_16bit.cpp); the world is
 // TP*PP*DP ranks, data parallel on top. --grad-accum is the pipeline's micro-batch count.
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --model char_tiny --layout tp2pp2 --ranks 4 --grad-accum 4
 //
 // Precision (docs/precision.md): --precision bf16 stores weights and activations in bfloat16 with
 // fp32 accumulation, fp32 gradients and fp32 master weights; fp16 adds dynamic loss scaling
-// (logged as train/loss_scale; on the console whenever it changes). One rank only so far.
+// (logged as train/loss_scale; on the console whenever it changes). One rank, or --layout tp2pp2
+// with --model char_tiny (any DP on top); not yet data parallel on the one-layout path.
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --precision bf16
 //
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or

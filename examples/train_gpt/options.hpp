@@ -72,9 +72,15 @@ void check_layout_fits(int tp, int pp) {
 /// The flags a --layout run refuses, then the world size; throws loom::input_error.
 inline void check_layout_run(const options& o, int tp, int pp, int world_size) {
   const std::string l = "--layout tp" + std::to_string(tp) + "pp" + std::to_string(pp);
-  if (o.precision != "fp32")
-    throw loom::input_error(l + " with --precision " + o.precision + ": tensor/pipeline-parallel training runs in fp32 "
-                            "so far; drop --precision or use --layout tp1pp1");
+  if (o.precision != "fp32" && (o.model != "char_tiny" || tp != 2 || pp != 2))
+    throw loom::input_error(l + " with --precision " + o.precision + " and --model " + o.model +
+                            ": 16-bit tensor/pipeline-parallel training is compiled for --layout tp2pp2 --model char_tiny "
+                            "only (each instantiation costs build time); pass those, drop --precision (fp32), or use "
+                            "--layout tp1pp1 --ranks 1");
+  if (o.precision != "fp32" && o.comm != "threads")
+    throw loom::input_error(l + " --precision " + o.precision + " --comm " + o.comm + ": 16-bit tensor/pipeline-"
+                            "parallel training is compiled for --comm threads only; pass --comm threads --ranks N, or "
+                            "drop --precision (fp32)");
   if (world_size % (tp * pp) != 0)
     throw loom::input_error(l + " needs a multiple of TP*PP = " + std::to_string(tp * pp) + " ranks (TP*PP*DP), got " +
                             std::to_string(world_size) + "; pass --ranks " + std::to_string(tp * pp) + " (DP=1) or " +
@@ -90,5 +96,12 @@ inline void check_layout_run(const options& o, int tp, int pp, int world_size) {
 /// a flag the layout trainer does not support.
 template <class M, class World>
 int run_layout(const options& o, int tp, int pp, World& world);
+
+/// As run_layout in bf16 or fp16 (o.precision; fp16 with a dynamic loss scaler): --layout tp2pp2
+/// only, instantiated for models::char_tiny in train_gpt/layout_char_tiny_16bit.cpp (its own
+/// translation unit, built in parallel with the fp32 ones). Called by run_layout when
+/// o.precision is not fp32; throws loom::input_error for another layout.
+template <class M, class World>
+int run_layout_16bit(const options& o, int tp, int pp, World& world);
 
 }  // namespace train_gpt_cli

@@ -3,7 +3,8 @@
 // on top (train::parallel_trainer; docs/tensor_pipeline.md). Included by train_gpt/layout_*.cpp
 // only, each instantiating run_layout<Model, World> for one model.
 //
-// What differs from the one-layout path (train_gpt.cpp's run()): fp32 only; checkpoints are saved
+// What differs from the one-layout path (train_gpt.cpp's run()): bf16/fp16 only for char_tiny
+// (run_layout_16bit, layout_char_tiny_16bit.cpp) and only on tp2pp2; checkpoints are saved
 // collectively and blocking (every rank takes part; docs/checkpoint.md "Multi-rank save") and
 // --resume accepts a checkpoint of any layout (resharded on load); the gradient buffer is
 // all-reduced over the dp group once after the pipeline (--zero1: reduce-scattered, the AdamW
@@ -24,6 +25,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <loom/bench/peak.hpp>
@@ -53,11 +55,14 @@
 
 namespace train_gpt_cli {
 
-template <class M, int B, int T, int TP, int PP, class World>
+template <class M, int B, int T, int TP, int PP, class World, class Prec = loom::precision::fp32>
 int run_layout_impl(const options& o, World& world) {
   using namespace loom;
-  using P = policy<device::cpu, precision::fp32, parallel::layout<TP, PP>>;
-  using trainer_t = train::parallel_trainer<M, P, B, T, World>;
+  using P = policy<device::cpu, Prec, parallel::layout<TP, PP>>;
+  // fp16 needs dynamic loss scaling (a trainer without it does not compile); bf16/fp32 run without
+  using scaler = std::conditional_t<Prec::needs_loss_scaling, train::dynamic_loss_scaler, train::no_loss_scaler>;
+  using trainer_t = train::parallel_trainer<M, P, B, T, World, kernels::fused, scaler>;
+  using storage_t = typename trainer_t::storage_t;
   context<device::cpu> ctx;
   using L = parallel::layout<TP, PP>;
   const int wr = world.rank(), wdp = std::max(1, world.size() / (TP * PP));  // world rank: the trace's pid
@@ -120,7 +125,9 @@ int run_layout_impl(const options& o, World& world) {
     nn::gpt<M, policy<device::cpu, precision::fp32>> whole(ctx, o.seed);
     io::import_gpt2(ctx, whole, o.init_from_hf);
     const auto p = whole.parameters();
-    nn::load_global_parameters(ctx, tr.model(), std::span<const float>(p.data(), p.size()));
+    const std::vector<storage_t> narrow(p.begin(), p.end());  // bf16/fp16: rounded once, here
+    nn::load_global_parameters(ctx, tr.model(), std::span<const storage_t>(narrow));
+    tr.sync_master_weights(ctx);  // bf16/fp16: the fp32 masters start from the imported weights
   }
 
   // checkpoints: every rank loads its part (resharded when the checkpoint has another layout);
@@ -264,6 +271,15 @@ int run_layout_impl(const options& o, World& world) {
       batch = src.next();
     }
     const auto r = tr.step(ctx, batch);
+    if constexpr (scaler::enabled) {  // the loss scale: in the logs every step, on the console when it changes
+      if (lead && (r.skipped || r.loss_scale != tr.loss_scaler().scale()))
+        con.message("step " + std::to_string(step) + (r.skipped ? ": non-finite gradients, step skipped" : "") +
+                    " | loss scale " + std::to_string(r.loss_scale) + " -> " + std::to_string(tr.loss_scaler().scale()));
+      if (!r.warning.empty()) warn(r.warning);
+      const io::scalar sc[] = {{"train/loss_scale", r.loss_scale}};
+      if (tb) tb->add_scalars(step, sc);
+      if (jsonl) jsonl->write_scalars(step, sc);
+    }
     const auto rec = metrics.record({.step = step, .tokens = r.tokens, .loss = r.loss, .lr = r.lr, .grad_norm = r.grad_norm,
                                      .skipped = r.skipped},
                                     timer.end_step());
@@ -301,8 +317,8 @@ int run_layout_impl(const options& o, World& world) {
   if (!evaluator) return 0;
   const auto global = nn::gather_parameters(ctx, tr.model(), tr.tp_group(), tr.pp_group());
   if (!lead) return 0;
-  nn::gpt<M, policy<device::cpu, precision::fp32>> whole(ctx, o.seed);
-  device::cpu::copy_to_device(whole.parameters().data(), global.data(), global.size() * sizeof(float), ctx.stream);
+  nn::gpt<M, policy<device::cpu, precision::fp32>> whole(ctx, o.seed);  // bf16/fp16 weights widened (exact)
+  std::transform(global.begin(), global.end(), whole.parameters().begin(), [](storage_t x) { return static_cast<float>(x); });
   const auto parent = std::filesystem::path(out).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   std::map<std::string, std::string> meta = {{"steps", std::to_string(step)}, {"data", o.data},
@@ -340,17 +356,29 @@ int run_layout_impl(const options& o, World& world) {
   return 0;
 }
 
-/// Chooses the compiled instantiation for (tp, pp); B, T the model's capacities in train_gpt.
+/// Chooses the compiled fp32 instantiation for (tp, pp); B, T the model's capacities in train_gpt.
 template <class M, int B, int T, class World>
 int dispatch_layout(const options& o, int tp, int pp, World& world) {
   check_layout_fits<M>(tp, pp);
   check_layout_run(o, tp, pp, world.size());
+  if constexpr (std::is_same_v<M, loom::models::char_tiny>)  // the only model with 16-bit instantiations
+    if (o.precision != "fp32") return run_layout_16bit<M>(o, tp, pp, world);
   if (tp == 2 && pp == 1) return run_layout_impl<M, B, T, 2, 1>(o, world);
   if (tp == 1 && pp == 2) return run_layout_impl<M, B, T, 1, 2>(o, world);
   if (tp == 2 && pp == 2) return run_layout_impl<M, B, T, 2, 2>(o, world);
   throw loom::input_error("--layout tp" + std::to_string(tp) + "pp" + std::to_string(pp) +
                           " is not compiled into this train_gpt; compiled layouts: tp1pp1, tp2pp1, tp1pp2, tp2pp2 "
                           "(add an instantiation in examples/train_gpt/run_layout.hpp for more)");
+}
+
+/// The 16-bit instantiations (tp2pp2 only: each costs compile time; check_layout_run has
+/// refused every other 16-bit combination already); see layout_char_tiny_16bit.cpp.
+template <class M, int B, int T, class World>
+int dispatch_layout_16bit(const options& o, int tp, int pp, World& world) {
+  if (tp == 2 && pp == 2 && o.precision == "bf16") return run_layout_impl<M, B, T, 2, 2, World, loom::precision::bf16>(o, world);
+  if (tp == 2 && pp == 2 && o.precision == "fp16") return run_layout_impl<M, B, T, 2, 2, World, loom::precision::fp16>(o, world);
+  throw loom::input_error("--layout tp" + std::to_string(tp) + "pp" + std::to_string(pp) + " --precision " + o.precision +
+                          " is not compiled into this train_gpt; 16-bit layouts: tp2pp2 with --model char_tiny");
 }
 
 }  // namespace train_gpt_cli

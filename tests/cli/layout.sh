@@ -9,9 +9,11 @@
 # all equal `--layout tp1pp1 --ranks 1 --grad-accum 4` within 1e-5 relative (train/loss and the
 # final val/loss of metrics.jsonl); one run samples from the gathered weights; bad layouts exit
 # with status 2 and a message; a tp2pp2 checkpoint resumes bit for bit on tp2pp2 and within 1e-5
-# on one rank (resharded). The tp2pp2 run profiles steps 2:4: one trace.json with a track per
-# rank holding its kernels, its tp all-reduces and pipeline send/recv of one (B,T,C) activation
-# (tests/cli/check_trace.py). Given mpiexec (and its flags), also the 3D case under MPI:
+# on one rank (resharded). 16-bit (tp2pp2, char_tiny): bf16 on tp2pp2 within 2^-7 relative of bf16
+# on one rank; fp16 (dynamic loss scaler) stopped at step 3 resumes on tp2pp2 bit for bit (losses,
+# loss scales, scaler state, weights). The tp2pp2 run profiles steps 2:4: one trace.json with a
+# track per rank holding its kernels, its tp all-reduces and pipeline send/recv of one (B,T,C)
+# activation (tests/cli/check_trace.py). Given mpiexec (and its flags), also the 3D case under MPI:
 # `mpiexec -n 8 train_gpt --comm mpi --layout tp2pp2 --grad-accum 2` (profiled too: the ranks'
 # traces travel to rank 0 over MPI), and ZeRO-1 on the dp groups of
 # `mpiexec -n 4 train_gpt --comm mpi --layout tp2pp1 --grad-accum 2 --zero1`.
@@ -31,10 +33,11 @@ run() {  # name, then flags
   "$@" "${common[@]}" --model char_tiny --log-dir "$work/$name" > "$work/$name.txt" 2>&1 ||
     { echo "run $name failed:"; cat "$work/$name.txt"; exit 1; }
 }
-# the same numbers within 1e-5 relative: train/loss of every step and the final val/loss
+# the same numbers within 1e-5 relative (or $3): train/loss of every step and the final val/loss
 same() {
-  python3 - "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" <<'PY'
+  python3 - "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" "${3:-1e-5}" <<'PY'
 import json, sys
+tol = float(sys.argv[3])
 def read(p):
     train, val = {}, None
     for line in open(p):
@@ -45,8 +48,8 @@ def read(p):
 (a, va), (b, vb) = read(sys.argv[1]), read(sys.argv[2])
 assert len(a) == 6 and a.keys() == b.keys(), (a, b)
 worst = max(abs(a[k] / b[k] - 1) for k in a)
-assert va is not None and vb is not None and abs(va / vb - 1) <= 1e-5, (va, vb)
-assert worst <= 1e-5, (worst, a, b)
+assert va is not None and vb is not None and abs(va / vb - 1) <= tol, (va, vb)
+assert worst <= tol, (worst, a, b)
 print(f"{sys.argv[1].split('/')[-2]}: losses {[round(a[k], 5) for k in sorted(a)]}, val {va:.5f}, worst relative {worst:.1e}")
 PY
 }
@@ -105,6 +108,40 @@ grep -v '"val/loss"' "$work/ck1/metrics.jsonl" | cat - "$work/ck3/metrics.jsonl"
 same resharded whole
 echo "checkpoints: tp2pp2 resumes bit for bit; resharded onto one rank within 1e-5"
 
+# 16-bit layouts. bf16: the two runs round differently (each row-parallel partial product is
+# rounded to bf16 before the fp32 all-reduce), so activations differ by O(u), u = 2^-8, and the
+# loss by O(u) relative; 2^-7 = 2u bounds it (unit test "parallel_trainer bf16": measured 2.2e-4).
+OMP_NUM_THREADS=1 run one_bf16 "${tg[@]}" --grad-accum 4 --sample-tokens 0 --precision bf16
+OMP_NUM_THREADS=4 run tp2pp2_bf16 "${tg[@]}" --layout tp2pp2 --ranks 4 --grad-accum 4 --sample-tokens 0 --precision bf16
+same tp2pp2_bf16 one_bf16 0.0078125
+# fp16 with the dynamic loss scaler: stopped after step 3 and resumed, bit for bit; the resumed
+# run took 3 steps, so a growth_tracker of 6 proves the scaler state came back from the checkpoint
+f16=(--layout tp2pp2 --ranks 4 --grad-accum 4 --sample-tokens 0 --precision fp16)
+OMP_NUM_THREADS=4 run f16_whole "${tg[@]}" "${f16[@]}" --checkpoint-dir "$work/f16a"
+cp "$work/w.safetensors" "$work/w.f16_whole.safetensors"
+OMP_NUM_THREADS=4 run f16_1 "${tg[@]}" "${f16[@]}" --checkpoint-dir "$work/f16b" --stop-at-step 3
+OMP_NUM_THREADS=4 run f16_2 "${tg[@]}" "${f16[@]}" --resume "$work/f16b"
+cmp "$work/w.safetensors" "$work/w.f16_whole.safetensors" || { echo "fp16 tp2pp2 resume: final weights differ"; exit 1; }
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+def steps(path):  # step -> [loss, loss scale] (the scale is logged in a line of its own)
+    out = {}
+    for line in open(path):
+        r = json.loads(line)
+        for i, key in enumerate(("train/loss", "train/loss_scale")):
+            if key in r: out.setdefault(r["step"], [None, None])[i] = r[key]
+    return out
+a = steps(d + "/f16_whole/metrics.jsonl"); b = {**steps(d + "/f16_1/metrics.jsonl"), **steps(d + "/f16_2/metrics.jsonl")}
+sa = json.load(open(d + "/f16a/step_00000006/manifest.json"))["loss_scaler"]
+sb = json.load(open(d + "/f16b/step_00000006/manifest.json"))["loss_scaler"]
+good = sorted(a) == list(range(6)) and sorted(b) == sorted(a) and sa == sb and sa["enabled"] and sa["growth_tracker"] == 6
+good = good and all(None not in a[s] and a[s] == b[s] for s in a)
+print("fp16 tp2pp2 resume:", "bit for bit" if good else "DIFFERS", {s: a[s] for s in sorted(a)}, sa)
+if not good: print("resumed", b, sb)
+sys.exit(0 if good else 1)
+PY
+
 if (( ${#mpiexec[@]} )); then
   OMP_NUM_THREADS=1 run mpi "${mpiexec[@]}" -n 8 "$bin/train_gpt" --comm mpi --layout tp2pp2 --grad-accum 2 --sample-tokens 0 \
     --profile-steps 2:4
@@ -135,5 +172,7 @@ expect_status_2 "not divisible by TP=3" --model quickstart_bpe --layout tp3pp1 -
 expect_status_2 "is not compiled into this train_gpt" --model quickstart_bpe --layout tp1pp4 --ranks 4
 expect_status_2 "compiled for --model char_tiny and quickstart_bpe only" --model quickstart --layout tp2pp1 --ranks 2
 expect_status_2 "not of the form tp<TP>pp<PP>" --layout tp2 --ranks 2
-expect_status_2 "runs in fp32" --layout tp2pp1 --ranks 2 --precision bf16
+expect_status_2 "16-bit tensor/pipeline-parallel training is compiled for --layout tp2pp2 --model char_tiny" \
+  --layout tp2pp1 --ranks 2 --precision bf16
+expect_status_2 "compiled for --layout tp2pp2 --model char_tiny" --model quickstart_bpe --layout tp2pp2 --ranks 4 --precision fp16
 echo "1 passed, 0 failed"

@@ -170,6 +170,9 @@ class parallel_trainer {
   /// whose shards data_parallel() holds; its step() counts the updates either way).
   optim::adamw<model_t>& optimizer() noexcept { return opt_; }
   const optim::adamw<model_t>& optimizer() const noexcept { return opt_; }
+  /// Master weights = parameters, after weights were loaded into model() from elsewhere
+  /// (nn::load_global_parameters of imported weights). No-op for precisions without master weights.
+  void sync_master_weights(context<device>& ctx) { opt_.sync_master_weights(ctx, model_); }
   /// The loss scaler (its state() / set_state() go into checkpoints; identical on every rank).
   Scaler& loss_scaler() noexcept { return scaler_; }
   const Scaler& loss_scaler() const noexcept { return scaler_; }
