@@ -27,8 +27,9 @@ struct fused {};      ///< flash-style, online softmax; O(B·NH·T) saved memory
 /// Element type of the parameter-gradient buffer for precision P on Device. The primary gives
 /// P::master: fp32 gradients for 16-bit storage, so accumulation over micro-batches and the
 /// gradient norm are fp32 (Note [gradient precision] in kernels/cpu/matmul.hpp); for fp32 and
-/// fp64 this is the storage type. A device whose kernels write storage-type parameter
-/// gradients specializes it (kernels/ascend.hpp).
+/// fp64 this is the storage type. No device specializes it today: Ascend's aclnn operators write
+/// 16-bit gradients into a scratch that is widened to fp32 (kernels/ascend.hpp); a device that
+/// could only keep storage-type gradients would specialize it.
 template <class Device, class P>
 struct gradient_type {
   using type = typename P::master;
