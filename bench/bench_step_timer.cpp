@@ -76,16 +76,33 @@ double step_off(Tr& tr, loom::context<loom::device::cpu>& ctx, std::span<const s
   return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
 
+/// The fp32 trainer both comparisons time (a constant-ish learning rate), and one step's windows
+/// of random token ids.
+template <class M, int B, int T>
+struct timed_trainer {
+  using trainer_t = loom::train::trainer<M, loom::policy<loom::device::cpu, loom::precision::fp32>, B, T>;
+  static loom::train::trainer_config config() {
+    loom::train::trainer_config cfg;
+    cfg.schedule = {1e-3, 1e-4, 10, 1000000};
+    return cfg;
+  }
+  static std::vector<std::int32_t> windows(const trainer_t& tr) {
+    std::vector<std::int32_t> w(tr.windows_per_step() * tr.window());
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::int32_t(loom::random_below(M::vocab, 1, 0, i));
+    return w;
+  }
+  loom::context<loom::device::cpu> ctx;
+  trainer_t tr{ctx, config()};
+  std::vector<std::int32_t> w = windows(tr);
+};
+
 template <class M, int B, int T>
 void run(int blocks, int per_block) {
   using namespace loom;
-  using P = policy<device::cpu, precision::fp32>;
-  context<device::cpu> ctx;
-  train::trainer_config cfg;
-  cfg.schedule = {1e-3, 1e-4, 10, 1000000};
-  train::trainer<M, P, B, T> tr(ctx, cfg);
-  std::vector<std::int32_t> w(tr.windows_per_step() * tr.window());
-  for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::int32_t(random_below(M::vocab, 1, 0, i));
+  timed_trainer<M, B, T> setup;
+  auto& ctx = setup.ctx;
+  auto& tr = setup.tr;
+  const auto& w = setup.w;
 
   train::step_timer timer;
   train::null_step_timer null_timer;
@@ -147,13 +164,10 @@ void run(int blocks, int per_block) {
 template <class M, int B, int T>
 void run_trace(int blocks, int per_block) {
   using namespace loom;
-  using P = policy<device::cpu, precision::fp32>;
-  context<device::cpu> ctx;
-  train::trainer_config cfg;
-  cfg.schedule = {1e-3, 1e-4, 10, 1000000};
-  train::trainer<M, P, B, T> tr(ctx, cfg);
-  std::vector<std::int32_t> w(tr.windows_per_step() * tr.window());
-  for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::int32_t(random_below(M::vocab, 1, 0, i));
+  timed_trainer<M, B, T> setup;
+  auto& ctx = setup.ctx;
+  auto& tr = setup.tr;
+  const auto& w = setup.w;
   io::trace_recorder rec({.window = {0, 1L << 40}, .max_events = std::size_t(1) << 22});
   io::trace_observer obs(rec);
   train::step_timer timer;

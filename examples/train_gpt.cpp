@@ -86,6 +86,7 @@
 #include <loom/train/metrics.hpp>
 #include <loom/train/trainer.hpp>
 
+#include "train_gpt/loop.hpp"
 #include "train_gpt/options.hpp"
 #include "train_gpt/profile.hpp"
 #include "train_gpt/resume.hpp"
@@ -380,15 +381,8 @@ int run(const options& o, World* world) {
       batch = src.next();  // valid until the next call
     }
     const auto r = tr.step(ctx, batch);
-    if constexpr (scaler::enabled) {  // the loss scale: in the logs every step, on the console when it changes
-      if (lead && (r.skipped || r.loss_scale != tr.loss_scaler().scale()))
-        con.message("step " + std::to_string(step) + (r.skipped ? ": non-finite gradients, step skipped" : "") +
-                    " | loss scale " + std::to_string(r.loss_scale) + " -> " + std::to_string(tr.loss_scaler().scale()));
-      if (!r.warning.empty()) warn(r.warning);
-      const io::scalar sc[] = {{"train/loss_scale", r.loss_scale}};
-      if (tb) tb->add_scalars(step, sc);
-      if (jsonl) jsonl->write_scalars(step, sc);
-    }
+    if constexpr (scaler::enabled)  // the loss scale: in the logs every step, on the console when it changes
+      train_gpt_cli::report_loss_scale(step, r, tr.loss_scaler(), lead, con, warn, tb, jsonl);
     const auto rec = metrics.record({.step = step, .tokens = r.tokens, .loss = r.loss, .lr = r.lr, .grad_norm = r.grad_norm,
                                      .skipped = r.skipped},
                                     timer.end_step());

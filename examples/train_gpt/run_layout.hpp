@@ -50,6 +50,7 @@
 #include <loom/train/parallel_trainer.hpp>
 
 #include "options.hpp"
+#include "loop.hpp"
 #include "profile.hpp"
 #include "resume.hpp"
 
@@ -271,15 +272,8 @@ int run_layout_impl(const options& o, World& world) {
       batch = src.next();
     }
     const auto r = tr.step(ctx, batch);
-    if constexpr (scaler::enabled) {  // the loss scale: in the logs every step, on the console when it changes
-      if (lead && (r.skipped || r.loss_scale != tr.loss_scaler().scale()))
-        con.message("step " + std::to_string(step) + (r.skipped ? ": non-finite gradients, step skipped" : "") +
-                    " | loss scale " + std::to_string(r.loss_scale) + " -> " + std::to_string(tr.loss_scaler().scale()));
-      if (!r.warning.empty()) warn(r.warning);
-      const io::scalar sc[] = {{"train/loss_scale", r.loss_scale}};
-      if (tb) tb->add_scalars(step, sc);
-      if (jsonl) jsonl->write_scalars(step, sc);
-    }
+    if constexpr (scaler::enabled)  // the loss scale: in the logs every step, on the console when it changes
+      report_loss_scale(step, r, tr.loss_scaler(), lead, con, warn, tb, jsonl);
     const auto rec = metrics.record({.step = step, .tokens = r.tokens, .loss = r.loss, .lr = r.lr, .grad_norm = r.grad_norm,
                                      .skipped = r.skipped},
                                     timer.end_step());

@@ -122,25 +122,8 @@ cp "$work/w.safetensors" "$work/w.f16_whole.safetensors"
 OMP_NUM_THREADS=4 run f16_1 "${tg[@]}" "${f16[@]}" --checkpoint-dir "$work/f16b" --stop-at-step 3
 OMP_NUM_THREADS=4 run f16_2 "${tg[@]}" "${f16[@]}" --resume "$work/f16b"
 cmp "$work/w.safetensors" "$work/w.f16_whole.safetensors" || { echo "fp16 tp2pp2 resume: final weights differ"; exit 1; }
-python3 - "$work" <<'PY'
-import json, sys
-d = sys.argv[1]
-def steps(path):  # step -> [loss, loss scale] (the scale is logged in a line of its own)
-    out = {}
-    for line in open(path):
-        r = json.loads(line)
-        for i, key in enumerate(("train/loss", "train/loss_scale")):
-            if key in r: out.setdefault(r["step"], [None, None])[i] = r[key]
-    return out
-a = steps(d + "/f16_whole/metrics.jsonl"); b = {**steps(d + "/f16_1/metrics.jsonl"), **steps(d + "/f16_2/metrics.jsonl")}
-sa = json.load(open(d + "/f16a/step_00000006/manifest.json"))["loss_scaler"]
-sb = json.load(open(d + "/f16b/step_00000006/manifest.json"))["loss_scaler"]
-good = sorted(a) == list(range(6)) and sorted(b) == sorted(a) and sa == sb and sa["enabled"] and sa["growth_tracker"] == 6
-good = good and all(None not in a[s] and a[s] == b[s] for s in a)
-print("fp16 tp2pp2 resume:", "bit for bit" if good else "DIFFERS", {s: a[s] for s in sorted(a)}, sa)
-if not good: print("resumed", b, sb)
-sys.exit(0 if good else 1)
-PY
+python3 "$(dirname "$0")/check_fp16_resume.py" "fp16 tp2pp2 resume" "$work/f16_whole/metrics.jsonl" \
+  "$work/f16_1/metrics.jsonl" "$work/f16_2/metrics.jsonl" "$work/f16a" "$work/f16b"
 
 if (( ${#mpiexec[@]} )); then
   OMP_NUM_THREADS=1 run mpi "${mpiexec[@]}" -n 8 "$bin/train_gpt" --comm mpi --layout tp2pp2 --grad-accum 2 --sample-tokens 0 \

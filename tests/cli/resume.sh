@@ -138,25 +138,9 @@ fp16=(--precision fp16 --steps 6)
   --stop-at-step 3 > "$work/h.b1.txt" 2>&1 || bad "fp16 run stopped at 3: $(tail -3 "$work/h.b1.txt")"
 "$t" "${common[@]}" "${fp16[@]}" --log-dir "$work/h/b2" --out "$work/h/b.safetensors" --resume "$work/h/cb" \
   > "$work/h.b2.txt" 2>&1 || bad "fp16 resumed run: $(tail -3 "$work/h.b2.txt")"
-python3 - "$work/h" <<'PY' && ok || bad "fp16 resume: losses, loss scales or scaler state differ (above)"
-import json, sys
-d = sys.argv[1]
-def steps(path):  # step -> [loss, loss scale] (the scale is logged in a line of its own)
-    out = {}
-    for line in open(path):
-        r = json.loads(line)
-        for i, key in enumerate(("train/loss", "train/loss_scale")):
-            if key in r: out.setdefault(r["step"], [None, None])[i] = r[key]
-    return out
-a = steps(d + "/a/metrics.jsonl"); b = {**steps(d + "/b1/metrics.jsonl"), **steps(d + "/b2/metrics.jsonl")}
-sa = json.load(open(d + "/ca/step_00000006/manifest.json"))["loss_scaler"]
-sb = json.load(open(d + "/cb/step_00000006/manifest.json"))["loss_scaler"]
-good = sorted(a) == list(range(6)) and sorted(b) == sorted(a) and sa == sb and sa["enabled"] and sa["growth_tracker"] == 6
-good = good and all(None not in a[s] and None not in b[s] and a[s][0] == b[s][0] and
-                   a[s][1] == b[s][1] for s in a)
-if not good: print("uninterrupted", a, sa, "\nresumed", b, sb)
-sys.exit(0 if good else 1)
-PY
+verdict="$(python3 "$(dirname "$0")/check_fp16_resume.py" "fp16 resume" "$work/h/a/metrics.jsonl" \
+  "$work/h/b1/metrics.jsonl" "$work/h/b2/metrics.jsonl" "$work/h/ca" "$work/h/cb")" && ok ||
+  bad "fp16 resume: losses, loss scales or scaler state differ: $verdict"
 cmp -s "$work/h/a.safetensors" "$work/h/b.safetensors" && ok || bad "fp16: the resumed run's final weights differ from the uninterrupted run's"
 
 echo "$pass passed, $fail failed"
