@@ -598,6 +598,10 @@ int main(int argc, char** argv) {
     if (!o.resume.empty() && !std::filesystem::exists(o.resume))  // before the model and data banner
       throw loom::input_error("--resume '" + o.resume + "' does not exist; pass the --checkpoint-dir of an earlier run "
                               "(e.g. out/ckpt) or one step_NNNNNNNN directory inside it");
+    if (const auto w = loom::io::step_window::parse(o.profile_steps); !w.empty() && w.first >= o.steps)
+      throw loom::input_error("--profile-steps " + o.profile_steps + " starts after the run's last step (--steps " +
+                              std::to_string(o.steps) + "): nothing would be recorded; choose a window inside 0:" +
+                              std::to_string(o.steps));
     const auto parsed_layout = train_gpt_cli::parse_layout(o.layout);
     const int tp = parsed_layout.first, pp = parsed_layout.second;
     if (tp * pp > 1) {  // tensor/pipeline parallel: train_gpt/layout_<model>.cpp

@@ -56,6 +56,13 @@
 
 namespace train_gpt_cli {
 
+/// x with two decimals ("0.07").
+inline std::string fixed2(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f", x);
+  return b;
+}
+
 template <class M, int B, int T, int TP, int PP, class World, class Prec = loom::precision::fp32>
 int run_layout_impl(const options& o, World& world) {
   using namespace loom;
@@ -158,6 +165,8 @@ int run_layout_impl(const options& o, World& world) {
   mem.add(memory_kind::gradients, tr.model().gradients().bytes());
   mem.add(memory_kind::optimizer, tr.optimizer_bytes());  // with --zero1 this rank's 1/dp of the moments
   mem.add(memory_kind::activations, tr.activation_bytes());
+  const std::size_t dp_buffers = tr.data_parallel() ? tr.data_parallel()->memory().buckets : 0;
+  mem.add(memory_kind::other, dp_buffers);  // ZeRO-1's reduce-scatter staging buckets (about one gradient buffer)
   const double peak = world.size() * (o.peak_gflops > 0 ? o.peak_gflops : lead ? bench::measure_fp32_peak().gflops : 1.0);
   if (lead) {
     std::printf("model %s: %d layers, %d heads, width %d, %zu parameters | micro-batch %d x seq %d x accum %d%s = %zu tokens/step\n",
@@ -166,14 +175,15 @@ int run_layout_impl(const options& o, World& world) {
                 tr.tokens_per_step() * std::size_t(dp));
     std::printf("data %s | %ld steps, lr %.1e -> %.1e, warm-up %ld\n", src.describe().c_str(), o.steps, o.lr, o.min_lr,
                 o.warmup);
-    std::printf("layout tp%dpp%d x dp %d = %d ranks (%s): tensor parallel %d, pipeline %d stages of %d layers, 1F1B over "
-                "%d micro-batches (ideal bubble %.0f %%), data parallel %d%s\n",
-                TP, PP, dp, world.size(), o.comm.c_str(), TP, PP, M::n_layer / PP, c.grad_accum,
+    std::printf("layout tp%dpp%d x dp %d = %d ranks (%s), %s: tensor parallel %d, pipeline %d stages of %d layers, 1F1B "
+                "over %d micro-batches (ideal bubble %.0f %%), data parallel %d%s\n",
+                TP, PP, dp, world.size(), o.comm.c_str(), o.precision.c_str(), TP, PP, M::n_layer / PP, c.grad_accum,
                 100 * parallel::bubble_fraction(PP, c.grad_accum), dp, o.zero1 ? " with ZeRO-1 (AdamW moments sharded)" : "");
-    std::printf("fp32 peak %.0f GFLOP/s (%s) | memory of rank 0 (tp 0, stage 0): parameters %.1f MiB, gradients %.1f MiB, "
-                "optimizer %.1f MiB, activations %.1f MiB\n",
+    std::printf("fp32 peak %.0f GFLOP/s (%s) | memory of rank 0 (tp 0, stage 0): parameters %.2f MiB, gradients %.2f MiB, "
+                "optimizer %.2f MiB%s, activations %.2f MiB\n",
                 peak, o.peak_gflops > 0 ? "--peak-gflops" : "measured", mem.current(memory_kind::parameters) / 1048576.0,
                 mem.current(memory_kind::gradients) / 1048576.0, mem.current(memory_kind::optimizer) / 1048576.0,
+                dp_buffers ? (", ZeRO-1 staging " + fixed2(dp_buffers / 1048576.0) + " MiB").c_str() : "",
                 mem.current(memory_kind::activations) / 1048576.0);
     std::fflush(stdout);
   }

@@ -38,6 +38,7 @@ expect_error "not UTF-8" "$t" --data "$work/latin1.txt" --model char_tiny --step
 expect_error "is a directory" "$t" --data "$work/dir.txt" --model char_tiny --steps 1
 expect_error "too short" "$t" --data "$work/short.txt" --model char_tiny --steps 1
 expect_error "exceeds the maximum sequence length 32" "$t" --data "$work/ok.txt" --model char_tiny --seq-len 33
+expect_error "nothing would be recorded" "$t" --data "$work/ok.txt" --model char_tiny --steps 3 --profile-steps 50:60
 expect_error "outside \[1, 8\]" "$t" --data "$work/ok.txt" --model char_tiny --micro-batch 9
 expect_error "not expected|--bogus" "$t" --data "$work/ok.txt" --bogus
 expect_error "--steps" "$t" --data "$work/ok.txt" --steps abc
