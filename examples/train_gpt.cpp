@@ -614,6 +614,11 @@ int main(int argc, char** argv) {
         train_gpt_cli::check_layout_fits<loom::models::quickstart_bpe>(tp, pp);
       if (o.comm == "threads") train_gpt_cli::check_layout_run(o, tp, pp, o.ranks);  // before starting the ranks
     }
+    if (o.zero1 && o.comm == "threads" && o.ranks / (tp * pp) < 2)
+      std::fprintf(stderr,
+                   "train_gpt: warning: --zero1 with one data-parallel rank (--ranks %d / TP*PP %d) shards nothing; "
+                   "pass --ranks %d for DP = 2\n",
+                   o.ranks, tp * pp, 2 * tp * pp);
     auto by_model = [&](auto* world) {
       using W = std::remove_pointer_t<decltype(world)>;
       if constexpr (!std::is_same_v<W, std::nullptr_t>) {
