@@ -37,6 +37,8 @@
 #include <loom/train/parallel_trainer.hpp>
 #include <loom/train/trainer.hpp>
 
+#include "../snapshot.hpp"
+
 namespace {
 
 using namespace loom;
@@ -534,15 +536,8 @@ namespace {
 
 constexpr int mixed_steps = 20;
 
-template <class V>
-auto copy_of(const V& v) {
-  return std::vector<std::remove_cvref_t<decltype(v[0])>>(v.begin(), v.end());
-}
-
-template <class X, class V>
-bool bitwise_equal(const std::vector<X>& a, const V& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(X)) == 0;
-}
+using loom_test::bitwise_equal;
+using loom_test::copy_of;
 
 train::trainer_config mixed_cfg(int grad_accum, double initial_scale) {
   auto c = trainer_cfg(grad_accum);

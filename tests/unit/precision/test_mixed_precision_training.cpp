@@ -15,6 +15,7 @@
 #include <loom/train/trainer.hpp>
 
 #include "../data/paths.hpp"
+#include "../snapshot.hpp"
 
 using namespace loom;
 
@@ -29,15 +30,8 @@ std::vector<std::int32_t> random_windows(std::size_t rows, std::size_t window, i
   return w;
 }
 
-template <class V>
-auto copy_of(const V& v) {
-  return std::vector<std::remove_cvref_t<decltype(v[0])>>(v.begin(), v.end());
-}
-
-template <class X, class V>
-bool bitwise_equal(const std::vector<X>& a, const V& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(X)) == 0;
-}
+using loom_test::bitwise_equal;
+using loom_test::copy_of;
 
 }  // namespace
 
