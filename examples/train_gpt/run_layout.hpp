@@ -213,10 +213,11 @@ int run_layout_impl(const options& o, World& world) {
   tr.on_phase = [&](train::phase p, bool begin) {
     if (begin) {
       timer.enter(p);
-      began[std::size_t(p)] = io::trace_recorder::now_us();
+      if (trace.recording()) began[std::size_t(p)] = io::trace_recorder::now_us();  // no clock read outside the window
     } else {
       timer.leave();
-      trace.complete(train::phase_name(p), "step", began[std::size_t(p)], io::trace_recorder::now_us() - began[std::size_t(p)]);
+      if (trace.recording())
+        trace.complete(train::phase_name(p), "step", began[std::size_t(p)], io::trace_recorder::now_us() - began[std::size_t(p)]);
     }
   };
   const bool evaluator = tr.dp_rank() == 0;  // dp replica 0's tp x pp ranks evaluate together
