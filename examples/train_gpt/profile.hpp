@@ -22,6 +22,10 @@
 
 namespace train_gpt_cli {
 
+/// One rank's --profile-steps recorder (see the file comment): attach() before the trainer is
+/// built, record phases through recorder(), begin_step() every step, finish() after the loop.
+/// Writes ONE trace.json (rank 0, after io::gather_trace over the world); every member is a no-op
+/// without --profile-steps. Throws loom::input_error for a malformed window (step_window::parse).
 class rank_profile {
  public:
   /// rank: the world rank (the trace's pid); process_name: the track's label.
