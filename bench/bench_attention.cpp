@@ -334,8 +334,8 @@ void step_row(int steps) {
   }
   const double r = best(rms), f = best(fms);
   fmt::print("| {:>2} x {:>4} | {:>11.1f} | {:>13.1f} | {:>7.2f}x | {:>9.0f} | {:>11.0f} | {:>11.1f} | {:>13.1f} |\n", B, T, r,
-             f, r / f, double(B) * T / r * 1e3, double(B) * T / f * 1e3, ref.activations().bytes() / 1048576.0,
-             fused.activations().bytes() / 1048576.0);
+             f, r / f, double(B) * T / r * 1e3, double(B) * T / f * 1e3, ref.activation_bytes() / 1048576.0,
+             fused.activation_bytes() / 1048576.0);
   std::fflush(stdout);
 }
 

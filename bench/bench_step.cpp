@@ -53,7 +53,7 @@ double run(int steps, double peak_flops) {
   const std::size_t param_bytes = tr.model().parameters().bytes() + tr.model().gradients().bytes();
   std::size_t opt_bytes = 2 * tr.optimizer().first_moment().bytes();  // moments (+ fp32 masters below fp32)
   if constexpr (std::remove_cvref_t<decltype(tr.optimizer())>::has_master) opt_bytes += tr.optimizer().master_weights().bytes();
-  const std::size_t act_bytes = tr.activations().bytes();
+  const std::size_t act_bytes = tr.activation_bytes();
   const auto mem = read_process_memory();
   std::printf("| %-11s | %-4s | %2d x %4d | %10.1f | %8.1f | %8.0f | %5.1f %% | %7.1f | %7.1f | %7.1f | %8.1f |\n",
               std::string(M::name).c_str(), std::string(Prec::name).c_str(), B, T, n / 1e6, med, tok_s, 100.0 * fpt * tok_s / peak_flops,

@@ -259,7 +259,7 @@ int run(const options& o, World* world) {
                                                      : 2 * tr.optimizer().first_moment().bytes());
   if constexpr (optim::adamw<typename trainer_t::model_t>::has_master)
     mem.add(memory_kind::optimizer, tr.optimizer().master_weights().bytes());  // fp32 masters (bf16, fp16)
-  mem.add(memory_kind::activations, tr.activations().bytes());
+  mem.add(memory_kind::activations, tr.activation_bytes());
   // per rank, times the ranks: each rank measures with its share of the cores (only rank 0 prints)
   const double peak = dp * (o.peak_gflops > 0 ? o.peak_gflops : lead ? bench::measure_fp32_peak().gflops : 1.0);
   if (lead)

@@ -84,9 +84,9 @@ void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
 
   cm.backward(cctx, cacts, in.data(), b, t);
   nm.backward(nctx, nacts, din.data(), b, t);
-  for (int k = 0; k < loom::nn::num_param_tensors; ++k) {
-    const auto g = nm.gradient(loom::nn::param(k));
-    const auto cg = cm.gradient(loom::nn::param(k));
+  for (int k = 0; k < int(loom::nn::num_params<M>); ++k) {
+    const auto g = nm.gradient(std::size_t(k));
+    const auto cg = cm.gradient(std::size_t(k));
     INFO("gradient of " << cpu_model::table[k].name);
     const double e = nmse(download(nctx, g.data(), g.size()), std::vector<float>(cg.begin(), cg.end()));
     worst_grad = std::max(worst_grad, e);

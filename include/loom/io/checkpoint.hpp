@@ -84,7 +84,7 @@
 #include <loom/nn/params.hpp>
 #include <loom/parallel/comm.hpp>
 #include <loom/precision/policy.hpp>
-#include <loom/train/loss_scaler.hpp>
+#include <loom/precision/loss_scaler.hpp>
 
 namespace loom::io {
 
@@ -211,12 +211,12 @@ struct shard_geometry {
 
 /// The geometry of table row k for model M (logical shapes from the unsplit table).
 template <models::model_config M>
-constexpr shard_geometry geometry_of(int k) {
+constexpr shard_geometry geometry_of(std::size_t k) {
   constexpr auto t = nn::param_table<M, parallel::layout<1, 1>>();
-  const auto& s = t[std::size_t(k)];
+  const auto& s = t[k];
   shard_geometry g;
   g.rule = s.rule;
-  g.per_layer = k >= int(nn::param::ln1_w) && k <= int(nn::param::fcproj_b);
+  g.per_layer = s.per_layer;
   if (g.per_layer) {
     g.layers = s.global[0];
     g.rows = s.global[1];
@@ -225,15 +225,15 @@ constexpr shard_geometry geometry_of(int k) {
     g.rows = s.global[0];
     g.cols = s.ndim == 2 ? s.global[1] : 1;
   }
-  g.sections = (k == int(nn::param::qkv_w) || k == int(nn::param::qkv_b)) ? 3 : 1;
+  g.sections = s.sections;
   return g;
 }
 
 /// The logical (whole-model) shape of table row k for model M, as recorded in manifests.
 template <models::model_config M>
-std::vector<std::int64_t> logical_shape(int k) {
+std::vector<std::int64_t> logical_shape(std::size_t k) {
   constexpr auto t = nn::param_table<M, parallel::layout<1, 1>>();
-  const auto& s = t[std::size_t(k)];
+  const auto& s = t[k];
   return std::vector<std::int64_t>(s.global.begin(), s.global.begin() + s.ndim);
 }
 
@@ -924,23 +924,20 @@ nlohmann::json loss_scaler_json(const Trainer& tr) {
   }
 }
 
-/// The pipeline stages that use table row k (nn::stage_uses in nn/gpt_parallel.hpp): "all"
-/// (per-layer tensors, each stage its own layers), "first and last" (wte: embedding and tied
-/// LM head), "first" (wpe), "last" (lnf). Every stage's file holds every row of its table; the
-/// copies on stages that do not use a tensor are never read when resharding (owner_stage).
-inline std::string used_on_stages(int k) {
-  switch (nn::param(k)) {
-    case nn::param::wte: return "first and last";
-    case nn::param::wpe: return "first";
-    case nn::param::lnf_w:
-    case nn::param::lnf_b: return "last";
-    default: return "all";
+/// The pipeline stages that use table row s (nn::stage_uses), as the manifest records it: "all"
+/// (per-layer tensors, each stage its own layers), "first and last" (a tied embedding: token
+/// embedding and LM head), "first" (embeddings), "last" (final norm, an untied LM head). Every
+/// stage's file holds every row of its table; the copies on stages that do not use a tensor are
+/// never read when resharding (nn::owner_stage).
+inline std::string used_on_stages(const nn::param_spec& s) {
+  if (s.per_layer) return "all";
+  switch (s.used) {
+    case nn::stages::first: return "first";
+    case nn::stages::last: return "last";
+    case nn::stages::first_and_last: return "first and last";
+    case nn::stages::all: break;
   }
-}
-/// The stage whose copy of non-per-layer table row k is read when resharding from `pp` stages:
-/// the last for lnf, the first for wte (the last stage's tied copy is identical) and wpe.
-inline int owner_stage(int k, int pp) {
-  return nn::param(k) == nn::param::lnf_w || nn::param(k) == nn::param::lnf_b ? pp - 1 : 0;
+  return "all";
 }
 
 /// The data-parallel engine of a trainer (train::trainer::data_parallel()), or null.
@@ -1039,17 +1036,17 @@ std::pair<std::vector<rank_file>, nlohmann::json> snapshot(context<typename Trai
     return bytes;
   };
   nlohmann::json tensors = nlohmann::json::array();
-  auto add = [&](const std::string& prefix, int k, auto v, auto tag) {
+  auto add = [&](const std::string& prefix, std::size_t k, auto v, auto tag) {
     using T = decltype(tag);
-    const auto& s = G::table[std::size_t(k)];
+    const auto& s = G::table[k];
     const std::string name = prefix + "." + std::string(s.name);
     file.tensors.push_back({name, std::string(tensor_dtype<T>()),
                             std::vector<std::int64_t>(s.shape.begin(), s.shape.begin() + s.ndim), bytes_of(v, tag, name)});
   };
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
-    const auto& s = G::table[std::size_t(k)];
+  for (std::size_t k = 0; k < G::num_tensors; ++k) {
+    const auto& s = G::table[k];
     if (writes_model) {
-      add("param", k, model.parameter(nn::param(k)), storage_t{});
+      add("param", k, model.parameter(k), storage_t{});
       if constexpr (has_master) add("master", k, optim.master_weights().subview(G::offsets[k], s.size()), master_t{});
       if (!zero) {
         add("adam_m", k, optim.first_moment().subview(G::offsets[k], s.size()), master_t{});
@@ -1063,7 +1060,7 @@ std::pair<std::vector<rank_file>, nlohmann::json> snapshot(context<typename Trai
                        {"sections", g.sections},
                        {"logical_shape", logical_shape<M>(k)},
                        {"local_shape", std::vector<long>(s.shape.begin(), s.shape.begin() + s.ndim)},
-                       {"used_on_stages", used_on_stages(k)},
+                       {"used_on_stages", used_on_stages(s)},
                        {"decay", s.decay}});
   }
   file.metadata = {{"format", "loom.checkpoint.rank"},
@@ -1110,6 +1107,7 @@ std::pair<std::vector<rank_file>, nlohmann::json> snapshot(context<typename Trai
       {"tokens", state.tokens},
       {"model",
        {{"name", std::string(M::name)},
+        {"arch", std::string(nn::arch_of<M>().name)},
         {"n_layer", M::n_layer},
         {"n_head", M::n_head},
         {"d_model", M::d_model},
@@ -1350,6 +1348,10 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
   const auto& model_j = detail::field<nlohmann::json>(j, "model", dir);
   const std::pair<const char*, long> dims[] = {{"n_layer", M::n_layer}, {"n_head", M::n_head},   {"d_model", M::d_model},
                                                {"max_seq", M::max_seq}, {"vocab", M::vocab},     {"vocab_padded", M::vocab_padded}};
+  if (const std::string arch = detail::string_or(model_j, "arch", "gpt2"); arch != nn::arch_of<M>().name)
+    throw mismatch("architecture '" + arch + "' (model " + detail::string_or(model_j, "name", "?") + ")",
+                   "architecture '" + std::string(nn::arch_of<M>().name) + "' (model " + std::string(M::name) + ")",
+                   "resume with the checkpoint's --model, or start a new run");
   for (const auto& [key, ours] : dims) {
     const long theirs = detail::field<long>(model_j, key, dir);
     if (theirs != ours)
@@ -1417,17 +1419,17 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
   // gathered from its optim-tpRR-ppSS-dp* shard files by their ranges (the cell's buffer in
   // param_table order: tensor k's shard_elems under the saved degrees), once per cell.
   std::map<std::pair<int, int>, std::pair<std::vector<master_t>, std::vector<master_t>>> zero1_cells;
-  auto zero1_moment = [&](bool first, int k, int r, int st) -> std::span<const std::byte> {
+  auto zero1_moment = [&](bool first, std::size_t k, int r, int st) -> std::span<const std::byte> {
     auto it = zero1_cells.find({r, st});
     if (it == zero1_cells.end()) {
       std::size_t n = 0;
-      for (int j = 0; j < nn::num_param_tensors; ++j) n += shard_elems(geometry_of<M>(j), tp, pp);
+      for (std::size_t j = 0; j < G::num_tensors; ++j) n += shard_elems(geometry_of<M>(j), tp, pp);
       std::vector<master_t> m(n, master_t(0)), v(n, master_t(0));
       detail::gather_zero1_moments(dir, files, r, st, std::span<master_t>(m), std::span<master_t>(v));
       it = zero1_cells.emplace(std::pair{r, st}, std::pair{std::move(m), std::move(v)}).first;
     }
     std::size_t off = 0;
-    for (int j = 0; j < k; ++j) off += shard_elems(geometry_of<M>(j), tp, pp);
+    for (std::size_t j = 0; j < k; ++j) off += shard_elems(geometry_of<M>(j), tp, pp);
     const auto& whole = first ? it->second.first : it->second.second;
     return std::as_bytes(std::span<const master_t>(whole.data() + off, shard_elems(geometry_of<M>(k), tp, pp)));
   };
@@ -1436,8 +1438,8 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
   // own file (same layout), or gathered from the saved layout's files and re-split for this
   // rank (io::gather_tensor, io::shard_tensor). Throws bad_checkpoint on a missing tensor or
   // another dtype or shape.
-  auto source = [&](const std::string& prefix, int k, std::string_view dtype) -> std::span<const std::byte> {
-    const auto& s = G::table[std::size_t(k)];
+  auto source = [&](const std::string& prefix, std::size_t k, std::string_view dtype) -> std::span<const std::byte> {
+    const auto& s = G::table[k];
     const std::string name = prefix + "." + std::string(s.name);
     auto check = [&](const safetensors_reader& r, const std::vector<std::int64_t>* shape) {
       if (!r.has(name)) throw detail::bad_checkpoint(dir, "its file '" + r.path().filename().string() + "' has no tensor '" + name + "'");
@@ -1460,7 +1462,7 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
     const auto g = geometry_of<M>(k);
     const std::size_t elem = detail::dtype_size(std::string(dtype));
     const auto logical = gather_tensor(g, elem, [&](int r, int st) {
-      return cell(r, g.per_layer ? st : detail::owner_stage(k, pp), nullptr);
+      return cell(r, g.per_layer ? st : nn::owner_stage(G::table[k], pp), nullptr);
     }, tp, pp);
     owned.push_back(shard_tensor(g, elem, logical, L::tp, L::pp, my_tp, my_pp));
     return owned.back();
@@ -1473,11 +1475,11 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
     bool host = false;  ///< dst is host memory (full_m / full_v), not the trainer's
   };
   std::vector<copy_job> jobs;
-  auto plan = [&](const std::string& prefix, int k, std::byte* dst, bool host, std::string_view dtype) {
+  auto plan = [&](const std::string& prefix, std::size_t k, std::byte* dst, bool host, std::string_view dtype) {
     const auto src = source(prefix, k, dtype);
-    const std::size_t want = G::table[std::size_t(k)].size() * detail::dtype_size(std::string(dtype));
+    const std::size_t want = G::table[k].size() * detail::dtype_size(std::string(dtype));
     if (src.size() != want)
-      throw detail::bad_checkpoint(dir, "tensor '" + prefix + "." + std::string(G::table[std::size_t(k)].name) + "' has " +
+      throw detail::bad_checkpoint(dir, "tensor '" + prefix + "." + std::string(G::table[k].name) + "' has " +
                                             std::to_string(src.size()) + " bytes for this rank, not " + std::to_string(want));
     jobs.push_back({src, dst, host});
   };
@@ -1485,9 +1487,9 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
   auto& model = tr.model();
   auto& optim = tr.optimizer();
   const std::string_view mdtype = detail::tensor_dtype<master_t>();
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
-    const auto& s = G::table[std::size_t(k)];
-    plan("param", k, dev(model.parameter(nn::param(k))), false, detail::tensor_dtype<storage_t>());
+  for (std::size_t k = 0; k < G::num_tensors; ++k) {
+    const auto& s = G::table[k];
+    plan("param", k, dev(model.parameter(k)), false, detail::tensor_dtype<storage_t>());
     if constexpr (has_master) plan("master", k, dev(optim.master_weights().subview(G::offsets[k], s.size())), false, mdtype);
     // moments: from the model file or, for a ZeRO-1 checkpoint, its shards (source: zero1_moment);
     // into the optimizer, or with ZeRO-1 here into the whole host moments, split by ranges below
@@ -1557,12 +1559,12 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
                            "the original would have (another global batch or summation order)");
 
   // the loss scaler's state (scale, good steps), when both the checkpoint and this trainer have one
-  std::optional<train::loss_scaler_state> scaler_state;
-  if constexpr (requires { tr.loss_scaler().set_state(train::loss_scaler_state{}); Trainer::scaler_t::enabled; }) {
+  std::optional<precision::loss_scaler_state> scaler_state;
+  if constexpr (requires { tr.loss_scaler().set_state(precision::loss_scaler_state{}); Trainer::scaler_t::enabled; }) {
     const auto ls = j.value("loss_scaler", nlohmann::json::object());
     if (Trainer::scaler_t::enabled && ls.value("enabled", false)) {
       try {
-        scaler_state = train::loss_scaler_state{ls.at("scale").get<double>(), ls.at("growth_tracker").get<long>()};
+        scaler_state = precision::loss_scaler_state{ls.at("scale").get<double>(), ls.at("growth_tracker").get<long>()};
       } catch (const nlohmann::json::exception&) {
         throw detail::bad_checkpoint(dir, "its loss_scaler section has no numeric scale and growth_tracker");
       }
@@ -1586,7 +1588,7 @@ checkpoint_info load_checkpoint(context<typename Trainer::device>& ctx, const st
     }
   }
   ctx.synchronize();
-  if constexpr (requires { tr.loss_scaler().set_state(train::loss_scaler_state{}); })
+  if constexpr (requires { tr.loss_scaler().set_state(precision::loss_scaler_state{}); })
     if (scaler_state) tr.loss_scaler().set_state(*scaler_state);
   tr.set_step_count(out.step);
   optim.set_step(out.optimizer_step);
@@ -1610,39 +1612,32 @@ checkpoint_info resume_checkpoint(context<typename Trainer::device>& ctx, const 
 struct gpt2_tensor {
   std::string name;                 ///< e.g. "h.3.attn.c_attn.weight"
   std::vector<std::int64_t> shape;  ///< GPT-2's shape (Conv1D weights are (in, out))
-  int param = 0;                    ///< loom table row (nn::param)
+  int param = 0;                    ///< loom table row
   int layer = -1;                   ///< layer index for per-layer tensors, else -1
   bool transposed = false;          ///< GPT-2 stores the transpose of loom's (out, in) weight
 };
 
-/// The tensors of a GPT-2 checkpoint for model M, in GPT-2's order: wte, wpe, h.{i}.(ln_1,
-/// attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj).(weight, bias), ln_f. wte has
-/// M::vocab rows (loom's padding rows are not exported). Source: transformers
-/// modeling_gpt2.py (GPT2Model, GPT2Attention, GPT2MLP, Conv1D).
+/// The tensors of a GPT-2 checkpoint for model M, in GPT-2's order (the table's forward order,
+/// nn::for_each_tensor): wte, wpe, h.{i}.(ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
+/// mlp.c_proj).(weight, bias), ln_f; names and orientation from the table rows (hf_name,
+/// hf_transposed). Vocabulary-sharded rows have M::vocab rows (loom's padding rows are not
+/// exported). Source: transformers modeling_gpt2.py (GPT2Model, GPT2Attention, GPT2MLP, Conv1D).
+/// Refused at compile time for a recipe without a GPT-2 equivalent (nn::recipe::hf_model_type).
 template <models::model_config M>
 std::vector<gpt2_tensor> gpt2_tensors() {
-  using nn::param;
-  const std::int64_t C = M::d_model;
+  static_assert(nn::arch_of<M>().hf_model_type == "gpt2",
+                "Hugging Face GPT-2 export/import: this model's recipe has tensors GPT-2 does not (or lacks some "
+                "of its tensors); export it with io::save_weights instead");
+  constexpr auto t = nn::param_table<M, parallel::layout<1, 1>>();
   std::vector<gpt2_tensor> out;
-  out.push_back({"wte.weight", {M::vocab, C}, int(param::wte), -1, false});
-  out.push_back({"wpe.weight", {M::max_seq, C}, int(param::wpe), -1, false});
-  for (int i = 0; i < M::n_layer; ++i) {
-    const std::string h = "h." + std::to_string(i) + ".";
-    out.push_back({h + "ln_1.weight", {C}, int(param::ln1_w), i, false});
-    out.push_back({h + "ln_1.bias", {C}, int(param::ln1_b), i, false});
-    out.push_back({h + "attn.c_attn.weight", {C, 3 * C}, int(param::qkv_w), i, true});
-    out.push_back({h + "attn.c_attn.bias", {3 * C}, int(param::qkv_b), i, false});
-    out.push_back({h + "attn.c_proj.weight", {C, C}, int(param::attproj_w), i, true});
-    out.push_back({h + "attn.c_proj.bias", {C}, int(param::attproj_b), i, false});
-    out.push_back({h + "ln_2.weight", {C}, int(param::ln2_w), i, false});
-    out.push_back({h + "ln_2.bias", {C}, int(param::ln2_b), i, false});
-    out.push_back({h + "mlp.c_fc.weight", {C, 4 * C}, int(param::fc_w), i, true});
-    out.push_back({h + "mlp.c_fc.bias", {4 * C}, int(param::fc_b), i, false});
-    out.push_back({h + "mlp.c_proj.weight", {4 * C, C}, int(param::fcproj_w), i, true});
-    out.push_back({h + "mlp.c_proj.bias", {C}, int(param::fcproj_b), i, false});
-  }
-  out.push_back({"ln_f.weight", {C}, int(param::lnf_w), -1, false});
-  out.push_back({"ln_f.bias", {C}, int(param::lnf_b), -1, false});
+  nn::for_each_tensor(t, M::n_layer, [&](std::size_t k, int layer) {
+    const auto& s = t[k];
+    const std::size_t first = s.per_layer ? 1 : 0;
+    std::vector<std::int64_t> shape(s.global.begin() + first, s.global.begin() + s.ndim);
+    if (s.rule == nn::shard::vocab) shape[0] = M::vocab;
+    if (s.hf_transposed) std::swap(shape[0], shape[1]);
+    out.push_back({nn::hf_name(s, layer), std::move(shape), int(k), layer, s.hf_transposed});
+  });
   return out;
 }
 
@@ -1690,8 +1685,7 @@ void gpt2_from_loom(const gpt2_tensor& t, const T* src, float* dst) {
 template <class G>
 std::size_t loom_offset(const gpt2_tensor& t) {
   const auto& s = G::table[std::size_t(t.param)];
-  const std::size_t per = t.layer >= 0 ? s.size() / std::size_t(s.shape[0]) : 0;
-  return G::offsets[std::size_t(t.param)] + std::size_t(t.layer >= 0 ? t.layer : 0) * per;
+  return G::offsets[std::size_t(t.param)] + std::size_t(t.layer >= 0 ? t.layer : 0) * s.layer_size();
 }
 }  // namespace detail
 

@@ -12,6 +12,7 @@
 #include <loom/kernels/cpu/layernorm.hpp>
 #include <loom/kernels/cpu/matmul.hpp>
 #include <loom/kernels/cpu/residual.hpp>
+#include <loom/kernels/cpu/vocab_parallel.hpp>
 #include <loom/kernels/ops.hpp>
 #include <loom/kernels/cpu_fused.hpp>  // attention<cpu, T, fused>
 
@@ -93,6 +94,36 @@ struct ops<device::cpu, T> {
   static void adamw(ctx_t& ctx, T* p, M* m, M* v, const T* g, std::size_t n, M lr, M b1, M b2, M eps, M wd, M gscale, long t) {
     const kernel_scope k(ctx.hook, "adamw");
     cpu::adamw_update(p, m, v, g, n, lr, b1, b2, eps, wd, gscale, t);
+  }
+  // The local pieces of the vocab-parallel embedding and cross-entropy (tensor parallelism;
+  // kernels/cpu/vocab_parallel.hpp; the communication between them is parallel/tensor_parallel.hpp).
+  static void embedding_shard_forward(ctx_t& ctx, T* out, const std::int32_t* tok, const T* wte_local, const T* wpe,
+                                      int B, int Tn, int C, int begin, int rows) {
+    const kernel_scope k(ctx.hook, "embedding_forward");
+    cpu::embedding_shard_forward(out, tok, wte_local, wpe, B, Tn, C, begin, rows);
+  }
+  template <class G>
+  static void embedding_shard_backward(ctx_t& ctx, G* dwte_local, G* dwpe, const T* dout, const std::int32_t* tok, int B,
+                                       int Tn, int C, int begin, int rows) {
+    const kernel_scope k(ctx.hook, "embedding_backward");
+    cpu::embedding_shard_backward(dwte_local, dwpe, dout, tok, B, Tn, C, begin, rows);
+  }
+  static void vocab_shard_max(ctx_t& ctx, acc* row_max, const T* logits, const std::int32_t* targets, int N, int rows,
+                              int valid) {
+    const kernel_scope k(ctx.hook, "crossentropy_max");
+    cpu::vocab_shard_max(row_max, logits, targets, N, rows, valid);
+  }
+  static void vocab_shard_sums(ctx_t& ctx, acc* stats, const T* logits, const acc* row_max, const std::int32_t* targets,
+                               int N, int rows, int valid, int begin) {
+    const kernel_scope k(ctx.hook, "crossentropy_sums");
+    cpu::vocab_shard_sums(stats, logits, row_max, targets, N, rows, valid, begin);
+  }
+  static acc vocab_shard_finish(ctx_t& ctx, T* logits, acc* losses, const acc* row_max, const acc* stats,
+                                const std::int32_t* targets, int N, int rows, int valid, int begin, bool write_dlogits,
+                                acc grad_scale) {
+    const kernel_scope k(ctx.hook, "crossentropy_finish");
+    return cpu::vocab_shard_finish(logits, losses, row_max, stats, targets, N, rows, valid, begin, write_dlogits,
+                                   grad_scale);
   }
   /// AdamW on fp32 master weights, then p = T(master) (kernels::cpu::adamw_update_master).
   template <class M, class G>

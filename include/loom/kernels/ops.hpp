@@ -56,6 +56,13 @@ struct coverage {
   static constexpr bool ok = true;
 };
 
+/// Whether ops<Device, T> has the local pieces of the vocab-parallel embedding and
+/// cross-entropy (embedding_shard_forward/backward, vocab_shard_max/sums/finish) that tensor
+/// parallelism needs (parallel/tensor_parallel.hpp). A model split with TP > 1 on a device
+/// without them fails to compile with a sentence (nn::transformer).
+template <class Device, class T>
+concept has_vocab_parallel = requires { &ops<Device, T>::vocab_shard_max; &ops<Device, T>::vocab_shard_finish; };
+
 template <class Device, class T, class Impl>
 struct attention {
   static_assert(dependent_false<Device, T, Impl>,

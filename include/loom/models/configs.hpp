@@ -7,8 +7,11 @@
 ///   vocab                     real vocabulary size (token ids in [0, vocab))
 ///   vocab_padded              embedding rows; >= vocab, padded for alignment/TP; padded rows
 ///                             are never predicted (softmax runs over [0, vocab) only)
+///   arch (optional)           the architecture recipe (nn/recipe.hpp); nn::gpt2 when absent
 #include <concepts>
 #include <string_view>
+
+#include <loom/nn/recipe.hpp>
 
 namespace loom::models {
 
@@ -33,6 +36,16 @@ struct tiny {
 /// in {1, 2, 4} divide it; per-rank widths stay odd-sized (head 5, C/TP 10 or 5, Vp/TP 32 or 16).
 struct tiny_parallel {
   static constexpr std::string_view name = "tiny_parallel";
+  static constexpr int n_layer = 4, n_head = 4, d_model = 20, max_seq = 16;
+  static constexpr int vocab = 61, vocab_padded = 64;
+};
+
+/// tiny_parallel's sizes with the second recipe, GPT-2 without linear biases and with an untied
+/// LM head (nn::gpt2_untied_nobias): the test that the parameter table, not code naming GPT-2's
+/// tensors, drives the trainers, data parallelism, checkpoints and resharding.
+struct tiny_untied {
+  static constexpr std::string_view name = "tiny_untied";
+  static constexpr nn::recipe arch = nn::gpt2_untied_nobias;
   static constexpr int n_layer = 4, n_head = 4, d_model = 20, max_seq = 16;
   static constexpr int vocab = 61, vocab_padded = 64;
 };
@@ -78,6 +91,6 @@ struct gpt2_small {
 
 static_assert(model_config<tiny> && model_config<char_tiny> && model_config<quickstart> && model_config<bench_small> &&
               model_config<gpt2_small>);
-static_assert(model_config<quickstart_bpe> && model_config<tiny_parallel>);
+static_assert(model_config<quickstart_bpe> && model_config<tiny_parallel> && model_config<tiny_untied>);
 
 }  // namespace loom::models

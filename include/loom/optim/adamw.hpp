@@ -92,9 +92,9 @@ class adamw {
   /// Increments step().
   void update(context<device>& ctx, G& model, double lr, double grad_scale) {
     ++t_;
-    for (int k = 0; k < nn::num_param_tensors; ++k) {
-      const auto p = model.parameter(nn::param(k));
-      const auto g = model.gradient(nn::param(k));
+    for (std::size_t k = 0; k < G::num_tensors; ++k) {
+      const auto p = model.parameter(k);
+      const auto g = model.gradient(k);
       const std::size_t off = G::offsets[k];
       const double wd = G::table[k].decay ? cfg_.weight_decay : 0.0;
       if constexpr (has_master)

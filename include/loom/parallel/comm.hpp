@@ -256,6 +256,26 @@ concept communicator = communicator_for<C, float> && communicator_for<C, double>
                        communicator_for<C, Eigen::bfloat16> && communicator_for<C, Eigen::half> &&
                        communicator_for<C, std::int32_t> && communicator_for<C, std::int64_t>;
 
+/// A one-rank group: the tensor- and pipeline-parallel groups of a layout<1,1> trainer and of a
+/// TP = 1 model called without a group. Its reductions and broadcasts are identities; send and
+/// recv have no peer and throw loom::error.
+struct local_group {
+  static constexpr int size() noexcept { return 1; }
+  static constexpr int rank() noexcept { return 0; }
+  template <class X>
+  void all_reduce(std::span<X>, reduce_op) noexcept {}
+  template <class X>
+  void broadcast(std::span<X>, int) noexcept {}
+  template <class X>
+  void send(std::span<const X>, int, int) {
+    throw error("parallel::local_group: a one-rank group has no peer to send to");
+  }
+  template <class X>
+  void recv(std::span<X>, int, int) {
+    throw error("parallel::local_group: a one-rank group has no peer to receive from");
+  }
+};
+
 /// The tensor-, data- and pipeline-parallel groups of one rank, built by make_groups.
 ///   tp  size L::tp; ranks of one tensor-parallel shard set (consecutive world ranks)
 ///   dp  size world/(L::tp*L::pp); replicas of the same shard (world stride L::tp)

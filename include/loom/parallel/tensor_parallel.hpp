@@ -29,6 +29,7 @@
 /// activation gradients = (documented per function).
 /// Errors: what the communicator throws (loom::input_error for mismatched calls across ranks,
 /// comm_aborted, comm_timeout); sizes are the caller's contract and not checked here.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -36,8 +37,7 @@
 
 #include <loom/core/context.hpp>
 #include <loom/device/policy.hpp>
-#include <loom/kernels/cpu.hpp>
-#include <loom/kernels/cpu/vocab_parallel.hpp>
+#include <loom/kernels/ops.hpp>
 #include <loom/parallel/comm.hpp>
 
 namespace loom::parallel {
@@ -137,17 +137,8 @@ void row_parallel_linear_backward(context<D>& ctx, T* dinp, G* dw, G* dbias, con
 }
 
 // ---------------------------------------------------------------------------------------------
-// Vocab-parallel embedding and cross-entropy (CPU kernels for the local pieces)
+// Vocab-parallel embedding and cross-entropy (the local pieces are kernels::ops members)
 // ---------------------------------------------------------------------------------------------
-
-namespace detail {
-template <class D>
-constexpr void require_host_vocab_kernels() {
-  static_assert(device::host_accessible_v<D>,
-                "loom::parallel vocab-parallel embedding / cross-entropy: only the CPU kernels of the local "
-                "pieces exist (kernels/cpu/vocab_parallel.hpp); add them to kernels::ops for this device");
-}
-}  // namespace detail
 
 /// VocabParallelEmbedding forward with the (replicated) position embedding:
 ///   out (B*Tn, C) = wte[tokens] + wpe[t]   written (=), identical on every tp rank
@@ -158,11 +149,9 @@ constexpr void require_host_vocab_kernels() {
 template <class D, class T, communicator_for<T> Comm>
 void vocab_parallel_embedding_forward(context<D>& ctx, T* out, const std::int32_t* tokens, const T* wte_local,
                                       const T* wpe, int B, int Tn, int C, int vocab_padded, Comm& tp) {
-  detail::require_host_vocab_kernels<D>();
   const auto r = vocab_range::of(vocab_padded, tp.size(), tp.rank());
-  const kernel_scope k(ctx.hook, "embedding_forward");
-  kernels::cpu::embedding_shard_forward(out, tokens, wte_local, tp.rank() == 0 ? wpe : nullptr, B, Tn, C, r.begin,
-                                        r.rows);
+  kernels::ops<D, T>::embedding_shard_forward(ctx, out, tokens, wte_local, tp.rank() == 0 ? wpe : nullptr, B, Tn, C,
+                                              r.begin, r.rows);
   ctx.synchronize();
   reduce_from_tp_forward(std::span<T>(out, std::size_t(B) * Tn * C), tp);
 }
@@ -173,10 +162,8 @@ void vocab_parallel_embedding_forward(context<D>& ctx, T* out, const std::int32_
 template <class D, class T, class G, communicator_for<T> Comm>
 void vocab_parallel_embedding_backward(context<D>& ctx, G* dwte_local, G* dwpe, const T* dout,
                                        const std::int32_t* tokens, int B, int Tn, int C, int vocab_padded, Comm& tp) {
-  detail::require_host_vocab_kernels<D>();
   const auto r = vocab_range::of(vocab_padded, tp.size(), tp.rank());
-  const kernel_scope k(ctx.hook, "embedding_backward");
-  kernels::cpu::embedding_shard_backward(dwte_local, dwpe, dout, tokens, B, Tn, C, r.begin, r.rows);
+  kernels::ops<D, T>::embedding_shard_backward(ctx, dwte_local, dwpe, dout, tokens, B, Tn, C, r.begin, r.rows);
 }
 
 /// Scratch elements vocab_parallel_crossentropy needs for N rows: 3N in the accumulator type.
@@ -195,32 +182,27 @@ constexpr std::size_t vocab_parallel_crossentropy_scratch(int N) noexcept { retu
 /// values (softmax denominators and target logits, the latter contributed by the owning rank).
 /// Returns the sum of the losses (identical on every rank). Cost: ~4 N V/tp flops per rank.
 template <class D, class T, communicator_for<T> Comm>
-  requires communicator_for<Comm, kernels::cpu::acc_t<T>>
-kernels::cpu::acc_t<T> vocab_parallel_crossentropy(context<D>& ctx, T* logits_local, kernels::cpu::acc_t<T>* losses,
-                                                   const std::int32_t* targets, kernels::cpu::acc_t<T>* scratch,
-                                                   int N, int V, int vocab_padded, bool write_dlogits,
-                                                   kernels::cpu::acc_t<T> grad_scale, Comm& tp) {
-  detail::require_host_vocab_kernels<D>();
-  using A = kernels::cpu::acc_t<T>;
+  requires communicator_for<Comm, typename kernels::ops<D, T>::acc>
+typename kernels::ops<D, T>::acc vocab_parallel_crossentropy(context<D>& ctx, T* logits_local,
+                                                             typename kernels::ops<D, T>::acc* losses,
+                                                             const std::int32_t* targets,
+                                                             typename kernels::ops<D, T>::acc* scratch, int N, int V,
+                                                             int vocab_padded, bool write_dlogits,
+                                                             typename kernels::ops<D, T>::acc grad_scale, Comm& tp) {
+  using ops = kernels::ops<D, T>;
+  using A = typename ops::acc;
   const auto r = vocab_range::of(vocab_padded, tp.size(), tp.rank());
-  const int valid = kernels::cpu::real_columns(V, r.begin, r.rows);
+  const int valid = std::clamp(V - r.begin, 0, r.rows);  // real (non-padding) columns of this shard
   A* row_max = scratch;
   A* stats = scratch + N;
-  {
-    const kernel_scope k(ctx.hook, "crossentropy_max");
-    kernels::cpu::vocab_shard_max(row_max, logits_local, targets, N, r.rows, valid);
-  }
+  ops::vocab_shard_max(ctx, row_max, logits_local, targets, N, r.rows, valid);
   ctx.synchronize();
   tp.all_reduce(std::span<A>(row_max, std::size_t(N)), reduce_op::max);
-  {
-    const kernel_scope k(ctx.hook, "crossentropy_sums");
-    kernels::cpu::vocab_shard_sums(stats, logits_local, row_max, targets, N, r.rows, valid, r.begin);
-  }
+  ops::vocab_shard_sums(ctx, stats, logits_local, row_max, targets, N, r.rows, valid, r.begin);
   ctx.synchronize();
   tp.all_reduce(std::span<A>(stats, 2 * std::size_t(N)), reduce_op::sum);
-  const kernel_scope k(ctx.hook, "crossentropy_finish");
-  return kernels::cpu::vocab_shard_finish(logits_local, losses, row_max, stats, targets, N, r.rows, valid, r.begin,
-                                          write_dlogits, grad_scale);
+  return ops::vocab_shard_finish(ctx, logits_local, losses, row_max, stats, targets, N, r.rows, valid, r.begin,
+                                 write_dlogits, grad_scale);
 }
 
 }  // namespace loom::parallel

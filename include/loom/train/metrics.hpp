@@ -28,6 +28,7 @@
 #include <loom/core/memory.hpp>
 #include <loom/io/scalar.hpp>
 #include <loom/models/configs.hpp>
+#include <loom/nn/params.hpp>
 
 namespace loom::train {
 
@@ -156,16 +157,16 @@ constexpr double flops_per_token(double n_params_no_pos, int n_layer, int seq_le
   return 6.0 * n_params_no_pos + 12.0 * double(n_layer) * double(seq_len) * double(d_model);
 }
 
-/// Parameters of a GPT-2 style model M without the position embedding: tied token embedding /
-/// LM head (vocab_padded x d), per layer ln1, qkv, attn proj, ln2, fc, fc proj with biases
+/// Parameters of model M that multiply once per token (its table without the tables that are
+/// only looked up: nn::parameter_count<M>(false)). For GPT-2: the tied token embedding / LM head
+/// (vocab_padded x d), per layer ln1, qkv, attn proj, ln2, fc, fc proj with biases
 /// (12 d^2 + 13 d), final layernorm (2 d). Counted at vocab_padded, as stored and multiplied.
 template <models::model_config M>
 constexpr std::int64_t gpt_parameters_without_position() noexcept {
-  const std::int64_t d = M::d_model;
-  return std::int64_t(M::vocab_padded) * d + std::int64_t(M::n_layer) * (12 * d * d + 13 * d) + 2 * d;
+  return std::int64_t(nn::parameter_count<M>(false));
 }
 
-/// flops_per_token for a GPT-2 style model M trained at sequence length `seq_len`.
+/// flops_per_token for model M trained at sequence length `seq_len`.
 template <models::model_config M>
 constexpr double flops_per_token(int seq_len) noexcept {
   return flops_per_token(double(gpt_parameters_without_position<M>()), M::n_layer, seq_len, M::d_model);

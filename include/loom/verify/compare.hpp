@@ -238,20 +238,13 @@ report compare(nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>
       copy_parameters(a, ca, b, cb);
     } else {
       // the caller's weights: compare every parameter tensor first (forward order)
-      auto add_weight = [&](nn::param k, int layer) {
-        const auto& s = GA::table[std::size_t(k)];
+      nn::for_each_tensor(GA::table, int(L), [&](std::size_t k, int layer) {
+        const auto& s = GA::table[k];
         const auto wa = a.parameter(k), wb = b.parameter(k);
-        const std::size_t per = layer < 0 ? wa.size() : wa.size() / std::size_t(s.shape[0]);
-        const std::size_t off = layer < 0 ? 0 : std::size_t(layer) * per;
+        const std::size_t per = s.layer_size(), off = layer < 0 ? 0 : std::size_t(layer) * per;
         add(std::string("weight ") + (layer < 0 ? "" : "layer " + std::to_string(layer) + " ") + std::string(s.name),
             false, layer, wa.data() + off, wb.data() + off, per);
-      };
-      add_weight(nn::param::wte, -1);
-      add_weight(nn::param::wpe, -1);
-      for (std::size_t l = 0; l < L; ++l)
-        for (int k = int(nn::param::ln1_w); k <= int(nn::param::fcproj_b); ++k) add_weight(nn::param(k), int(l));
-      add_weight(nn::param::lnf_w, -1);
-      add_weight(nn::param::lnf_b, -1);
+      });
     }
     buffer<DA, std::int32_t> in_a(BT, ca.stream), tg_a(BT, ca.stream);
     buffer<DB, std::int32_t> in_b(BT, cb.stream), tg_b(BT, cb.stream);
@@ -294,24 +287,17 @@ report compare(nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>
     add("dlogits", true, -1, pa.logits, pb.logits, BT * MA::vocab_padded);
     ma.backward(ca, aa, in_a.data(), B, T);
     b.backward(cb, ab, in_b.data(), B, T);
-    auto add_grad = [&](nn::param k, int layer) {
-      const auto& s = GA::table[std::size_t(k)];
-      const auto ga = ma.gradient(k), gb = b.gradient(k);
-      const std::size_t per = layer < 0 ? ga.size() : ga.size() / std::size_t(s.shape[0]);
-      const std::size_t off = layer < 0 ? 0 : std::size_t(layer) * per;
-      add(std::string("grad ") + (layer < 0 ? "" : "layer " + std::to_string(layer) + " ") + std::string(s.name), true,
-          layer, ga.data() + off, gb.data() + off, per);
-    };
-    add_grad(nn::param::lnf_w, -1);
-    add_grad(nn::param::lnf_b, -1);
-    constexpr nn::param per_layer[] = {nn::param::fcproj_w, nn::param::fcproj_b, nn::param::fc_w,   nn::param::fc_b,
-                                       nn::param::ln2_w,    nn::param::ln2_b,    nn::param::attproj_w,
-                                       nn::param::attproj_b, nn::param::qkv_w,   nn::param::qkv_b,  nn::param::ln1_w,
-                                       nn::param::ln1_b};
-    for (int l = int(L) - 1; l >= 0; --l)
-      for (nn::param k : per_layer) add_grad(k, l);
-    add_grad(nn::param::wpe, -1);
-    add_grad(nn::param::wte, -1);
+    // every parameter gradient, in backward order
+    nn::for_each_tensor(
+        GA::table, int(L),
+        [&](std::size_t k, int layer) {
+          const auto& s = GA::table[k];
+          const auto ga = ma.gradient(k), gb = b.gradient(k);
+          const std::size_t per = s.layer_size(), off = layer < 0 ? 0 : std::size_t(layer) * per;
+          add(std::string("grad ") + (layer < 0 ? "" : "layer " + std::to_string(layer) + " ") + std::string(s.name),
+              true, layer, ga.data() + off, gb.data() + off, per);
+        },
+        /*reverse=*/true);
     return r;
   }
 }

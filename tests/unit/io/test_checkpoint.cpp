@@ -25,6 +25,8 @@
 #include <loom/kernels/cpu.hpp>
 #include <loom/train/trainer.hpp>
 
+#include "../../support/temp_dir.hpp"
+
 namespace fs = std::filesystem;
 using namespace loom;
 using M = models::tiny;
@@ -33,20 +35,7 @@ using trainer_t = train::trainer<M, P, 4, 16>;
 
 namespace {
 
-/// A fresh directory under $TMPDIR, removed with everything in it at scope exit.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string tmpl = (fs::temp_directory_path() / "loom_checkpoint_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
+using loom_test::temp_dir;
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -209,7 +198,7 @@ TEST_CASE("checkpoint: the manifest records state, shapes and checksums; the fil
   CHECK(j.at("library").at("version") == "0.1.0");
   CHECK(j.at("trainer").at("grad_accum") == 2);
   // tensors: logical shape = the unsplit table's, with the shard rule
-  REQUIRE(j.at("tensors").size() == std::size_t(nn::num_param_tensors));
+  REQUIRE(j.at("tensors").size() == nn::num_params<M>);
   const auto& qkv = j.at("tensors").at(int(nn::param::qkv_w));
   CHECK(qkv.at("name") == "qkv_w");
   CHECK(qkv.at("shard") == "column");
@@ -222,12 +211,12 @@ TEST_CASE("checkpoint: the manifest records state, shapes and checksums; the fil
   CHECK(j.at("files").at(0).at("xxh3_64").get<std::string>().size() == 16);
   // tensors in the file equal the trainer's, bit for bit
   const io::safetensors_reader r(f.file(2));
-  CHECK(r.tensors().size() == 3u * nn::num_param_tensors);
+  CHECK(r.tensors().size() == 3u * int(nn::num_params<M>));
   const auto& opt = f.tr.optimizer();
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
+  for (int k = 0; k < int(nn::num_params<M>); ++k) {
     const std::string name(trainer_t::model_t::table[std::size_t(k)].name);
     const auto n = trainer_t::model_t::table[std::size_t(k)].size(), off = trainer_t::model_t::offsets[std::size_t(k)];
-    CHECK(same_bits(r.read<float>("param." + name), f.tr.model().parameter(nn::param(k)).span()));
+    CHECK(same_bits(r.read<float>("param." + name), f.tr.model().parameter(std::size_t(k)).span()));
     CHECK(same_bits(r.read<float>("adam_m." + name), opt.first_moment().subview(off, n).span()));
     CHECK(same_bits(r.read<float>("adam_v." + name), opt.second_moment().subview(off, n).span()));
   }
@@ -564,9 +553,9 @@ TEST_CASE("gpt2 export: Conv1D orientation, F32, config.json; import restores th
 
   G b(ctx, 22);
   io::import_gpt2(ctx, b, dir / "hf");
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
+  for (int k = 0; k < int(nn::num_params<M>); ++k) {
     CAPTURE(k);
-    auto pa = a.parameter(nn::param(k)).span(), pb = b.parameter(nn::param(k)).span();
+    auto pa = a.parameter(std::size_t(k)).span(), pb = b.parameter(std::size_t(k)).span();
     if (k == int(nn::param::wte)) {
       CHECK(same_bits(pa.first(std::size_t(M::vocab) * 24), pb.first(std::size_t(M::vocab) * 24)));
       for (std::size_t i = std::size_t(M::vocab) * 24; i < pb.size(); ++i) CHECK(pb[i] == 0.0f);
@@ -655,7 +644,7 @@ TEST_CASE("reshard: shards match the layout's parameter table; gather inverts sh
   using RM = reshard_model;
   constexpr auto t22 = nn::param_table<RM, parallel::layout<2, 2>>();
   constexpr auto t12 = nn::param_table<RM, parallel::layout<1, 2>>();
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
+  for (int k = 0; k < int(nn::num_params<RM>); ++k) {
     CAPTURE(k);
     const auto g = io::geometry_of<RM>(k);
     std::vector<std::byte> logical(g.logical_elems() * 4);

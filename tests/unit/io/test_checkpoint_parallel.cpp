@@ -3,7 +3,8 @@
 // `latest`; a failing rank stops everyone), data parallelism with ZeRO-1 (each rank's moment
 // shard, bitwise resume, loading into another data-parallel size or ZeRO setting), tensor and
 // pipeline parallel files (train::parallel_trainer, also with ZeRO-1 on its dp group) and
-// resharding across (TP, PP, DP) layouts.
+// resharding across (TP, PP, DP) layouts, for GPT-2 and for a second recipe defined only as data
+// (models::tiny_untied: no linear biases, an untied LM head).
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
@@ -31,6 +32,8 @@
 #include <loom/train/parallel_trainer.hpp>
 #include <loom/train/trainer.hpp>
 
+#include "../../support/temp_dir.hpp"
+
 namespace fs = std::filesystem;
 using namespace loom;
 
@@ -40,18 +43,7 @@ using M = models::tiny;
 using P = policy<device::cpu, precision::fp32>;
 using trainer_t = train::trainer<M, P, 4, 16>;
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string tmpl = (fs::temp_directory_path() / "loom_ckpt_par_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using loom_test::temp_dir;
 
 std::string read_text(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -324,9 +316,11 @@ TEST_CASE("checkpoint (multi-rank): a rank whose write fails stops the save on e
 namespace {
 
 using MP = models::tiny_parallel;  // 4 layers, 4 heads: splits over tp 2 and pp 2
-template <int TP, int PP>
-using layout_trainer = train::parallel_trainer<MP, policy<device::cpu, precision::fp32, layout<TP, PP>>, 2, 8, comm::threads>;
-using plain_trainer = train::trainer<MP, P, 2, 8>;
+using MU = models::tiny_untied;  // MP's sizes, no linear biases, an untied LM head (nn::gpt2_untied_nobias)
+template <int TP, int PP, class Model = MP>
+using layout_trainer = train::parallel_trainer<Model, policy<device::cpu, precision::fp32, layout<TP, PP>>, 2, 8, comm::threads>;
+template <class Model = MP>
+using plain_trainer = train::trainer<Model, P, 2, 8>;
 
 /// Rows of step s's global batch of 4 windows of 9 tokens (next = 7 t + 3 mod vocab, every 4th
 /// random); s = -1 is the evaluation batch.
@@ -355,7 +349,7 @@ train::trainer_config mp_config(int micro, int accum, std::uint64_t seed) {
 /// dp 1, one per replica at dp 2; ZeRO-1 on the dp group if zero1): optionally loads `load`,
 /// evaluates, optionally saves (collectively, after loading / step `from`), then trains steps
 /// [from, to). Returns the evaluation loss and the training losses.
-template <int TP, int PP>
+template <int TP, int PP, class Model = MP>
 std::pair<double, std::vector<double>> layout_run(long from, long to, const fs::path& load, const fs::path& save_root,
                                                   std::vector<std::string>* warnings = nullptr, int dp = 1,
                                                   bool zero1 = false) {
@@ -364,7 +358,7 @@ std::pair<double, std::vector<double>> layout_run(long from, long to, const fs::
   comm::run_threads(TP * PP * dp, [&](comm::threads& world) {
     const one_thread_per_rank one_thread;
     context<device::cpu> ctx;
-    layout_trainer<TP, PP> tr(ctx, mp_config(2, 2 / dp, load.empty() ? 5 : 77), world,
+    layout_trainer<TP, PP, Model> tr(ctx, mp_config(2, 2 / dp, load.empty() ? 5 : 77), world,
                               parallel::ddp_options{.bucket_mb = 0.004, .zero1 = zero1});
     const int share = 4 / dp, first = tr.dp_rank() * share;
     if (!load.empty()) {
@@ -386,6 +380,7 @@ std::pair<double, std::vector<double>> layout_run(long from, long to, const fs::
 }
 
 /// The same on layout<1,1> with dp ranks (ZeRO-1 when dp > 1; each rank 4/dp windows).
+template <class Model = MP>
 std::pair<double, std::vector<double>> plain_run(int dp, long from, long to, const fs::path& load, const fs::path& save_root) {
   double eval = 0;
   std::vector<double> losses;
@@ -404,7 +399,7 @@ std::pair<double, std::vector<double>> plain_run(int dp, long from, long to, con
   if (dp == 1) {
     const one_thread_per_rank one_thread;
     context<device::cpu> ctx;
-    plain_trainer tr(ctx, mp_config(2, 2, 88));
+    plain_trainer<Model> tr(ctx, mp_config(2, 2, 88));
     body(tr, ctx, 0, [&] {
       if (!save_root.empty()) io::save_checkpoint(ctx, save_root, tr, state_at(from));
     });
@@ -414,7 +409,7 @@ std::pair<double, std::vector<double>> plain_run(int dp, long from, long to, con
       context<device::cpu> ctx;
       parallel::ddp_options o;
       o.zero1 = true;
-      plain_trainer tr(ctx, mp_config(2, 4 / dp / 2, 88), world, o);
+      plain_trainer<Model> tr(ctx, mp_config(2, 4 / dp / 2, 88), world, o);
       body(tr, ctx, world.rank(), [&] {
         if (!save_root.empty()) io::save_checkpoint(ctx, save_root, tr, state_at(from), world);
       });
@@ -440,7 +435,7 @@ TEST_CASE("checkpoint (layouts): (TP,PP,DP) = (2,2,1) -> (1,1,2) ZeRO-1 -> (1,1,
   CHECK(man["layout"]["pp"] == 2);
   REQUIRE(man["files"].size() == 4);
   CHECK(man["files"][3]["path"] == "model-tp01-pp01.safetensors");
-  CHECK(man["tensors"][int(nn::param::lnf_w)]["used_on_stages"] == "last");
+  CHECK(man["tensors"][nn::rows_by_role<MP>[int(nn::role::lnf_w)]]["used_on_stages"] == "last");
   // the files hold local shapes: qkv_w of a (tp 1, stage 1) rank = layers 2..3, its heads' rows
   const io::safetensors_reader r11(a / step3 / "model-tp01-pp01.safetensors");
   CHECK(r11.info("param.qkv_w").shape == std::vector<std::int64_t>{2, 30, 20});
@@ -521,10 +516,79 @@ TEST_CASE("checkpoint (layouts, ZeRO-1): (2,1,2) ZeRO-1 resumes bit for bit, res
   CHECK(curve_a[2] < eval_a);  // it trains
 }
 
+TEST_CASE("recipe as data: tiny_untied (no linear biases, untied LM head) trains on every layout like one rank, "
+          "checkpoints and reshards") {
+  // The recipe lives in nn/recipe.hpp and models/configs.hpp only; its table drives the rest.
+  constexpr auto t = nn::param_table<MU, layout<1, 1>>();
+  static_assert(t.size() == 13 && nn::rows_by_role<MU>[int(nn::role::qkv_b)] == -1);
+  const auto& head = t[std::size_t(nn::rows_by_role<MU>[int(nn::role::lm_head)])];
+  CHECK(head.rule == nn::shard::vocab);
+  CHECK(head.used == nn::stages::last);
+  CHECK(t[0].used == nn::stages::first);  // wte: the embedding only
+  constexpr long C = 20, Vp = 64, H = 80;
+  CHECK(nn::parameter_count<MU>() == std::size_t(2 * Vp * C + 16 * C + 4 * (4 * C + 3 * C * C + C * C + 2 * C * H) + 2 * C));
+  CHECK(nn::parameter_count<MU>(false) == nn::parameter_count<MU>() - std::size_t(Vp * C + 16 * C));
+
+  // one rank from scratch (train::trainer): 3 steps, evaluate, 3 more
+  std::vector<double> one;
+  double eval_one = 0;
+  {
+    const one_thread_per_rank one_thread;
+    context<device::cpu> ctx;
+    plain_trainer<MU> tr(ctx, mp_config(2, 2, 5));
+    for (long s = 0; s < 6; ++s) {
+      if (s == 3) eval_one = tr.evaluate(ctx, mp_windows(-1, 0, 4));
+      one.push_back(tr.step(ctx, mp_windows(s, 0, 4)).loss);
+    }
+    const auto wte = tr.model().parameter(nn::role::wte), lm = tr.model().parameter(nn::role::lm_head);
+    CHECK(!std::equal(wte.begin(), wte.end(), lm.begin()));  // two matrices, trained apart
+  }
+  temp_dir dir;
+  const fs::path a = dir.path / "a", b = dir.path / "b", g = dir.path / "gpt2";
+  const auto step3 = io::checkpoint_dir_name(3);
+  // every layout gives one rank's losses: (2,2,1) saving at step 3, (2,1,2) with ZeRO-1, (1,2,2)
+  const auto [eval_a, curve_a] = layout_run<2, 2, MU>(3, 6, {}, a);
+  const auto [eval_z, curve_z] = layout_run<2, 1, MU>(3, 6, {}, {}, nullptr, 2, true);
+  const auto [eval_p, curve_p] = layout_run<1, 2, MU>(3, 6, {}, {}, nullptr, 2, false);
+  for (const double e : {eval_a, eval_z, eval_p}) check_close(e, eval_one);
+  for (const auto* curve : {&curve_a, &curve_z, &curve_p}) {
+    REQUIRE(curve->size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) check_close((*curve)[i], one[3 + i]);
+  }
+  // the manifest is the table's: 13 tensors, the untied head used on the last stage
+  const auto man = io::verify_checkpoint(a / step3);
+  CHECK(man["model"]["arch"] == "gpt2_untied_nobias");
+  REQUIRE(man["tensors"].size() == 13);
+  CHECK(man["tensors"][12]["name"] == "lm_head");
+  CHECK(man["tensors"][12]["used_on_stages"] == "last");
+  CHECK(man["tensors"][0]["used_on_stages"] == "first");
+  // reshard: (2,2,1) -> (1,2,2) ZeRO-1 (saved again) -> (1,1,1) -> (2,1,1)
+  const auto [eval_b, curve_b] = layout_run<1, 2, MU>(3, 6, a / step3, b, nullptr, 2, true);
+  const auto [eval_c, curve_c] = plain_run<MU>(1, 3, 6, b / step3, {});
+  const auto [eval_d, curve_d] = layout_run<2, 1, MU>(3, 6, b / step3, {});
+  for (const double e : {eval_b, eval_c, eval_d}) check_close(e, eval_a);
+  for (const auto* curve : {&curve_b, &curve_c, &curve_d}) {
+    REQUIRE(curve->size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) check_close((*curve)[i], curve_a[i]);
+  }
+  MESSAGE("tiny_untied: eval loss after 3 steps on one rank " << eval_one << ", (2,2,1) " << eval_a << ", (2,1,2) ZeRO-1 "
+                                                              << eval_z << ", (1,2,2) " << eval_p << "; after resharding "
+                                                              << eval_b << " / " << eval_c << " / " << eval_d);
+  // a GPT-2 checkpoint of the same sizes is refused, naming both architectures
+  layout_run<2, 1, MP>(1, 1, {}, g);
+  const one_thread_per_rank one_thread;
+  context<device::cpu> ctx;
+  plain_trainer<MU> tr(ctx, mp_config(2, 2, 5));
+  CHECK_THROWS_WITH_AS(io::load_checkpoint(ctx, g / io::checkpoint_dir_name(1), tr),
+                       doctest::Contains("architecture 'gpt2' (model tiny_parallel), but this run has architecture "
+                                         "'gpt2_untied_nobias'"),
+                       input_error);
+}
+
 TEST_CASE("reshard: io::shard_tensor places every element where nn::global_index says (layout<2,2>)") {
   using L = layout<2, 2>;
   constexpr auto t = nn::param_table<MP, L>();
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
+  for (int k = 0; k < int(nn::num_params<MP>); ++k) {
     const auto g = io::geometry_of<MP>(k);
     std::vector<std::int32_t> logical(g.logical_elems());
     for (std::size_t i = 0; i < logical.size(); ++i) logical[i] = std::int32_t(i);
@@ -536,7 +600,7 @@ TEST_CASE("reshard: io::shard_tensor places every element where nn::global_index
         for (std::size_t i = 0; i < t[std::size_t(k)].size(); ++i) {
           std::int32_t v;
           std::memcpy(&v, shard.data() + 4 * i, 4);
-          same = same && std::size_t(v) == nn::global_index<MP, L>(nn::param(k), r, s, i);
+          same = same && std::size_t(v) == nn::global_index<MP, L>(std::size_t(k), r, s, i);
         }
         CAPTURE(k);
         CHECK(same);

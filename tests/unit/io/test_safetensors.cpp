@@ -18,6 +18,8 @@
 
 #include <loom/io/safetensors.hpp>
 
+#include "../../support/temp_dir.hpp"
+
 namespace fs = std::filesystem;
 using loom::io::safetensors_reader;
 using loom::io::safetensors_writer;
@@ -32,20 +34,7 @@ fs::path source_dir() {
 #endif
 }
 
-/// A fresh directory under $TMPDIR, removed with everything in it at scope exit.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string tmpl = (fs::temp_directory_path() / "loom_safetensors_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
+using loom_test::temp_dir;
 
 void write_bytes(const fs::path& p, const std::string& bytes) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);

@@ -379,9 +379,9 @@ TEST_CASE("gpt<tiny> fp64 with fused attention: parameter gradients match centra
   model.backward(ctx, acts, in.data(), b, t);
   ref.backward(ctx, racts, in.data(), b, t);
   CHECK(max_rel_error(model.gradients(), ref.gradients()) < 1e-10);
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
-    auto p = model.parameter(nn::param(k));
-    auto g = model.gradient(nn::param(k));
+  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+    auto p = model.parameter(std::size_t(k));
+    auto g = model.gradient(std::size_t(k));
     std::vector<double> analytic, numeric;
     for (std::size_t i = 0; i < p.size(); i += 1 + p.size() / 40) {  // ~40 elements per tensor
       const double old = p[i], h = 1e-5;

@@ -50,8 +50,8 @@ TEST_CASE_TEMPLATE("gpt<tiny> matches the PyTorch golden file: logits, loss, gra
   cfg.adamw = {0.9, 0.95, 1e-8, 0.1, 1.0};
   train::trainer<M, P, B, T> tr(ctx, cfg);
   auto& model = tr.model();
-  for (int k = 0; k < nn::num_param_tensors; ++k)
-    golden.read_into("param." + std::string(model.table[k].name), model.parameter(nn::param(k)).span());
+  for (int k = 0; k < int(nn::num_params<M>); ++k)
+    golden.read_into("param." + std::string(model.table[k].name), model.parameter(std::size_t(k)).span());
   const double tol = std::is_same_v<S, double> ? 1e-8 : 1.0;
   const auto tokens = golden.read<std::int32_t>("tokens");
   const auto targets = golden.read<std::int32_t>("targets");
@@ -70,10 +70,10 @@ TEST_CASE_TEMPLATE("gpt<tiny> matches the PyTorch golden file: logits, loss, gra
   model.zero_grad(ctx);
   model.forward(ctx, acts, tokens.data(), targets.data(), B, T, S(1) / S(count));
   model.backward(ctx, acts, tokens.data(), B, T);
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
+  for (int k = 0; k < int(nn::num_params<M>); ++k) {
     const std::string name(model.table[k].name);
     INFO("grad." << name);
-    CHECK(worst_rel(model.gradient(nn::param(k)).span(), golden.read<double>("grad." + name)) < 1e-4);
+    CHECK(worst_rel(model.gradient(std::size_t(k)).span(), golden.read<double>("grad." + name)) < 1e-4);
   }
 
   // 10 optimizer steps on the same batch
@@ -86,11 +86,11 @@ TEST_CASE_TEMPLATE("gpt<tiny> matches the PyTorch golden file: logits, loss, gra
     CHECK(r.lr == doctest::Approx(lrs[s]).epsilon(1e-12));
     CHECK_FALSE(r.skipped);
   }
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
+  for (int k = 0; k < int(nn::num_params<M>); ++k) {
     const std::string name(model.table[k].name);
     INFO("final." << name);
     auto ref = golden.read<double>("final." + name);
-    std::vector<double> got(model.parameter(nn::param(k)).begin(), model.parameter(nn::param(k)).end());
+    std::vector<double> got(model.parameter(std::size_t(k)).begin(), model.parameter(std::size_t(k)).end());
     if (nn::param(k) == nn::param::qkv_b && std::is_same_v<S, float>) {
       // The key bias has an exactly zero gradient (softmax is invariant to adding q.b_k to a
       // whole row). In fp32 that gradient is rounding noise of ~1e-9, which AdamW (eps 1e-8)

@@ -1,4 +1,4 @@
-// The whole model in float64: every parameter tensor's gradient against central finite
+// The whole model in float64, for both recipes: every parameter tensor's gradient against central finite
 // differences (a sample of elements per tensor), on a random batch with an ignored target,
 // with a micro-batch and sequence shorter than the activation capacity.
 #include <doctest/doctest.h>
@@ -11,9 +11,10 @@
 
 using namespace loom;
 
-TEST_CASE("gpt<tiny> fp64: parameter gradients match central differences") {
+// models::tiny is GPT-2; models::tiny_untied has no linear biases and an LM head of its own
+// (nn::gpt2_untied_nobias), so its table has 13 rows and the head's gradient is its own.
+TEST_CASE_TEMPLATE("gpt fp64: parameter gradients match central differences", M, models::tiny, models::tiny_untied) {
   using P = policy<device::cpu, precision::fp64>;
-  using M = models::tiny;
   context<device::cpu> ctx;
   nn::gpt<M, P> model(ctx, 7);
   // randomise every parameter (LayerNorm gains/biases included) so every path is exercised
@@ -22,7 +23,7 @@ TEST_CASE("gpt<tiny> fp64: parameter gradients match central differences") {
   for (std::size_t i = 0; i < params.size(); ++i) params[i] += r[i];
   constexpr int B = 3, T = 9;  // capacity
   const int b = 2, t = 7;      // used
-  typename nn::gpt<M, P>::activations<B, T> acts(ctx);
+  typename nn::gpt<M, P>::template activations<B, T> acts(ctx);
   std::vector<std::int32_t> in(b * t), tg(b * t);
   for (int i = 0; i < b * t; ++i) {
     in[i] = std::int32_t(random_below(M::vocab, 5, 0, i));
@@ -36,9 +37,9 @@ TEST_CASE("gpt<tiny> fp64: parameter gradients match central differences") {
   CHECK(l0 > 3.0);  // near log(61) = 4.11 for a barely trained model
   CHECK(l0 < 6.0);
   model.backward(ctx, acts, in.data(), b, t);
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
-    auto p = model.parameter(nn::param(k));
-    auto g = model.gradient(nn::param(k));
+  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+    auto p = model.parameter(std::size_t(k));
+    auto g = model.gradient(std::size_t(k));
     std::vector<double> analytic, numeric;
     for (std::size_t i = 0; i < p.size(); i += 1 + p.size() / 40) {  // ~40 elements per tensor
       const double old = p[i], h = 1e-5;
@@ -61,7 +62,7 @@ TEST_CASE("gpt: two forward/backward passes with the same inputs are bitwise equ
   context<device::cpu> ctx;
   nn::gpt<M, P> a(ctx, 3), b(ctx, 3);
   constexpr int B = 4, T = 16;
-  typename nn::gpt<M, P>::activations<B, T> acts(ctx);
+  typename nn::gpt<M, P>::template activations<B, T> acts(ctx);
   std::vector<std::int32_t> in(B * T), tg(B * T);
   for (int i = 0; i < B * T; ++i) in[i] = std::int32_t(random_below(M::vocab, 1, 0, i)), tg[i] = std::int32_t(random_below(M::vocab, 1, 1, i));
   a.zero_grad(ctx);

@@ -124,12 +124,11 @@ std::vector<S> gather(const std::vector<rank_result<S>>& ranks, const std::vecto
                       std::size_t global_size) {
   std::vector<S> out(global_size);
   std::vector<char> seen(global_size, 0);
-  const auto p = nn::param(k);
   for (const auto& r : ranks) {
-    if (!nn::stage_uses(p, r.stage, Model::PP)) continue;
+    if (!nn::stage_uses(Model::table[std::size_t(k)], r.stage, Model::PP)) continue;
     const std::size_t off = Model::offsets[std::size_t(k)], n = Model::table[std::size_t(k)].size();
     for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t gi = nn::global_index<M, typename Model::layout>(p, r.tp, r.stage, i);
+      const std::size_t gi = nn::global_index<M, typename Model::layout>(std::size_t(k), r.tp, r.stage, i);
       if (gi >= global_size) {
         FAIL("global_index out of range for " << Model::table[std::size_t(k)].name);
       }
@@ -177,7 +176,7 @@ void equivalence_case(int m) {
     CHECK(r.loss == doctest::Approx(ref.loss).epsilon(tol));
     CHECK(r.norm == doctest::Approx(ref.norm).epsilon(tol));
   }
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
+  for (int k = 0; k < int(nn::num_params<M>); ++k) {
     const auto want_p = ref.tensor(ref.params, k);
     const auto want_g = ref.tensor(ref.grads, k);
     const auto got_p = gather<model_t>(ranks, &rank_result<S>::params, k, want_p.size());
@@ -199,12 +198,12 @@ TEST_CASE("gpt_parallel: initialisation is the single-rank model's, sharded as i
     for (int s = 0; s < PP; ++s)
       for (int r = 0; r < TP; ++r) {
         model_t part(ctx, r, s, 99);
-        for (int k = 0; k < nn::num_param_tensors; ++k) {
+        for (int k = 0; k < int(nn::num_params<M>); ++k) {
           CAPTURE(TP);
           CAPTURE(PP);
           CAPTURE(k);
-          const auto w = whole.parameter(nn::param(k));
-          const auto mine = part.parameter(nn::param(k));
+          const auto w = whole.parameter(std::size_t(k));
+          const auto mine = part.parameter(std::size_t(k));
           const auto want = io::shard_tensor(io::geometry_of<M>(k), sizeof(float),
                                              std::as_bytes(std::span<const float>(w.data(), w.size())), TP, PP, r, s);
           REQUIRE(want.size() == mine.bytes());

@@ -153,13 +153,12 @@ void training_case(int micro_per_replica) {
   // gradient element (summed in another order across ranks) into a visible fraction of lr
   // (measured up to 1.4% of lr at layout<2,2>); the loss curve above is the criterion.
   using ref_t = typename single_rank_curve<Prec>::model_t;
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
-    const auto p = nn::param(k);
+  for (int k = 0; k < int(nn::num_params<M>); ++k) {
     double err = 0;
     for (std::size_t r = 0; r < params.size(); ++r) {
-      if (!nn::stage_uses(p, stages[r], PP)) continue;
+      if (!nn::stage_uses(model_t::table[std::size_t(k)], stages[r], PP)) continue;
       for (std::size_t i = 0; i < model_t::table[std::size_t(k)].size(); ++i) {
-        const std::size_t gi = nn::global_index<M, layout<TP, PP>>(p, tps[r], stages[r], i);
+        const std::size_t gi = nn::global_index<M, layout<TP, PP>>(std::size_t(k), tps[r], stages[r], i);
         const double want = double(ref.params[ref_t::offsets[std::size_t(k)] + gi]);
         err = std::max(err, std::abs(double(params[r][model_t::offsets[std::size_t(k)] + i]) - want));
       }
@@ -484,8 +483,8 @@ TEST_CASE("gather_parameters / gather_to_global / load_global_parameters: layout
     std::vector<float> back(m1.size());
     nn::scatter_from_global(tr.model(), std::span<const float>(moments[me]), std::span<float>(back));
     moments_round_trip[me] = 1;
-    for (int k = 0; k < nn::num_param_tensors; ++k)
-      if (nn::stage_uses(nn::param(k), tr.stage(), 2))
+    for (int k = 0; k < int(nn::num_params<M>); ++k)
+      if (nn::stage_uses(nn::param_table<M, parallel::layout<1, 1>>()[std::size_t(k)], tr.stage(), 2))
         for (std::size_t i = trainer_t::model_t::offsets[std::size_t(k)]; i < trainer_t::model_t::offsets[std::size_t(k) + 1]; ++i)
           moments_round_trip[me] &= int(back[i] == m1.data()[i]);
     try {  // a buffer of the wrong size: every rank throws before communicating
@@ -496,9 +495,9 @@ TEST_CASE("gather_parameters / gather_to_global / load_global_parameters: layout
     typename trainer_t::model_t copy(ctx, tr.tp_rank(), tr.stage(), 99);  // other seed: every value must be loaded
     nn::load_global_parameters(ctx, copy, std::span<const float>(trained[me]));
     round_trip[me] = 1;  // every tensor this stage uses equals the trained one bitwise (the unused
-    for (int k = 0; k < nn::num_param_tensors; ++k) {  // ones, e.g. wpe on the last stage, stay at init)
-      if (!nn::stage_uses(nn::param(k), tr.stage(), 2)) continue;
-      const auto a = tr.model().parameter(nn::param(k)), b = copy.parameter(nn::param(k));
+    for (int k = 0; k < int(nn::num_params<M>); ++k) {  // ones, e.g. wpe on the last stage, stay at init)
+      if (!nn::stage_uses(nn::param_table<M, parallel::layout<1, 1>>()[std::size_t(k)], tr.stage(), 2)) continue;
+      const auto a = tr.model().parameter(std::size_t(k)), b = copy.parameter(std::size_t(k));
       round_trip[me] &= int(std::equal(a.begin(), a.end(), b.begin()));
     }
   });

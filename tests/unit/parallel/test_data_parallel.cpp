@@ -95,9 +95,9 @@ bool is_key_bias(int k, std::size_t i) {
 /// max |a - b| <= rel * max |b|, tensor by tensor; reports the worst tensor.
 template <class G>
 void check_close(const G& a, const G& b, bool grads, double rel) {
-  for (int k = 0; k < nn::num_param_tensors; ++k) {
-    const auto x = grads ? a.gradient(nn::param(k)) : a.parameter(nn::param(k));
-    const auto y = grads ? b.gradient(nn::param(k)) : b.parameter(nn::param(k));
+  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+    const auto x = grads ? a.gradient(std::size_t(k)) : a.parameter(std::size_t(k));
+    const auto y = grads ? b.gradient(std::size_t(k)) : b.parameter(std::size_t(k));
     double diff = 0, scale = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {
       if (!grads && is_key_bias<G>(k, i)) continue;

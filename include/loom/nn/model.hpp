@@ -1,0 +1,526 @@
+#pragma once
+/// \file loom::nn::transformer<Model, Policy, Attention>: one rank's part of a decoder-only
+/// Transformer under layout<TP, PP> — tensor-parallel rank tp_rank() of pipeline stage stage() —
+/// forward and backward. One class for every layout: at TP = 1 its tensor-parallel collectives
+/// compile away (Megatron-LM's `_reduce` returns its input for a one-rank group) and the
+/// embedding and loss are the fused single-rank kernels; at PP = 1 the stage slice is the whole
+/// model. nn::gpt (layout<1,1>) and nn::gpt_parallel are this class.
+///
+/// Architecture (Radford et al. 2019, "Language Models are Unsupervised Multitask Learners";
+/// llm.c's train_gpt2.c): token + learned position embeddings; n_layer pre-LayerNorm blocks
+///   ln1 -> qkv (column-parallel) -> causal attention -> proj (row-parallel) -> + residual
+///   ln2 -> fc (column-parallel) -> GELU(tanh) -> proj (row-parallel) -> + residual
+/// a final LayerNorm; the LM head tied to the token embedding (its gradient accumulates both
+/// uses) or, when the recipe unties it (nn/recipe.hpp), a matrix of its own; fused softmax
+/// cross-entropy over the real vocabulary. Which tensors exist (biases, the head) is the
+/// model's parameter table (nn/params.hpp), generated from its recipe.
+///
+/// The split follows Megatron-LM (Shoeybi et al. 2019 §3; Narayanan et al. 2021 §2):
+///   tensor parallel   qkv and fc column-parallel (a rank owns NH/TP whole heads and 4C/TP MLP
+///                     columns), attention projection and fc2 row-parallel, token embedding and
+///                     LM head vocab-parallel with the vocab-parallel cross-entropy
+///                     (parallel/tensor_parallel.hpp); norms, position embedding and row-parallel
+///                     biases replicated. Two all-reduces of (N, C) per block forward, two backward.
+///   pipeline parallel stage s owns layers [s*L/PP, (s+1)*L/PP); the first stage also the
+///                     embedding, the last the final norm and the LM head (a tied head is a copy
+///                     of wte: tie_embedding_gradients sums the two copies' gradients).
+///                     Activations enter a stage through activations::input() and leave through
+///                     output(); gradients come back through output_grad() and leave through
+///                     input_grad() — the pipeline executor (nn::pipeline_forward_backward) moves
+///                     them.
+///
+/// Shape legend: B micro-batch, T sequence, C = d_model, NH heads, Vp padded vocabulary, L
+/// layers of this stage; Cl = C/TP, NHl = NH/TP, Hl = 4C/TP, Vl = Vp/TP per rank.
+///
+/// The parameter buffer is laid out by nn::param_table<M, layout> (local shapes). Every stage
+/// holds every row of that table (so checkpoints and the optimizer see one layout), but uses
+/// the global rows only on the stages of their `used` field (nn::stage_uses); the others stay at
+/// their initial values with zero gradients. Initialisation is the same for every layout: element
+/// i of a local tensor is drawn at its index in the unsharded tensor (nn::global_index), so the
+/// gathered model is bitwise the single-rank one.
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <loom/core/buffer.hpp>
+#include <loom/core/context.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/random.hpp>
+#include <loom/kernels/ops.hpp>
+#include <loom/models/configs.hpp>
+#include <loom/nn/activations.hpp>
+#include <loom/nn/params.hpp>
+#include <loom/nn/shard.hpp>
+#include <loom/parallel/comm.hpp>
+#include <loom/parallel/tensor_parallel.hpp>
+#include <loom/policy.hpp>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace loom::nn {
+
+/// Worker threads the kernels may use (sizes per-thread scratch).
+inline int max_threads() noexcept {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+/// The default `ready` hook of transformer::backward: does nothing.
+struct no_ready_hook {
+  constexpr void operator()(int) const noexcept {}
+};
+
+/// One rank's part of a model under Policy::layout = layout<TP, PP>.
+///
+/// Template arguments: M a models::model_config (its recipe: nn::arch_of<M>); Policy a
+/// loom::policy<Device, Precision, Layout>; Attn the attention implementation tag:
+/// kernels::fused (the default: flash-style, saves O(B·NH·T) statistics) or kernels::reference
+/// (unfused, saves the O(B·NH·T²) probabilities; for debugging and consistency checks).
+/// Communication goes through the groups passed to forward, backward and the gradient helpers
+/// (explicit, never stored): `tp` the tensor-parallel group (size TP), `pp` the pipeline group.
+/// At TP = 1 forward and backward may be called without a group.
+/// Memory: num_parameters * (sizeof(storage_t) + sizeof(grad_t)) bytes (+ one wte shard of
+/// gradient scratch on the first and last stage when PP > 1 and the head is tied), allocated at
+/// construction. Errors: construction throws what Device::allocate throws.
+template <models::model_config M, class Policy, class Attn = kernels::fused>
+class transformer {
+ public:
+  using model = M;
+  using policy = Policy;
+  using device = typename Policy::device;
+  using precision = typename Policy::precision;
+  using layout = typename Policy::layout;
+  using storage_t = typename precision::storage;
+  using ops = kernels::ops<device, storage_t>;
+  using attention = kernels::attention<device, storage_t, Attn>;
+  using acc_t = typename ops::acc;
+  /// Parameter-gradient element type: fp32 for 16-bit storage (kernels::gradient_t) —
+  /// gradients accumulate over micro-batches and enter the norm, the tied-embedding sum and the
+  /// dp all-reduce in fp32.
+  using grad_t = kernels::gradient_t<device, precision>;
+
+  static_assert(parallel::fits<layout, M>());
+  static_assert(kernels::coverage<device, precision>::ok);  // names a missing (operator, precision) pair
+  static constexpr int TP = layout::tp, PP = layout::pp;
+  static_assert(TP == 1 || kernels::has_vocab_parallel<device, storage_t>,
+                "loom::nn::transformer: tensor parallelism (TP > 1) needs the vocab-parallel embedding and "
+                "cross-entropy pieces in kernels::ops for this device (embedding_shard_forward/backward, "
+                "vocab_shard_max/sums/finish), which it lacks; use layout<1, PP> on this device");
+  static constexpr int C = M::d_model, NH = M::n_head, L = M::n_layer / PP;
+  static constexpr int Cl = C / TP, NHl = NH / TP, Hl = 4 * C / TP;  // per-rank widths
+  static constexpr int V = M::vocab, Vp = M::vocab_padded, Vl = Vp / TP;
+  static constexpr auto table = param_table<M, layout>();
+  static constexpr std::size_t num_tensors = table.size();
+  static constexpr auto offsets = param_offsets<M, layout>();
+  static constexpr std::size_t num_parameters = offsets.back();
+  /// The LM head's weight: the token embedding when the recipe ties them.
+  static constexpr bool tied = rows_by_role<M>[int(role::lm_head)] < 0;
+  static constexpr role head = tied ? role::wte : role::lm_head;
+
+  /// The whole model on one rank (layout<1,1>): allocates parameters and gradients (zero) and
+  /// initialises the parameters with `seed`.
+  explicit transformer(context<device>& ctx, std::uint64_t seed = 1337)
+    requires(TP == 1 && PP == 1)
+      : transformer(ctx, 0, 0, seed) {}
+
+  /// Rank (tp_rank, stage)'s part: allocates its parameters and gradients (zero) and
+  /// initialises the parameters with `seed` exactly as the single-rank model would, restricted
+  /// to this rank's slices. Throws loom::input_error if tp_rank is outside [0, TP) or stage
+  /// outside [0, PP).
+  transformer(context<device>& ctx, int tp_rank, int stage, std::uint64_t seed = 1337)
+      : tp_rank_(tp_rank), stage_(stage), params_(num_parameters, ctx.stream), grads_(num_parameters, ctx.stream) {
+    if (tp_rank < 0 || tp_rank >= TP || stage < 0 || stage >= PP)
+      throw input_error("nn::transformer: rank (tp " + std::to_string(tp_rank) + ", stage " + std::to_string(stage) +
+                        ") is outside layout<" + std::to_string(TP) + ", " + std::to_string(PP) +
+                        ">; pass groups.tp.rank() and groups.pp.rank() of make_groups<layout>(world)");
+    if constexpr (PP > 1 && tied)
+      if (first_stage() || last_stage())
+        tie_scratch_ = buffer<device, grad_t>(table[std::size_t(rows_by_role<M>[int(role::wte)])].size(), ctx.stream);
+    initialize(ctx, seed);
+  }
+
+  int tp_rank() const noexcept { return tp_rank_; }
+  int stage() const noexcept { return stage_; }
+  bool first_stage() const noexcept { return PP == 1 || stage_ == 0; }
+  bool last_stage() const noexcept { return PP == 1 || stage_ == PP - 1; }
+
+  /// GPT-2 initialisation: weights N(0, 0.02²), residual projections N(0, (0.02/sqrt(2L))²),
+  /// norm gains 1, biases 0. Element i of a tensor of role r is a pure function of (seed, r,
+  /// its index in the unsharded tensor) (core/random.hpp), so any shard is drawn on its own.
+  void initialize(context<device>& ctx, std::uint64_t seed) {
+    std::vector<storage_t> host(num_parameters);
+    for (std::size_t k = 0; k < num_tensors; ++k) {
+      const auto& p = table[k];
+      storage_t* dst = host.data() + offsets[k];
+      const double stdev = p.how == init::residual_normal ? 0.02 / std::sqrt(2.0 * M::n_layer) : 0.02;
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        switch (p.how) {
+          case init::ones: dst[i] = storage_t(1); break;
+          case init::zeros: dst[i] = storage_t(0); break;
+          default:
+            dst[i] = storage_t(stdev * random_normal(seed, std::uint64_t(p.id),
+                                                     TP == 1 && PP == 1 ? i : global_index<M, layout>(k, tp_rank_, stage_, i)));
+        }
+      }
+    }
+    device::copy_to_device(params_.data(), host.data(), params_.bytes(), ctx.stream);
+    ctx.synchronize();
+  }
+
+  view<device, storage_t> parameters() const noexcept { return params_.all(); }
+  view<device, grad_t> gradients() const noexcept { return grads_.all(); }
+  /// The whole local tensor of table row k (all layers of this stage).
+  view<device, storage_t> parameter(std::size_t k) const noexcept {
+    return params_.all().subview(offsets[k], table[k].size());
+  }
+  view<device, grad_t> gradient(std::size_t k) const noexcept { return grads_.all().subview(offsets[k], table[k].size()); }
+  /// The local tensor of role p; the recipe must have it (rows_by_role).
+  view<device, storage_t> parameter(role p) const noexcept { return parameter(std::size_t(rows_by_role<M>[int(p)])); }
+  view<device, grad_t> gradient(role p) const noexcept { return gradient(std::size_t(rows_by_role<M>[int(p)])); }
+  /// Zeroes every gradient (call once per optimizer step, before the first micro-batch).
+  void zero_grad(context<device>& ctx) { device::memset(grads_.data(), 0, grads_.bytes(), ctx.stream); }
+
+  /// What one block saves for its backward (STYLE §3.6), pointers into the activation table:
+  /// ln1 (N,C) and its mean/rstd st1 (2 x cap), qkv (N,3Cl), the attention's saved state att and
+  /// output atty (N,Cl), res2 (N,C), ln2 (N,C) and st2, fch / fchg (N,Hl) before and after
+  /// GELU, res3 (N,C). cap = B*T, the capacity rows of each statistics vector.
+  struct block_saved {
+    storage_t *ln1, *qkv, *atty, *res2, *ln2, *fch, *fchg, *res3;
+    acc_t *st1, *st2, *att;
+    std::size_t cap;
+  };
+
+  /// Every activation tensor's start in an activation table, in buffer order (the whole layer
+  /// range of per-layer tensors); activations<B,T>::ptrs().
+  struct act_pointers {
+    storage_t *encoded, *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3, *lnf, *logits;
+    storage_t *proj_out, *dres, *dln, *dqkv, *datty, *dfch, *dfch_gelu;
+    acc_t *ln_stats, *att, *losses, *ce_scratch, *attn_scratch;
+    std::size_t cap;  ///< B*T of the table
+  };
+
+  /// Saved activations and scratch of one micro-batch on this rank, capacity (B, T) (T <=
+  /// max_seq, checked at compile time); allocated once. A pipeline stage needs
+  /// parallel::max_in_flight(PP, m, stage) of them (one per micro-batch in flight).
+  template <int B, int T>
+  struct activations {
+    static_assert(B >= 1, "the micro-batch size B must be at least 1");
+    static_assert(T >= 1 && T <= M::max_seq,
+                  "the sequence length T must be between 1 and the model's max_seq (learned "
+                  "position embeddings exist only for max_seq positions)");
+    static constexpr int batch = B, seq = T;
+    static constexpr std::size_t BT = std::size_t(B) * T;
+    /// Element counts of every activation (nn/activations.hpp), for this rank's widths.
+    static inline const activation_sizes sizes = activation_table(
+        activation_dims{.B = B, .T = T, .layers = L, .C = C, .qkv = 3 * Cl, .att_out = Cl, .hidden = Hl, .logits = Vl,
+                        .attn_saved = attention::saved_elems(B, NHl, T),
+                        .attn_scratch = attention::scratch_elems(std::size_t(max_threads()), T),
+                        .ce_scratch = TP > 1 ? parallel::vocab_parallel_crossentropy_scratch(int(BT)) : 0});
+    buffer<device, storage_t> s;  // storage-type activations
+    buffer<device, acc_t> a;      // accumulator-type activations
+    explicit activations(context<device>& ctx) : s(sizes.storage_total, ctx.stream), a(sizes.acc_total, ctx.stream) {}
+    /// Bytes held by this activation table.
+    std::size_t bytes() const noexcept { return s.bytes() + a.bytes(); }
+
+    using pointers = act_pointers;
+    /// Every tensor's start, in buffer order (the whole layer range of per-layer tensors).
+    pointers ptrs() const noexcept {
+      pointers p{};
+      p.cap = BT;
+      storage_t* q = s.data();
+      auto take = [&q](std::size_t n) { storage_t* r = q; q += n; return r; };
+      p.encoded = take(sizes.encoded); p.ln1 = take(sizes.ln1); p.qkv = take(sizes.qkv);
+      p.atty = take(sizes.atty); p.residual2 = take(sizes.residual2); p.ln2 = take(sizes.ln2);
+      p.fch = take(sizes.fch); p.fch_gelu = take(sizes.fch_gelu); p.residual3 = take(sizes.residual3);
+      p.lnf = take(sizes.lnf); p.logits = take(sizes.logits); p.proj_out = take(sizes.proj_out);
+      p.dres = take(sizes.dres); p.dln = take(sizes.dln); p.dqkv = take(sizes.dqkv);
+      p.datty = take(sizes.datty); p.dfch = take(sizes.dfch); p.dfch_gelu = take(sizes.dfch_gelu);
+      acc_t* r = a.data();
+      auto acc = [&r](std::size_t n) { acc_t* x = r; r += n; return x; };
+      p.ln_stats = acc(sizes.ln_stats); p.att = acc(sizes.att); p.losses = acc(sizes.losses);
+      p.ce_scratch = acc(sizes.ce_scratch); p.attn_scratch = acc(sizes.attn_scratch);
+      return p;
+    }
+    /// Block l's saved state.
+    block_saved block(int l) const noexcept {
+      const auto p = ptrs();
+      const std::size_t i = std::size_t(l);
+      return {p.ln1 + i * BT * C,        p.qkv + i * BT * 3 * Cl, p.atty + i * BT * Cl,
+              p.residual2 + i * BT * C,  p.ln2 + i * BT * C,      p.fch + i * BT * Hl,
+              p.fch_gelu + i * BT * Hl,  p.residual3 + i * BT * C,
+              p.ln_stats + (2 * i) * 2 * BT, p.ln_stats + (2 * i + 1) * 2 * BT,
+              p.att + i * attention::saved_elems(B, NHl, T), BT};
+    }
+    /// The stage's input (b*t, C): written by the embedding on the first stage, by the caller
+    /// (received from stage s-1) before forward() on the others.
+    storage_t* input() const noexcept { return ptrs().encoded; }
+    /// The stage's output (b*t, C) after forward() on stages other than the last.
+    storage_t* output() const noexcept { return L > 0 ? ptrs().residual3 + std::size_t(L - 1) * BT * C : input(); }
+    /// Gradient of the stage's output (b*t, C): written by the caller (received from stage s+1)
+    /// before backward() on stages other than the last. backward() turns it, in place, into
+    /// input_grad(), the gradient of the stage's input, to send to stage s-1.
+    storage_t* output_grad() const noexcept { return ptrs().dres; }
+    storage_t* input_grad() const noexcept { return ptrs().dres; }
+    /// Per-token losses of the last forward on the last stage (b*t values, accumulator type).
+    const acc_t* losses() const noexcept { return ptrs().losses; }
+    /// This rank's logits (B,T,Vl) of the last forward, or dlogits if it was asked to write them.
+    const storage_t* logits() const noexcept { return ptrs().logits; }
+  };
+
+  /// Forward pass of this rank's part over a micro-batch of b sequences of length t (b <= B,
+  /// t <= T).
+  ///   inputs  (b,t) int32 token ids in [0, vocab): read on the first stage; the caller
+  ///           validates them
+  ///   targets (b,t) int32 in [0, vocab) or kernels::ignore_index (-1), or null for logits
+  ///           only: read on the last stage
+  /// First stage: embeds inputs into acts.input(); others: acts.input() must hold the received
+  /// activation. Last stage: when targets are given, writes the per-token losses; when
+  /// grad_scale is non-zero, also overwrites the logits with dlogits = grad_scale * d(sum of
+  /// losses) (fused softmax cross-entropy), ready for backward(). For a mean loss over the
+  /// global batch pass grad_scale = 1 / (number of non-ignored targets in the global batch).
+  /// Returns the sum of the per-token losses on the last stage (identical on every tp rank), 0
+  /// elsewhere and without targets. Collective over tp when TP > 1.
+  template <int B, int T, class Comm>
+  acc_t forward(context<device>& ctx, activations<B, T>& acts, Comm& tp, const std::int32_t* inputs,
+                const std::int32_t* targets, int b, int t, acc_t grad_scale = 0) const {
+    const auto p = acts.ptrs();
+    const int n = b * t;
+    if (first_stage()) embedding_forward(ctx, p.encoded, inputs, b, t, tp);
+    const storage_t* residual = p.encoded;
+    for (int l = 0; l < L; ++l) {
+      const block_saved s = acts.block(l);
+      block_forward(ctx, s, p.proj_out, residual, l, n, b, t, tp);
+      residual = s.res3;
+    }
+    if (!last_stage()) return 0;
+    return head_forward(ctx, p, residual, targets, n, grad_scale, tp);
+  }
+  /// The same without a tensor-parallel group (TP = 1).
+  template <int B, int T>
+    requires(TP == 1)
+  acc_t forward(context<device>& ctx, activations<B, T>& acts, const std::int32_t* inputs, const std::int32_t* targets,
+                int b, int t, acc_t grad_scale = 0) const {
+    parallel::local_group tp;
+    return forward(ctx, acts, tp, inputs, targets, b, t, grad_scale);
+  }
+
+  /// Backward pass of the last forward on `acts` (on the last stage that forward must have had
+  /// targets and grad_scale != 0; on the others acts.output_grad() must hold the received
+  /// gradient). Accumulates (+=) this rank's parameter gradients; the activation buffers'
+  /// gradient scratch is overwritten; on stages other than the first leaves the input gradient
+  /// in acts.input_grad(). inputs, b, t as given to forward. Collective over tp when TP > 1.
+  /// `ready(layer)` is called as soon as this pass will not touch some gradients again (data
+  /// parallelism starts their reduction while backward goes on, parallel/data_parallel.hpp):
+  ///   ready(L)            after the LM head and the final norm: the rows only the last stage
+  ///                       uses (nn::ready_event) are final (on other stages: at once)
+  ///   ready(l), l = L-1..0  after block l: its slices of the per-layer rows are final
+  ///   ready(-1)           at the end: the embedding rows (wte, also a tied LM head; wpe)
+  /// Work queued on ctx before the call is part of those gradients (synchronize before reading
+  /// them on an asynchronous device). The default does nothing.
+  template <int B, int T, class Comm, class Ready = no_ready_hook>
+  void backward(context<device>& ctx, activations<B, T>& acts, Comm& tp, const std::int32_t* inputs, int b, int t,
+                Ready&& ready = {}) {
+    const auto p = acts.ptrs();
+    const int n = b * t;
+    if (last_stage()) head_backward(ctx, p, acts.output(), n, tp);
+    ready(L);
+    for (int l = L - 1; l >= 0; --l) {
+      block_backward(ctx, acts.block(l), p, l == 0 ? p.encoded : acts.block(l - 1).res3, l, n, b, t, tp);
+      ready(l);
+    }
+    if (first_stage()) embedding_backward(ctx, p.dres, inputs, b, t, tp);
+    ready(-1);
+  }
+  /// The same without a tensor-parallel group (TP = 1).
+  template <int B, int T, class Ready = no_ready_hook>
+    requires(TP == 1)
+  void backward(context<device>& ctx, activations<B, T>& acts, const std::int32_t* inputs, int b, int t,
+                Ready&& ready = {}) {
+    parallel::local_group tp;
+    backward(ctx, acts, tp, inputs, b, t, std::forward<Ready>(ready));
+  }
+
+  /// Sums the gradients of the two copies of a tied embedding (first stage: token embedding,
+  /// last stage: LM head) so both hold the full gradient (Megatron's embedding-group all-reduce).
+  /// Call after the last micro-batch's backward, before the gradient norm and the update. A
+  /// no-op when PP == 1 (one copy), on middle stages, and when the recipe unties the head.
+  /// Collective over the first and last stage of `pp` (send/recv of Vp/TP * C elements each way).
+  template <class Comm>
+  void tie_embedding_gradients(context<device>& ctx, Comm& pp) {
+    if constexpr (PP > 1 && tied) {
+      if (!first_stage() && !last_stage()) return;
+      ctx.synchronize();
+      const auto gw = gradient(role::wte);
+      const std::span<grad_t> mine(gw.data(), gw.size());
+      const std::span<grad_t> theirs(tie_scratch_.data(), tie_scratch_.size());
+      constexpr int tag = 7;  // distinct from the pipeline executor's activation/gradient tags
+      if (first_stage()) {
+        pp.send(std::span<const grad_t>(mine), PP - 1, tag);
+        pp.recv(theirs, PP - 1, tag);
+      } else {
+        pp.recv(theirs, 0, tag);
+        pp.send(std::span<const grad_t>(mine), 0, tag);
+      }
+      // first: mine + theirs; last: mine + theirs with the operands swapped — the same sum
+      // bitwise (fp addition commutes), so both copies stay identical.
+      for (std::size_t i = 0; i < mine.size(); ++i)
+        mine[i] = grad_t(acc_t(first_stage() ? mine[i] : theirs[i]) + acc_t(first_stage() ? theirs[i] : mine[i]));
+    } else {
+      (void)ctx;
+      (void)pp;
+    }
+  }
+
+  /// Sum of squares of this rank's gradients that count in the global norm (nn::counts_in_norm).
+  double local_grad_sum_of_squares(context<device>& ctx) const {
+    double s = 0;
+    for (std::size_t k = 0; k < num_tensors; ++k)
+      if (counts_in_norm(table[k], tp_rank_, stage_, PP)) {
+        const auto gk = gradient(k);
+        s += ops::sum_of_squares(ctx, gk.data(), gk.size());
+      }
+    return s;
+  }
+
+  /// Global L2 norm of the gradient of the whole (unsharded) model, identical on every rank:
+  /// local_grad_sum_of_squares summed over the tp group, then over the pp group, square root.
+  /// Every element is counted once (replicated tensors on tp rank 0 only, a tied embedding on
+  /// the first stage only; call tie_embedding_gradients first). Data-parallel replicas hold the
+  /// same (all-reduced) gradients, so the dp group is not involved. Collective over tp, pp.
+  template <class Comm>
+  double grad_norm(context<device>& ctx, Comm& tp, Comm& pp) const {
+    double s = local_grad_sum_of_squares(ctx);
+    if constexpr (TP > 1) tp.all_reduce(std::span<double>(&s, 1), parallel::reduce_op::sum);
+    if constexpr (PP > 1) pp.all_reduce(std::span<double>(&s, 1), parallel::reduce_op::sum);
+    return std::sqrt(s);
+  }
+
+ private:
+  using pointers_t = act_pointers;
+
+  // --- embedding: out (n, C) = wte[inputs] + wpe[t]; vocab-parallel when TP > 1 -------------
+  template <class Comm>
+  void embedding_forward(context<device>& ctx, storage_t* out, const std::int32_t* inputs, int b, int t, Comm& tp) const {
+    if constexpr (TP == 1) ops::encoder_forward(ctx, out, inputs, w(role::wte), w(role::wpe), b, t, C);
+    else parallel::vocab_parallel_embedding_forward(ctx, out, inputs, w(role::wte), w(role::wpe), b, t, C, Vp, tp);
+  }
+  template <class Comm>
+  void embedding_backward(context<device>& ctx, const storage_t* dout, const std::int32_t* inputs, int b, int t, Comm& tp) {
+    if constexpr (TP == 1) ops::encoder_backward(ctx, g(role::wte), g(role::wpe), dout, inputs, b, t, C);
+    else parallel::vocab_parallel_embedding_backward(ctx, g(role::wte), g(role::wpe), dout, inputs, b, t, C, Vp, tp);
+  }
+
+  // --- linear layers: plain at TP = 1, Megatron's column/row-parallel otherwise -------------
+  /// How a linear layer is split across tp ranks: output rows (column-parallel) or input
+  /// columns (row-parallel: its output is all-reduced over tp, its bias added once).
+  enum class split : bool { column, row };
+  /// out (n, OC) = in (n, Cin) W^T + bias with W = role wr's (layer l) local slice; br the bias
+  /// role (role::count: none). Cin, OC are this rank's widths.
+  template <split S, class Comm>
+  void linear_forward(context<device>& ctx, storage_t* out, const storage_t* in, role wr, role br, int l, int n, int Cin,
+                      int OC, Comm& tp) const {
+    if constexpr (TP == 1) ops::matmul_forward(ctx, out, in, w(wr, l), w(br, l), n, Cin, OC);
+    else if constexpr (S == split::column)
+      parallel::column_parallel_linear_forward(ctx, out, in, w(wr, l), w(br, l), n, Cin, OC, tp);
+    else parallel::row_parallel_linear_forward(ctx, out, in, w(wr, l), w(br, l), n, Cin, OC, tp);
+  }
+  /// din (n, Cin) =, dW +=, dbias += from dout (n, OC) and the forward's input `in`.
+  template <split S, class Comm>
+  void linear_backward(context<device>& ctx, storage_t* din, const storage_t* dout, const storage_t* in, role wr,
+                       role br, int l, int n, int Cin, int OC, Comm& tp) {
+    if constexpr (TP == 1) ops::matmul_backward(ctx, din, g(wr, l), g(br, l), dout, in, w(wr, l), n, Cin, OC, false);
+    else if constexpr (S == split::column)
+      parallel::column_parallel_linear_backward(ctx, din, g(wr, l), g(br, l), dout, in, w(wr, l), n, Cin, OC, tp);
+    else parallel::row_parallel_linear_backward(ctx, din, g(wr, l), g(br, l), dout, in, w(wr, l), n, Cin, OC, tp);
+  }
+
+  // --- one block: residual (n, C) -> s.res3 (n, C) --------------------------------------------
+  template <class Comm>
+  void block_forward(context<device>& ctx, const block_saved& s, storage_t* proj, const storage_t* residual, int l, int n,
+                     int b, int t, Comm& tp) const {
+    const std::size_t N = std::size_t(n);
+    ops::layernorm_forward(ctx, s.ln1, s.st1, s.st1 + s.cap, residual, w(role::ln1_w, l), w(role::ln1_b, l), n, C);
+    linear_forward<split::column>(ctx, s.qkv, s.ln1, role::qkv_w, role::qkv_b, l, n, C, 3 * Cl, tp);
+    attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl);
+    linear_forward<split::row>(ctx, proj, s.atty, role::attproj_w, role::attproj_b, l, n, Cl, C, tp);
+    ops::residual_forward(ctx, s.res2, residual, proj, N * C);
+    ops::layernorm_forward(ctx, s.ln2, s.st2, s.st2 + s.cap, s.res2, w(role::ln2_w, l), w(role::ln2_b, l), n, C);
+    linear_forward<split::column>(ctx, s.fch, s.ln2, role::fc_w, role::fc_b, l, n, C, Hl, tp);
+    ops::gelu_forward(ctx, s.fchg, s.fch, N * Hl);
+    linear_forward<split::row>(ctx, proj, s.fchg, role::fcproj_w, role::fcproj_b, l, n, Hl, C, tp);
+    ops::residual_forward(ctx, s.res3, s.res2, proj, N * C);
+  }
+  /// p.dres holds d(res3) on entry (+= contributions) and d(residual input) on exit.
+  template <class Comm>
+  void block_backward(context<device>& ctx, const block_saved& s, const pointers_t& p, const storage_t* residual, int l,
+                      int n, int b, int t, Comm& tp) {
+    const std::size_t N = std::size_t(n);
+    // MLP: dres holds d(res3) = d(fcproj out) and the direct part of d(res2)
+    linear_backward<split::row>(ctx, p.dfch_gelu, p.dres, s.fchg, role::fcproj_w, role::fcproj_b, l, n, Hl, C, tp);
+    ops::gelu_backward(ctx, p.dfch, s.fch, p.dfch_gelu, N * Hl);
+    linear_backward<split::column>(ctx, p.dln, p.dfch, s.ln2, role::fc_w, role::fc_b, l, n, C, Hl, tp);
+    ops::layernorm_backward(ctx, p.dres, g(role::ln2_w, l), g(role::ln2_b, l), p.dln, s.res2, w(role::ln2_w, l), s.st2,
+                            s.st2 + s.cap, n, C);
+    // attention: dres now holds d(res2) = d(attproj out) and the direct part of d(input)
+    linear_backward<split::row>(ctx, p.datty, p.dres, s.atty, role::attproj_w, role::attproj_b, l, n, Cl, C, tp);
+    attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl);
+    linear_backward<split::column>(ctx, p.dln, p.dqkv, s.ln1, role::qkv_w, role::qkv_b, l, n, C, 3 * Cl, tp);
+    ops::layernorm_backward(ctx, p.dres, g(role::ln1_w, l), g(role::ln1_b, l), p.dln, residual, w(role::ln1_w, l), s.st1,
+                            s.st1 + s.cap, n, C);
+  }
+
+  // --- head: final norm, LM head, loss (last stage) -------------------------------------------
+  template <class Comm>
+  acc_t head_forward(context<device>& ctx, const pointers_t& p, const storage_t* residual, const std::int32_t* targets,
+                     int n, acc_t grad_scale, Comm& tp) const {
+    acc_t* stf = lnf_stats(p);
+    ops::layernorm_forward(ctx, p.lnf, stf, stf + p.cap, residual, w(role::lnf_w), w(role::lnf_b), n, C);
+    linear_forward<split::column>(ctx, p.logits, p.lnf, head, role::count, 0, n, C, Vl, tp);
+    if (!targets) return 0;
+    if constexpr (TP == 1)
+      return ops::crossentropy(ctx, p.logits, p.losses, targets, n, V, Vp, grad_scale != acc_t(0), grad_scale);
+    else
+      return parallel::vocab_parallel_crossentropy(ctx, p.logits, p.losses, targets, p.ce_scratch, n, V, Vp,
+                                                   grad_scale != acc_t(0), grad_scale, tp);
+  }
+  /// Writes p.dres = d(last block's output) from the dlogits in p.logits.
+  template <class Comm>
+  void head_backward(context<device>& ctx, const pointers_t& p, const storage_t* last, int n, Comm& tp) {
+    // LM head (vocab-parallel when TP > 1; W = wte when tied): dlnf = dlogits W; dW += dlogits^T lnf
+    linear_backward<split::column>(ctx, p.dln, p.logits, p.lnf, head, role::count, 0, n, C, Vl, tp);
+    device::memset(p.dres, 0, std::size_t(n) * C * sizeof(storage_t), ctx.stream);
+    acc_t* stf = lnf_stats(p);
+    ops::layernorm_backward(ctx, p.dres, g(role::lnf_w), g(role::lnf_b), p.dln, last, w(role::lnf_w), stf,
+                            stf + p.cap, n, C);
+  }
+  /// The final norm's mean and rstd follow the 2L block norms' (cap rows each).
+  static acc_t* lnf_stats(const pointers_t& p) noexcept { return p.ln_stats + std::size_t(2 * L) * 2 * p.cap; }
+
+  /// Pointer to the local tensor of role p (layer l's slice for per-layer rows); null when the
+  /// recipe has no such tensor (a bias of a bias-free recipe: the kernels then skip it) and for
+  /// role::count (no bias).
+  storage_t* w(role p, int l = 0) const noexcept { return slice(params_.data(), p, l); }
+  grad_t* g(role p, int l = 0) const noexcept { return slice(grads_.data(), p, l); }
+  template <class X>
+  static X* slice(X* base, role p, int l) noexcept {
+    const int k = p == role::count ? -1 : rows_by_role<M>[int(p)];
+    if (k < 0) return nullptr;
+    const auto& s = table[std::size_t(k)];
+    return base + offsets[std::size_t(k)] + std::size_t(l) * (s.per_layer ? s.layer_size() : 0);
+  }
+
+  int tp_rank_ = 0, stage_ = 0;
+  buffer<device, storage_t> params_;
+  buffer<device, grad_t> grads_;
+  buffer<device, grad_t> tie_scratch_;
+};
+
+}  // namespace loom::nn
