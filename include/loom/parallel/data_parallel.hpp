@@ -142,8 +142,13 @@ class grad_sync {
   /// Returns the loss sum and squared gradient norm over the group.
   virtual synced_step finish(context<device>& ctx, G& model, double local_loss_sum) = 0;
   /// ZeRO-1: AdamW step t (1-based) on this rank's shard, then all-gather the parameters.
+  /// `masters`: the optimizer's fp32 master weights (G::num_parameters values, the parameter
+  /// buffer's layout) when the precision keeps them, else null. With masters the update runs on
+  /// this rank's chunks of them (kernels adamw_master), the updated masters are all-gathered
+  /// (every rank keeps the whole fp32 copy consistent: only the moments are sharded) and the
+  /// parameters are their rounding.
   virtual void update(context<device>& ctx, G& model, const optim::adamw_config& cfg, double lr,
-                      double grad_scale, long t) = 0;
+                      double grad_scale, long t, typename G::precision::master* masters) = 0;
   /// After `steps` completed steps: every check_every steps, compares a checksum of every
   /// parameter tensor across ranks; throws replica_mismatch naming the ranks and the first
   /// differing tensor.
@@ -203,6 +208,8 @@ class data_parallel final : public grad_sync<G> {
   using storage_t = typename G::storage_t;
   using master_t = typename G::precision::master;
   static constexpr int L = G::L;
+  /// The precision keeps fp32 master weights (16-bit storage): ZeRO-1 updates them.
+  static constexpr bool has_master = !std::is_same_v<storage_t, master_t>;
 
   /// Plans the buckets. Throws loom::input_error for bucket_mb <= 0 or check_every < 0.
   data_parallel(context<device>& ctx, C& comm, ddp_options options) : ctx_(&ctx), comm_(&comm), opt_(options) {
@@ -238,8 +245,8 @@ class data_parallel final : public grad_sync<G> {
       b.lo = std::min(b.length, r * b.chunk);
       b.hi = std::min(b.length, b.lo + b.chunk);
       b.staging = buffer<device, grad_t>(n * b.chunk, ctx.stream);
-      if constexpr (!std::is_same_v<grad_t, storage_t>)
-        if (opt_.zero1) b.params = buffer<device, storage_t>(n * b.chunk, ctx.stream);
+      if constexpr (has_master)
+        if (opt_.zero1) b.masters = buffer<device, master_t>(n * b.chunk, ctx.stream);
       b.moment_offset = moments;
       moments += b.hi - b.lo;
     }
@@ -256,7 +263,7 @@ class data_parallel final : public grad_sync<G> {
 
   ddp_memory memory() const noexcept override {
     ddp_memory m;
-    for (const auto& b : buckets_) m.buckets += b.staging.bytes() + b.params.bytes();
+    for (const auto& b : buckets_) m.buckets += b.staging.bytes() + b.masters.bytes();
     m.moments_unsharded = 2 * G::num_parameters * sizeof(master_t);
     m.moments = opt_.zero1 ? m_.bytes() + v_.bytes() : m.moments_unsharded;
     return m;
@@ -275,14 +282,15 @@ class data_parallel final : public grad_sync<G> {
   view<device, master_t> first_moment_shard() const noexcept override { return m_.all(); }
   view<device, master_t> second_moment_shard() const noexcept override { return v_.all(); }
 
-  /// Restricts finish()'s squared gradient norm to the elements of tensors k with counts[k]
-  /// true (nn::param order), summed segment by segment over this rank's chunks. For a
-  /// tensor/pipeline-parallel rank (G = nn::gpt_parallel, train::parallel_trainer), whose
-  /// replicated and tied tensors must count on one (tp rank, stage) only: nn::counts_in_norm.
+  /// Restricts finish()'s squared gradient norm to the table rows that count on rank
+  /// (tp_rank, stage) of a tensor/pipeline-parallel model (G = nn::gpt_parallel,
+  /// train::parallel_trainer), whose replicated and tied tensors must count on one (tp rank,
+  /// stage) only (nn::counts_in_norm), summed segment by segment over this rank's chunks.
   /// Without a call every element counts and each chunk is summed whole (the layout<1,1>
-  /// trainer's path, unchanged).
-  void count_in_norm(const std::array<bool, nn::num_param_tensors>& counts) {
-    norm_mask_ = counts;
+  /// trainer's path).
+  void count_in_norm(int tp_rank, int stage) {
+    for (std::size_t k = 0; k < G::num_tensors; ++k)
+      norm_mask_[k] = nn::counts_in_norm(G::table[k], tp_rank, stage, G::layout::pp);
     masked_ = true;
   }
 
@@ -349,41 +357,47 @@ class data_parallel final : public grad_sync<G> {
     return {sums[0], sums[1]};
   }
 
-  void update(context<device>& ctx, G& model, const optim::adamw_config& cfg, double lr, double grad_scale,
-              long t) override {
+  void update(context<device>& ctx, G& model, const optim::adamw_config& cfg, double lr, double grad_scale, long t,
+              master_t* masters) override {
     if (!opt_.zero1) throw error("data parallel: update() is the ZeRO-1 path; without zero1 the trainer's AdamW runs");
     storage_t* params = model.parameters().data();
-    for (auto& b : buckets_) {
-      for (const auto& s : b.segs) {
-        const std::size_t a = std::max(b.lo, s.packed), e = std::min(b.hi, s.packed + s.length);
-        if (a >= e) continue;
-        const double wd = G::table[s.tensor].decay ? cfg.weight_decay : 0.0;
-        const std::size_t mo = b.moment_offset + (a - b.lo);
-        G::ops::adamw(ctx, params + s.offset + (a - s.packed), m_.data() + mo, v_.data() + mo, b.staging.data() + a,
-                      e - a, master_t(lr), master_t(cfg.beta1), master_t(cfg.beta2), master_t(cfg.eps), master_t(wd),
-                      master_t(grad_scale), t);
+    if constexpr (has_master) {
+      if (!masters) throw error("data parallel: ZeRO-1 with 16-bit parameters needs the fp32 master weights");
+      update_masters(ctx, params, masters, cfg, lr, grad_scale, t);
+    } else {
+      (void)masters;
+      for (auto& b : buckets_) {
+        for (const auto& s : b.segs) {
+          const std::size_t a = std::max(b.lo, s.packed), e = std::min(b.hi, s.packed + s.length);
+          if (a >= e) continue;
+          const double wd = G::table[s.tensor].decay ? cfg.weight_decay : 0.0;
+          const std::size_t mo = b.moment_offset + (a - b.lo);
+          G::ops::adamw(ctx, params + s.offset + (a - s.packed), m_.data() + mo, v_.data() + mo, b.staging.data() + a,
+                        e - a, master_t(lr), master_t(cfg.beta1), master_t(cfg.beta2), master_t(cfg.eps), master_t(wd),
+                        master_t(grad_scale), t);
+        }
+        storage_t* stage = b.staging.data();  // fp32 storage: the gradient buffer's type
+        pack_range(ctx, params, stage, b, b.lo, b.hi);
+        const std::span<const storage_t> mine(stage + std::size_t(rank()) * b.chunk, b.chunk);
+        const std::span<storage_t> all(stage, std::size_t(size()) * b.chunk);
+        if (opt_.overlap) b.req = comm_->all_gather_async(mine, all);
+        else comm_->all_gather(mine, all);
       }
-      storage_t* stage = param_stage(b);
-      pack_range(ctx, params, stage, b, b.lo, b.hi);
-      const std::span<const storage_t> mine(stage + std::size_t(rank()) * b.chunk, b.chunk);
-      const std::span<storage_t> all(stage, std::size_t(size()) * b.chunk);
-      if (opt_.overlap) b.req = comm_->all_gather_async(mine, all);
-      else comm_->all_gather(mine, all);
-    }
-    for (auto& b : buckets_) {
-      b.req.wait();
-      unpack(ctx, param_stage(b), params, b);
+      for (auto& b : buckets_) {
+        b.req.wait();
+        unpack(ctx, b.staging.data(), params, b);
+      }
     }
   }
 
   void check_replicas(context<device>& ctx, const G& model, long steps) override {
     if (opt_.check_every <= 0 || steps % opt_.check_every != 0) return;
-    constexpr int K = nn::num_param_tensors;
+    constexpr int K = int(G::num_tensors);
     std::vector<std::int64_t> mine(K), all(std::size_t(K) * std::size_t(size()));
     std::vector<storage_t> host;
     ctx.synchronize();
     for (int k = 0; k < K; ++k) {
-      const auto p = model.parameter(nn::param(k));
+      const auto p = model.parameter(std::size_t(k));
       host.resize(p.size());
       device::copy_to_host(host.data(), p.data(), p.bytes(), ctx.stream);
       ctx.synchronize();
@@ -431,7 +445,7 @@ class data_parallel final : public grad_sync<G> {
     std::size_t offset = 0;  ///< element offset in the parameter/gradient buffer
     std::size_t length = 0;  ///< elements
     std::size_t packed = 0;  ///< element offset inside its bucket
-    int tensor = 0;          ///< nn::param index
+    int tensor = 0;          ///< table row
   };
   struct bucket {
     std::vector<segment> segs;
@@ -441,25 +455,20 @@ class data_parallel final : public grad_sync<G> {
     std::size_t moment_offset = 0;  ///< ZeRO-1: where its moments start
     int last_layer = 0;             ///< the ready() call that completes it
     buffer<device, grad_t> staging;     ///< size() * chunk
-    buffer<device, storage_t> params;   ///< ZeRO-1 all-gather buffer when storage_t != grad_t
+    buffer<device, master_t> masters;   ///< ZeRO-1 all-gather buffer of the fp32 masters (16-bit storage)
     request req;
   };
 
-  /// The slices gpt::backward finishes with ready(layer).
+  /// The slices the model's backward finishes with ready(layer): layer l's slice of every
+  /// per-layer row, or the global rows whose nn::ready_event is `layer` (L or -1).
   static std::vector<segment> group(int layer) {
     std::vector<segment> g;
-    auto whole = [&](nn::param p) { g.push_back({G::offsets[int(p)], G::table[int(p)].size(), 0, int(p)}); };
-    if (layer == L) {
-      whole(nn::param::lnf_w);
-      whole(nn::param::lnf_b);
-    } else if (layer == -1) {
-      whole(nn::param::wte);
-      whole(nn::param::wpe);
-    } else {
-      for (int k = int(nn::param::ln1_w); k <= int(nn::param::fcproj_b); ++k) {
-        const std::size_t per = G::table[k].size() / std::size_t(G::table[k].shape[0]);
-        g.push_back({G::offsets[k] + std::size_t(layer) * per, per, 0, k});
-      }
+    for (std::size_t k = 0; k < G::num_tensors; ++k) {
+      const auto& s = G::table[k];
+      if (s.per_layer && layer >= 0 && layer < L)
+        g.push_back({G::offsets[k] + std::size_t(layer) * s.layer_size(), s.layer_size(), 0, int(k)});
+      else if (!s.per_layer && nn::ready_event(s, L) == layer)
+        g.push_back({G::offsets[k], s.size(), 0, int(k)});
     }
     return g;
   }
@@ -467,9 +476,33 @@ class data_parallel final : public grad_sync<G> {
     if (!b.segs.empty()) buckets_.push_back(std::move(b));
   }
 
-  storage_t* param_stage(bucket& b) {
-    if constexpr (std::is_same_v<grad_t, storage_t>) return b.staging.data();
-    else return b.params.data();
+  /// ZeRO-1 with fp32 master weights: AdamW on this rank's chunks of the masters (the
+  /// parameters' chunks follow as their rounding), all-gather the masters bucket by bucket, and
+  /// round every gathered master into the parameters.
+  void update_masters(context<device>& ctx, storage_t* params, master_t* masters, const optim::adamw_config& cfg,
+                      double lr, double grad_scale, long t) {
+    for (auto& b : buckets_) {
+      for (const auto& s : b.segs) {
+        const std::size_t a = std::max(b.lo, s.packed), e = std::min(b.hi, s.packed + s.length);
+        if (a >= e) continue;
+        const double wd = G::table[s.tensor].decay ? cfg.weight_decay : 0.0;
+        const std::size_t mo = b.moment_offset + (a - b.lo), po = s.offset + (a - s.packed);
+        G::ops::adamw_master(ctx, params + po, masters + po, m_.data() + mo, v_.data() + mo, b.staging.data() + a, e - a,
+                             master_t(lr), master_t(cfg.beta1), master_t(cfg.beta2), master_t(cfg.eps), master_t(wd),
+                             master_t(grad_scale), t);
+      }
+      pack_range(ctx, masters, b.masters.data(), b, b.lo, b.hi);
+      const std::span<const master_t> mine(b.masters.data() + std::size_t(rank()) * b.chunk, b.chunk);
+      const std::span<master_t> all(b.masters.data(), std::size_t(size()) * b.chunk);
+      if (opt_.overlap) b.req = comm_->all_gather_async(mine, all);
+      else comm_->all_gather(mine, all);
+    }
+    for (auto& b : buckets_) {
+      b.req.wait();
+      unpack(ctx, b.masters.data(), masters, b);
+      for (const auto& s : b.segs) G::ops::cast(ctx, params + s.offset, masters + s.offset, s.length);
+    }
+    ctx.synchronize();
   }
 
   template <class T>
@@ -504,7 +537,7 @@ class data_parallel final : public grad_sync<G> {
   ddp_options opt_;
   std::vector<bucket> buckets_;
   buffer<device, master_t> m_, v_;  // ZeRO-1 moments of this rank's chunks, bucket by bucket
-  std::array<bool, nn::num_param_tensors> norm_mask_{};  // count_in_norm
+  std::array<bool, G::num_tensors> norm_mask_{};  // count_in_norm
   bool masked_ = false;
   int next_layer_ = L;
   std::size_t next_bucket_ = 0;

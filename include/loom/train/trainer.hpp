@@ -1,262 +1,306 @@
 #pragma once
-/// \file loom::trainer<Model, Policy, B, T>: one optimizer step over a global batch.
+/// \file loom::train::basic_trainer: one optimizer step of a model on every layout — one rank,
+/// data parallel, tensor and pipeline parallel (Megatron-LM's 3D parallelism: Shoeybi et al.
+/// 2019; Narayanan et al. 2021 §2), ZeRO-1, fp32/bf16/fp16. Two names for it:
+///   train::trainer<M, Policy, B, T, Attn, Scaler>           layout<1,1>; data parallel by
+///                                                            passing the dp communicator
+///   train::parallel_trainer<M, Policy, B, T, Comm, Attn, Scaler>  any layout<TP,PP> over a
+///                                                            world communicator of type Comm
 ///
-/// A global batch is `grad_accum` micro-batches of B windows of T+1 tokens. Each step:
-/// validate the token ids; count the non-ignored targets of the whole global batch; for each
-/// micro-batch run forward (fused cross-entropy writes dlogits scaled by 1/count, so the loss
-/// is the mean over all tokens of the global batch whatever the micro-batch count) and
-/// backward (gradients accumulate); global gradient norm; skip the update if it is not
-/// finite; clip; AdamW at the scheduled learning rate.
+/// A global batch is dp * grad_accum micro-batches of micro_batch windows of seq_len+1 tokens.
+/// One step, on every rank (ranks ordered tp fastest, then dp, then pp; parallel::make_groups):
+///   1. validate the token ids; count the non-ignored targets of this dp rank's share and sum
+///      the count over the dp group (every rank scales by the global count, so the loss is the
+///      mean over the global batch whatever the micro-batch count);
+///   2. zero gradients; forward/backward of grad_accum micro-batches in the 1F1B order of the
+///      pipeline group (nn::pipeline_forward_backward; PP = 1: forward, backward per
+///      micro-batch), TP collectives inside each layer; during the last micro-batch's backward
+///      the model's ready(layer) events start the dp reduction of the finished buckets
+///      (parallel/data_parallel.hpp), so it overlaps the backward on every layout;
+///   3. sum a tied embedding's two copies (first and last stage), then reduce its bucket;
+///   4. wait for the buckets (all-reduce, or ZeRO-1's reduce-scatter); the squared norm of this
+///      rank's chunks of the rows that count on it (nn::counts_in_norm), summed over dp, then
+///      tp, then pp: every element of the unsharded model once, the same number on every rank;
+///   5. skip the update on every rank if the norm is not finite; clip; AdamW (ZeRO-1: on the
+///      owned chunks, then all-gather the parameters over dp).
+/// The loss, gradient norm and update equal one rank's on the whole global batch up to fp32
+/// summation order.
 ///
-/// Data parallel (layout<1,1>): construct with the data-parallel communicator. Each rank then
-/// passes its own part of the global batch to step() (its windows, e.g. from a loader with
-/// dp_rank/dp_size); the token count, the loss and the gradients are summed over the group
-/// (parallel/data_parallel.hpp: buckets all-reduced while backward runs, optional ZeRO-1), so
-/// loss, gradient norm and update equal one rank's on the whole global batch.
+/// ZeRO-1 (ddp_options::zero1; Rajbhandari et al., arXiv:1910.02054, stage 1): buckets padded to
+/// dp equal chunks, AdamW moments only for the owned chunks (2/dp of the cell's moments). With
+/// bf16/fp16 the update runs on the owned chunks of the fp32 master weights, which are then
+/// all-gathered: every rank keeps the whole master copy (sharding it too is not done), so
+/// checkpoints and resharding see the same masters as without ZeRO-1.
 ///
-/// Mixed precision (docs/precision.md): with a loss scaler (template argument Scaler =
-/// train::dynamic_loss_scaler) the dlogits are multiplied by the scale S, the gradient norm is
-/// divided by S before clipping (unscale, then clip), and AdamW multiplies the gradients by
-/// clip/S. A step with a non-finite gradient is then skipped entirely: parameters, moments and
-/// the learning-rate schedule (which follows the optimizer's step count) stay as they were,
-/// and S is lowered. An fp16 trainer without a loss scaler does not compile.
+/// Mixed precision (docs/precision.md): bf16/fp16 parameters and activations, fp32 parameter
+/// gradients (model grad_t), fp32 master weights and moments in AdamW; activation messages of
+/// TP/PP travel in the storage type, their reductions sum in fp32. With a loss scaler (Scaler =
+/// train::dynamic_loss_scaler, required for fp16) the dlogits are multiplied by S, the global
+/// norm is divided by S (unscale, then clip), AdamW multiplies the gradients by clip/S, and a
+/// step whose norm is not finite is skipped on every rank (the norm is reduced over every
+/// group, so every rank sees the same value and its scaler takes the same decision) and S
+/// backs off; the learning-rate schedule then follows the optimizer's step count.
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <loom/core/buffer.hpp>
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
-#include <loom/kernels/ops.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/gpt_parallel.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
+#include <loom/parallel/comm.hpp>
 #include <loom/parallel/data_parallel.hpp>
+#include <loom/parallel/schedule.hpp>
 #include <loom/train/loss_scaler.hpp>
 #include <loom/train/metrics.hpp>
+#include <loom/train/step.hpp>
 
 namespace loom::train {
 
-/// Settings that do not change shapes (runtime).
-struct trainer_config {
-  int micro_batch = 0;             ///< sequences per micro-batch, 1..B (0: the capacity B)
-  int seq_len = 0;                 ///< tokens per sequence, 1..T (0: the capacity T)
-  int grad_accum = 1;              ///< micro-batches per optimizer step
-  optim::cosine_schedule schedule; ///< learning rate per step
-  optim::adamw_config adamw;       ///< AdamW and clipping
-  std::uint64_t seed = 1337;       ///< parameter initialisation seed
-  loss_scaler_config loss_scaler;  ///< dynamic loss scaling (used when the trainer has a loss scaler)
-};
-
-/// What one optimizer step did.
-struct step_result {
-  double loss = 0;        ///< mean cross-entropy over the global batch's non-ignored targets (nats/token)
-  double grad_norm = 0;   ///< global L2 norm before clipping
-  double lr = 0;          ///< learning rate used
-  bool skipped = false;   ///< true when the gradient norm was not finite: nothing was updated
-  long tokens = 0;        ///< non-ignored target tokens in the global batch
-  double loss_scale = 1;  ///< loss scale S this step ran with (1 without a loss scaler)
-  std::string warning;    ///< the loss scaler's warning (scale reduced too often), else empty
-};
-
-/// Checks that every id in `ids` lies in [0, vocab) (or equals ignore for targets) and
-/// throws loom::input_error naming the first offending id and its position otherwise.
-inline void validate_tokens(std::span<const std::int32_t> ids, int vocab, std::string_view what) {
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    if (ids[i] < 0 || ids[i] >= vocab)
-      throw input_error(std::string(what) + ": token id " + std::to_string(ids[i]) + " at position " +
-                        std::to_string(i) + " is outside the model's vocabulary [0, " + std::to_string(vocab) +
-                        "); re-tokenize the data with at most " + std::to_string(vocab) +
-                        " tokens or choose a model with a larger vocabulary");
-}
-
-/// Number of targets in `targets` that are not kernels::ignore_index (-1): the tokens a batch
-/// learns from. Throws loom::input_error (via validate_tokens) naming the first id outside
-/// [0, vocab) that is not the ignore index.
-inline long count_targets(std::span<const std::int32_t> targets, int vocab) {
-  long count = 0;
-  for (std::size_t i = 0; i < targets.size(); ++i) {
-    if (targets[i] == kernels::ignore_index) continue;
-    if (targets[i] < 0 || targets[i] >= vocab) validate_tokens(targets.subspan(i, 1), vocab, "training targets");
-    ++count;
+/// The phase a pipeline action's time is charged to: forward and backward compute to forward and
+/// backward; the four transfers (whose time is mostly waiting for the neighbouring stage: the
+/// pipeline bubble) to exposed_comm.
+constexpr phase phase_of(parallel::pipe_op op) noexcept {
+  switch (op) {
+    case parallel::pipe_op::forward: return phase::forward;
+    case parallel::pipe_op::backward: return phase::backward;
+    default: return phase::exposed_comm;
   }
-  return count;
 }
 
-/// Rows of seq_len+1 token ids (row-major) -> inputs row[0..seq_len) and targets row[1..seq_len],
-/// each (rows, seq_len) int32. Writes `in` and `tg` (at least rows * seq_len ids each).
-inline void split_windows(std::span<const std::int32_t> w, std::size_t seq_len, std::span<std::int32_t> in,
-                          std::span<std::int32_t> tg) {
-  const std::size_t wn = seq_len + 1;
-  for (std::size_t r = 0; r * wn < w.size(); ++r)
-    for (std::size_t i = 0; i < seq_len; ++i) {
-      in[r * seq_len + i] = w[r * wn + i];
-      tg[r * seq_len + i] = w[r * wn + i + 1];
-    }
-}
-
-/// Template arguments: M a models::model_config; Policy a loom::policy; B, T the micro-batch
-/// and sequence capacity; Attn the attention tag; Scaler train::no_loss_scaler (default) or
+/// Template arguments: M a models::model_config; Policy a loom::policy whose layout is
+/// layout<TP, PP> (parallel::fits<layout, M>() must hold); B, T the micro-batch and sequence
+/// capacity; Comm the communicator type of the groups (comm::threads, comm::mpi, comm::hccl),
+/// or train::parallel::local_group for the layout<1,1> trainer whose data-parallel communicator type is
+/// erased; Attn the attention tag; Scaler train::no_loss_scaler (default) or
 /// train::dynamic_loss_scaler (required for fp16).
-template <models::model_config M, class Policy, int B, int T, class Attn = kernels::fused,
+template <models::model_config M, class Policy, int B, int T, class Comm, class Attn = kernels::fused,
           loss_scaler Scaler = no_loss_scaler>
-class trainer {
+class basic_trainer {
   static_assert(!Policy::precision::needs_loss_scaling || Scaler::enabled,
-                "loom::train::trainer: fp16 needs a loss scaler (half-precision gradients underflow and overflow "
-                "without one): use train::trainer<M, Policy, B, T, Attn, train::dynamic_loss_scaler>");
+                "loom::train::trainer / parallel_trainer: fp16 needs a loss scaler (half-precision gradients "
+                "underflow and overflow without one): use train::trainer<M, Policy, B, T, Attn, "
+                "train::dynamic_loss_scaler> or train::parallel_trainer<M, Policy, B, T, Comm, Attn, "
+                "train::dynamic_loss_scaler>");
+  static constexpr bool local = std::is_same_v<Comm, parallel::local_group>;
 
  public:
-  using model_t = nn::gpt<M, Policy, Attn>;
+  using model_t = nn::gpt_parallel<M, Policy, Attn>;
   using device = typename Policy::device;
+  using layout = typename Policy::layout;
   using acts_t = typename model_t::template activations<B, T>;
   using acc_t = typename model_t::acc_t;
+  using storage_t = typename model_t::storage_t;
+  using grad_t = typename model_t::grad_t;
   using scaler_t = Scaler;
-  static constexpr int micro_batch = B, seq_len = T;
+  using comm_t = Comm;
+  static constexpr int micro_batch = B, seq_len = T, TP = layout::tp, PP = layout::pp;
+  static_assert(!local || (TP == 1 && PP == 1),
+                "loom::train::trainer runs the whole model on each rank (layout<1,1>, data parallel on top); "
+                "for layout<TP,PP> use train::parallel_trainer<M, Policy, B, T, Comm> with a world communicator");
 
-  /// Data-parallel trainer over the group `dp` (every rank of it constructs one, with the same
-  /// cfg; dp must outlive the trainer). cfg.micro_batch and grad_accum are per rank: a global
-  /// batch is dp.size() * grad_accum * micro_batch windows. With ddp.zero1 the trainer's own
-  /// AdamW moments are not allocated (optimizer().first_moment() is empty; the shards live in
-  /// the data_parallel engine). Throws loom::input_error for invalid settings.
-  template <class Comm>
-    requires parallel::communicator_for<Comm, float>
-  trainer(context<device>& ctx, trainer_config cfg, Comm& dp, parallel::ddp_options ddp = {}) : trainer(ctx, cfg) {
-    sync_ = std::make_unique<parallel::data_parallel<model_t, Comm>>(ctx, dp, ddp);
-    if (ddp.zero1) opt_.release_moments();
+  /// One rank: allocates the model (initialised with cfg.seed), the optimizer state and the
+  /// activation table. Throws loom::input_error for invalid settings.
+  basic_trainer(context<device>& ctx, trainer_config cfg)
+    requires local
+      : basic_trainer(ctx, cfg, parallel::groups<Comm>{}, 0) {}
+
+  /// Data parallel on layout<1,1> over the group `dp` (every rank of it constructs one, with the
+  /// same cfg; dp must outlive the trainer). cfg.micro_batch and grad_accum are per rank. With
+  /// ddp.zero1 the AdamW moments are sharded over dp (optimizer().first_moment() is empty; the
+  /// shards live in data_parallel()). Throws loom::input_error for invalid settings.
+  template <class DpComm>
+    requires(local && parallel::communicator_for<DpComm, float>)
+  basic_trainer(context<device>& ctx, trainer_config cfg, DpComm& dp, parallel::ddp_options ddp = {})
+      : basic_trainer(ctx, cfg, parallel::groups<Comm>{}, 0) {
+    attach(std::make_unique<parallel::data_parallel<model_t, DpComm>>(ctx, dp, ddp), ddp);
   }
 
-  /// Allocates the model (initialised with cfg.seed), the optimizer state and the activation
-  /// table. Throws loom::input_error for invalid settings.
-  trainer(context<device>& ctx, trainer_config cfg)
-      : cfg_(cfg), model_(ctx, cfg.seed), opt_(ctx, cfg.adamw, model_), scaler_(cfg.loss_scaler), acts_(ctx),
-        inputs_(std::size_t(B) * T, ctx.stream), targets_(std::size_t(B) * T, ctx.stream),
-        host_in_(std::size_t(cfg.grad_accum > 0 ? cfg.grad_accum : 1) * B * T),
-        host_tg_(host_in_.size()) {
-    if (cfg_.micro_batch == 0) cfg_.micro_batch = B;
-    if (cfg_.seq_len == 0) cfg_.seq_len = T;
-    if (cfg_.micro_batch < 1 || cfg_.micro_batch > B)
-      throw input_error("micro-batch size " + std::to_string(cfg_.micro_batch) + " is outside [1, " + std::to_string(B) +
-                        "], the capacity this trainer was compiled for; pass --micro-batch <= " + std::to_string(B) +
-                        " or compile a larger capacity");
-    if (cfg_.seq_len < 1 || cfg_.seq_len > T)
-      throw input_error("sequence length " + std::to_string(cfg_.seq_len) + " is outside [1, " + std::to_string(T) +
-                        "] (the model " + std::string(M::name) + " has " + std::to_string(M::max_seq) +
-                        " positions; this trainer was compiled for " + std::to_string(T) + "); pass --seq-len <= " +
-                        std::to_string(T));
-    if (cfg_.grad_accum < 1) throw input_error("gradient accumulation steps must be >= 1; pass e.g. --grad-accum 1");
-    cfg_.schedule.validate();
+  /// Splits `world` into the tp, dp and pp groups of layout<TP, PP> (parallel::make_groups;
+  /// collective over world, which need not outlive the trainer), then allocates this rank's part
+  /// of the model (initialised with cfg.seed exactly as the single-rank model's slices), its
+  /// AdamW state and parallel::max_in_flight(PP, grad_accum, stage) activation sets.
+  /// cfg.micro_batch and cfg.grad_accum are per dp rank; grad_accum is the pipeline's
+  /// micro-batch count m. With more than one dp rank (or ddp.zero1) the gradients are reduced
+  /// over dp by parallel::data_parallel with `ddp`'s buckets. Throws loom::input_error when
+  /// world.size() is not a multiple of TP*PP or a setting is invalid (on every rank alike).
+  basic_trainer(context<device>& ctx, trainer_config cfg, Comm& world, parallel::ddp_options ddp = {})
+    requires(!local)
+      : basic_trainer(ctx, cfg, parallel::make_groups<layout>(world), ddp) {}
+
+  /// As above with groups already made by parallel::make_groups<layout>(world) (moved in).
+  basic_trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm> groups, parallel::ddp_options ddp = {})
+    requires(!local)
+      : basic_trainer(ctx, cfg, std::move(groups), 0) {
+    if (g_.tp.size() != TP || g_.pp.size() != PP)
+      throw input_error("parallel_trainer: groups of size tp " + std::to_string(g_.tp.size()) + ", pp " +
+                        std::to_string(g_.pp.size()) + " for layout<" + std::to_string(TP) + ", " + std::to_string(PP) +
+                        ">; make them with parallel::make_groups<layout<" + std::to_string(TP) + ", " +
+                        std::to_string(PP) + ">>(world)");
+    if (g_.dp.size() > 1 || ddp.zero1) {
+      auto engine = std::make_unique<parallel::data_parallel<model_t, Comm>>(ctx, g_.dp, ddp);
+      if constexpr (TP > 1 || PP > 1) engine->count_in_norm(model_.tp_rank(), model_.stage());  // rows this rank owns
+      attach(std::move(engine), ddp);
+    }
   }
 
+  /// Not copyable or movable: the data-parallel engine keeps a reference to the dp group.
+  basic_trainer(const basic_trainer&) = delete;
+  basic_trainer& operator=(const basic_trainer&) = delete;
+
+  /// This rank's part of the model (tp_rank(), stage()); parameters in param_table<M, layout>
+  /// order, local shapes. nn::gather_parameters turns them into the single-rank model's.
   model_t& model() noexcept { return model_; }
   const model_t& model() const noexcept { return model_; }
+  /// AdamW over this rank's parameters (moments of the same local shapes; released with ZeRO-1,
+  /// whose shards data_parallel() holds; its step() counts the updates either way).
   optim::adamw<model_t>& optimizer() noexcept { return opt_; }
   const optim::adamw<model_t>& optimizer() const noexcept { return opt_; }
-  const trainer_config& config() const noexcept { return cfg_; }
-  const acts_t& activations() const noexcept { return acts_; }
-  /// The data-parallel engine, or null for a single-rank trainer.
-  parallel::grad_sync<model_t>* data_parallel() const noexcept { return sync_.get(); }
-  /// Completed optimizer steps (skipped steps count too: the schedule advances).
-  /// The loss scaler (its state() / set_state() go into checkpoints).
+  /// Master weights = parameters, after weights were loaded into model() from elsewhere
+  /// (io::import_gpt2, nn::load_global_parameters). No-op for precisions without master weights.
+  void sync_master_weights(context<device>& ctx) { opt_.sync_master_weights(ctx, model_); }
+  /// The loss scaler (its state() / set_state() go into checkpoints; identical on every rank).
   Scaler& loss_scaler() noexcept { return scaler_; }
   const Scaler& loss_scaler() const noexcept { return scaler_; }
-  /// Master weights = parameters, after weights were loaded into model() from elsewhere
-  /// (e.g. io::import_gpt2). No-op for precisions without master weights.
-  void sync_master_weights(context<device>& ctx) { opt_.sync_master_weights(ctx, model_); }
-  /// Steps taken, skipped ones included. Without a loss scaler the schedule follows this
-  /// count (a skipped step advances it); with one it follows optimizer().step().
+  /// The settings, with micro_batch and seq_len 0 replaced by the capacities B and T.
+  const trainer_config& config() const noexcept { return cfg_; }
+  /// The saved-activation ring (max_in_flight(PP, grad_accum, stage) sets of (B, T); one at PP = 1).
+  std::span<const acts_t> activations() const noexcept { return acts_; }
+  /// Bytes of the activation ring.
+  std::size_t activation_bytes() const noexcept { return acts_.empty() ? 0 : acts_.size() * acts_.front().bytes(); }
+
+  /// This rank's groups: tp (size TP), dp, pp (size PP), Megatron rank order (one-rank
+  /// parallel::local_groups for train::trainer, whose dp communicator lives in data_parallel()).
+  parallel::groups<Comm>& groups() noexcept { return g_; }
+  Comm& tp_group() noexcept { return g_.tp; }
+  Comm& dp_group() noexcept { return g_.dp; }
+  Comm& pp_group() noexcept { return g_.pp; }
+  /// Tensor-parallel rank in [0, TP), pipeline stage in [0, PP), data-parallel rank and degree.
+  int tp_rank() const noexcept { return model_.tp_rank(); }
+  int stage() const noexcept { return model_.stage(); }
+  int dp_rank() const noexcept { return sync_ ? sync_->rank() : 0; }
+  int dp_size() const noexcept { return sync_ ? sync_->size() : 1; }
+  /// The data-parallel engine (buckets, ZeRO-1 moment shards and their ranges in this rank's
+  /// parameter buffer, memory()), or null on one data-parallel rank. io::save_checkpoint and
+  /// load_checkpoint read and write the shards through it.
+  parallel::grad_sync<model_t>* data_parallel() const noexcept { return sync_.get(); }
+  /// Bytes of AdamW state this rank holds: the two moments of its cell (1/dp of them with ZeRO-1,
+  /// up to the chunks' padding), plus fp32 master weights when the precision keeps them.
+  std::size_t optimizer_bytes() const noexcept {
+    using opt_t = optim::adamw<model_t>;
+    const std::size_t masters = opt_t::has_master ? model_t::num_parameters * sizeof(typename opt_t::master_t) : 0;
+    const bool zero = sync_ && sync_->options().zero1;
+    return (zero ? sync_->memory().moments : opt_.first_moment().bytes() + opt_.second_moment().bytes()) + masters;
+  }
+
+  /// Steps taken, skipped ones included. Without a loss scaler the schedule follows this count
+  /// (a skipped step advances it); with one it follows optimizer().step().
   long step_count() const noexcept { return step_; }
   void set_step_count(long s) noexcept { step_ = s; }
 
-  /// Called at the start (begin = true) and end of every phase inside step(): h2d_copy,
-  /// forward, backward and optimizer, so a step_timer or a trace recorder can attribute time.
-  /// Empty by default (no cost beyond one test per phase).
+  /// Called at the start (begin = true) and end of every phase inside step() and evaluate():
+  /// h2d_copy (the step's micro-batches at once); each pipeline action as forward, backward or
+  /// exposed_comm (receives and sends: the time spent waiting for the neighbouring stage, i.e.
+  /// the bubble); exposed_comm for the tied-embedding, dp and norm reductions left after
+  /// backward (none on one rank of layout<1,1>: its norm is part of the optimizer phase);
+  /// optimizer. Phases never nest.
+  /// Empty by default (then the executor is not timed at all).
   std::function<void(phase, bool begin)> on_phase;
 
-  /// Windows per global batch.
+  /// Windows per step on this dp rank (grad_accum * micro_batch).
   std::size_t windows_per_step() const noexcept { return std::size_t(cfg_.grad_accum) * cfg_.micro_batch; }
   /// Tokens per window: seq_len + 1 (inputs and the shifted targets).
   std::size_t window() const noexcept { return std::size_t(cfg_.seq_len) + 1; }
-  /// Target tokens per global batch.
+  /// Target tokens per step on this dp rank (times dp_size() for the global batch).
   std::size_t tokens_per_step() const noexcept { return windows_per_step() * cfg_.seq_len; }
 
-  /// One optimizer step on `windows`: grad_accum*B rows of T+1 token ids each (row-major);
-  /// inputs are row[0..T), targets row[1..T]. Throws loom::input_error on a wrong size or an
-  /// id outside [0, vocab).
+  /// One optimizer step. `windows`: this dp rank's share of the global batch, grad_accum *
+  /// micro_batch rows of seq_len+1 token ids (row-major; inputs row[0..seq_len), targets
+  /// row[1..seq_len]). Every rank of one tp x pp group passes the same windows (the first stage
+  /// reads the inputs, the last the targets). Collective over all groups. Returns the same
+  /// step_result on every rank. Throws loom::input_error on a wrong size or an id outside
+  /// [0, vocab).
   step_result step(context<device>& ctx, std::span<const std::int32_t> windows) {
     if (windows.size() != windows_per_step() * window())
-      throw input_error("a global batch needs " + std::to_string(windows_per_step()) + " windows of " +
-                        std::to_string(window()) + " tokens (" + std::to_string(windows_per_step() * window()) +
-                        " ids), got " + std::to_string(windows.size()));
+      throw input_error("a step needs grad_accum*micro_batch = " + std::to_string(windows_per_step()) +
+                        " windows of " + std::to_string(window()) + " tokens (" +
+                        std::to_string(windows_per_step() * window()) + " ids) per data-parallel rank, got " +
+                        std::to_string(windows.size()));
     validate_tokens(windows, M::vocab, "training batch");
     const std::span<std::int32_t> in(host_in_.data(), tokens_per_step()), tg(host_tg_.data(), tokens_per_step());
     split_windows(windows, in, tg);
     return step(ctx, in, tg);
   }
 
-  /// One optimizer step on explicit inputs and targets, each (grad_accum, micro_batch, seq_len) int32.
-  /// Targets equal to kernels::ignore_index (-1) are padding: they add no loss and no
-  /// gradient, and the loss is the mean over the other targets of the whole global batch.
-  /// Throws loom::input_error on wrong sizes, ids outside [0, vocab), or a batch whose
-  /// targets are all ignored.
+  /// One optimizer step on explicit inputs and targets of this dp rank, each (grad_accum,
+  /// micro_batch, seq_len) int32; targets equal to kernels::ignore_index (-1) add no loss and no
+  /// gradient. Throws loom::input_error on wrong sizes, ids outside [0, vocab), or a global batch
+  /// whose targets are all ignored.
   step_result step(context<device>& ctx, std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
     const std::size_t n = tokens_per_step();
     if (inputs.size() != n || targets.size() != n)
-      throw input_error("inputs and targets of a global batch need grad_accum*micro_batch*seq_len = " + std::to_string(n) +
-                        " ids each, got " + std::to_string(inputs.size()) + " and " + std::to_string(targets.size()));
+      throw input_error("inputs and targets of a step need grad_accum*micro_batch*seq_len = " + std::to_string(n) +
+                        " ids each per data-parallel rank, got " + std::to_string(inputs.size()) + " and " +
+                        std::to_string(targets.size()));
     validate_tokens(inputs, M::vocab, "training inputs");
     long count = count_targets(targets, M::vocab);
     if (sync_) count = sync_->global_sum(count);  // every rank scales by the global count
-    if (count == 0) throw input_error("every target of the global batch is ignored (-1); the batch holds no tokens to learn from");
+    if (count == 0)
+      throw input_error("every target of the global batch is ignored (-1); the batch holds no tokens to learn from");
     const double loss_scale = scaler_.scale();
-    const acc_t scale = acc_t(loss_scale / double(count));
+    mark(phase::h2d_copy, true);
+    device::copy_to_device(inputs_.data(), inputs.data(), inputs.size_bytes(), ctx.stream);
+    device::copy_to_device(targets_.data(), targets.data(), targets.size_bytes(), ctx.stream);
+    mark(phase::h2d_copy, false);
     model_.zero_grad(ctx);
-    double loss_sum = 0;
-    const int b = cfg_.micro_batch, t = cfg_.seq_len;
-    const std::size_t mb = std::size_t(b) * t;
-    for (int m = 0; m < cfg_.grad_accum; ++m) {
-      mark(phase::h2d_copy, true);
-      copy_in(ctx, inputs.subspan(m * mb, mb), targets.subspan(m * mb, mb));
-      mark(phase::h2d_copy, false);
-      mark(phase::forward, true);
-      loss_sum += double(model_.forward(ctx, acts_, inputs_.data(), targets_.data(), b, t, scale));
-      mark(phase::forward, false);
-      mark(phase::backward, true);
-      if (sync_ && m + 1 == cfg_.grad_accum) {  // only the final micro-batch communicates
-        sync_->begin_backward(ctx);
-        model_.backward(ctx, acts_, inputs_.data(), b, t, [&](int layer) { sync_->grads_ready(ctx, model_, layer); });
-      } else {
-        model_.backward(ctx, acts_, inputs_.data(), b, t);
-      }
-      mark(phase::backward, false);
-    }
+    if (sync_) sync_->begin_backward(ctx);
+    const double loss = forward_backward(ctx, acc_t(loss_scale / double(count)));
+    // the reductions after backward are exposed communication; one rank's norm is the optimizer's
+    const phase reduce = sync_ || TP > 1 || PP > 1 ? phase::exposed_comm : phase::optimizer;
+    mark(reduce, true);
+    model_.tie_embedding_gradients(ctx, g_.pp);
     step_result r;
-    if (sync_) {
-      mark(phase::exposed_comm, true);
-      const auto s = sync_->finish(ctx, model_, loss_sum);
-      mark(phase::exposed_comm, false);
+    double loss_sum = loss, sumsq = 0;
+    if (sync_) {  // the embedding's bucket, then every bucket's reduction is waited for
+      sync_->grads_ready(ctx, model_, -1);
+      const auto s = sync_->finish(ctx, model_, loss);
       loss_sum = s.loss_sum;
-      r.grad_norm = s.grad_norm();
+      sumsq = s.grad_sumsq;
+    } else if constexpr (TP == 1 && PP == 1) {
+      const auto g = model_.gradients();
+      sumsq = model_t::ops::sum_of_squares(ctx, g.data(), g.size());
+    } else {
+      sumsq = model_.local_grad_sum_of_squares(ctx);
     }
-    mark(phase::optimizer, true);
+    if constexpr (TP > 1) g_.tp.all_reduce(std::span<double>(&sumsq, 1), parallel::reduce_op::sum);
+    if constexpr (PP > 1) g_.pp.all_reduce(std::span<double>(&sumsq, 1), parallel::reduce_op::sum);
+    r.grad_norm = std::sqrt(sumsq) / loss_scale;  // unscale, then clip
+    if (reduce == phase::exposed_comm) {
+      mark(phase::exposed_comm, false);
+      mark(phase::optimizer, true);
+    }
+    const bool finite = std::isfinite(r.grad_norm);  // the same on every rank: reduced over every group
     r.tokens = count;
     r.loss = loss_sum / double(count);
     r.loss_scale = loss_scale;
-    if (!sync_) r.grad_norm = opt_.grad_norm(ctx, model_);
-    r.grad_norm /= loss_scale;  // unscale, then clip: the norm of the scaled gradients (double) divided by S
     r.lr = cfg_.schedule(Scaler::enabled ? opt_.step() : step_);
-    const bool finite = std::isfinite(r.grad_norm);
     r.warning = scaler_.update(finite, step_);
     ++step_;
     const double coef = optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm) / loss_scale;
     if (!finite) {
-      r.skipped = true;  // parameters and moments untouched (and, with a scaler, the schedule)
+      r.skipped = true;  // on every rank: parameters, moments (and, with a scaler, the schedule) untouched
     } else if (sync_ && sync_->options().zero1) {
       const long t = opt_.step() + 1;
-      sync_->update(ctx, model_, cfg_.adamw, r.lr, coef, t);
+      typename Policy::precision::master* masters = nullptr;
+      if constexpr (optim::adamw<model_t>::has_master) masters = opt_.master_weights().data();
+      sync_->update(ctx, model_, cfg_.adamw, r.lr, coef, t, masters);
       opt_.set_step(t);
       ctx.synchronize();
     } else {
@@ -269,48 +313,132 @@ class trainer {
   }
 
   /// Mean loss (nats/token) over `windows` (any non-zero multiple of micro_batch rows of
-  /// seq_len+1 ids), no update. Throws loom::input_error on a wrong size or an id outside
-  /// [0, vocab).
+  /// seq_len+1 ids), no update. Collective over the tp and pp groups (forward through the
+  /// pipeline, one micro-batch at a time); every rank of a tp x pp group passes the same windows
+  /// and gets the same value; dp replicas may evaluate different windows or not at all. Throws
+  /// loom::input_error on a wrong size or an id outside [0, vocab).
   double evaluate(context<device>& ctx, std::span<const std::int32_t> windows) {
     const int b = cfg_.micro_batch, t = cfg_.seq_len;
-    const std::size_t mbw = std::size_t(b) * window();
+    const std::size_t mbw = std::size_t(b) * window(), bt = std::size_t(b) * t;
     if (windows.empty() || windows.size() % mbw != 0)
       throw input_error("evaluation needs a non-zero multiple of " + std::to_string(b) + " windows of " +
                         std::to_string(window()) + " tokens");
     validate_tokens(windows, M::vocab, "evaluation batch");
+    const std::span<std::int32_t> in(host_in_.data(), bt), tg(host_tg_.data(), bt);
+    const std::size_t NC = bt * std::size_t(M::d_model);
+    constexpr int tag_activation = 0;  // as the pipeline executor's
+    auto& acts = acts_.front();
     double sum = 0;
     const std::size_t n = windows.size() / mbw;
-    const std::span<std::int32_t> in(host_in_.data(), std::size_t(b) * t), tg(host_tg_.data(), std::size_t(b) * t);
-    for (std::size_t m = 0; m < n; ++m) {
-      split_windows(windows.subspan(m * mbw, mbw), in, tg);
-      copy_in(ctx, in, tg);
-      sum += double(model_.forward(ctx, acts_, inputs_.data(), targets_.data(), b, t));
+    for (std::size_t k = 0; k < n; ++k) {
+      split_windows(windows.subspan(k * mbw, mbw), in, tg);
+      device::copy_to_device(inputs_.data(), in.data(), in.size_bytes(), ctx.stream);
+      device::copy_to_device(targets_.data(), tg.data(), tg.size_bytes(), ctx.stream);
+      if (!model_.first_stage()) g_.pp.recv(std::span<storage_t>(acts.input(), NC), stage() - 1, tag_activation);
+      sum += double(model_.forward(ctx, acts, g_.tp, inputs_.data(), targets_.data(), b, t));
+      if (!model_.last_stage()) {
+        ctx.synchronize();
+        g_.pp.send(std::span<const storage_t>(acts.output(), NC), stage() + 1, tag_activation);
+      }
     }
     ctx.synchronize();
-    return sum / double(n * b * t);
+    if constexpr (PP > 1) g_.pp.broadcast(std::span<double>(&sum, 1), PP - 1);
+    return sum / double(n * bt);
   }
 
  private:
+  /// The shared part of every constructor (the int tag only selects it).
+  basic_trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm>&& groups, int)
+      : cfg_(checked(cfg)), g_(std::move(groups)), model_(ctx, g_.tp.rank(), g_.pp.rank(), cfg_.seed),
+        opt_(ctx, cfg_.adamw, model_), scaler_(cfg_.loss_scaler), inputs_(std::size_t(cfg_.grad_accum) * B * T, ctx.stream),
+        targets_(inputs_.size(), ctx.stream), host_in_(inputs_.size()), host_tg_(inputs_.size()),
+        plan_(parallel::one_f_one_b(PP, cfg_.grad_accum, g_.pp.rank())) {
+    const int ring = parallel::max_in_flight(PP, cfg_.grad_accum, g_.pp.rank());
+    acts_.reserve(std::size_t(ring));
+    for (int i = 0; i < ring; ++i) acts_.emplace_back(ctx);
+  }
+
+  /// Installs the data-parallel engine (ZeRO-1 releases the unsharded moments).
+  void attach(std::unique_ptr<parallel::grad_sync<model_t>> engine, const parallel::ddp_options& ddp) {
+    if (ddp.zero1) opt_.release_moments();
+    sync_ = std::move(engine);
+  }
+
+  /// Step 2: the pipeline's forward/backward over grad_accum micro-batches; the last
+  /// micro-batch's backward reports ready(layer) for layers L..0 to the data-parallel engine
+  /// (ready(-1), the embedding, waits for the tied-embedding sum). Returns the loss sum of this
+  /// dp rank's share (on every stage).
+  double forward_backward(context<device>& ctx, acc_t grad_scale) {
+    const int b = cfg_.micro_batch, t = cfg_.seq_len, m = cfg_.grad_accum;
+    auto ready = [&](int layer) {
+      if (sync_ && layer >= 0) sync_->grads_ready(ctx, model_, layer);
+    };
+    if (!on_phase)
+      return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
+                                                          inputs_.data(), targets_.data(), b, t, grad_scale,
+                                                          nn::no_observer{}, ready);
+    // Phase attribution: the executor reports each action after it ran; the schedule is a pure
+    // function, so the phase of the next action is known and opened as the previous one closes.
+    std::size_t next = 0;
+    if (!plan_.empty()) mark(phase_of(plan_[0].op), true);
+    auto observe = [&](const parallel::pipe_action& a, double) {
+      mark(phase_of(a.op), false);
+      if (++next < plan_.size()) mark(phase_of(plan_[next].op), true);
+    };
+    return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
+                                                        inputs_.data(), targets_.data(), b, t, grad_scale, observe, ready);
+  }
+
+  static trainer_config checked(trainer_config c) {
+    if (c.micro_batch == 0) c.micro_batch = B;
+    if (c.seq_len == 0) c.seq_len = T;
+    if (c.micro_batch < 1 || c.micro_batch > B)
+      throw input_error("micro-batch size " + std::to_string(c.micro_batch) + " is outside [1, " + std::to_string(B) +
+                        "], the capacity this trainer was compiled for; pass --micro-batch <= " + std::to_string(B) +
+                        " or compile a larger capacity");
+    if (c.seq_len < 1 || c.seq_len > T)
+      throw input_error("sequence length " + std::to_string(c.seq_len) + " is outside [1, " + std::to_string(T) +
+                        "] (the model " + std::string(M::name) + " has " + std::to_string(M::max_seq) +
+                        " positions; this trainer was compiled for " + std::to_string(T) + "); pass --seq-len <= " +
+                        std::to_string(T));
+    if (c.grad_accum < 1)
+      throw input_error("gradient accumulation steps (the pipeline's micro-batches) must be >= 1; pass e.g. --grad-accum " +
+                        std::to_string(PP));
+    c.schedule.validate();
+    return c;
+  }
   void mark(phase p, bool begin) {
     if (on_phase) on_phase(p, begin);
   }
+  // rows of seq_len+1 ids -> inputs row[0..seq_len), targets row[1..seq_len]
   void split_windows(std::span<const std::int32_t> w, std::span<std::int32_t> in, std::span<std::int32_t> tg) const {
     train::split_windows(w, std::size_t(cfg_.seq_len), in, tg);
   }
-  void copy_in(context<device>& ctx, std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
-    device::copy_to_device(inputs_.data(), in.data(), in.size_bytes(), ctx.stream);
-    device::copy_to_device(targets_.data(), tg.data(), tg.size_bytes(), ctx.stream);
-  }
 
   trainer_config cfg_;
+  parallel::groups<Comm> g_;
   model_t model_;
   optim::adamw<model_t> opt_;
   Scaler scaler_;
-  acts_t acts_;
+  std::unique_ptr<parallel::grad_sync<model_t>> sync_;  // the dp reduction (data_parallel), or null on one dp rank
+  std::vector<acts_t> acts_;
   buffer<device, std::int32_t> inputs_, targets_;
   std::vector<std::int32_t> host_in_, host_tg_;
+  std::vector<parallel::pipe_action> plan_;
   long step_ = 0;
-  std::unique_ptr<parallel::grad_sync<model_t>> sync_;  // null: single rank
 };
+
+/// The layout<1,1> trainer: one rank, or data parallel over a communicator passed to its
+/// constructor (basic_trainer).
+template <models::model_config M, class Policy, int B, int T, class Attn = kernels::fused,
+          loss_scaler Scaler = no_loss_scaler>
+using trainer = basic_trainer<M, Policy, B, T, parallel::local_group, Attn, Scaler>;
+
+/// The trainer of any layout<TP, PP> over a world communicator of type Comm, data parallel over
+/// the ranks beyond TP*PP (basic_trainer).
+template <models::model_config M, class Policy, int B, int T, class Comm, class Attn = kernels::fused,
+          loss_scaler Scaler = no_loss_scaler>
+  requires parallel::communicator_for<Comm, float>
+using parallel_trainer = basic_trainer<M, Policy, B, T, Comm, Attn, Scaler>;
 
 }  // namespace loom::train
