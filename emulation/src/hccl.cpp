@@ -85,6 +85,7 @@ struct handle {
   uint64_t next_seq = 0;
   uint64_t id = 0;      // group key, for sub-communicator ids
   uint64_t splits = 0;  // not used by the emulation beyond bookkeeping
+  bool sub = false;     // made by HcclCreateSubCommConfig (which cannot split it again)
 };
 
 std::mutex registry_mutex;
@@ -367,11 +368,42 @@ HcclResult HcclCommInitRootInfoConfig(uint32_t nRanks, const HcclRootInfo* rootI
 HcclResult HcclCreateSubCommConfig(HcclComm* comm, uint32_t rankNum, uint32_t* rankIds, uint64_t subCommId,
                                    uint32_t subCommRankId, HcclCommConfig*, HcclComm* subComm) {
   if (int code = injected("HcclCreateSubCommConfig")) return HcclResult(code);
+  // Documented rules (hicann/hcomm docs/zh/api_ref/comm_mgr_c/HcclCreateSubCommConfig.md, 9.0):
+  //  * a rank outside the new group passes rankIds = NULL and subCommId = 0xFFFFFFFF: success, no
+  //    communicator; one of the two alone is HCCL_E_PARA (op_base.cc of the same release);
+  //  * rankIds "should be ordered": the index of a rank in rankIds becomes its sub-communicator rank.
+  //    The 9.0 source rejects duplicates and ids missing from the global rank table with
+  //    HCCL_E_PARA (topoinfo_ranktable_partition.cc) and does not itself check the order; the
+  //    emulation rejects any order but strictly ascending with HCCL_E_PARA, so that a caller
+  //    relying on another order fails here instead of misbehaving on hardware;
+  //  * "only a global communicator can be split, not a sub-communicator": HCCL_E_NOT_SUPPORT.
+  //    (On hardware a sub-communicator's rank table is renumbered 0..n-1, so the parent's ids are
+  //    mistaken for the sub-communicator's; the code the hardware returns is not documented.)
+  if (!rankIds && subCommId == 0xFFFFFFFFull) return HCCL_SUCCESS;
+  if (!rankIds || subCommId == 0xFFFFFFFFull)
+    return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: rankIds is NULL xor subCommId is 0xFFFFFFFF");
   handle* parent = comm ? resolve(*comm) : nullptr;
   if (!parent) return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: not a live parent communicator");
-  if (!rankIds || subCommRankId >= rankNum || rankIds[subCommRankId] != uint32_t(parent->rank))
+  if (parent->sub)
+    return hfail(HCCL_E_NOT_SUPPORT,
+                 "HcclCreateSubCommConfig: the parent is a sub-communicator; only a global communicator can be split");
+  if (rankNum == 0 || subCommRankId >= rankNum)
+    return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: subCommRankId must be below rankNum (> 0)");
+  for (uint32_t i = 0; i < rankNum; ++i) {
+    if (rankIds[i] >= uint32_t(parent->g->n))
+      return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: rank " + std::to_string(rankIds[i]) +
+                                    " is not in the global communicator");
+    if (i > 0 && rankIds[i] <= rankIds[i - 1])
+      return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: rankIds must be strictly ascending (rankIds[" +
+                                    std::to_string(i) + "] = " + std::to_string(rankIds[i]) + " after " +
+                                    std::to_string(rankIds[i - 1]) + ")");
+  }
+  if (rankIds[subCommRankId] != uint32_t(parent->rank))
     return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: rankIds[subCommRankId] must be this rank's id in the parent");
-  return join("HcclCreateSubCommConfig", {parent->id, subCommId + 1}, rankNum, subCommRankId, subComm);
+  const HcclResult rc = join("HcclCreateSubCommConfig", {parent->id, subCommId + 1}, rankNum, subCommRankId, subComm);
+  if (rc == HCCL_SUCCESS)
+    if (handle* h = resolve(*subComm)) h->sub = true;
+  return rc;
 }
 
 HcclResult HcclCommDestroy(HcclComm comm) {

@@ -1,0 +1,190 @@
+// The documented operator and HCCL rules the emulation enforces, one test per rule, each asserting
+// the status code CANN returns (aclnn return codes: 161002 ACLNN_ERR_PARAM_INVALID, 561002
+// ACLNN_ERR_INNER_TILING_ERROR; runtime 507015 ACL_ERROR_RT_AICORE_EXCEPTION; HcclResult 1
+// HCCL_E_PARA, 5 HCCL_E_NOT_SUPPORT). Sources are cited at each rule in emulation/src and in
+// docs/ascend.md. The calls are raw (no loom wrapper) so that each test exercises the rule itself;
+// loom's own calls meeting the rules are tested in test_kernels.cpp and test_hccl.cpp.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <loom/parallel/comm_hccl.hpp>
+#include <loom/parallel/comm_threads.hpp>
+
+#include "support.hpp"
+
+using namespace loom_test;
+
+namespace {
+/// A raw contiguous ND descriptor over device memory p.
+acl::aclTensor* raw(void* p, acl::aclDataType dt, std::vector<int64_t> dims) {
+  std::vector<int64_t> strides(dims.size(), 1);
+  for (std::size_t i = dims.size(); i-- > 1;) strides[i - 1] = strides[i] * dims[i];
+  int64_t storage = 1;
+  for (auto d : dims) storage *= d;
+  return api().aclCreateTensor(dims.data(), dims.size(), dt, strides.data(), 0, acl::format_nd, &storage, 1, p);
+}
+
+/// Device buffers and descriptors of one cross-entropy call: input (N, C) fp32, target (N) of
+/// `target_dt`, loss/zloss/lse (N), logProb (N, C); reduction "none".
+struct ce_call {
+  dbuf<float> x, loss, lp, zloss, lse, grad;
+  dbuf<std::int64_t> t;  // 8 bytes per row: large enough for INT32 targets too
+  acl::aclTensor *X, *T, *L, *LP, *Z, *S, *G;
+  ce_call(loom::context<npu>& ctx, int64_t N, int64_t C, acl::aclDataType target_dt)
+      : x(std::size_t(N * C), ctx.stream), loss(std::size_t(N), ctx.stream), lp(std::size_t(N * C), ctx.stream),
+        zloss(std::size_t(N), ctx.stream), lse(std::size_t(N), ctx.stream), grad(std::size_t(N), ctx.stream),
+        t(std::size_t(N), ctx.stream) {
+    X = raw(x.data(), acl::dt_float, {N, C});
+    T = raw(t.data(), target_dt, {N});
+    L = raw(loss.data(), acl::dt_float, {N});
+    LP = raw(lp.data(), acl::dt_float, {N, C});
+    Z = raw(zloss.data(), acl::dt_float, {N});
+    S = raw(lse.data(), acl::dt_float, {N});
+    G = raw(grad.data(), acl::dt_float, {N});
+  }
+  ~ce_call() {
+    for (auto* p : {X, T, L, LP, Z, S, G}) api().aclDestroyTensor(p);
+  }
+  uint64_t ws = 0;  // phase 1's workspace size
+  int forward(int64_t ignore_index, acl::aclOpExecutor** ex) {
+    char none[] = "none";
+    return api().aclnnCrossEntropyLossGetWorkspaceSize(X, T, nullptr, none, ignore_index, 0.0, 0.0, false, L, LP, Z, S,
+                                                       &ws, ex);
+  }
+  /// Phase 2 of forward() with a workspace of the size phase 1 asked for.
+  int run_forward(loom::context<npu>& ctx, acl::aclOpExecutor* ex) {
+    dbuf<float> work(std::size_t(ws / sizeof(float) + 1), ctx.stream);
+    const int rc = api().aclnnCrossEntropyLoss(work.data(), ws, ex, ctx.stream);
+    (void)api().aclrtSynchronizeStream(ctx.stream);  // the workspace dies here; errors stay for the caller's sync
+    return rc;
+  }
+  int backward(int64_t ignore_index, acl::aclOpExecutor** ex) {
+    char none[] = "none";
+    return api().aclnnCrossEntropyLossGradGetWorkspaceSize(G, LP, T, nullptr, nullptr, nullptr, none, ignore_index, 0.0,
+                                                           0.0, X, &ws, ex);
+  }
+};
+std::string recent() {
+  const char* m = api().aclGetRecentErrMsg();
+  return m ? m : "";
+}
+}  // namespace
+
+TEST_CASE("rule: aclnnCrossEntropyLoss[Grad] take INT64 targets only on Ascend910B (INT32 -> 161002)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  acl::aclOpExecutor* ex = nullptr;
+  {
+    ce_call c(ctx, 4, 5, acl::dt_int32);
+    CHECK(c.forward(-100, &ex) == 161002);
+    CHECK(recent().find("INT64") != std::string::npos);
+    CHECK(c.backward(-100, &ex) == 161002);
+  }
+  ce_call c(ctx, 4, 5, acl::dt_int64);
+  ctx.synchronize();
+  CHECK(c.forward(-100, &ex) == 0);
+  CHECK(c.run_forward(ctx, ex) == 0);
+  CHECK(api().aclrtSynchronizeStream(ctx.stream) == 0);
+}
+
+TEST_CASE("rule: aclnnCrossEntropyLoss[Grad] need N < 200000 rows per call (-> 561002)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  acl::aclOpExecutor* ex = nullptr;
+  {
+    ce_call c(ctx, 200000, 1, acl::dt_int64);
+    CHECK(c.forward(-100, &ex) == 561002);
+    CHECK(recent().find("200000") != std::string::npos);
+    CHECK(c.backward(-100, &ex) == 561002);
+  }
+  ce_call c(ctx, 199999, 1, acl::dt_int64);
+  ctx.synchronize();
+  CHECK(c.forward(-100, &ex) == 0);
+  CHECK(c.run_forward(ctx, ex) == 0);
+  CHECK(api().aclrtSynchronizeStream(ctx.stream) == 0);
+}
+
+TEST_CASE("rule: a negative ignoreIndex ignores nothing, so a target -1 faults on the AI core (-> 507015)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  const int64_t N = 3, C = 4;
+  ce_call c(ctx, N, C, acl::dt_int64);
+  const std::vector<std::int64_t> tgt{1, -1, 2};
+  npu::copy_to_device(c.t.data(), tgt.data(), tgt.size() * sizeof(std::int64_t), ctx.stream);
+  const auto x = randn(std::size_t(N * C), 7);
+  npu::copy_to_device(c.x.data(), x.data(), x.size() * sizeof(float), ctx.stream);
+  ctx.synchronize();
+  acl::aclOpExecutor* ex = nullptr;
+  REQUIRE(c.forward(-1, &ex) == 0);  // values are not checked in phase 1: the kernel gathers them
+  dbuf<float> work(std::size_t(c.ws / sizeof(float) + 1), ctx.stream);
+  REQUIRE(api().aclnnCrossEntropyLoss(work.data(), c.ws, ex, ctx.stream) == 0);
+  CHECK(api().aclrtSynchronizeStream(ctx.stream) == 507015);
+
+  // a non-negative ignoreIndex that the row carries is skipped: loss 0 for that row
+  const std::vector<std::int64_t> tgt2{1, C, 2};
+  npu::copy_to_device(c.t.data(), tgt2.data(), tgt2.size() * sizeof(std::int64_t), ctx.stream);
+  ctx.synchronize();
+  REQUIRE(c.forward(C, &ex) == 0);
+  REQUIRE(c.run_forward(ctx, ex) == 0);
+  const auto loss = download(ctx, c.loss.data(), std::size_t(N));
+  CHECK(loss[1] == 0.0f);
+  CHECK(loss[0] > 0.0f);
+}
+
+TEST_CASE("rule: aclnnEmbeddingDenseBackward writes a FLOAT output (16-bit out -> 161002)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  const int64_t N = 6, C = 4, V = 5;
+  dbuf<Eigen::bfloat16> g(std::size_t(N * C), ctx.stream), o16(std::size_t(V * C), ctx.stream);
+  dbuf<float> o32(std::size_t(V * C), ctx.stream);
+  dbuf<std::int32_t> idx(std::size_t(N), ctx.stream);
+  const std::vector<std::int32_t> ids{0, 1, 2, 3, 4, 0};
+  npu::copy_to_device(idx.data(), ids.data(), ids.size() * sizeof(std::int32_t), ctx.stream);
+  ctx.synchronize();
+  auto* G = raw(g.data(), acl::dt_bf16, {N, C});
+  auto* I = raw(idx.data(), acl::dt_int32, {N});
+  auto* O16 = raw(o16.data(), acl::dt_bf16, {V, C});
+  auto* O32 = raw(o32.data(), acl::dt_float, {V, C});
+  uint64_t ws = 0;
+  acl::aclOpExecutor* ex = nullptr;
+  CHECK(api().aclnnEmbeddingDenseBackwardGetWorkspaceSize(G, I, uint64_t(V), ~uint64_t(0), false, O16, &ws, &ex) ==
+        161002);
+  CHECK(api().aclnnEmbeddingDenseBackwardGetWorkspaceSize(G, I, uint64_t(V), ~uint64_t(0), false, O32, &ws, &ex) == 0);
+  dbuf<float> work(std::size_t(ws / sizeof(float) + 1), ctx.stream);
+  CHECK(api().aclnnEmbeddingDenseBackward(work.data(), ws, ex, ctx.stream) == 0);
+  ctx.synchronize();
+  for (auto* p : {G, I, O16, O32}) api().aclDestroyTensor(p);
+}
+
+TEST_CASE("rule: HcclCreateSubCommConfig needs ascending rankIds and a global parent (-> HCCL_E_PARA / _NOT_SUPPORT)") {
+  const int world = 4;
+  loom::comm::run_threads(world, [&](loom::comm::threads& boot) {
+    const int r = boot.rank();
+    loom::device::ascend_device dev(runtime(), r);
+    auto& ctx = dev.context();
+    auto hc = loom::comm::hccl::create(boot, ctx);
+    acl::HcclComm global = hc.native_handle();
+    acl::HcclCommConfig cfg;
+    acl::hccl_comm_config_init(&cfg);
+    // pairs {0,1} and {2,3}, listed in descending order: refused before any rendezvous
+    const std::uint32_t lo = std::uint32_t(r & ~1), hi = lo + 1;
+    std::uint32_t desc[2] = {hi, lo};
+    acl::HcclComm sub = nullptr;
+    CHECK(int(api().HcclCreateSubCommConfig(&global, 2, desc, 77, r == int(hi) ? 0u : 1u, &cfg, &sub)) == 1);
+    // ascending: accepted
+    std::uint32_t asc[2] = {lo, hi};
+    REQUIRE(int(api().HcclCreateSubCommConfig(&global, 2, asc, 78 + lo, std::uint32_t(r) - lo, &cfg, &sub)) == 0);
+    // a rank outside any new group passes rankIds = NULL and subCommId = 0xFFFFFFFF: no communicator
+    acl::HcclComm none = nullptr;
+    CHECK(int(api().HcclCreateSubCommConfig(&global, 0, nullptr, 0xFFFFFFFFull, 0, &cfg, &none)) == 0);
+    CHECK(none == nullptr);
+    // splitting the sub-communicator again is not supported
+    std::uint32_t one[1] = {std::uint32_t(r) - lo};
+    acl::HcclComm subsub = nullptr;
+    CHECK(int(api().HcclCreateSubCommConfig(&sub, 1, one, 79, 0, &cfg, &subsub)) == 5);
+    CHECK(int(api().HcclCommDestroy(sub)) == 0);
+  });
+}
