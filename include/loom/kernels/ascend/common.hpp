@@ -146,9 +146,17 @@ class tensor {
 /// phase 2), because whether aclCreateScalar copies it is unconfirmed (reference §2.2).
 class scalar {
  public:
+  /// An ACL_FLOAT scalar.
   scalar(const ctx_t& ctx, float v) : api_(&ctx.api()), value_(v) {
     require(*api_, api_->aclCreateScalar, "aclCreateScalar");
     s_ = api_->aclCreateScalar(&value_, acl::dt_float);
+    if (!s_) throw device_error(device::detail::acl_status::aclnn_param_invalid, "aclCreateScalar", "");
+  }
+  /// An ACL_INT64 scalar (for integer tensors: an alpha of the tensor's own integer type needs no
+  /// cast, which aclnnAdd refuses for a float alpha with integer operands — ops-math aclnnAdd.md).
+  scalar(const ctx_t& ctx, std::int64_t v) : api_(&ctx.api()), int_value_(v) {
+    require(*api_, api_->aclCreateScalar, "aclCreateScalar");
+    s_ = api_->aclCreateScalar(&int_value_, acl::dt_int64);
     if (!s_) throw device_error(device::detail::acl_status::aclnn_param_invalid, "aclCreateScalar", "");
   }
   scalar(const scalar&) = delete;
@@ -160,7 +168,8 @@ class scalar {
 
  private:
   const acl::api_table* api_;
-  float value_;
+  float value_ = 0.0f;
+  std::int64_t int_value_ = 0;
   acl::aclScalar* s_ = nullptr;
 };
 
