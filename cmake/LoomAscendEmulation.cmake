@@ -113,8 +113,10 @@ function(loom_ascend_emulation_tests)
   # Drift check: loom's declarations (device/detail/acl_api.hpp) against headers at the vendor
   # include paths — here the emulation's, which restate the same reference. With a real toolkit,
   # -DLOOM_ASCEND_USE_CANN_HEADERS=ON does the same against CANN's own headers.
+  # LOOM_ACL_CHECK_NEWER_FUNCTIONS: the emulation declares the ACL 1.17 functions loom looks up
+  # (aclsysGetVersionStr, aclFinalizeReference) while its interface version stays 1.13; check them too.
   add_test(NAME ascend_declarations_match_headers
-           COMMAND "${CMAKE_CXX_COMPILER}" ${flags} -DLOOM_ASCEND_USE_CANN_HEADERS=1
+           COMMAND "${CMAKE_CXX_COMPILER}" ${flags} -DLOOM_ASCEND_USE_CANN_HEADERS=1 -DLOOM_ACL_CHECK_NEWER_FUNCTIONS=1
                    "-I${root}/emulation/include" -x c++ "${root}/include/loom/kernels/ascend.hpp"
                    -include "${root}/include/loom/parallel/comm_hccl.hpp"
            COMMAND_EXPAND_LISTS)

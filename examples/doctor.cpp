@@ -218,21 +218,10 @@ void check_ascend(int max_devices) {
     fail(npu_bit, "aclInit", first_line(e.what()), "check the driver (npu-smi info) and ASCEND_OPP_PATH (set_env.sh)");
     return;
   }
-  int32_t ma = 0, mi = 0, pa = 0;
-  const std::string acl_version =
-      api.aclrtGetVersion(&ma, &mi, &pa) == 0 ? std::to_string(ma) + "." + std::to_string(mi) + "." + std::to_string(pa)
-                                              : "unknown";
-  if (api.aclsysGetCANNVersion) {
-    loom::device::acl::aclCANNPackageVersion v{};
-    if (api.aclsysGetCANNVersion(loom::device::acl::pkg_cann, &v) == 0)
-      ok("CANN version", std::string(v.version) + " (ACL interface " + acl_version + ")");
-    else
-      fail(npu_bit, "CANN version", "aclsysGetCANNVersion failed: " + loom::device::detail::acl_recent_message(api),
-           "reinstall the CANN toolkit package");
-  } else {
-    info("CANN version", "aclsysGetCANNVersion missing (CANN older than 8.x?); ACL interface " + acl_version +
-                             "; see <toolkit>/version.cfg");
-  }
+  if (const std::string version = rt->cann_version(); !version.empty())
+    ok("CANN version", version);
+  else
+    info("CANN version", "the runtime reports none (neither aclsysGetVersionStr nor aclsysGetCANNVersion)");
 
   uint32_t count = 0;
   if (const int rc = api.aclrtGetDeviceCount(&count); rc != 0 || count == 0) {

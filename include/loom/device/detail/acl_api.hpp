@@ -29,8 +29,6 @@
 #include <aclnnop/aclnn_addmm.h>
 #include <aclnnop/aclnn_apply_adam_w_v2.h>
 #include <aclnnop/aclnn_copy.h>
-#include <aclnnop/aclnn_cross_entropy_loss.h>
-#include <aclnnop/aclnn_cross_entropy_loss_grad.h>
 #include <aclnnop/aclnn_embedding.h>
 #include <aclnnop/aclnn_embedding_dense_backward.h>
 #include <aclnnop/aclnn_flash_attention_score.h>
@@ -43,6 +41,8 @@
 #include <aclnnop/aclnn_matmul.h>
 #include <aclnnop/aclnn_mul.h>
 #include <hccl/hccl.h>
+#include <aclnnop/aclnn_cross_entropy_loss.h>
+#include <aclnnop/aclnn_cross_entropy_loss_grad.h>
 #endif
 
 namespace loom::device::acl {
@@ -50,8 +50,6 @@ namespace loom::device::acl {
 // --- types ---------------------------------------------------------------------------------------
 #if LOOM_ASCEND_USE_CANN_HEADERS
 using ::aclBoolArray;
-using ::aclCANNPackageName;
-using ::aclCANNPackageVersion;
 using ::aclDataType;
 using ::aclError;
 using ::aclFormat;
@@ -88,7 +86,6 @@ enum aclrtMemMallocPolicy : int {};
 enum aclrtMemcpyKind : int {};
 enum aclrtMemAttr : int {};
 enum aclrtEventRecordedStatus : int {};
-enum aclCANNPackageName : int {};
 enum HcclResult : int {};
 enum HcclDataType : int {};
 enum HcclReduceOp : int {};
@@ -102,15 +99,6 @@ struct aclOpExecutor;
 // Opaque profiling objects (acl/acl_prof.h, §5.1).
 struct aclprofConfig;
 struct aclprofAicoreEvents;
-/// aclsysGetCANNVersion's result (§1.3): 128 + 4*64 + 128 bytes of NUL-terminated text.
-struct aclCANNPackageVersion {
-  char version[128];
-  char majorVersion[64];
-  char minorVersion[64];
-  char releaseVersion[64];
-  char patchVersion[64];
-  char reserved[128];
-};
 /// The opaque 4108-byte root info HCCL ranks exchange out of band (§3.2).
 struct HcclRootInfo {
   char internal[4108];
@@ -150,7 +138,7 @@ inline constexpr aclrtMemAttr mem_hbm = aclrtMemAttr(1);                        
 inline constexpr uint32_t event_sync = 0x1u;                                     // ACL_EVENT_SYNC
 inline constexpr uint32_t event_time_line = 0x8u;                                // ACL_EVENT_TIME_LINE
 inline constexpr aclrtEventRecordedStatus event_recorded_complete = aclrtEventRecordedStatus(1);  // ..._COMPLETE
-inline constexpr aclCANNPackageName pkg_cann = aclCANNPackageName(0);            // ACL_PKG_NAME_CANN
+inline constexpr std::size_t pkg_version_max = 128;                              // ACL_PKG_VERSION_MAX_SIZE
 inline constexpr HcclResult hccl_success = HcclResult(0);                        // HCCL_SUCCESS
 inline constexpr HcclResult hccl_e_timeout = HcclResult(9);                      // HCCL_E_TIMEOUT
 inline constexpr HcclDataType hccl_int8 = HcclDataType(0);                       // HCCL_DATA_TYPE_INT8
@@ -189,8 +177,13 @@ static_assert(format_nd == ACL_FORMAT_ND && malloc_huge_first == ACL_MEM_MALLOC_
                   mem_hbm == ACL_HBM_MEM,
               "CANN header drift: an aclFormat/aclrtMem* value differs from loom's declarations");
 static_assert(event_sync == ACL_EVENT_SYNC && event_time_line == ACL_EVENT_TIME_LINE &&
-                  event_recorded_complete == ACL_EVENT_RECORDED_STATUS_COMPLETE && pkg_cann == ACL_PKG_NAME_CANN,
-              "CANN header drift: an event flag or package-name value differs from loom's declarations");
+                  event_recorded_complete == ACL_EVENT_RECORDED_STATUS_COMPLETE &&
+                  pkg_version_max == ACL_PKG_VERSION_MAX_SIZE,
+              "CANN header drift: an event flag or the package-version size differs from loom's declarations");
+// ascend_runtime::cann_version reads the deprecated aclsysGetCANNVersion's result by this layout
+static_assert(sizeof(aclCANNPackageVersion) == 2 * pkg_version_max + 4 * 64 &&
+                  offsetof(aclCANNPackageVersion, version) == 0 && ACL_PKG_NAME_CANN == 0,
+              "CANN header drift: aclCANNPackageVersion's layout differs from loom's (ascend_runtime::cann_version)");
 static_assert(hccl_success == HCCL_SUCCESS && hccl_e_timeout == HCCL_E_TIMEOUT && hccl_int8 == HCCL_DATA_TYPE_INT8 &&
                   hccl_int32 == HCCL_DATA_TYPE_INT32 && hccl_fp16 == HCCL_DATA_TYPE_FP16 &&
                   hccl_fp32 == HCCL_DATA_TYPE_FP32 && hccl_int64 == HCCL_DATA_TYPE_INT64 &&
@@ -236,7 +229,7 @@ inline void hccl_comm_config_init(HcclCommConfig* config) noexcept {
 /// libascendcl.so (§1.3–§1.7). Required: the loader refuses a libascendcl without them.
 #define LOOM_ACL_RUNTIME_FUNCTIONS(X)                                                                          \
   X(aclInit, aclError, (const char* configPath))                                                               \
-  X(aclrtGetVersion, aclError, (int32_t * majorVersion, int32_t * minorVersion, int32_t * patchVersion))       \
+  X(aclFinalize, aclError, ())                                                                                 \
   X(aclGetRecentErrMsg, const char*, ())                                                                       \
   X(aclrtSetDevice, aclError, (int32_t deviceId))                                                              \
   X(aclrtGetDevice, aclError, (int32_t * deviceId))                                                            \
@@ -268,10 +261,21 @@ inline void hccl_comm_config_init(HcclCommConfig* config) noexcept {
   X(aclrtQueryEventStatus, aclError, (aclrtEvent event, aclrtEventRecordedStatus * status))                    \
   X(aclrtEventElapsedTime, aclError, (float* ms, aclrtEvent startEvent, aclrtEvent endEvent))
 
-/// libascendcl.so, optional (absent from older CANN, §1.3): null when missing.
+/// libascendcl.so, optional: null when missing. aclrtGetVersion (the ACL interface version) is
+/// deprecated in the newest runtime, so it is not required.
 #define LOOM_ACL_OPTIONAL_FUNCTIONS(X)                                                                         \
-  X(aclsysGetCANNVersion, aclError, (aclCANNPackageName name, aclCANNPackageVersion * version))               \
+  X(aclrtGetVersion, aclError, (int32_t * majorVersion, int32_t * minorVersion, int32_t * patchVersion))       \
   X(aclrtGetSocName, const char*, ())
+
+/// libascendcl.so of the newer runtimes (ACL interface 1.17, CANN 9.0; absent from 8.x): null when
+/// missing, drift-checked only against headers that declare ACL 1.17 or later.
+///   aclsysGetVersionStr   a CANN package's version by package name, e.g. "runtime" (hicann/runtime
+///                         9.0.0 docs/api_docs/aclsysGetVersionStr.md); replaces aclsysGetCANNVersion,
+///                         deprecated in 9.0 and only looked up by name (ascend_runtime::cann_version)
+///   aclFinalizeReference  reference-counted aclFinalize (§1.3; ascend_runtime::finalize)
+#define LOOM_ACL_NEWER_FUNCTIONS(X)                                                                            \
+  X(aclsysGetVersionStr, aclError, (char* pkgName, char* versionStr))                                         \
+  X(aclFinalizeReference, aclError, (uint64_t * refCount))
 
 /// libmsprofiler.so (§4.2, §5.1; torch_npu dlopens it too): the CANN profiler's session calls,
 /// optional — null when the library is absent (profiling then throws when asked for).
@@ -436,6 +440,7 @@ struct api_table {
 #define LOOM_ACL_MEMBER(name, ret, params) ret(*name) params = nullptr;
   LOOM_ACL_RUNTIME_FUNCTIONS(LOOM_ACL_MEMBER)
   LOOM_ACL_OPTIONAL_FUNCTIONS(LOOM_ACL_MEMBER)
+  LOOM_ACL_NEWER_FUNCTIONS(LOOM_ACL_MEMBER)
   LOOM_ACL_META_FUNCTIONS(LOOM_ACL_MEMBER)
   LOOM_ACLNN_FUNCTIONS(LOOM_ACL_MEMBER)
   LOOM_HCCL_FUNCTIONS(LOOM_ACL_MEMBER)
@@ -451,6 +456,9 @@ struct api_table {
                 "(include/loom/device/detail/acl_api.hpp)");
 LOOM_ACL_RUNTIME_FUNCTIONS(LOOM_ACL_DRIFT_CHECK)
 LOOM_ACL_OPTIONAL_FUNCTIONS(LOOM_ACL_DRIFT_CHECK)
+#if ACL_MAJOR_VERSION * 100 + ACL_MINOR_VERSION >= 117 || LOOM_ACL_CHECK_NEWER_FUNCTIONS
+LOOM_ACL_NEWER_FUNCTIONS(LOOM_ACL_DRIFT_CHECK)
+#endif
 LOOM_ACL_META_FUNCTIONS(LOOM_ACL_DRIFT_CHECK)
 LOOM_ACLNN_FUNCTIONS(LOOM_ACL_DRIFT_CHECK)
 LOOM_HCCL_FUNCTIONS(LOOM_ACL_DRIFT_CHECK)
