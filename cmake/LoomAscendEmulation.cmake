@@ -122,6 +122,22 @@ function(loom_ascend_emulation_tests)
            COMMAND_EXPAND_LISTS)
   set_tests_properties(ascend_declarations_match_headers PROPERTIES LABELS "ascend;failtest" TIMEOUT 300)
 
+  # The same declarations against CANN's own open-source headers (9.0.0, headers only: see
+  # LOOM_CANN_HEADERS_DIR's README), through the real build path: a consumer project configured
+  # with LOOM_ASCEND_USE_CANN_HEADERS=ON (FindAscendCL on a headers-only root) that compiles the
+  # whole Ascend side. With ascend_declarations_match_headers this checks the emulation's headers
+  # against the vendor's for every function, type and constant loom declares: each set must equal
+  # loom's declarations (static_assert on decltype(&::fn) and on each value).
+  cmake_path(SET _cann_default NORMALIZE "${root}/../shared/reference/cann-headers")
+  set(LOOM_CANN_HEADERS_DIR "${_cann_default}" CACHE PATH
+      "Headers-only CANN root (include/acl/acl.h ...) for the test ascend_cann_headers")
+  add_test(NAME ascend_cann_headers
+           COMMAND "${CMAKE_COMMAND}" "-DLOOM_SOURCE_DIR=${root}" "-DCANN_ROOT=${LOOM_CANN_HEADERS_DIR}"
+                   "-DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/ascend_cann_headers" "-DGENERATOR=${CMAKE_GENERATOR}"
+                   "-DMAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}" "-DCXX=${CMAKE_CXX_COMPILER}"
+                   -P "${root}/tests/ascend/cann_headers/run.cmake")
+  set_tests_properties(ascend_cann_headers PROPERTIES LABELS "ascend;package" TIMEOUT 900)
+
   file(GLOB failtests CONFIGURE_DEPENDS "${root}/tests/ascend/compile_fail/*.cpp")
   foreach(src IN LISTS failtests)
     get_filename_component(name "${src}" NAME_WE)
