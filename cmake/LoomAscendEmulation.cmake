@@ -37,6 +37,11 @@ file(MAKE_DIRECTORY "${LOOM_ASCEND_EMULATION_HOME}/lib64")
 if(NOT EXISTS "${LOOM_ASCEND_EMULATION_HOME}/include")
   file(CREATE_LINK "${_loom_emu_root}/emulation/include" "${LOOM_ASCEND_EMULATION_HOME}/include" SYMBOLIC)
 endif()
+# ... and driver/ (a link to emulation/driver): an emulated `npu-smi info` for examples/doctor's
+# driver checks (tests/cli/doctor.sh puts it on PATH). Not part of any toolkit layout.
+if(NOT EXISTS "${LOOM_ASCEND_EMULATION_HOME}/driver")
+  file(CREATE_LINK "${_loom_emu_root}/emulation/driver" "${LOOM_ASCEND_EMULATION_HOME}/driver" SYMBOLIC)
+endif()
 
 find_package(Threads REQUIRED)
 set(_loom_emu_src "${_loom_emu_root}/emulation/src")
