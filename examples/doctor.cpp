@@ -295,8 +295,8 @@ bool check_driver() {
   }
   if (unhealthy)
     fail(npu_bit, "npu-smi", std::to_string(cards.size()) + " card(s): " + list,
-         "a card is not OK: `npu-smi info -t health -i <id>` names the alarm; reset it (`npu-smi set -t reset -i <id> "
-         "-c 0`) or contact the machine's administrator");
+         "a card is not OK: `npu-smi info -t health -i <id>` names the alarm; clear its cause (the card's alarm "
+         "handling guide) or ask the machine's administrator before training on it");
   else
     ok("npu-smi", smi + ": " + std::to_string(cards.size()) + " card(s): " + list);
   const std::string version = driver_version(text);

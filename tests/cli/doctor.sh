@@ -3,7 +3,8 @@
 #   1. no NPU software anywhere (a CPU-only machine: no npu-smi, no driver, no runtime): exit status
 #      2, host lines OK, one FAIL line for the driver and one for the Ascend runtime, each with one
 #      fix (the runtime's names the variables to set and the library it looked for);
-#   2. ASCEND_HOME_PATH at loom's host emulation (a fake toolkit) and its emulated npu-smi on PATH:
+#   2. ASCEND_HOME_PATH at loom's host emulation (a fake toolkit) and its emulated npu-smi on PATH
+#      (then also: the runtime found through LD_LIBRARY_PATH only; a card in alarm and CANN 7.0):
 #      OK lines for npu-smi and its cards, the driver version, HwHiAiUser (root: not needed; other
 #      users: a FAIL line with the usermod fix, exit status 4), ASCEND_HOME_PATH, the CANN version
 #      against loom's statement, every device's smoke test and HCCL.
@@ -68,5 +69,13 @@ out="$(env -u ASCEND_HOME_PATH -u ASCEND_TOOLKIT_HOME LD_LIBRARY_PATH="$emulatio
 expect "no home" "$out" '^FAIL +ASCEND_HOME_PATH +not set \(the runtime was found in'
 expect "no home" "$out" 'fix: `source <toolkit>/set_env.sh`'
 [[ $status -eq 4 ]] || { echo "FAILED (no home): exit status $status, wanted 4"; echo "$out"; fail=1; }
+# a card in alarm and a CANN version outside loom's statement: a FAIL line and a fix for each
+out="$(env ASCEND_HOME_PATH="$emulation" PATH="$emulation/driver:$PATH" LOOMEMU_NPU_ALARM=2 LOOMEMU_CANN_VERSION=7.0.0 \
+  "$doctor" --no-peak --max-devices 1 2>&1)"; status=$?
+expect "alarm, old CANN" "$out" '^FAIL +npu-smi +8 card\(s\): .*2 910B-emulated Alarm'
+expect "alarm, old CANN" "$out" 'fix: a card is not OK: `npu-smi info -t health -i <id>`'
+expect "alarm, old CANN" "$out" '^FAIL +CANN version +7\.0\.0: CANN 7\.0 is outside loom.s statement'
+expect "alarm, old CANN" "$out" 'fix: install a CANN toolkit within loom.s statement'
+[[ $status -eq 4 ]] || { echo "FAILED (alarm, old CANN): exit status $status, wanted 4"; echo "$out"; fail=1; }
 [[ $fail -eq 0 ]] && echo "doctor: all runs as expected"
 exit $fail
