@@ -142,6 +142,14 @@ function(loom_ascend_emulation_tests)
                    "-DMAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}" "-DCXX=${CMAKE_CXX_COMPILER}"
                    -P "${root}/tests/ascend/cann_headers/run.cmake")
   set_tests_properties(ascend_cann_headers PROPERTIES LABELS "ascend;package" TIMEOUT 900)
+  # ... and every function and constant the emulation declares that CANN's headers declare too,
+  # compared directly (decltype(&::fn) and values, built once per header set; a few seconds).
+  add_test(NAME ascend_emulation_matches_cann_headers
+           COMMAND "${CMAKE_COMMAND}" "-DEMU_INCLUDE=${root}/emulation/include"
+                   "-DCANN_INCLUDE=${LOOM_CANN_HEADERS_DIR}/include"
+                   "-DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/ascend_emulation_matches" "-DCXX=${CMAKE_CXX_COMPILER}"
+                   -P "${root}/tests/ascend/cann_headers/emulation_matches.cmake")
+  set_tests_properties(ascend_emulation_matches_cann_headers PROPERTIES LABELS "ascend;failtest" TIMEOUT 300)
 
   file(GLOB failtests CONFIGURE_DEPENDS "${root}/tests/ascend/compile_fail/*.cpp")
   foreach(src IN LISTS failtests)
