@@ -25,7 +25,9 @@
 /// is a non-negative class that real data can never hit. Column 0's logit, -1e30, is finite (no
 /// inf * 0 = NaN in any masked product) and adds exp(-1e30 - max) = 0 to every softmax sum, so
 /// losses and log-probabilities of the real columns are exactly those over V classes, and its
-/// gradient softmax(x')_0 = 0 is discarded. The mapping stays on the device (no host round trip).
+/// gradient softmax(x')_0 = 0 is discarded. The mapping stays on the device (no host round trip):
+/// the padding class is column 0 rather than column V because t + 1 maps -1 to it with one add,
+/// while -1 -> V would need a compare-and-select the reference does not list.
 /// Rows are processed in calls of at most 199,999 rows (reduction "none" makes rows independent).
 ///
 /// Steps per call of at most max_rows rows:
