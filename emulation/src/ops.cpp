@@ -235,6 +235,11 @@ extern "C" aclnnStatus aclnnInplaceAddmmGetWorkspaceSize(const aclTensor* selfRe
 PHASE2(aclnnInplaceAddmm)
 
 // --- elementwise ---------------------------------------------------------------------------------------------------
+static bool is_integral(aclDataType dt) {
+  return dt == ACL_INT8 || dt == ACL_INT16 || dt == ACL_INT32 || dt == ACL_INT64 || dt == ACL_UINT8 ||
+         dt == ACL_UINT16 || dt == ACL_UINT32 || dt == ACL_UINT64 || dt == ACL_BOOL;
+}
+
 static aclnnStatus binary(const char* name, const aclTensor* self, const aclTensor* other, const aclScalar* other_s,
                           const aclScalar* alpha, const aclTensor* out, bool mul, uint64_t* workspaceSize,
                           aclOpExecutor** executor) {
@@ -246,6 +251,17 @@ static aclnnStatus binary(const char* name, const aclTensor* self, const aclTens
       self->dtype != ACL_INT8)
     return invalid(name, std::string("self dtype ") + dtype_name(self->dtype) + " not supported");
   if (out->dtype != self->dtype) return invalid(name, "out dtype differs from self");
+  // aclnnAdd/Adds and their in-place forms: "alpha无法转换为self和other推导后的数据类型" -> 161002
+  // (hicann/ops-math docs/aclnnAdd&aclnnInplaceAdd.md, aclnnAdds.md; math/add/op_api/aclnn_add.cpp
+  // CheckPromoteType: CanCast(alpha, promoteType), a BOOL promoteType taking integral or BOOL
+  // alphas only). The promoted type of two integral/BOOL operands is integral or BOOL, and a
+  // floating alpha casts to neither; with a floating operand every real alpha casts.
+  if (!mul && is_integral(self->dtype) && is_integral(other ? other->dtype : other_s->dtype) &&
+      !is_integral(alpha->dtype))
+    return invalid(name, std::string("alpha dtype ") + dtype_name(alpha->dtype) +
+                             " can't be cast to the promoted integer dtype of self " + dtype_name(self->dtype) +
+                             " and other " + dtype_name(other ? other->dtype : other_s->dtype) +
+                             " (pass an integer alpha)");
   dims_t want = self->dims;
   if (other && !broadcast_shape(self->dims, other->dims, &want))
     return invalid(name, "self " + dims_string(self->dims) + " and other " + dims_string(other->dims) + " do not broadcast");

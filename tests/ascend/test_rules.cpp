@@ -159,6 +159,48 @@ TEST_CASE("rule: aclnnEmbeddingDenseBackward writes a FLOAT output (16-bit out -
   for (auto* p : {G, I, O16, O32}) api().aclDestroyTensor(p);
 }
 
+TEST_CASE("rule: aclnn[Inplace]Add on integer operands refuses a float alpha (-> 161002)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  const int64_t B = 2, T = 3;
+  dbuf<std::uint8_t> s(std::size_t(B * T * T), ctx.stream), o(std::size_t(B * T), ctx.stream),
+      out(std::size_t(B * T * T), ctx.stream);
+  std::vector<std::uint8_t> hs(std::size_t(B * T * T)), ho(std::size_t(B * T));
+  for (std::size_t i = 0; i < hs.size(); ++i) hs[i] = std::uint8_t(i % 2);
+  for (std::size_t i = 0; i < ho.size(); ++i) ho[i] = std::uint8_t(i % 3 == 0);
+  npu::copy_to_device(s.data(), hs.data(), hs.size(), ctx.stream);
+  npu::copy_to_device(o.data(), ho.data(), ho.size(), ctx.stream);
+  ctx.synchronize();
+  auto* S = raw(s.data(), acl::dt_uint8, {B, T, T});
+  auto* O = raw(o.data(), acl::dt_uint8, {B, 1, T});  // broadcast over the rows, as a key-padding row
+  auto* Out = raw(out.data(), acl::dt_uint8, {B, T, T});
+  float one_f = 1.0f;
+  std::int64_t one_i = 1;
+  auto* alpha_f = api().aclCreateScalar(&one_f, acl::dt_float);
+  auto* alpha_i = api().aclCreateScalar(&one_i, acl::dt_int64);
+  uint64_t ws = 0;
+  acl::aclOpExecutor* ex = nullptr;
+  CHECK(api().aclnnInplaceAddGetWorkspaceSize(S, O, alpha_f, &ws, &ex) == 161002);
+  CHECK(recent().find("alpha") != std::string::npos);
+  CHECK(api().aclnnAddGetWorkspaceSize(S, O, alpha_f, Out, &ws, &ex) == 161002);
+  // an integer alpha casts to the promoted UINT8: accepted, and the sum is exact
+  REQUIRE(api().aclnnInplaceAddGetWorkspaceSize(S, O, alpha_i, &ws, &ex) == 0);
+  dbuf<float> work(std::size_t(ws / sizeof(float) + 1), ctx.stream);
+  CHECK(api().aclnnInplaceAdd(work.data(), ws, ex, ctx.stream) == 0);
+  std::vector<std::uint8_t> got(hs.size());
+  npu::copy_to_host(got.data(), s.data(), got.size(), ctx.stream);
+  ctx.synchronize();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < T; ++j) {
+        const std::size_t k = std::size_t((b * T + i) * T + j);
+        CHECK(int(got[k]) == int(hs[k]) + int(ho[std::size_t(b * T + j)]));
+      }
+  api().aclDestroyScalar(alpha_f);
+  api().aclDestroyScalar(alpha_i);
+  for (auto* p : {S, O, Out}) api().aclDestroyTensor(p);
+}
+
 TEST_CASE("rule: HcclCreateSubCommConfig needs ascending rankIds and a global parent (-> HCCL_E_PARA / _NOT_SUPPORT)") {
   const int world = 4;
   loom::comm::run_threads(world, [&](loom::comm::threads& boot) {
