@@ -268,8 +268,21 @@ inline void copy(ctx_t& ctx, const tensor& dst, const tensor& src,
          ctx.api().aclnnInplaceCopy, dst, src);
 }
 
-/// self += alpha * other (aclnnInplaceAdd; other broadcasts to self).
+/// self += alpha * other (aclnnInplaceAdd; other broadcasts to self), for floating operands: the
+/// alpha is an ACL_FLOAT scalar. For integer or BOOL operands use the std::int64_t overload.
 inline void add_inplace(ctx_t& ctx, const tensor& self, const tensor& other, float alpha = 1.0f,
+                        loom::source_location where = loom::source_location::current()) {
+  scalar a(ctx, alpha);
+  launch(ctx, op_site{"aclnnInplaceAdd", where}, ctx.api().aclnnInplaceAddGetWorkspaceSize, ctx.api().aclnnInplaceAdd,
+         self, other, a);
+}
+
+/// self += alpha * other (aclnnInplaceAdd; other broadcasts to self), for integer or BOOL operands:
+/// the alpha is an ACL_INT64 scalar. aclnnAdd/aclnnInplaceAdd refuse "an alpha that cannot be cast
+/// to the type promoted from self and other" with 161002 ACLNN_ERR_PARAM_INVALID (hicann/ops-math
+/// math/add/docs/aclnnAdd&aclnnInplaceAdd.md; aclnn_add.cpp CheckPromoteType uses CanCast), and a
+/// FLOAT alpha casts to no integer type; INT64 casts to every integer type (docs/ascend.md §4a).
+inline void add_inplace(ctx_t& ctx, const tensor& self, const tensor& other, std::int64_t alpha,
                         loom::source_location where = loom::source_location::current()) {
   scalar a(ctx, alpha);
   launch(ctx, op_site{"aclnnInplaceAdd", where}, ctx.api().aclnnInplaceAddGetWorkspaceSize, ctx.api().aclnnInplaceAdd,
