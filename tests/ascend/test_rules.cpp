@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -228,5 +229,81 @@ TEST_CASE("rule: HcclCreateSubCommConfig needs ascending rankIds and a global pa
     acl::HcclComm subsub = nullptr;
     CHECK(int(api().HcclCreateSubCommConfig(&sub, 1, one, 79, 0, &cfg, &subsub)) == 5);
     CHECK(int(api().HcclCommDestroy(sub)) == 0);
+  });
+}
+
+namespace {
+/// Sets an environment variable for the scope (restores the previous value).
+class scoped_env {
+ public:
+  scoped_env(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    ::setenv(name, value, 1);
+  }
+  scoped_env(const scoped_env&) = delete;
+  scoped_env& operator=(const scoped_env&) = delete;
+  ~scoped_env() {
+    if (had_) ::setenv(name_.c_str(), old_.c_str(), 1);
+    else ::unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+}  // namespace
+
+TEST_CASE("rule: HcclCommConfig fields \"not set\" (0xffffffff) follow HCCL_BUFFSIZE / HCCL_DETERMINISTIC") {
+  const scoped_env buffsize("HCCL_BUFFSIZE", "64"), deterministic("HCCL_DETERMINISTIC", "true");
+  const int world = 4;
+  loom::comm::run_threads(world, [&](loom::comm::threads& boot) {
+    const int r = boot.rank();
+    loom::device::ascend_device dev(runtime(), r);
+    auto& ctx = dev.context();
+    auto hc = loom::comm::hccl::create(boot, ctx);
+    acl::HcclComm global = hc.native_handle();
+    CHECK(loomemu_hccl_comm_config(global).buffsize_mb == 64);  // no config at all: the environment
+
+    // loom's initialiser (the fallback without CANN's headers) leaves both fields "not set", as
+    // CANN 9.0's HcclCommConfigInit does: the split communicator gets the environment's values
+    acl::HcclCommConfig cfg;
+    acl::hccl_comm_config_init(&cfg);
+    CHECK(cfg.hcclBufferSize == 0xffffffffu);
+    CHECK(cfg.hcclDeterministic == 0xffffffffu);
+    const std::uint32_t lo = std::uint32_t(r & ~1), hi = lo + 1;
+    std::uint32_t pair[2] = {lo, hi};
+    acl::HcclComm sub = nullptr;
+    REQUIRE(int(api().HcclCreateSubCommConfig(&global, 2, pair, 90 + lo, std::uint32_t(r) - lo, &cfg, &sub)) == 0);
+    const auto got = loomemu_hccl_comm_config(sub);
+    CHECK(got.buffsize_mb == 64);
+    CHECK(got.deterministic == 1);
+    CHECK(int(api().HcclCommDestroy(sub)) == 0);
+
+    // values that are set win over the environment
+    acl::HcclCommConfig mine;
+    acl::hccl_comm_config_init(&mine);
+    mine.hcclBufferSize = 300;
+    mine.hcclDeterministic = 0;
+    REQUIRE(int(api().HcclCreateSubCommConfig(&global, 2, pair, 94 + lo, std::uint32_t(r) - lo, &mine, &sub)) == 0);
+    CHECK(loomemu_hccl_comm_config(sub).buffsize_mb == 300);
+    CHECK(loomemu_hccl_comm_config(sub).deterministic == 0);
+    CHECK(int(api().HcclCommDestroy(sub)) == 0);
+
+    // out of range, or not initialised by HcclCommConfigInit: HCCL_E_PARA (every rank, before any
+    // rendezvous)
+    acl::HcclCommConfig bad = cfg;
+    bad.hcclBufferSize = 0;
+    CHECK(int(api().HcclCreateSubCommConfig(&global, 2, pair, 98 + lo, std::uint32_t(r) - lo, &bad, &sub)) == 1);
+    bad = cfg;
+    bad.hcclDeterministic = 2;
+    CHECK(int(api().HcclCreateSubCommConfig(&global, 2, pair, 98 + lo, std::uint32_t(r) - lo, &bad, &sub)) == 1);
+    acl::HcclCommConfig zero{};
+    CHECK(int(api().HcclCreateSubCommConfig(&global, 2, pair, 98 + lo, std::uint32_t(r) - lo, &zero, &sub)) == 1);
+    CHECK(recent().find("HcclCommConfigInit") != std::string::npos);
+
+    // loom's own split() passes the initialiser's config
+    auto half = hc.split(r / 2, r);
+    CHECK(loomemu_hccl_comm_config(half.native_handle()).buffsize_mb == 64);
+    CHECK(loomemu_hccl_comm_config(half.native_handle()).deterministic == 1);
   });
 }
