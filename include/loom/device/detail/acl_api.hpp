@@ -139,9 +139,15 @@ struct aclprofAicoreEvents;
 struct HcclRootInfo {
   char internal[4108];
 };
-/// HcclCommConfig as of CANN 8.1.RC1 (config version 5, §3.2). Versioned: only initialise it
-/// with hccl_comm_config_init below.
-struct HcclCommConfig {
+#endif
+/// HcclCommConfig as of CANN 9.0.0 (config version 10; hicann/hcomm v9.0.0
+/// include/hccl/hccl_types.h, HcclCommConfigDef), loom's own declaration for the build without
+/// CANN's headers. Versioned: only initialise it with hccl_comm_config_init below. Its first 24
+/// bytes are the header {size_t size, uint32 magicWord, uint32 version, uint64 reserved}; HCCL
+/// copies min(size, its own sizeof) bytes and reads the fields of min(version, its own version),
+/// so a library of an older config version (8.1.RC1: 5, the fields up to hcclRdmaServiceLevel)
+/// reads this layout too. With CANN's headers the layout is static_assert-checked below.
+struct hccl_comm_config_v10 {
   char reserved[24];
   uint32_t hcclBufferSize;
   uint32_t hcclDeterministic;
@@ -150,7 +156,19 @@ struct HcclCommConfig {
   uint32_t hcclOpExpansionMode;
   uint32_t hcclRdmaTrafficClass;
   uint32_t hcclRdmaServiceLevel;
+  uint32_t hcclWorldRankID;
+  uint64_t hcclJobID;
+  uint8_t aclGraphZeroCopyEnable;
+  int32_t hcclExecTimeOut;
+  char hcclAlgo[1600];
+  char hcclRetryEnable[50];
+  char hcclRetryParams[128];
+  char hcclBufferName[128];
+  uint32_t hcclQos;
+  uint64_t hcclSymWinMaxMemSizePerRank;
 };
+#if !LOOM_ASCEND_USE_CANN_HEADERS
+using HcclCommConfig = hccl_comm_config_v10;
 #endif
 
 // --- constants (loom names; values from the reference, checked against the vendor's in mode 1) ---
@@ -236,30 +254,94 @@ static_assert(prof_acl_api == ACL_PROF_ACL_API && prof_task_time == ACL_PROF_TAS
               "CANN header drift: an aclprof value differs from loom's declarations");
 #endif
 
-/// Fills an HcclCommConfig with its versioned header and "not set" defaults. With the vendor
-/// headers this is the vendor's inline HcclCommConfigInit. Without them it restates what that
-/// inline function does in CANN 8.1.RC1 (§3.2: header {size, magic 0xf0f0f0f0, version 5} in
-/// `reserved`, buffer size 200 MB, 0xffffffff sentinels); the header's exact byte layout is
-/// unconfirmed — loom itself only passes the defaults.
+// HcclCommConfigInit's constants, CANN 9.0.0 (hicann/hcomm v9.0.0 include/hccl/hccl_types.h).
+inline constexpr uint32_t hccl_comm_config_magic_word = 0xf0f0f0f0u;   // HCCL_COMM_CONFIG_MAGIC_WORD
+inline constexpr uint32_t hccl_comm_config_version = 10;               // HCCL_COMM_CONFIG_VERSION
+inline constexpr uint32_t hccl_config_not_set = 0xffffffffu;           // HCCL_COMM_*_CONFIG_NOT_SET
+inline constexpr uint32_t hccl_default_op_expansion_mode = 0;          // HCCL_COMM_DEFAULT_OP_EXPANSION_MODE
+inline constexpr int32_t hccl_exec_timeout_not_set = -1;               // HCCL_COMM_EXECTIMEOUT_CONFIG_NOT_SET
+inline constexpr uint64_t hccl_default_symmetric_memory_stride = 16;  // HCCL_DEFAULT_SYMMETRIC_MEMORY_STRIDE
+
+/// Fills an HcclCommConfig with its versioned header and "not set" defaults. With CANN's headers
+/// this is the vendor's inline HcclCommConfigInit. Without them it does what CANN 9.0.0's does
+/// (hicann/hcomm v9.0.0 include/hccl/hccl_comm.h), field by field: header {size =
+/// sizeof(HcclCommConfig), magic 0xf0f0f0f0, version 10, reserved 0}; hcclBufferSize and
+/// hcclDeterministic 0xffffffff ("not set": HCCL then takes HCCL_BUFFSIZE and HCCL_DETERMINISTIC
+/// from the environment — a concrete 200 / 0 here would override them); empty name, UDI, algo,
+/// retry and buffer-name strings; op expansion mode 0; RDMA traffic class and service level
+/// 0xffffffff; world rank id, job id and ACL-graph zero copy 0; exec timeout 0xffffffff (-1); QoS
+/// 0xffffffff; symmetric-memory stride 16 (GB). Unlike the vendor's, it first zeroes the whole
+/// struct (the vendor leaves the bytes it does not name as they were).
 inline void hccl_comm_config_init(HcclCommConfig* config) noexcept {
 #if LOOM_ASCEND_USE_CANN_HEADERS
   HcclCommConfigInit(config);
 #else
+  if (!config) return;
   *config = HcclCommConfig{};
   struct header {
     std::size_t size;
-    uint32_t magic;
+    uint32_t magic_word;
     uint32_t version;
     uint64_t reserved;
   };
-  static_assert(sizeof(header) <= sizeof(config->reserved));
-  header h{sizeof(HcclCommConfig), 0xf0f0f0f0u, 5u, 0};
+  static_assert(sizeof(header) == sizeof(config->reserved));
+  const header h{sizeof(HcclCommConfig), hccl_comm_config_magic_word, hccl_comm_config_version, 0};
   __builtin_memcpy(config->reserved, &h, sizeof h);
-  config->hcclBufferSize = 200;
-  config->hcclRdmaTrafficClass = 0xffffffffu;
-  config->hcclRdmaServiceLevel = 0xffffffffu;
+  config->hcclBufferSize = hccl_config_not_set;
+  config->hcclDeterministic = hccl_config_not_set;
+  config->hcclCommName[0] = '\0';
+  config->hcclUdi[0] = '\0';
+  config->hcclOpExpansionMode = hccl_default_op_expansion_mode;
+  config->hcclRdmaTrafficClass = hccl_config_not_set;
+  config->hcclRdmaServiceLevel = hccl_config_not_set;
+  config->hcclWorldRankID = 0;
+  config->hcclJobID = 0;
+  config->aclGraphZeroCopyEnable = 0;
+  config->hcclExecTimeOut = hccl_exec_timeout_not_set;
+  config->hcclAlgo[0] = '\0';
+  config->hcclRetryEnable[0] = '\0';
+  config->hcclRetryParams[0] = '\0';
+  config->hcclBufferName[0] = '\0';
+  config->hcclQos = hccl_config_not_set;
+  config->hcclSymWinMaxMemSizePerRank = hccl_default_symmetric_memory_stride;
 #endif
 }
+
+#if LOOM_ASCEND_USE_CANN_HEADERS
+namespace detail {
+/// True when C (the vendor's HcclCommConfig) has loom's version-10 layout; vacuously true for a
+/// header of an older config version (no hcclSymWinMaxMemSizePerRank), e.g. CANN 8.1.RC1's. The
+/// initialiser's "not set" constants exist only in newer headers: tests/ascend/cann_headers/
+/// check.cpp compares them with loom's against CANN 9.0.0's.
+template <class C>
+constexpr bool hccl_comm_config_layout_matches() {
+  if constexpr (requires { &C::hcclSymWinMaxMemSizePerRank; }) {
+    using L = hccl_comm_config_v10;
+    return sizeof(C) == sizeof(L) && offsetof(C, hcclBufferSize) == offsetof(L, hcclBufferSize) &&
+           offsetof(C, hcclDeterministic) == offsetof(L, hcclDeterministic) &&
+           offsetof(C, hcclCommName) == offsetof(L, hcclCommName) && offsetof(C, hcclUdi) == offsetof(L, hcclUdi) &&
+           offsetof(C, hcclOpExpansionMode) == offsetof(L, hcclOpExpansionMode) &&
+           offsetof(C, hcclRdmaTrafficClass) == offsetof(L, hcclRdmaTrafficClass) &&
+           offsetof(C, hcclRdmaServiceLevel) == offsetof(L, hcclRdmaServiceLevel) &&
+           offsetof(C, hcclWorldRankID) == offsetof(L, hcclWorldRankID) &&
+           offsetof(C, hcclJobID) == offsetof(L, hcclJobID) &&
+           offsetof(C, aclGraphZeroCopyEnable) == offsetof(L, aclGraphZeroCopyEnable) &&
+           offsetof(C, hcclExecTimeOut) == offsetof(L, hcclExecTimeOut) &&
+           offsetof(C, hcclAlgo) == offsetof(L, hcclAlgo) &&
+           offsetof(C, hcclRetryEnable) == offsetof(L, hcclRetryEnable) &&
+           offsetof(C, hcclRetryParams) == offsetof(L, hcclRetryParams) &&
+           offsetof(C, hcclBufferName) == offsetof(L, hcclBufferName) && offsetof(C, hcclQos) == offsetof(L, hcclQos) &&
+           offsetof(C, hcclSymWinMaxMemSizePerRank) == offsetof(L, hcclSymWinMaxMemSizePerRank) &&
+           HCCL_COMM_CONFIG_VERSION == hccl_comm_config_version;
+  } else {
+    return true;
+  }
+}
+}  // namespace detail
+static_assert(HCCL_COMM_CONFIG_MAGIC_WORD == hccl_comm_config_magic_word &&
+                  detail::hccl_comm_config_layout_matches<HcclCommConfig>(),
+              "CANN header drift: HcclCommConfig (config version 10) differs from loom's hccl_comm_config_v10");
+#endif
 
 // --- functions: X(name, return type, (parameters)) — exact signatures, reference section noted ----
 /// libascendcl.so (§1.3–§1.7). Required: the loader refuses a libascendcl without them.
