@@ -7,9 +7,14 @@
 #   -DASCEND_TOOLKIT_HOME=...,  $ENV{ASCEND_HOME_PATH},  $ENV{ASCEND_TOOLKIT_HOME}  (set_env.sh)
 #   /usr/local/Ascend/cann,  /usr/local/Ascend/ascend-toolkit/latest,  /usr/local/Ascend/latest
 #
-# Result variables: AscendCL_FOUND, AscendCL_INCLUDE_DIR, AscendCL_LIBRARY, AscendCL_ROOT.
+# A headers-only root is enough (include/acl/acl.h, no lib64): CANN's open-source headers, e.g. the
+# fixture ../shared/reference/cann-headers CI compiles against, or a toolkit's include tree on a
+# build machine. AscendCL_LIBRARY is then empty and AscendCL::AscendCL carries the include path only.
+#
+# Result variables: AscendCL_FOUND, AscendCL_INCLUDE_DIR, AscendCL_LIBRARY (may be empty),
+#   AscendCL_HEADERS_ONLY (TRUE when no libascendcl was found), AscendCL_ROOT.
 # Imported targets:
-#   AscendCL::AscendCL   acl/acl.h + libascendcl (always, when found)
+#   AscendCL::AscendCL   acl/acl.h (+ libascendcl when present; loom never links it)
 #   AscendCL::hccl       libhccl      (when present)
 #   AscendCL::opapi      libopapi + libnnopbase, the aclnn operator API (when present)
 set(_ascend_hints "")
@@ -31,15 +36,25 @@ mark_as_advanced(AscendCL_INCLUDE_DIR AscendCL_LIBRARY AscendCL_hccl_LIBRARY
 
 include(FindPackageHandleStandardArgs)
 find_package_handle_standard_args(AscendCL
-  REQUIRED_VARS AscendCL_LIBRARY AscendCL_INCLUDE_DIR
+  REQUIRED_VARS AscendCL_INCLUDE_DIR
   REASON_FAILURE_MESSAGE "install the CANN toolkit and source its set_env.sh (sets ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME), or pass -DASCEND_TOOLKIT_HOME=<dir>, or configure with -DLOOM_ASCEND_USE_CANN_HEADERS=OFF (the default: loom's own declarations, no toolkit needed)")
 
 if(AscendCL_FOUND)
   get_filename_component(AscendCL_ROOT "${AscendCL_INCLUDE_DIR}/.." ABSOLUTE)
+  if(AscendCL_LIBRARY)
+    set(AscendCL_HEADERS_ONLY FALSE)
+  else()
+    set(AscendCL_HEADERS_ONLY TRUE)
+  endif()
   if(NOT TARGET AscendCL::AscendCL)
-    add_library(AscendCL::AscendCL UNKNOWN IMPORTED)
-    set_target_properties(AscendCL::AscendCL PROPERTIES
-      IMPORTED_LOCATION "${AscendCL_LIBRARY}" INTERFACE_INCLUDE_DIRECTORIES "${AscendCL_INCLUDE_DIR}")
+    if(AscendCL_HEADERS_ONLY)
+      add_library(AscendCL::AscendCL INTERFACE IMPORTED)
+      set_target_properties(AscendCL::AscendCL PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${AscendCL_INCLUDE_DIR}")
+    else()
+      add_library(AscendCL::AscendCL UNKNOWN IMPORTED)
+      set_target_properties(AscendCL::AscendCL PROPERTIES
+        IMPORTED_LOCATION "${AscendCL_LIBRARY}" INTERFACE_INCLUDE_DIRECTORIES "${AscendCL_INCLUDE_DIR}")
+    endif()
   endif()
   if(AscendCL_hccl_LIBRARY AND NOT TARGET AscendCL::hccl)
     add_library(AscendCL::hccl UNKNOWN IMPORTED)

@@ -37,6 +37,11 @@ file(MAKE_DIRECTORY "${LOOM_ASCEND_EMULATION_HOME}/lib64")
 if(NOT EXISTS "${LOOM_ASCEND_EMULATION_HOME}/include")
   file(CREATE_LINK "${_loom_emu_root}/emulation/include" "${LOOM_ASCEND_EMULATION_HOME}/include" SYMBOLIC)
 endif()
+# ... and driver/ (a link to emulation/driver): an emulated `npu-smi info` for examples/doctor's
+# driver checks (tests/cli/doctor.sh puts it on PATH). Not part of any toolkit layout.
+if(NOT EXISTS "${LOOM_ASCEND_EMULATION_HOME}/driver")
+  file(CREATE_LINK "${_loom_emu_root}/emulation/driver" "${LOOM_ASCEND_EMULATION_HOME}/driver" SYMBOLIC)
+endif()
 
 find_package(Threads REQUIRED)
 set(_loom_emu_src "${_loom_emu_root}/emulation/src")
@@ -113,12 +118,38 @@ function(loom_ascend_emulation_tests)
   # Drift check: loom's declarations (device/detail/acl_api.hpp) against headers at the vendor
   # include paths — here the emulation's, which restate the same reference. With a real toolkit,
   # -DLOOM_ASCEND_USE_CANN_HEADERS=ON does the same against CANN's own headers.
+  # LOOM_ACL_CHECK_NEWER_FUNCTIONS: the emulation declares the ACL 1.17 functions loom looks up
+  # (aclsysGetVersionStr, aclFinalizeReference) while its interface version stays 1.13; check them too.
   add_test(NAME ascend_declarations_match_headers
-           COMMAND "${CMAKE_CXX_COMPILER}" ${flags} -DLOOM_ASCEND_USE_CANN_HEADERS=1
+           COMMAND "${CMAKE_CXX_COMPILER}" ${flags} -DLOOM_ASCEND_USE_CANN_HEADERS=1 -DLOOM_ACL_CHECK_NEWER_FUNCTIONS=1
                    "-I${root}/emulation/include" -x c++ "${root}/include/loom/kernels/ascend.hpp"
                    -include "${root}/include/loom/parallel/comm_hccl.hpp"
            COMMAND_EXPAND_LISTS)
   set_tests_properties(ascend_declarations_match_headers PROPERTIES LABELS "ascend;failtest" TIMEOUT 300)
+
+  # The same declarations against CANN's own open-source headers (9.0.0, headers only: see
+  # LOOM_CANN_HEADERS_DIR's README), through the real build path: a consumer project configured
+  # with LOOM_ASCEND_USE_CANN_HEADERS=ON (FindAscendCL on a headers-only root) that compiles the
+  # whole Ascend side. With ascend_declarations_match_headers this checks the emulation's headers
+  # against the vendor's for every function, type and constant loom declares: each set must equal
+  # loom's declarations (static_assert on decltype(&::fn) and on each value).
+  cmake_path(SET _cann_default NORMALIZE "${root}/../shared/reference/cann-headers")
+  set(LOOM_CANN_HEADERS_DIR "${_cann_default}" CACHE PATH
+      "Headers-only CANN root (include/acl/acl.h ...) for the test ascend_cann_headers")
+  add_test(NAME ascend_cann_headers
+           COMMAND "${CMAKE_COMMAND}" "-DLOOM_SOURCE_DIR=${root}" "-DCANN_ROOT=${LOOM_CANN_HEADERS_DIR}"
+                   "-DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/ascend_cann_headers" "-DGENERATOR=${CMAKE_GENERATOR}"
+                   "-DMAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}" "-DCXX=${CMAKE_CXX_COMPILER}"
+                   -P "${root}/tests/ascend/cann_headers/run.cmake")
+  set_tests_properties(ascend_cann_headers PROPERTIES LABELS "ascend;package" TIMEOUT 900)
+  # ... and every function and constant the emulation declares that CANN's headers declare too,
+  # compared directly (decltype(&::fn) and values, built once per header set; a few seconds).
+  add_test(NAME ascend_emulation_matches_cann_headers
+           COMMAND "${CMAKE_COMMAND}" "-DEMU_INCLUDE=${root}/emulation/include"
+                   "-DCANN_INCLUDE=${LOOM_CANN_HEADERS_DIR}/include"
+                   "-DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/ascend_emulation_matches" "-DCXX=${CMAKE_CXX_COMPILER}"
+                   -P "${root}/tests/ascend/cann_headers/emulation_matches.cmake")
+  set_tests_properties(ascend_emulation_matches_cann_headers PROPERTIES LABELS "ascend;failtest" TIMEOUT 300)
 
   file(GLOB failtests CONFIGURE_DEPENDS "${root}/tests/ascend/compile_fail/*.cpp")
   foreach(src IN LISTS failtests)

@@ -1,14 +1,22 @@
 // doctor: is this machine ready to train? One line per check, OK or FAIL, each FAIL with its fix.
 //
-//   ./doctor                 host checks, then Ascend: runtime, CANN version, devices, smoke tests, HCCL
+//   ./doctor                 host checks, then Ascend: driver, group, runtime, CANN version, devices, HCCL
 //   ./doctor --no-peak       skip the ~1 s CPU peak measurement
 //   ./doctor --max-devices 2 smoke-test at most 2 NPUs (default 8)
+//
+// The Ascend checks start with what the vendor's troubleshooting tables list first: `npu-smi` and
+// the cards it lists (driver and firmware installed, card healthy), the driver version, the user's
+// membership of HwHiAiUser (the group the driver's device files belong to), the CANN version
+// against loom's compatibility statement (cann_compatibility below), ASCEND_HOME_PATH (set by the
+// toolkit's set_env.sh), then loading the runtime, the devices, the operators and HCCL.
 //
 // Exit status (a bit mask, so a script can tell what is missing):
 //   0  every check passed
 //   1  a host check failed (CPU features the build needs, Eigen, a library loom was built with)
-//   2  no Ascend NPU runtime was found (the normal result on a CPU-only machine)
-//   4  an NPU runtime was found but a device, operator or HCCL check failed
+//   2  no Ascend NPU software was found: no driver (npu-smi) and no runtime (libascendcl.so) — the
+//      normal result on a CPU-only machine
+//   4  Ascend software was found but a check failed (driver, group, CANN version, ASCEND_HOME_PATH,
+//      device, operator or HCCL)
 // The Ascend checks load CANN at run time (loom::device::ascend_runtime) — this binary is the same
 // on a CPU-only machine and on an NPU host. Sources: loom's API reference
 // (shared/reference/ascend-api.md §1.3 versions, §1.4 devices, §1.6 memory, §3 HCCL, §4.1 layout).
@@ -23,6 +31,16 @@
 #include <vector>
 
 #include <dlfcn.h>
+#include <grp.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <sstream>
 
 #include "cli.hpp"  // CLI11 and parse_or_exit
 #include <Eigen/Core>
@@ -171,7 +189,177 @@ double smoke_matmul(loom::context<loom::device::ascend>& ctx) {
   return worst;
 }
 
+/// loom's compatibility statement: the CANN versions loom is compiled and tested against. Its
+/// declarations restate CANN 8.1.RC1's headers (reference §1-§3) and CI compiles them against CANN
+/// 9.0.0's open-source headers; nothing older than 8.1 has the operators loom calls
+/// (aclnnApplyAdamWV2, aclnnCrossEntropyLoss on Atlas A2/A3). Newer majors are untested.
+constexpr const char* cann_compatibility = "CANN 8.1.RC1 to 9.0.x (8.x from 8.1; 9.0)";
+/// Whether version text ("8.1.RC1", "9.0.0", "8.5.0.alpha001 ...") is inside cann_compatibility.
+/// Returns false, with `why`, for text that does not start with <major>.<minor>.
+bool cann_supported(const std::string& text, std::string* why) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex(R"(^\s*(\d+)\.(\d+))"))) {
+    *why = "cannot read a version from \"" + text + "\"";
+    return false;
+  }
+  const int major = std::stoi(m[1]), minor = std::stoi(m[2]);
+  if (major == 8 && minor >= 1) return true;
+  if (major == 9 && minor == 0) return true;
+  *why = "CANN " + std::to_string(major) + "." + std::to_string(minor) + " is outside loom's statement (" +
+         cann_compatibility + ")";
+  return false;
+}
+
+/// The first executable `name` on $PATH, then in the driver's install directories ("" if none).
+std::string find_tool(const std::string& name) {
+  std::vector<std::string> dirs;
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream ss(path);
+    for (std::string d; std::getline(ss, d, ':');)
+      if (!d.empty()) dirs.push_back(d);
+  }
+  for (const char* d : {"/usr/local/sbin", "/usr/local/bin", "/usr/local/Ascend/driver/tools"}) dirs.push_back(d);
+  for (const auto& d : dirs) {
+    const auto p = std::filesystem::path(d) / name;
+    if (::access(p.c_str(), X_OK) == 0) return p.string();
+  }
+  return {};
+}
+
+/// Runs `command` through the shell; returns its exit status and (stdout + stderr) text.
+std::pair<int, std::string> run_tool(const std::string& command) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen((command + " 2>&1").c_str(), "r"), ::pclose);
+  if (!pipe) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  while (std::size_t got = std::fread(buf, 1, sizeof buf, pipe.get())) out.append(buf, got);
+  const int rc = ::pclose(pipe.release());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
+}
+
+/// One card of `npu-smi info`: its first table row "| <id> <name> | <health> | ...".
+struct npu_card {
+  int id;
+  std::string name, health;
+};
+std::vector<npu_card> parse_npu_smi(const std::string& text) {
+  std::vector<npu_card> cards;
+  const std::regex row(R"(^\|\s*(\d+)\s+(\S+)\s*\|\s*([A-Za-z]+)\s*\|)");
+  std::stringstream ss(text);
+  for (std::string line; std::getline(ss, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, row)) cards.push_back({std::stoi(m[1]), m[2], m[3]});
+  }
+  return cards;
+}
+
+/// The driver version: `npu-smi info`'s header ("Version: X"), else the driver's version.info.
+std::string driver_version(const std::string& npu_smi_text) {
+  std::smatch m;
+  if (std::regex_search(npu_smi_text, m, std::regex(R"(Version:\s*(\S+))"))) return m[1];
+  std::ifstream f("/usr/local/Ascend/driver/version.info");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("Version=", 0) == 0) return line.substr(8);
+  return {};
+}
+
+/// npu-smi, its cards, the driver version. Returns whether a driver was found.
+bool check_driver() {
+  const std::string smi = find_tool("npu-smi");
+  if (smi.empty()) {
+    const std::string version = driver_version("");
+    if (version.empty()) {
+      fail(2, "npu driver", "npu-smi not found (PATH, /usr/local/sbin) and no /usr/local/Ascend/driver/version.info",
+           "install the Ascend NPU driver and firmware for your card (Ascend HDK: it installs npu-smi in "
+           "/usr/local/sbin and the driver in /usr/local/Ascend/driver), then reboot or reload the driver");
+      return false;
+    }
+    fail(npu_bit, "npu-smi", "driver " + version + " installed but npu-smi is not on PATH",
+         "add the driver's tools to PATH (npu-smi is installed in /usr/local/sbin) or reinstall the driver");
+    return true;
+  }
+  const auto [rc, text] = run_tool("'" + smi + "' info");
+  const auto cards = parse_npu_smi(text);
+  if (rc != 0 || cards.empty()) {
+    fail(npu_bit, "npu-smi", smi + " info " + (rc != 0 ? "failed (exit " + std::to_string(rc) + "): " : "lists no card: ") +
+                                 first_line(text),
+         "check that the card is seated and the driver loaded (`lsmod | grep drv_`; `dmesg | grep -i davinci`); "
+         "reinstall the driver and firmware matching the card");
+    return true;
+  }
+  std::string list;
+  int unhealthy = 0;
+  for (const auto& c : cards) {
+    list += (list.empty() ? "" : ", ") + std::to_string(c.id) + " " + c.name + " " + c.health;
+    if (c.health != "OK") ++unhealthy;
+  }
+  if (unhealthy)
+    fail(npu_bit, "npu-smi", std::to_string(cards.size()) + " card(s): " + list,
+         "a card is not OK: `npu-smi info -t health -i <id>` names the alarm; clear its cause (the card's alarm "
+         "handling guide) or ask the machine's administrator before training on it");
+  else
+    ok("npu-smi", smi + ": " + std::to_string(cards.size()) + " card(s): " + list);
+  const std::string version = driver_version(text);
+  if (version.empty())
+    fail(npu_bit, "npu driver", "version unknown (no \"Version:\" in npu-smi info, no driver version.info)",
+         "reinstall the driver: /usr/local/Ascend/driver/version.info is missing");
+  else
+    ok("npu driver", version);
+  return true;
+}
+
+/// The calling user must be in HwHiAiUser, the group of the driver's device files (/dev/davinci*).
+void check_group() {
+  const uid_t uid = ::getuid();
+  const passwd* pw = ::getpwuid(uid);
+  const std::string user = pw ? pw->pw_name : std::to_string(uid);
+  if (uid == 0) {
+    ok("HwHiAiUser", "running as root: the device files need no group membership");
+    return;
+  }
+  const group* g = ::getgrnam("HwHiAiUser");
+  if (!g) {
+    fail(npu_bit, "HwHiAiUser", "the group HwHiAiUser does not exist",
+         "the driver package creates it: reinstall the driver with --install-username/--install-usergroup, or "
+         "`groupadd HwHiAiUser` before installing it");
+    return;
+  }
+  std::vector<gid_t> groups(std::size_t(std::max(::getgroups(0, nullptr), 0)) + 1);
+  const int n = ::getgroups(int(groups.size()), groups.data());
+  bool member = ::getgid() == g->gr_gid;
+  for (int i = 0; i < n; ++i) member = member || groups[std::size_t(i)] == g->gr_gid;
+  if (member) ok("HwHiAiUser", user + " is a member");
+  else
+    fail(npu_bit, "HwHiAiUser", user + " is not in the group HwHiAiUser (the NPU device files belong to it)",
+         "sudo usermod -aG HwHiAiUser " + user + ", then log in again");
+}
+
+/// ASCEND_HOME_PATH must be set (set_env.sh) and name the toolkit the runtime was loaded from.
+void check_home(const loom::device::ascend_runtime& rt) {
+  const char* env = std::getenv("ASCEND_HOME_PATH");
+  const std::string fix = "`source <toolkit>/set_env.sh` (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh) in the "
+                          "shell that trains: it sets ASCEND_HOME_PATH, ASCEND_OPP_PATH and LD_LIBRARY_PATH together";
+  if (!env || !*env) {
+    fail(npu_bit, "ASCEND_HOME_PATH", "not set (the runtime was found in " +
+                                          (rt.home().empty() ? std::string("the loader path") : rt.home()) + ")",
+         fix);
+    return;
+  }
+  std::error_code ec;
+  const auto want = std::filesystem::weakly_canonical(std::filesystem::path(env) / "lib64", ec);
+  const auto got = std::filesystem::weakly_canonical(rt.home(), ec);
+  if (rt.home().empty() || want != got)
+    fail(npu_bit, "ASCEND_HOME_PATH", std::string(env) + ", but libascendcl.so was loaded from " +
+                                          (rt.home().empty() ? std::string("the loader path") : rt.home()),
+         fix + " — of the toolkit you mean to use");
+  else
+    ok("ASCEND_HOME_PATH", env);
+}
+
 void check_ascend(int max_devices) {
+  const bool driver = check_driver();
+  if (driver) check_group();
+  else info("HwHiAiUser", "not checked (no NPU driver)");
   std::shared_ptr<const loom::device::ascend_runtime> rt;
   try {
     rt = loom::device::ascend_runtime::load();
@@ -192,13 +380,31 @@ void check_ascend(int max_devices) {
       else if (text != std::string::npos) details.push_back(line);
       at = end + 1;
     }
-    fail(2, "ascend runtime", "no Ascend NPU runtime found (libascendcl.so)", fix, details);
+    fail(driver ? npu_bit : 2, "ascend runtime", "no Ascend NPU runtime found (libascendcl.so)", fix, details);
     info("ascend", "skipped the NPU checks (CPU training works without them)");
     return;
   }
   std::string libs;
   for (const auto& [name, path] : rt->libraries()) libs += (libs.empty() ? "" : ", ") + path;
   ok("ascend runtime", libs);
+  // aclFinalize (aclFinalizeReference on newer runtimes) once every check below is done
+  struct finalize_last {
+    const loom::device::ascend_runtime& rt;
+    ~finalize_last() {
+      if (const int rc = rt.finalize(); rc != 0) std::fprintf(stderr, "doctor: aclFinalize returned %d\n", rc);
+    }
+  } finalize{*rt};
+  check_home(*rt);
+  if (const std::string version = rt->cann_version(); version.empty()) {
+    fail(npu_bit, "CANN version", "the runtime reports none (neither aclsysGetVersionStr nor aclsysGetCANNVersion)",
+         std::string("install a CANN toolkit within loom's statement: ") + cann_compatibility);
+  } else if (std::string why; !cann_supported(version, &why)) {
+    fail(npu_bit, "CANN version", version + ": " + why,
+         std::string("install a CANN toolkit within loom's statement (") + cann_compatibility +
+             ") and source its set_env.sh");
+  } else {
+    ok("CANN version", version + " (loom supports " + cann_compatibility + ")");
+  }
   if (!rt->has_operators()) {
     std::string missing;
     for (const auto& m : rt->missing())
@@ -218,22 +424,6 @@ void check_ascend(int max_devices) {
     fail(npu_bit, "aclInit", first_line(e.what()), "check the driver (npu-smi info) and ASCEND_OPP_PATH (set_env.sh)");
     return;
   }
-  int32_t ma = 0, mi = 0, pa = 0;
-  const std::string acl_version =
-      api.aclrtGetVersion(&ma, &mi, &pa) == 0 ? std::to_string(ma) + "." + std::to_string(mi) + "." + std::to_string(pa)
-                                              : "unknown";
-  if (api.aclsysGetCANNVersion) {
-    loom::device::acl::aclCANNPackageVersion v{};
-    if (api.aclsysGetCANNVersion(loom::device::acl::pkg_cann, &v) == 0)
-      ok("CANN version", std::string(v.version) + " (ACL interface " + acl_version + ")");
-    else
-      fail(npu_bit, "CANN version", "aclsysGetCANNVersion failed: " + loom::device::detail::acl_recent_message(api),
-           "reinstall the CANN toolkit package");
-  } else {
-    info("CANN version", "aclsysGetCANNVersion missing (CANN older than 8.x?); ACL interface " + acl_version +
-                             "; see <toolkit>/version.cfg");
-  }
-
   uint32_t count = 0;
   if (const int rc = api.aclrtGetDeviceCount(&count); rc != 0 || count == 0) {
     fail(npu_bit, "npu devices", rc ? "aclrtGetDeviceCount failed with code " + std::to_string(rc) : "0 NPUs visible",

@@ -10,6 +10,7 @@
 // documented dtype/op support (A2: no reduction on fp64, no prod on int16/bf16).
 #include <hccl/hccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "internal.hpp"
+#include "loom_emulation/control.h"
 
 using namespace loomemu;
 
@@ -85,6 +87,15 @@ struct handle {
   uint64_t next_seq = 0;
   uint64_t id = 0;      // group key, for sub-communicator ids
   uint64_t splits = 0;  // not used by the emulation beyond bookkeeping
+  bool sub = false;     // made by HcclCreateSubCommConfig (which cannot split it again)
+  uint32_t buffsize_mb = 200;  // effective HCCL buffer size (config or HCCL_BUFFSIZE)
+  uint32_t deterministic = 0;  // effective determinism (config or HCCL_DETERMINISTIC)
+};
+
+/// The settings a communicator is created with (loomemu_hccl_comm_config reports them).
+struct comm_settings {
+  uint32_t buffsize_mb = 200;
+  uint32_t deterministic = 0;
 };
 
 std::mutex registry_mutex;
@@ -105,6 +116,69 @@ std::chrono::milliseconds timeout_from_env(const char* var, int default_s) {
 }
 
 HcclResult hfail(HcclResult code, const std::string& msg) { return HcclResult(fail(code, msg)); }
+
+/// HCCL_BUFFSIZE (MB, >= 1; default HCCL_COMM_DEFAULT_BUFFSIZE = 200) and HCCL_DETERMINISTIC
+/// ("true", "false" or "strict"; default false), read when a communicator is created. A malformed
+/// value fails the creation with HCCL_E_PARA, as HCCL's env parsing does ("should be true, false or
+/// strict").
+HcclResult settings_from_env(const char* api, comm_settings* s) {
+  *s = comm_settings{};
+  if (const char* v = std::getenv("HCCL_BUFFSIZE"); v && *v) {
+    char* end = nullptr;
+    const unsigned long mb = std::strtoul(v, &end, 10);
+    if (*end != '\0' || mb < 1 || mb > 0xfffffffeul)
+      return hfail(HCCL_E_PARA, std::string(api) + ": HCCL_BUFFSIZE=" + v + " is not a size in MB >= 1");
+    s->buffsize_mb = uint32_t(mb);
+  }
+  if (const char* v = std::getenv("HCCL_DETERMINISTIC"); v && *v) {
+    const std::string d = v;
+    if (d == "true" || d == "TRUE") s->deterministic = 1;
+    else if (d == "strict" || d == "STRICT") s->deterministic = 2;
+    else if (d != "false" && d != "FALSE")
+      return hfail(HCCL_E_PARA, std::string(api) + ": HCCL_DETERMINISTIC=" + d + " should be true, false or strict");
+  }
+  return HCCL_SUCCESS;
+}
+
+/// A communicator's settings from its HcclCommConfig, as HCCL's CommConfig::Load reads one: the
+/// header {size_t size, uint32 magicWord, uint32 version, uint64 reserved} written by
+/// HcclCommConfigInit; magic 0xf0f0f0f0 or HCCL_E_PARA; min(size, this library's sizeof) bytes
+/// copied (a larger, newer config is accepted and its newer fields ignored); fields gated by
+/// version (>= 1: buffer size and determinism). hcclBufferSize / hcclDeterministic equal to
+/// 0xffffffff ("not set", HCCL_COMM_BUFFSIZE_CONFIG_NOT_SET / HCCL_COMM_DETERMINISTIC_CONFIG_NOT_SET
+/// in hicann/hcomm 9.0 hccl_types.h, written by that release's HcclCommConfigInit) follow
+/// HCCL_BUFFSIZE / HCCL_DETERMINISTIC; a buffer size below 1 MB or a determinism above 1 is
+/// HCCL_E_PARA.
+HcclResult settings_from_config(const char* api, const HcclCommConfig* config, comm_settings* s) {
+  if (auto rc = settings_from_env(api, s)) return rc;
+  if (!config) return hfail(HCCL_E_PTR, std::string(api) + ": config is NULL");
+  std::size_t size = 0;
+  uint32_t magic = 0, version = 0;
+  std::memcpy(&size, config->reserved, sizeof size);
+  std::memcpy(&magic, config->reserved + sizeof size, sizeof magic);
+  std::memcpy(&version, config->reserved + sizeof size + sizeof magic, sizeof version);
+  if (magic != HCCL_COMM_CONFIG_MAGIC_WORD)
+    return hfail(HCCL_E_PARA, std::string(api) + ": invalid config magic word; initialise the config with "
+                                                 "HcclCommConfigInit()");
+  HcclCommConfig c{};
+  std::memcpy(&c, config, std::min(size, sizeof c));
+  constexpr uint32_t not_set = 0xffffffffu;
+  if (version >= 1) {
+    if (c.hcclBufferSize != not_set) {
+      if (c.hcclBufferSize < 1)
+        return hfail(HCCL_E_PARA, std::string(api) + ": hcclBufferSize " + std::to_string(c.hcclBufferSize) +
+                                      " MB; should be equal to or greater than 1 (MB)");
+      s->buffsize_mb = c.hcclBufferSize;
+    }
+    if (c.hcclDeterministic != not_set) {
+      if (c.hcclDeterministic > 1)
+        return hfail(HCCL_E_PARA, std::string(api) + ": hcclDeterministic " + std::to_string(c.hcclDeterministic) +
+                                      " should be 0 (disable) or 1 (enable)");
+      s->deterministic = c.hcclDeterministic;
+    }
+  }
+  return HCCL_SUCCESS;
+}
 
 handle* resolve(HcclComm c) {
   std::lock_guard lock(registry_mutex);
@@ -310,7 +384,7 @@ HcclResult HcclGetRootInfo(HcclRootInfo* rootInfo) {
 }
 
 static HcclResult join(const char* api, std::pair<uint64_t, uint64_t> key, uint32_t nRanks, uint32_t rank,
-                       HcclComm* comm) {
+                       const comm_settings& settings, HcclComm* comm) {
   if (!comm) return hfail(HCCL_E_PTR, std::string(api) + ": NULL output");
   if (current_device() < 0) return hfail(HCCL_E_RUNTIME, std::string(api) + ": call aclrtSetDevice first");
   if (nRanks == 0 || rank >= nRanks)
@@ -343,35 +417,91 @@ static HcclResult join(const char* api, std::pair<uint64_t, uint64_t> key, uint3
   h->rank = int(rank);
   h->device = current_device();
   h->id = key.first * 1000003u + key.second;
+  h->buffsize_mb = settings.buffsize_mb;
+  h->deterministic = settings.deterministic;
   std::lock_guard rl(registry_mutex);
   handles().insert(h);
   *comm = h;
   return HCCL_SUCCESS;
 }
 
-HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo* rootInfo, uint32_t rank, HcclComm* comm) {
-  if (int code = injected("HcclCommInitRootInfo")) return HcclResult(code);
+static HcclResult init_root_info(const char* api, uint32_t nRanks, const HcclRootInfo* rootInfo, uint32_t rank,
+                                 const comm_settings& settings, HcclComm* comm) {
   if (!rootInfo || std::memcmp(rootInfo->internal, magic, sizeof magic) != 0)
-    return hfail(HCCL_E_PARA, "HcclCommInitRootInfo: the root info was not produced by HcclGetRootInfo (corrupted in "
-                              "transit?)");
+    return hfail(HCCL_E_PARA, std::string(api) + ": the root info was not produced by HcclGetRootInfo (corrupted in "
+                                                 "transit?)");
   uint64_t id;
   std::memcpy(&id, rootInfo->internal + sizeof magic, sizeof id);
-  return join("HcclCommInitRootInfo", {id, 0}, nRanks, rank, comm);
+  return join(api, {id, 0}, nRanks, rank, settings, comm);
+}
+
+HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo* rootInfo, uint32_t rank, HcclComm* comm) {
+  if (int code = injected("HcclCommInitRootInfo")) return HcclResult(code);
+  comm_settings settings;
+  if (auto rc = settings_from_env("HcclCommInitRootInfo", &settings)) return rc;
+  return init_root_info("HcclCommInitRootInfo", nRanks, rootInfo, rank, settings, comm);
 }
 
 HcclResult HcclCommInitRootInfoConfig(uint32_t nRanks, const HcclRootInfo* rootInfo, uint32_t rank,
-                                      const HcclCommConfig*, HcclComm* comm) {
-  return HcclCommInitRootInfo(nRanks, rootInfo, rank, comm);
+                                      const HcclCommConfig* config, HcclComm* comm) {
+  if (int code = injected("HcclCommInitRootInfoConfig")) return HcclResult(code);
+  comm_settings settings;
+  if (auto rc = settings_from_config("HcclCommInitRootInfoConfig", config, &settings)) return rc;
+  return init_root_info("HcclCommInitRootInfoConfig", nRanks, rootInfo, rank, settings, comm);
 }
 
 HcclResult HcclCreateSubCommConfig(HcclComm* comm, uint32_t rankNum, uint32_t* rankIds, uint64_t subCommId,
-                                   uint32_t subCommRankId, HcclCommConfig*, HcclComm* subComm) {
+                                   uint32_t subCommRankId, HcclCommConfig* config, HcclComm* subComm) {
   if (int code = injected("HcclCreateSubCommConfig")) return HcclResult(code);
+  // Documented rules (hicann/hcomm docs/zh/api_ref/comm_mgr_c/HcclCreateSubCommConfig.md, 9.0):
+  //  * a rank outside the new group passes rankIds = NULL and subCommId = 0xFFFFFFFF: success, no
+  //    communicator; one of the two alone is HCCL_E_PARA (op_base.cc of the same release);
+  //  * rankIds "should be ordered": the index of a rank in rankIds becomes its sub-communicator rank.
+  //    The 9.0 source rejects duplicates and ids missing from the global rank table with
+  //    HCCL_E_PARA (topoinfo_ranktable_partition.cc) and does not itself check the order; the
+  //    emulation rejects any order but strictly ascending with HCCL_E_PARA, so that a caller
+  //    relying on another order fails here instead of misbehaving on hardware;
+  //  * "only a global communicator can be split, not a sub-communicator": HCCL_E_NOT_SUPPORT.
+  //    (On hardware a sub-communicator's rank table is renumbered 0..n-1, so the parent's ids are
+  //    mistaken for the sub-communicator's; the code the hardware returns is not documented.)
+  if (!rankIds && subCommId == 0xFFFFFFFFull) return HCCL_SUCCESS;
+  if (!rankIds || subCommId == 0xFFFFFFFFull)
+    return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: rankIds is NULL xor subCommId is 0xFFFFFFFF");
   handle* parent = comm ? resolve(*comm) : nullptr;
   if (!parent) return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: not a live parent communicator");
-  if (!rankIds || subCommRankId >= rankNum || rankIds[subCommRankId] != uint32_t(parent->rank))
+  if (parent->sub)
+    return hfail(HCCL_E_NOT_SUPPORT,
+                 "HcclCreateSubCommConfig: the parent is a sub-communicator; only a global communicator can be split");
+  if (rankNum == 0 || subCommRankId >= rankNum)
+    return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: subCommRankId must be below rankNum (> 0)");
+  for (uint32_t i = 0; i < rankNum; ++i) {
+    if (rankIds[i] >= uint32_t(parent->g->n))
+      return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: rank " + std::to_string(rankIds[i]) +
+                                    " is not in the global communicator");
+    if (i > 0 && rankIds[i] <= rankIds[i - 1])
+      return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: rankIds must be strictly ascending (rankIds[" +
+                                    std::to_string(i) + "] = " + std::to_string(rankIds[i]) + " after " +
+                                    std::to_string(rankIds[i - 1]) + ")");
+  }
+  if (rankIds[subCommRankId] != uint32_t(parent->rank))
     return hfail(HCCL_E_PARA, "HcclCreateSubCommConfig: rankIds[subCommRankId] must be this rank's id in the parent");
-  return join("HcclCreateSubCommConfig", {parent->id, subCommId + 1}, rankNum, subCommRankId, subComm);
+  // The config's buffer size and determinism, "not set" (0xffffffff) ones from the environment
+  // (settings_from_config).
+  comm_settings settings;
+  if (auto rc = settings_from_config("HcclCreateSubCommConfig", config, &settings)) return rc;
+  const HcclResult rc =
+      join("HcclCreateSubCommConfig", {parent->id, subCommId + 1}, rankNum, subCommRankId, settings, subComm);
+  if (rc == HCCL_SUCCESS)
+    if (handle* h = resolve(*subComm)) h->sub = true;
+  return rc;
+}
+
+int loomemu_hccl_comm_config(HcclComm comm, uint32_t* buffsize_mb, uint32_t* deterministic) {
+  handle* h = resolve(comm);
+  if (!h) return hfail(HCCL_E_PARA, "loomemu_hccl_comm_config: not a live communicator");
+  if (buffsize_mb) *buffsize_mb = h->buffsize_mb;
+  if (deterministic) *deterministic = h->deterministic;
+  return HCCL_SUCCESS;
 }
 
 HcclResult HcclCommDestroy(HcclComm comm) {

@@ -129,5 +129,8 @@ inline constexpr aclnnStatus ok = 0;
 inline constexpr aclnnStatus param_nullptr = 161001;
 inline constexpr aclnnStatus param_invalid = 161002;
 inline constexpr aclnnStatus runtime_error = 361001;
+/// ACLNN_ERR_INNER_TILING_ERROR: a shape or attribute value outside what the kernel tiles
+/// (aclnn return codes, ops-nn docs/zh/context/aclnn_return_code.md).
+inline constexpr aclnnStatus inner_tiling_error = 561002;
 
 }  // namespace loomemu

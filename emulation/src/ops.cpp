@@ -235,6 +235,11 @@ extern "C" aclnnStatus aclnnInplaceAddmmGetWorkspaceSize(const aclTensor* selfRe
 PHASE2(aclnnInplaceAddmm)
 
 // --- elementwise ---------------------------------------------------------------------------------------------------
+static bool is_integral(aclDataType dt) {
+  return dt == ACL_INT8 || dt == ACL_INT16 || dt == ACL_INT32 || dt == ACL_INT64 || dt == ACL_UINT8 ||
+         dt == ACL_UINT16 || dt == ACL_UINT32 || dt == ACL_UINT64 || dt == ACL_BOOL;
+}
+
 static aclnnStatus binary(const char* name, const aclTensor* self, const aclTensor* other, const aclScalar* other_s,
                           const aclScalar* alpha, const aclTensor* out, bool mul, uint64_t* workspaceSize,
                           aclOpExecutor** executor) {
@@ -246,6 +251,17 @@ static aclnnStatus binary(const char* name, const aclTensor* self, const aclTens
       self->dtype != ACL_INT8)
     return invalid(name, std::string("self dtype ") + dtype_name(self->dtype) + " not supported");
   if (out->dtype != self->dtype) return invalid(name, "out dtype differs from self");
+  // aclnnAdd/Adds and their in-place forms: "alpha无法转换为self和other推导后的数据类型" -> 161002
+  // (hicann/ops-math docs/aclnnAdd&aclnnInplaceAdd.md, aclnnAdds.md; math/add/op_api/aclnn_add.cpp
+  // CheckPromoteType: CanCast(alpha, promoteType), a BOOL promoteType taking integral or BOOL
+  // alphas only). The promoted type of two integral/BOOL operands is integral or BOOL, and a
+  // floating alpha casts to neither; with a floating operand every real alpha casts.
+  if (!mul && is_integral(self->dtype) && is_integral(other ? other->dtype : other_s->dtype) &&
+      !is_integral(alpha->dtype))
+    return invalid(name, std::string("alpha dtype ") + dtype_name(alpha->dtype) +
+                             " can't be cast to the promoted integer dtype of self " + dtype_name(self->dtype) +
+                             " and other " + dtype_name(other ? other->dtype : other_s->dtype) +
+                             " (pass an integer alpha)");
   dims_t want = self->dims;
   if (other && !broadcast_shape(self->dims, other->dims, &want))
     return invalid(name, "self " + dims_string(self->dims) + " and other " + dims_string(other->dims) + " do not broadcast");
@@ -639,8 +655,11 @@ extern "C" aclnnStatus aclnnEmbeddingDenseBackwardGetWorkspaceSize(const aclTens
   const int64_t C = grad->dims.back();
   if (numel(*grad) != numel(*indices) * C)
     return invalid(name, "grad " + dims_string(grad->dims) + " does not match indices " + dims_string(indices->dims));
-  if (out->dims != dims_t{int64_t(numWeights), C} || out->dtype != grad->dtype)
-    return invalid(name, "out must be [numWeights, C] with the grad dtype, got " + shape_string(*out));
+  // out: "数据类型支持float32类型" (the CANN 8.1.RC1 header aclnnop/aclnn_embedding_dense_backward.h);
+  // 9.0's header widens it to grad's types. The emulation keeps the 8.1 rule, valid on both.
+  if (out->dims != dims_t{int64_t(numWeights), C} || out->dtype != ACL_FLOAT)
+    return invalid(name, "out must be [numWeights, C] FLOAT (CANN 8.1 documents float32 only), got " +
+                             shape_string(*out));
   const auto pad = int64_t(paddingIdx);  // documented: a negative paddingIdx (as uint64) means none
   if (pad >= int64_t(numWeights))
     return invalid(name, "paddingIdx " + std::to_string(pad) + " is not below numWeights; pass (uint64_t)-1 for none");
@@ -668,8 +687,26 @@ extern "C" aclnnStatus aclnnEmbeddingDenseBackwardGetWorkspaceSize(const aclTens
 PHASE2(aclnnEmbeddingDenseBackward)
 
 // --- cross-entropy -----------------------------------------------------------------------------------------------------
+// Rules of the Atlas A2 (910B) / A3 kernels, which the emulation enforces (docs/ascend.md):
+//  * target must be INT64: the operator definitions register only DT_INT64 for "target" on
+//    ascend910b and ascend910_93 (INT32 only on ascend950) — hicann/ops-nn v9.0.0
+//    loss/cross_entropy_loss/op_host/cross_entropy_loss_def.cpp and
+//    loss/cross_entropy_loss_grad/op_host/cross_entropy_loss_grad_def.cpp; rejected in phase 1
+//    with ACLNN_ERR_PARAM_INVALID (161002, "dtype not supported" in aclnnCrossEntropyLoss.md);
+//  * N < 200,000 rows per call ("input第零维N需满足N<200000", hicann/ops-nn loss/cross_entropy_loss/
+//    README.md and loss/cross_entropy_loss_grad/README.md, commit e11fe07f): phase 1 returns
+//    ACLNN_ERR_INNER_TILING_ERROR (561002, "shape not supported");
+//  * targets lie in [0, C), or equal ignoreIndex "when ignoreIndex is specified"
+//    (aclnnCrossEntropyLoss.md, target row; the CANN 8.3.RC1 page on hiascend.com states [0, C)
+//    with no exception). The strict reading, enforced here: a negative ignoreIndex specifies
+//    nothing, so a negative target is an out-of-range gather on the AI core —
+//    ACL_ERROR_RT_AICORE_EXCEPTION (507015) at the next synchronize. (What the kernel does with a
+//    negative ignoreIndex is not documented; the strict reading is the safe one to test against.)
 namespace {
 std::string reduction_of(const char* r) { return r ? std::string(r) : std::string("mean"); }
+constexpr int64_t cross_entropy_max_rows = 200000;  // N must stay below this
+/// Whether target y is skipped: only a non-negative ignoreIndex ignores anything.
+bool ignored(int64_t y, int64_t ignoreIndex) { return ignoreIndex >= 0 && y == ignoreIndex; }
 }
 
 extern "C" aclnnStatus aclnnCrossEntropyLossGetWorkspaceSize(
@@ -688,8 +725,11 @@ extern "C" aclnnStatus aclnnCrossEntropyLossGetWorkspaceSize(
   if (red != "mean" && red != "sum" && red != "none") return invalid(name, "reduction must be mean, sum or none");
   if (input->dims.size() != 2 || !is_nn_float(input->dtype)) return invalid(name, "input must be 2-D (N, C) float");
   const int64_t N = input->dims[0], C = input->dims[1];
-  if (target->dims != dims_t{N} || (target->dtype != ACL_INT32 && target->dtype != ACL_INT64))
-    return invalid(name, "target must be [N] INT32/INT64, got " + shape_string(*target));
+  if (target->dims != dims_t{N} || target->dtype != ACL_INT64)
+    return invalid(name, "target must be [N] INT64 on Ascend910B (INT32 only on Ascend950), got " +
+                             shape_string(*target));
+  if (N >= cross_entropy_max_rows)
+    return reject(name, inner_tiling_error, "input has N = " + std::to_string(N) + " rows; N must be below 200000");
   if (weightOptional && (weightOptional->dims != dims_t{C} || weightOptional->dtype != ACL_FLOAT))
     return invalid(name, "weight must be [C] FLOAT");
   if (weightOptional && labelSmoothing != 0) return invalid(name, "weight with label smoothing is not emulated");
@@ -717,7 +757,7 @@ extern "C" aclnnStatus aclnnCrossEntropyLossGetWorkspaceSize(
           const double lse = mx + std::log(se);
           for (int64_t c = 0; c < C; ++c) row[c] -= lse;  // log-probabilities
           const auto y = int64_t(t[std::size_t(n)]);
-          if (y == ignoreIndex) continue;
+          if (ignored(y, ignoreIndex)) continue;
           if (y < 0 || y >= C)
             throw task_error{ACL_ERROR_RT_AICORE_EXCEPTION, "aclnnCrossEntropyLoss: target " + std::to_string(y) +
                                                                 " outside [0, " + std::to_string(C) + ")"};
@@ -753,8 +793,11 @@ extern "C" aclnnStatus aclnnCrossEntropyLossGradGetWorkspaceSize(
   if (red != "mean" && red != "sum" && red != "none") return invalid(name, "reduction must be mean, sum or none");
   if (logProb->dims.size() != 2 || !is_nn_float(logProb->dtype)) return invalid(name, "logProb must be 2-D (N, C) float");
   const int64_t N = logProb->dims[0], C = logProb->dims[1];
-  if (target->dims != dims_t{N} || (target->dtype != ACL_INT32 && target->dtype != ACL_INT64))
-    return invalid(name, "target must be [N] INT32/INT64");
+  if (target->dims != dims_t{N} || target->dtype != ACL_INT64)
+    return invalid(name, "target must be [N] INT64 on Ascend910B (INT32 only on Ascend950), got " +
+                             shape_string(*target));
+  if (N >= cross_entropy_max_rows)
+    return reject(name, inner_tiling_error, "logProb has N = " + std::to_string(N) + " rows; N must be below 200000");
   if (red == "none" ? gradLoss->dims != dims_t{N} : numel(*gradLoss) != 1)
     return invalid(name, "gradLoss must be [N] for reduction none, one element otherwise");
   if (gradLoss->dtype != logProb->dtype) return invalid(name, "gradLoss must have the logProb dtype");
@@ -774,11 +817,11 @@ extern "C" aclnnStatus aclnnCrossEntropyLossGradGetWorkspaceSize(
         const auto w = hw ? gather(W) : std::vector<double>(std::size_t(C), 1.0);
         double wsum = 0;
         for (int64_t n = 0; n < N; ++n)
-          if (int64_t(t[std::size_t(n)]) != ignoreIndex) wsum += w[std::size_t(int64_t(t[std::size_t(n)]))];
+          if (const auto y = int64_t(t[std::size_t(n)]); !ignored(y, ignoreIndex) && y >= 0 && y < C) wsum += w[std::size_t(y)];
         for (int64_t n = 0; n < N; ++n) {
           double* row = lp.data() + n * C;
           const auto y = int64_t(t[std::size_t(n)]);
-          if (y == ignoreIndex) {
+          if (ignored(y, ignoreIndex)) {
             std::fill(row, row + C, 0.0);
             continue;
           }

@@ -406,6 +406,43 @@ aclError aclFinalize() {
   return ACL_SUCCESS;
 }
 
+aclError aclFinalizeReference(uint64_t* refCount) {
+  LOOMEMU_INJECT("aclFinalizeReference");
+  std::lock_guard lock(g().m);
+  if (!g().initialized) return ACL_ERROR_REPEAT_FINALIZE;
+  g().initialized = false;  // one reference: the emulation's aclInit is not counted
+  if (refCount) *refCount = 0;
+  return ACL_SUCCESS;
+}
+
+// aclsysGetVersionStr / aclsysGetVersionNum (CANN 9.0): by package name; the emulation knows the
+// names its hicann/runtime sample and tests use ("runtime", "compiler", "CANN"), others fail with
+// ACL_ERROR_INVALID_FILE (no version.info for that package), as documented.
+/// The version the emulated runtime reports: "8.1.RC1 (loom host emulation, not CANN)", or the
+/// text of $LOOMEMU_CANN_VERSION (tests of version checks, e.g. examples/doctor's statement).
+static const char* reported_version() {
+  const char* v = std::getenv("LOOMEMU_CANN_VERSION");
+  return v && *v ? v : "8.1.RC1 (loom host emulation, not CANN)";
+}
+static bool known_package(const char* name) {
+  return name && (std::strcmp(name, "runtime") == 0 || std::strcmp(name, "compiler") == 0 ||
+                  std::strcmp(name, "CANN") == 0);
+}
+aclError aclsysGetVersionStr(char* pkgName, char* versionStr) {
+  LOOMEMU_INJECT("aclsysGetVersionStr");
+  if (!versionStr) return fail(ACL_ERROR_INVALID_PARAM, "aclsysGetVersionStr: NULL output");
+  if (!known_package(pkgName)) return fail(ACL_ERROR_INVALID_FILE, "aclsysGetVersionStr: no version.info for package");
+  std::snprintf(versionStr, ACL_PKG_VERSION_MAX_SIZE, "%s", reported_version());
+  return ACL_SUCCESS;
+}
+aclError aclsysGetVersionNum(char* pkgName, int32_t* versionNum) {
+  LOOMEMU_INJECT("aclsysGetVersionNum");
+  if (!versionNum) return fail(ACL_ERROR_INVALID_PARAM, "aclsysGetVersionNum: NULL output");
+  if (!known_package(pkgName)) return fail(ACL_ERROR_INVALID_FILE, "aclsysGetVersionNum: no version.info for package");
+  *versionNum = 80100000;  // encoding unconfirmed; the emulation's own
+  return ACL_SUCCESS;
+}
+
 aclError aclrtGetVersion(int32_t* major, int32_t* minor, int32_t* patch) {
   LOOMEMU_INJECT("aclrtGetVersion");
   if (!major || !minor || !patch) return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetVersion: NULL output");
@@ -421,7 +458,7 @@ aclError aclsysGetCANNVersion(aclCANNPackageName, aclCANNPackageVersion* version
   LOOMEMU_INJECT("aclsysGetCANNVersion");
   if (!version) return fail(ACL_ERROR_INVALID_PARAM, "aclsysGetCANNVersion: NULL output");
   std::memset(version, 0, sizeof *version);
-  std::snprintf(version->version, sizeof version->version, "8.1.RC1 (loom host emulation, not CANN)");
+  std::snprintf(version->version, sizeof version->version, "%s", reported_version());
   std::snprintf(version->majorVersion, sizeof version->majorVersion, "8");
   std::snprintf(version->minorVersion, sizeof version->minorVersion, "1");
   std::snprintf(version->releaseVersion, sizeof version->releaseVersion, "RC1");

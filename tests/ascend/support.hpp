@@ -79,6 +79,17 @@ inline void loomemu_set_device_memory_limit(int device, std::size_t bytes) {
 }
 inline void loomemu_set_device_count(int count) { emu<void(int)>("loomemu_set_device_count")(count); }
 inline loomemu_counters loomemu_get_counters() { return emu<loomemu_counters()>("loomemu_get_counters")(); }
+/// The buffer size (MB) and determinism a live HCCL communicator was created with (control.h).
+struct hccl_settings {
+  std::uint32_t buffsize_mb = 0, deterministic = 0;
+};
+inline hccl_settings loomemu_hccl_comm_config(void* comm) {
+  hccl_settings s;
+  if (emu<int(void*, std::uint32_t*, std::uint32_t*)>("loomemu_hccl_comm_config")(comm, &s.buffsize_mb,
+                                                                                    &s.deterministic) != 0)
+    throw std::runtime_error("loomemu_hccl_comm_config: not a live communicator");
+  return s;
+}
 template <class T>
 using dbuf = loom::buffer<npu, T>;
 

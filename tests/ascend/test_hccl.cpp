@@ -98,10 +98,20 @@ TEST_CASE("comm::hccl: split into sub-communicators, and the async all_reduce or
     loom::device::ascend_device dev(runtime(), r);
     auto& ctx = dev.context();
     auto hc = loom::comm::hccl::create(boot, ctx);
-    auto half = hc.split(r % 2, -r);  // keys reverse the order inside each group
+    // HCCL numbers a sub-communicator's ranks in ascending global order: keys may not reverse it
+    CHECK_THROWS_WITH_AS(hc.split(r % 2, -r), doctest::Contains("ascending global order"), loom::input_error);
+    auto half = hc.split(r % 2, r);
     CHECK(half.size() == 2);
-    CHECK(half.rank() == (r < 2 ? 1 : 0));
+    CHECK(half.rank() == r / 2);
     CHECK(half.name() == "world/" + std::to_string(r % 2));
+    // a split of a split: HCCL cannot split a sub-communicator, so loom splits the global one
+    auto all = hc.split(0, r);
+    auto pair = all.split(r / 2, r);  // {0,1} and {2,3}
+    CHECK(pair.size() == 2);
+    CHECK(pair.rank() == r % 2);
+    auto p = upload<float>(ctx, std::vector<float>(3, float(r)));
+    pair.all_reduce(std::span<float>(p.data(), 3));
+    CHECK(download(ctx, p.data(), 3) == std::vector<float>(3, float(r < 2 ? 0 + 1 : 2 + 3)));
     auto x = upload<float>(ctx, std::vector<float>(n, float(r + 1)));
     half.all_reduce(std::span<float>(x.data(), n));
     const float expect = r % 2 == 0 ? 1 + 3 : 2 + 4;  // ranks {0,2} and {1,3}

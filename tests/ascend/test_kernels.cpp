@@ -186,6 +186,31 @@ TEST_CASE_TEMPLATE("ascend ops: fused cross-entropy loss, dlogits, padding and i
   }
 }
 
+TEST_CASE("ascend ops: cross-entropy over N >= 200,000 rows splits into calls below the operator's limit") {
+  // aclnnCrossEntropyLoss[Grad] refuse N >= 200000 (561002, test_rules.cpp); loom calls them on
+  // row blocks of at most 199,999. Ignored rows sit on both sides of the block boundary.
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  using ops = loom::kernels::ops<npu, float>;
+  const int N = 200003, V = 3, Vp = 4;
+  auto logits = randn(std::size_t(N) * Vp, 41, 2.0f);
+  std::vector<std::int32_t> tgt(static_cast<std::size_t>(N));
+  for (int i = 0; i < N; ++i) tgt[std::size_t(i)] = (i * 7 + 1) % V;
+  for (int i : {0, 199998, 199999, 200002}) tgt[std::size_t(i)] = cpu::ignore_index;
+  auto dl = upload<float>(ctx, logits);
+  auto dt = upload<std::int32_t>(ctx, tgt);
+  dbuf<float> losses(std::size_t(N), ctx.stream);
+  const auto before = loomemu_get_counters().executors_run;
+  const float total = ops::crossentropy(ctx, dl.data(), losses.data(), dt.data(), N, V, Vp, true, 1.0f / N);
+  CHECK(loomemu_get_counters().executors_run > before);
+  std::vector<float> rlosses(static_cast<std::size_t>(N));
+  auto rl = logits;
+  const float rtotal = cpu::crossentropy_forward_backward(rl.data(), rlosses.data(), tgt.data(), N, V, Vp, true, 1.0f / N);
+  CHECK(total == doctest::Approx(rtotal).epsilon(1e-5));
+  CHECK(nmse(download(ctx, losses.data(), std::size_t(N)), rlosses) < 1e-10);
+  CHECK(nmse(download(ctx, dl.data(), dl.size()), rl) < 1e-10);
+}
+
 TEST_CASE_TEMPLATE("ascend ops: sum of squares and the non-finite check", T, LOOM_ASCEND_TYPES) {
   loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();

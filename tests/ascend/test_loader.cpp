@@ -86,13 +86,32 @@ TEST_CASE("ascend runtime: the emulation loads from ASCEND_HOME_PATH like a tool
   CHECK(rt->has_profiler());
   CHECK(rt->libraries()[0].first == "libascendcl.so");
   CHECK(fs::path(rt->libraries()[0].second).parent_path() == fs::path(rt->home()));
-  CHECK(static_cast<bool>(rt->api().aclsysGetCANNVersion));
+  CHECK(static_cast<bool>(rt->api().aclsysGetVersionStr));
   CHECK(static_cast<bool>(rt->api().aclnnFlashAttentionScoreGrad));
   CHECK(static_cast<bool>(rt->api().HcclCommInitRootInfo));
-  loom::device::acl::aclCANNPackageVersion v{};
-  rt->initialize();
-  REQUIRE(rt->api().aclsysGetCANNVersion(loom::device::acl::pkg_cann, &v) == 0);
-  CHECK(std::string(v.version).find("8.") == 0);
+  CHECK(rt->cann_version().find("8.1.RC1") == 0);
+}
+
+TEST_CASE("ascend runtime: required, optional and newer functions; aclprof* found through libascendcl too") {
+  temp_dir root("acl_only");
+  fs::create_directories(root.path / "lib64");
+  fs::create_symlink(fs::path(runtime()->home()) / "libascendcl.so", root.path / "lib64" / "libascendcl.so");
+  loom::device::ascend_runtime_options o;
+  o.roots = {root.path.string()};
+  o.use_environment = false;
+  o.use_default_roots = false;
+  o.use_loader_path = false;
+  const auto rt = loom::device::ascend_runtime::load(o);
+  // aclrtGetVersion is deprecated in the newest runtime: optional, like the 9.0-only functions
+  CHECK(static_cast<bool>(rt->api().aclFinalize));
+  CHECK(static_cast<bool>(rt->api().aclrtGetVersion));
+  CHECK(static_cast<bool>(rt->api().aclFinalizeReference));
+  // the emulated libascendcl does not export aclprof*: with libmsprofiler absent, no profiler, and
+  // the message names both places loom looks
+  CHECK_FALSE(rt->has_profiler());
+  CHECK(rt->searched_for("aclprofStart") == "libascendcl.so, libmsprofiler.so");
+  // a runtime that did not initialise ACL finalizes nothing
+  CHECK(rt->finalize() == 0);
 }
 
 TEST_CASE("ascend runtime: a toolkit without operator or HCCL libraries loads, and using them names what is missing") {

@@ -47,6 +47,12 @@ ACL_FUNC_VISIBILITY aclError aclrtGetVersion(int32_t *majorVersion, int32_t *min
 ACL_FUNC_VISIBILITY const char *aclGetRecentErrMsg();
 ACL_FUNC_VISIBILITY aclError aclsysGetCANNVersion(aclCANNPackageName name, aclCANNPackageVersion *version);
 
+/* Newer runtime (ACL 1.17, CANN 9.0, declared in acl/acl_rt.h there); the emulation exports them
+ * too so both of loom's paths run. The ACL interface version above stays 1.13 (8.1.RC1). */
+ACL_FUNC_VISIBILITY aclError aclFinalizeReference(uint64_t *refCount);
+ACL_FUNC_VISIBILITY aclError aclsysGetVersionStr(char *pkgName, char *versionStr);
+ACL_FUNC_VISIBILITY aclError aclsysGetVersionNum(char *pkgName, int32_t *versionNum);
+
 #ifdef __cplusplus
 }
 #endif

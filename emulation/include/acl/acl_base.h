@@ -29,6 +29,7 @@ typedef void *aclrtContext;
 static const int ACL_SUCCESS = 0;
 static const int ACL_ERROR_NONE = 0;
 static const int ACL_ERROR_INVALID_PARAM = 100000;
+static const int ACL_ERROR_INVALID_FILE = 100003;
 static const int ACL_ERROR_UNINITIALIZE = 100001;
 static const int ACL_ERROR_REPEAT_INITIALIZE = 100002;
 static const int ACL_ERROR_REPEAT_FINALIZE = 100037;

@@ -29,6 +29,13 @@ void loomemu_set_device_memory_limit(int device, size_t bytes);
 /* Number of emulated devices (default 8); takes effect for later aclrtGetDeviceCount calls. */
 void loomemu_set_device_count(int count);
 
+/* The buffer size (MB) and determinism (0 off, 1 on, 2 strict) a live HCCL communicator was
+ * created with: its HcclCommConfig's values, or HCCL_BUFFSIZE / HCCL_DETERMINISTIC (defaults 200,
+ * 0) where the config says "not set" (0xffffffff) or there is no config. Returns 0, or
+ * HCCL_E_PARA (1) for a handle that is not a live communicator. Exported by the emulated
+ * libhccl.so. */
+int loomemu_hccl_comm_config(void *comm, uint32_t *buffsize_mb, uint32_t *deterministic);
+
 /* Counters since process start. */
 typedef struct {
   uint64_t device_mallocs;      /* successful aclrtMalloc */

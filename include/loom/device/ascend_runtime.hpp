@@ -22,7 +22,8 @@
 ///   libhccl.so, libhcomm.so                         collectives; communicator management moved to
 ///                                                   libhcomm on the newest CANN
 ///   libmsprofiler.so                                the CANN profiler's C API (aclprof*, optional:
-///                                                   only device::ascend_profiler needs it)
+///                                                   only device::ascend_profiler needs it); looked
+///                                                   up in libascendcl.so first (torch_npu does)
 /// Once libascendcl is found, the others are looked for in its directory first.
 ///
 /// Only libascendcl and its core runtime functions are mandatory. Missing operators or HCCL leave
@@ -36,7 +37,9 @@
 /// stateless device::ascend policy functions (allocate, copy, synchronize) can reach the table.
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -89,7 +92,45 @@ class ascend_runtime {
         const char* m = api_.aclGetRecentErrMsg ? api_.aclGetRecentErrMsg() : nullptr;
         throw device_error(rc, "aclInit", m ? m : "");
       }
+      initialized_.store(rc == acl::success);  // 100002: someone else's aclInit, theirs to finalize
     });
+  }
+
+  /// Undoes initialize(): aclFinalizeReference where the runtime has it (reference-counted, so
+  /// another library's aclInit in the process stays valid), else aclFinalize (§1.3: "call before
+  /// the process exits"). Call it last, after every device object, stream and buffer of this
+  /// runtime is gone: the per-device memory pools keep the runtime alive (so its destructor, which
+  /// also finalizes, never runs once a device was used) and never free after it. Idempotent; a
+  /// no-op when this object did not initialise ACL. Returns the ACL status (0 on success).
+  acl::aclError finalize() const noexcept {
+    if (!initialized_.exchange(false)) return acl::success;
+    if (api_.aclFinalizeReference) return api_.aclFinalizeReference(nullptr);
+    return api_.aclFinalize();
+  }
+
+  /// The installed CANN version ("" when the runtime cannot say): aclsysGetVersionStr("runtime")
+  /// where present (CANN 9.0 on; hicann/runtime docs/api_docs/aclsysGetVersionStr.md and its
+  /// sample), else the deprecated aclsysGetCANNVersion(ACL_PKG_NAME_CANN) of CANN 8.x, looked up
+  /// by name and read through the 8.1.RC1 layout of aclCANNPackageVersion (128 bytes of version
+  /// text first; §1.3). Needs no initialize().
+  std::string cann_version() const {
+    char text[acl::pkg_version_max + 1] = {};
+    if (api_.aclsysGetVersionStr) {
+      char pkg[] = "runtime";
+      if (api_.aclsysGetVersionStr(pkg, text) == acl::success) return std::string(text);
+    }
+    struct package_version {  // aclCANNPackageVersion (8.1.RC1 acl.h): version, 4 parts, reserved
+      char version[acl::pkg_version_max];
+      char parts[4][64];
+      char reserved[acl::pkg_version_max];
+    };
+    using legacy_query = acl::aclError (*)(int, package_version*);
+    if (auto* f = reinterpret_cast<legacy_query>(symbol("aclsysGetCANNVersion"))) {
+      package_version v{};
+      if (f(/*ACL_PKG_NAME_CANN*/ 0, &v) == acl::success)
+        return std::string(v.version, ::strnlen(v.version, sizeof v.version));
+    }
+    return {};
   }
 
   /// Full path (or bare name, when found through the loader path) of each loaded library,
@@ -104,7 +145,7 @@ class ascend_runtime {
   /// True when every HCCL function loom uses was resolved.
   bool has_hccl() const noexcept { return has_hccl_; }
   /// True when the CANN profiler's session functions (aclprofInit ... aclprofFinalize) were
-  /// resolved from libmsprofiler.so.
+  /// resolved, from libascendcl.so or libmsprofiler.so.
   bool has_profiler() const noexcept { return has_prof_; }
   /// Any symbol of the loaded libraries (nullptr when none exports it) — for extensions and the
   /// emulation's control functions in tests.
@@ -116,7 +157,7 @@ class ascend_runtime {
   /// The names of the libraries searched for `name`'s group, for error messages.
   std::string searched_for(std::string_view function) const {
     if (function.starts_with("Hccl")) return "libhccl.so, libhcomm.so";
-    if (function.starts_with("aclprof")) return "libmsprofiler.so";
+    if (function.starts_with("aclprof")) return "libascendcl.so, libmsprofiler.so";
     if (function.starts_with("aclnn")) return "libopapi_math.so, libopapi_nn.so, libopapi_transformer.so, libopapi.so";
     if (function.starts_with("aclCreate") || function.starts_with("aclDestroy")) return "libnnopbase.so";
     return "libascendcl.so";
@@ -124,6 +165,8 @@ class ascend_runtime {
 
   ascend_runtime(const ascend_runtime&) = delete;
   ascend_runtime& operator=(const ascend_runtime&) = delete;
+  /// finalize() (see there); libraries stay loaded.
+  ~ascend_runtime() { (void)finalize(); }
 
  private:
   ascend_runtime() = default;
@@ -228,6 +271,7 @@ class ascend_runtime {
   api_.name = reinterpret_cast<decltype(api_.name)>(::dlsym(acl, #name)); \
   if (!api_.name) missing_.push_back(#name);
     LOOM_ACL_OPTIONAL_FUNCTIONS(LOOM_ACL_RESOLVE_OPTIONAL)
+    LOOM_ACL_NEWER_FUNCTIONS(LOOM_ACL_RESOLVE_OPTIONAL)
 #undef LOOM_ACL_RESOLVE_OPTIONAL
 
     // The others: the runtime's directory first, then the same places.
@@ -249,7 +293,10 @@ class ascend_runtime {
     const auto meta = open_group({"libnnopbase.so"});
     const auto ops = open_group({"libopapi_math.so", "libopapi_nn.so", "libopapi_transformer.so", "libopapi.so"});
     const auto hccl = open_group({"libhccl.so", "libhcomm.so"});
-    const auto prof = open_group({"libmsprofiler.so"});
+    // aclprof*: exported by libascendcl itself on the toolkits torch_npu supports (it resolves them
+    // through libascendcl), by libmsprofiler.so on others (§4.2, §5.1): both are searched.
+    auto prof = open_group({"libmsprofiler.so"});
+    prof.insert(prof.begin(), acl);
     const std::size_t before_ops = missing_.size();
 #define LOOM_ACL_RESOLVE_META(name, ret, params) api_.name = reinterpret_cast<decltype(api_.name)>(resolve(meta, #name));
     LOOM_ACL_META_FUNCTIONS(LOOM_ACL_RESOLVE_META)
@@ -277,6 +324,7 @@ class ascend_runtime {
   std::string home_;
   bool has_ops_ = false, has_hccl_ = false, has_prof_ = false;
   mutable std::once_flag init_once_;
+  mutable std::atomic<bool> initialized_{false};  // this object's aclInit succeeded and is not finalized
 };
 
 }  // namespace loom::device

@@ -28,8 +28,16 @@
 ///  * send/recv: HcclSend/HcclRecv are paired and synchronous; HCCL has no tags, so messages between
 ///    a pair are matched in issue order and the tag is only checked to be >= 0.
 ///  * split(color, key): the (color, key) pairs are all-gathered over this communicator, then the
-///    members call HcclCreateSubCommConfig with a sub-communicator id derived from the parent's
-///    split count and the color (color must be < 2^20).
+///    members call HcclCreateSubCommConfig on the *global* communicator (the one made by
+///    HcclCommInitRootInfo), also when this communicator is itself a split: HCCL "only splits a
+///    global communicator, not a sub-communicator", and takes rankIds "ordered", the index of a
+///    rank in rankIds becoming its rank in the sub-communicator (hicann/hcomm 9.0
+///    docs/zh/api_ref/comm_mgr_c/HcclCreateSubCommConfig.md). So loom passes the members' global
+///    ranks in ascending order, and a key that would order a group otherwise throws input_error
+///    (keys may group and tie, not permute: give ranks keys that rise with their global rank).
+///    The sub-communicator id is unique in the global communicator: (split counter << 40) |
+///    (first global rank << 20) | color, the counter being the maximum over the splitting ranks
+///    plus one (color < 2^20, at most 2^20 ranks).
 /// Failures of HCCL calls throw loom::device_error(HcclResult, "HcclXxx", HcclGetErrorString +
 /// aclGetRecentErrMsg, call site); errors of the asynchronous work surface at the synchronize.
 
@@ -290,35 +298,55 @@ class hccl_communicator {
     complete("barrier");
   }
 
-  /// MPI_Comm_split semantics (see the file comment). Collective over this communicator.
+  /// MPI_Comm_split semantics, restricted by HCCL (see the file comment): ranks with equal color
+  /// form a group ordered by key, which must not reorder them against their global rank.
+  /// Collective over this communicator. Throws input_error for a color outside [0, 2^20) or a
+  /// key order HCCL cannot express, device_error for HCCL failures.
   hccl_communicator split(int color, int key, std::string name = {}) {
     if (color < 0 || color >= (1 << 20))
       throw input_error("comm::hccl::split: color " + std::to_string(color) +
                         " must be in [0, 2^20); every rank must pass a color >= 0");
     const int n = size();
     auto& ctx = s_->comm_ctx;
-    kernels::ascend::scratch<std::int32_t> buf(ctx, 2 + 2 * std::size_t(n));
-    std::int32_t mine[2] = {color, key};
+    constexpr std::size_t fields = 3;  // color, key, this rank's split counter
+    kernels::ascend::scratch<std::int32_t> buf(ctx, fields * (1 + std::size_t(n)));
+    const std::int32_t mine[fields] = {color, key, std::int32_t(s_->global->splits)};
     device::ascend::copy_to_device(buf.data(), mine, sizeof mine, ctx.stream);  // thread's binding: ctx's runtime
-    all_gather(std::span<const std::int32_t>(buf.data(), 2), std::span<std::int32_t>(buf.data() + 2, 2 * std::size_t(n)));
-    std::vector<std::int32_t> all(2 * std::size_t(n));
-    device::ascend::copy_to_host(all.data(), buf.data() + 2, all.size() * sizeof(std::int32_t), ctx.stream);
-    std::vector<std::uint32_t> members;
+    all_gather(std::span<const std::int32_t>(buf.data(), fields),
+               std::span<std::int32_t>(buf.data() + fields, fields * std::size_t(n)));
+    std::vector<std::int32_t> all(fields * std::size_t(n));
+    device::ascend::copy_to_host(all.data(), buf.data() + fields, all.size() * sizeof(std::int32_t), ctx.stream);
+    std::int32_t counter = 0;
+    for (int r = 0; r < n; ++r) counter = std::max(counter, all[fields * std::size_t(r) + 2]);
+    s_->global->splits = std::uint64_t(++counter);
+    std::vector<std::uint32_t> members;  // ranks of this communicator, then global ranks
     for (int r = 0; r < n; ++r)
-      if (all[2 * std::size_t(r)] == color) members.push_back(std::uint32_t(r));
-    std::stable_sort(members.begin(), members.end(),
-                     [&](std::uint32_t a, std::uint32_t b) { return all[2 * a + 1] < all[2 * b + 1]; });
+      if (all[fields * std::size_t(r)] == color) members.push_back(std::uint32_t(r));
+    std::stable_sort(members.begin(), members.end(), [&](std::uint32_t a, std::uint32_t b) {
+      return all[fields * a + 1] < all[fields * b + 1];
+    });
     const auto me = std::uint32_t(std::find(members.begin(), members.end(), std::uint32_t(rank())) - members.begin());
-    const std::uint64_t sub_id = (std::uint64_t(++s_->splits) << 20) | std::uint64_t(color);
+    std::vector<std::uint32_t> global(members.size());
+    for (std::size_t i = 0; i < members.size(); ++i) global[i] = s_->global_ranks[members[i]];
+    for (std::size_t i = 1; i < global.size(); ++i)
+      if (global[i] <= global[i - 1])
+        throw input_error("comm::hccl::split: the keys of color " + std::to_string(color) + " put global rank " +
+                          std::to_string(global[i]) + " after global rank " + std::to_string(global[i - 1]) +
+                          "; HcclCreateSubCommConfig numbers a sub-communicator's ranks in ascending global order, so "
+                          "keys may not reorder them — pass keys that rise with the rank (e.g. key = rank())");
+    const std::uint64_t sub_id =
+        (std::uint64_t(counter) << 40) | (std::uint64_t(global.front()) << 20) | std::uint64_t(color);
     acl::HcclCommConfig cfg;
     acl::hccl_comm_config_init(&cfg);
     acl::HcclComm sub = nullptr;
-    detail::hccl_check(api(), api().HcclCreateSubCommConfig(&s_->comm, std::uint32_t(members.size()), members.data(), sub_id, me,
-                                               &cfg, &sub),
+    detail::hccl_check(api(), api().HcclCreateSubCommConfig(&s_->global->comm, std::uint32_t(global.size()), global.data(),
+                                                            sub_id, me, &cfg, &sub),
                        "HcclCreateSubCommConfig");
     if (name.empty()) name = s_->name + "/" + std::to_string(color);
-    hccl_communicator child(std::make_unique<state>(sub, int(me), int(members.size()), s_->compute, s_->options,
-                                                    std::move(name)));
+    auto st = std::make_unique<state>(sub, int(me), int(members.size()), s_->compute, s_->options, std::move(name),
+                                      s_->global);
+    st->global_ranks = std::move(global);
+    hccl_communicator child(std::move(st));
     child.s_->observer = s_->observer;
     return child;
   }
@@ -336,8 +364,27 @@ class hccl_communicator {
   /// The runtime's function table (the compute context's runtime).
   const acl::api_table& api() const noexcept { return s_->compute.api(); }
 
+  /// The global communicator (HcclCommInitRootInfo's), shared by every communicator split from it:
+  /// HcclCreateSubCommConfig only splits a global communicator, which must therefore outlive its
+  /// sub-communicators. Destroyed with the last of them.
+  struct global_comm {
+    acl::HcclComm comm = nullptr;
+    std::shared_ptr<const device::ascend_runtime> runtime;
+    std::uint64_t splits = 0;  // this rank's split counter (see split())
+    global_comm(acl::HcclComm c, std::shared_ptr<const device::ascend_runtime> rt) : comm(c), runtime(std::move(rt)) {}
+    global_comm(const global_comm&) = delete;
+    global_comm& operator=(const global_comm&) = delete;
+    ~global_comm() {
+      if (!comm) return;
+      const acl::HcclResult rc = runtime->api().HcclCommDestroy(comm);
+      if (rc != acl::hccl_success) std::fprintf(stderr, "loom: warning: HcclCommDestroy failed with code %d\n", int(rc));
+    }
+  };
+
   struct state {
     acl::HcclComm comm = nullptr;
+    std::shared_ptr<global_comm> global;       // the global communicator (this one, or the one split)
+    std::vector<std::uint32_t> global_ranks;  // global rank of each rank of this communicator
     int rank = 0, size = 1;
     context<device::ascend> compute;   // the rank's compute context (holds the runtime)
     device::ascend_stream comm_stream;  // collectives run here
@@ -345,12 +392,19 @@ class hccl_communicator {
     device::ascend_event before, after;
     hccl_options options;
     std::string name;
-    std::uint64_t splits = 0;
     comm_observer* observer = nullptr;  // set_observer(); inherited by split()
 
-    state(acl::HcclComm c, int r, int n, const context<device::ascend>& ctx, hccl_options opt, std::string nm)
-        : comm(c), rank(r), size(n), compute(ctx), comm_stream(*ctx.runtime), before(*ctx.runtime),
-          after(*ctx.runtime), options(opt), name(std::move(nm)) {
+    /// g: the global communicator c was split from, or null when c is the global one (then
+    /// global_ranks is the identity).
+    state(acl::HcclComm c, int r, int n, const context<device::ascend>& ctx, hccl_options opt, std::string nm,
+          std::shared_ptr<global_comm> g = nullptr)
+        : comm(c), global(g ? std::move(g) : std::make_shared<global_comm>(c, ctx.runtime)), rank(r), size(n),
+          compute(ctx), comm_stream(*ctx.runtime), before(*ctx.runtime), after(*ctx.runtime), options(opt),
+          name(std::move(nm)) {
+      if (global->comm == comm) {
+        global_ranks.resize(std::size_t(n));
+        for (int i = 0; i < n; ++i) global_ranks[std::size_t(i)] = std::uint32_t(i);
+      }
       comm_ctx.runtime = ctx.runtime;
       comm_ctx.stream = comm_stream.get();
       comm_ctx.ordinal = ctx.ordinal;
@@ -361,7 +415,7 @@ class hccl_communicator {
       const auto& api = compute.api();
       device::detail::acl_warn(api, api.aclrtSynchronizeStream(comm_stream.get()), "aclrtSynchronizeStream");
       device::detail::acl_warn(api, api.aclrtSynchronizeStream(compute.stream), "aclrtSynchronizeStream");
-      if (comm) {
+      if (comm && comm != global->comm) {  // a sub-communicator; the global one goes with `global`
         const acl::HcclResult rc = api.HcclCommDestroy(comm);
         if (rc != acl::hccl_success)
           std::fprintf(stderr, "loom: warning: HcclCommDestroy failed with code %d\n", int(rc));

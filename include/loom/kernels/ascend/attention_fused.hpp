@@ -17,8 +17,9 @@
 /// Note [attention output in backward] in docs/ascend.md.
 /// Key padding (optional, (B,T) bytes, non-zero = padded key, as attention<cpu, T, fused>): the
 /// compressed mask cannot express it, so a full [B,1,T,T] BOOL mask is built on the device
-/// (causal block of the 2048 mask + padding row, aclnnInplaceCopy/aclnnInplaceAdd on UINT8, then
-/// a copy to BOOL: non-zero = masked) and passed with sparseMode 0 (pre/nextTokens unbounded) and
+/// (causal block of the 2048 mask + padding row, aclnnInplaceCopy/aclnnInplaceAdd on UINT8 with an
+/// INT64 alpha — aclnnAdd refuses a FLOAT alpha for integer operands, 161002 — then a copy to
+/// BOOL: non-zero = masked) and passed with sparseMode 0 (pre/nextTokens unbounded) and
 /// innerPrecise 2, the documented handling of rows with every key masked (their output is 0).
 
 #include <cmath>
@@ -87,7 +88,9 @@ struct flash_attention {
     std::uint8_t* mask = storage + std::size_t(B * Tn * Tn);  // (B,1,T,T) BOOL
     tensor s(ctx, sum, acl::dt_uint8, {B, Tn, Tn});
     copy(ctx, s, tensor(ctx, causal, acl::dt_uint8, {Tn, Tn}, {2048, 1}));  // broadcast over the batch
-    add_inplace(ctx, s, tensor(ctx, key_padding, acl::dt_uint8, {B, 1, Tn}));  // padding row, broadcast over queries
+    // padding row, broadcast over queries; an integer alpha (docs/ascend.md §4a: UINT8 + UINT8 with a
+    // FLOAT alpha is 161002 on the NPU)
+    add_inplace(ctx, s, tensor(ctx, key_padding, acl::dt_uint8, {B, 1, Tn}), std::int64_t(1));
     copy(ctx, tensor(ctx, mask, acl::dt_bool, {B, 1, Tn, Tn}), tensor(ctx, sum, acl::dt_uint8, {B, 1, Tn, Tn}));
     return {mask, {B, 1, Tn, Tn}, 0, 2147483647, 2147483647, 2};
   }

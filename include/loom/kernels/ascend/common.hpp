@@ -146,9 +146,17 @@ class tensor {
 /// phase 2), because whether aclCreateScalar copies it is unconfirmed (reference §2.2).
 class scalar {
  public:
+  /// An ACL_FLOAT scalar.
   scalar(const ctx_t& ctx, float v) : api_(&ctx.api()), value_(v) {
     require(*api_, api_->aclCreateScalar, "aclCreateScalar");
     s_ = api_->aclCreateScalar(&value_, acl::dt_float);
+    if (!s_) throw device_error(device::detail::acl_status::aclnn_param_invalid, "aclCreateScalar", "");
+  }
+  /// An ACL_INT64 scalar (for integer tensors: an alpha of the tensor's own integer type needs no
+  /// cast, which aclnnAdd refuses for a float alpha with integer operands — ops-math aclnnAdd.md).
+  scalar(const ctx_t& ctx, std::int64_t v) : api_(&ctx.api()), int_value_(v) {
+    require(*api_, api_->aclCreateScalar, "aclCreateScalar");
+    s_ = api_->aclCreateScalar(&int_value_, acl::dt_int64);
     if (!s_) throw device_error(device::detail::acl_status::aclnn_param_invalid, "aclCreateScalar", "");
   }
   scalar(const scalar&) = delete;
@@ -160,7 +168,8 @@ class scalar {
 
  private:
   const acl::api_table* api_;
-  float value_;
+  float value_ = 0.0f;
+  std::int64_t int_value_ = 0;
   acl::aclScalar* s_ = nullptr;
 };
 
@@ -259,8 +268,21 @@ inline void copy(ctx_t& ctx, const tensor& dst, const tensor& src,
          ctx.api().aclnnInplaceCopy, dst, src);
 }
 
-/// self += alpha * other (aclnnInplaceAdd; other broadcasts to self).
+/// self += alpha * other (aclnnInplaceAdd; other broadcasts to self), for floating operands: the
+/// alpha is an ACL_FLOAT scalar. For integer or BOOL operands use the std::int64_t overload.
 inline void add_inplace(ctx_t& ctx, const tensor& self, const tensor& other, float alpha = 1.0f,
+                        loom::source_location where = loom::source_location::current()) {
+  scalar a(ctx, alpha);
+  launch(ctx, op_site{"aclnnInplaceAdd", where}, ctx.api().aclnnInplaceAddGetWorkspaceSize, ctx.api().aclnnInplaceAdd,
+         self, other, a);
+}
+
+/// self += alpha * other (aclnnInplaceAdd; other broadcasts to self), for integer or BOOL operands:
+/// the alpha is an ACL_INT64 scalar. aclnnAdd/aclnnInplaceAdd refuse "an alpha that cannot be cast
+/// to the type promoted from self and other" with 161002 ACLNN_ERR_PARAM_INVALID (hicann/ops-math
+/// math/add/docs/aclnnAdd&aclnnInplaceAdd.md; aclnn_add.cpp CheckPromoteType uses CanCast), and a
+/// FLOAT alpha casts to no integer type; INT64 casts to every integer type (docs/ascend.md §4a).
+inline void add_inplace(ctx_t& ctx, const tensor& self, const tensor& other, std::int64_t alpha,
                         loom::source_location where = loom::source_location::current()) {
   scalar a(ctx, alpha);
   launch(ctx, op_site{"aclnnInplaceAdd", where}, ctx.api().aclnnInplaceAddGetWorkspaceSize, ctx.api().aclnnInplaceAdd,

@@ -1,55 +1,104 @@
 #pragma once
 /// \file Fused softmax cross-entropy on the NPU: aclnnCrossEntropyLoss / aclnnCrossEntropyLossGrad.
 ///
-/// Semantics are those of kernels::cpu::crossentropy_forward_backward. The NPU path:
-///   1. the (N, V) real-vocabulary columns of logits (N, Vp) are copied into an fp32 scratch with
-///      aclnnInplaceCopy (strided read + cast; skipped for fp32 with V == Vp);
-///   2. aclnnCrossEntropyLoss(reduction "none", ignoreIndex -1) writes losses (N, fp32) and the
-///      log-probabilities (N, V) that the gradient needs; zlossOut and lseForZlossOut must be
-///      passed even though z-loss is unsupported (a public caller reports NULL is rejected);
-///   3. with write_dlogits: aclnnCrossEntropyLossGrad(gradLoss = grad_scale per row) gives dlogits
-///      (N, V) in fp32; logits are zeroed (padding columns) and the gradient is copied back with a
-///      cast into the strided (N, V) view;
-///   4. the loss sum is read back to the host (this synchronizes the stream — the interface returns
+/// Semantics are those of kernels::cpu::crossentropy_forward_backward: targets in [0, V), or -1
+/// (cpu::ignore_index) for a row that contributes no loss and no gradient.
+///
+/// The operators' rules on Atlas A2/A3 (hicann/ops-nn v9.0.0, loss/cross_entropy_loss and
+/// loss/cross_entropy_loss_grad; the host emulation enforces each, see docs/ascend.md):
+///   * target must be INT64: op_host/cross_entropy_loss_def.cpp and cross_entropy_loss_grad_def.cpp
+///     register only DT_INT64 for "target" on ascend910b and ascend910_93 (INT32 only on
+///     ascend950, whose extra configuration the aclnnCrossEntropyLoss.md table merges into
+///     "INT32, INT64"). An INT32 target is refused in phase 1 with 161002.
+///   * target values lie in [0, C), or equal ignoreIndex "when ignoreIndex is specified"
+///     (docs/aclnnCrossEntropyLoss.md, target row); the docs never say that a negative
+///     ignoreIndex specifies anything, so loom must not pass -1 targets with ignoreIndex -1.
+///   * N < 200,000 rows per call (README.md of both operators, "input第零维N需满足N<200000",
+///     hicann/ops-nn commit e11fe07f); more is refused in phase 1 with 561002.
+///
+/// How loom meets them — Note [shifted vocabulary]: the operators see C = V + 1 classes, column 0
+/// being a padding class that no real target uses, and real class v in column v + 1:
+///   x'   (N, V+1) fp32 = [ -1e30 | logits[:, 0:V] ]      (aclnnInplaceCopy: strided read + cast)
+///   t'   (N) INT64     = targets + 1                     (aclnnInplaceCopy cast, aclnnInplaceAdds)
+///   ignoreIndex        = 0
+/// so an ignored target (-1) becomes 0 = ignoreIndex, every target lies in [0, C), and ignoreIndex
+/// is a non-negative class that real data can never hit. Column 0's logit, -1e30, is finite (no
+/// inf * 0 = NaN in any masked product) and adds exp(-1e30 - max) = 0 to every softmax sum, so
+/// losses and log-probabilities of the real columns are exactly those over V classes, and its
+/// gradient softmax(x')_0 = 0 is discarded. The mapping stays on the device (no host round trip):
+/// the padding class is column 0 rather than column V because t + 1 maps -1 to it with one add,
+/// while -1 -> V would need a compare-and-select the reference does not list.
+/// Rows are processed in calls of at most 199,999 rows (reduction "none" makes rows independent).
+///
+/// Steps per call of at most max_rows rows:
+///   1. aclnnCrossEntropyLoss(reduction "none", ignoreIndex 0) writes losses (N, fp32) and the
+///      log-probabilities (N, V+1) the gradient needs; zlossOut and lseForZlossOut must be passed
+///      though z-loss is unsupported ("must be passed but not involved in the computation", docs);
+///   2. with write_dlogits: aclnnCrossEntropyLossGrad(gradLoss = grad_scale per row) gives dlogits
+///      (N, V+1) in fp32; logits are zeroed (padding columns V..Vp) and columns 1..V are copied
+///      back with a cast into the strided (N, V) view;
+///   3. the loss sum is read back to the host (this synchronizes the stream — the interface returns
 ///      a host value) and added in double, in row order.
 /// Computing in fp32 matches the CPU kernel, which accumulates 16-bit logits in float.
-/// Caveat (reference §2.5 caller note): a public wrapper reports that CANN gathers with the raw
-/// label and faults for labels outside [0, C); loom passes ignore_index = -1 as documented. If real
-/// hardware faults on it, replace -1 targets by 0 and mask those rows (not needed in emulation).
+/// Scratch: (N (V+1) + N (V+1) + 3 N) floats + N int64 on the device pool.
 
+#include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include <loom/kernels/ascend/common.hpp>
 
 namespace loom::kernels::ascend {
 
-/// See the file comment. logits (N,Vp) read, overwritten with dlogits when write_dlogits;
-/// losses (N) fp32 =; targets (N) int32 in [0,V) or -1. Returns the sum of the losses.
+/// Rows per aclnnCrossEntropyLoss[Grad] call: N must stay below 200,000 (see the file comment).
+inline constexpr int crossentropy_max_rows = 199999;
+/// The logit of the padding class of Note [shifted vocabulary]: finite, exp() underflows to 0.
+inline constexpr float crossentropy_pad_logit = -1.0e30f;
+
+/// See the file comment. logits (N,Vp) of T, read, and overwritten with dlogits when
+/// write_dlogits (padding columns V..Vp zeroed); losses (N) fp32 =; targets (N) int32 in [0,V) or
+/// -1, device memory. Returns the sum of the losses. Throws device_error with the operator's
+/// status (161002 argument rejected, 561002 shape not supported) or the runtime's code.
 template <class T>
 float crossentropy(ctx_t& ctx, T* logits, float* losses, const std::int32_t* targets, int N, int V, int Vp,
                    bool write_dlogits, float grad_scale) {
   constexpr auto dt = dtype_of<T>();
-  const bool in_place = std::is_same_v<T, float> && V == Vp;
-  const std::size_t NV = std::size_t(N) * std::size_t(V);
-  scratch<float> work(ctx, (in_place ? 0 : NV) + NV + 3 * std::size_t(N));
-  float* x32 = in_place ? reinterpret_cast<float*>(logits) : work.data();
-  float* logp = work.data() + (in_place ? 0 : NV);
-  float* aux = logp + NV;  // zloss (N), lse (N), gradLoss (N)
-  tensor logits_view(ctx, logits, dt, {N, V}, {Vp, 1});
-  tensor x(ctx, x32, acl::dt_float, {N, V});
-  if (!in_place) copy(ctx, x, logits_view);
-  tensor tgt(ctx, targets, acl::dt_int32, {N}), loss(ctx, losses, acl::dt_float, {N}), lp(ctx, logp, acl::dt_float, {N, V});
-  tensor zloss(ctx, aux, acl::dt_float, {N}), lse(ctx, aux + N, acl::dt_float, {N});
+  const int64_t C = int64_t(V) + 1;  // Note [shifted vocabulary]
+  const int rows_max = std::min(N, crossentropy_max_rows);
+  const std::size_t RC = std::size_t(rows_max) * std::size_t(C);
+  scratch<float> work(ctx, 2 * RC + 3 * std::size_t(rows_max));
+  scratch<std::int64_t> shifted(ctx, std::size_t(rows_max));
+  float* x32 = work.data();
+  float* logp = x32 + RC;
+  float* aux = logp + RC;  // zloss (n), lse (n), gradLoss (n)
   char none[] = "none";
-  constexpr int64_t ignore_index = -1;
-  launch(ctx, "aclnnCrossEntropyLoss", ctx.api().aclnnCrossEntropyLossGetWorkspaceSize, ctx.api().aclnnCrossEntropyLoss, x, tgt, nullptr, none, ignore_index, 0.0, 0.0, false, loss, lp, zloss, lse);
-  if (write_dlogits) {
-    fill(ctx, aux + 2 * N, std::size_t(N), grad_scale);
-    tensor gl(ctx, aux + 2 * N, acl::dt_float, {N});
-    launch(ctx, "aclnnCrossEntropyLossGrad", ctx.api().aclnnCrossEntropyLossGradGetWorkspaceSize, ctx.api().aclnnCrossEntropyLossGrad, gl, lp, tgt, nullptr, nullptr, nullptr, none, ignore_index, 0.0, 0.0, x);
-    if (!in_place) {
-      device::ascend::memset(logits, 0, std::size_t(N) * std::size_t(Vp) * sizeof(T), ctx.stream);
-      copy(ctx, logits_view, x);
+  constexpr int64_t ignore_index = 0;
+  const scalar one(ctx, std::int64_t(1));
+  for (int r0 = 0; r0 < N; r0 += rows_max) {
+    const int n = std::min(rows_max, N - r0);
+    T* lg = logits + std::size_t(r0) * std::size_t(Vp);
+    // x' = [pad | logits]: everything the pad logit, then the real columns over it
+    fill(ctx, x32, std::size_t(n) * std::size_t(C), crossentropy_pad_logit);
+    tensor logits_view(ctx, lg, dt, {n, V}, {Vp, 1});
+    tensor x_real(ctx, x32 + 1, acl::dt_float, {n, V}, {C, 1});
+    copy(ctx, x_real, logits_view);
+    // t' = targets + 1 (int32 -> int64 by aclnnInplaceCopy, then + 1 with an INT64 alpha)
+    tensor t32(ctx, targets + r0, acl::dt_int32, {n}), tgt(ctx, shifted.data(), acl::dt_int64, {n});
+    copy(ctx, tgt, t32);
+    launch(ctx, "aclnnInplaceAdds", ctx.api().aclnnInplaceAddsGetWorkspaceSize, ctx.api().aclnnInplaceAdds, tgt, one, one);
+
+    tensor x(ctx, x32, acl::dt_float, {n, C}), lp(ctx, logp, acl::dt_float, {n, C});
+    tensor loss(ctx, losses + r0, acl::dt_float, {n});
+    tensor zloss(ctx, aux, acl::dt_float, {n}), lse(ctx, aux + n, acl::dt_float, {n});
+    launch(ctx, "aclnnCrossEntropyLoss", ctx.api().aclnnCrossEntropyLossGetWorkspaceSize,
+           ctx.api().aclnnCrossEntropyLoss, x, tgt, nullptr, none, ignore_index, 0.0, 0.0, false, loss, lp, zloss, lse);
+    if (write_dlogits) {
+      fill(ctx, aux + 2 * n, std::size_t(n), grad_scale);
+      tensor gl(ctx, aux + 2 * n, acl::dt_float, {n});
+      launch(ctx, "aclnnCrossEntropyLossGrad", ctx.api().aclnnCrossEntropyLossGradGetWorkspaceSize,
+             ctx.api().aclnnCrossEntropyLossGrad, gl, lp, tgt, nullptr, nullptr, nullptr, none, ignore_index, 0.0, 0.0, x);
+      device::ascend::memset(lg, 0, std::size_t(n) * std::size_t(Vp) * sizeof(T), ctx.stream);
+      copy(ctx, logits_view, x_real);
     }
   }
   const auto host = to_host(ctx, static_cast<const float*>(losses), std::size_t(N));

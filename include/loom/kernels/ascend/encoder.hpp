@@ -45,7 +45,7 @@ void encoder_forward(ctx_t& ctx, T* out, const std::int32_t* tokens, const T* wt
   encoder_forward_rows(ctx, out, tokens, wte, wpe, B, Tn, C, table_rows(wte, C));
 }
 
-/// dwte[tokens[b,t],:] += dout[b,t,:] (aclnnEmbeddingDenseBackward into scratch, then added);
+/// dwte[tokens[b,t],:] += dout[b,t,:] (aclnnEmbeddingDenseBackward into fp32 scratch, then added);
 /// dwpe[t,:] += sum_b dout[b,t,:] (aclnnInplaceAddmm: dwpe as (1, T*C) += ones(1,B) dout(B, T*C)).
 /// dwte (V,C) +=, dwpe (>= T, C) +=, dout (B,T,C). G is the gradient type (kernels::gradient_t);
 /// when G != T both sums are formed in T scratch and widened into G (accumulate()).
@@ -67,8 +67,11 @@ void encoder_backward_rows(ctx_t& ctx, G* dwte, G* dwpe, const T* dout, const st
       accumulate(ctx, dwpe, part.data(), {TC});
     }
   }
-  scratch<T> tmp(ctx, std::size_t(V) * std::size_t(C));
-  tensor g(ctx, dout, dt, {int64_t(B) * Tn, C}), idx(ctx, tokens, acl::dt_int32, {int64_t(B) * Tn}), o(ctx, tmp.data(), dt, {V, int64_t(C)});
+  // out is float32 whatever grad's type: the CANN 8.1.RC1 header documents "数据类型支持float32类型"
+  // for it (aclnnop/aclnn_embedding_dense_backward.h; 9.0 also accepts grad's types).
+  scratch<float> tmp(ctx, std::size_t(V) * std::size_t(C));
+  tensor g(ctx, dout, dt, {int64_t(B) * Tn, C}), idx(ctx, tokens, acl::dt_int32, {int64_t(B) * Tn}),
+      o(ctx, tmp.data(), acl::dt_float, {V, int64_t(C)});
   const uint64_t no_padding = ~uint64_t(0);
   launch(ctx, "aclnnEmbeddingDenseBackward", ctx.api().aclnnEmbeddingDenseBackwardGetWorkspaceSize, ctx.api().aclnnEmbeddingDenseBackward, g, idx, uint64_t(V), no_padding, false, o);
   accumulate(ctx, dwte, tmp.data(), {V, int64_t(C)});
