@@ -184,7 +184,9 @@ int run(const options& o, World* world) {
   // fail before training, not after it, when the weights cannot be written
   const std::string out = o.out.empty() ? "out/" + std::string(M::name) + ".safetensors" : o.out;
   ensure_writable_directory(std::filesystem::path(out).parent_path(), "--out");
-  const std::size_t val_rows = std::max<std::size_t>(c.micro_batch, std::size_t(o.eval_windows) / c.micro_batch * c.micro_batch);
+  // periodic evaluations: the first --eval-windows windows of the validation split (all of them
+  // if it has fewer; a last partial micro-batch is evaluated too, no window twice)
+  const std::size_t val_rows = std::min<std::size_t>(std::size_t(o.eval_windows), src.validation_rows());
   std::span<const std::int32_t> batch;
   const std::vector<std::int32_t> val = src.validation_batch(val_rows);
   // --synthetic-data: a few batches of uniform random ids made once and cycled, so a step never

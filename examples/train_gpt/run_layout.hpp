@@ -117,7 +117,9 @@ int run_layout_impl(const options& o, World& world) {
   }
 #endif
   const std::string out = o.out.empty() ? "out/" + std::string(M::name) + ".safetensors" : o.out;
-  const std::size_t val_rows = std::max<std::size_t>(c.micro_batch, std::size_t(o.eval_windows) / c.micro_batch * c.micro_batch);
+  // periodic evaluations: the first --eval-windows windows of the validation split (all of them
+  // if it has fewer; a last partial micro-batch is evaluated too, no window twice)
+  const std::size_t val_rows = std::min<std::size_t>(std::size_t(o.eval_windows), src.validation_rows());
   const std::vector<std::int32_t> val = src.validation_batch(val_rows);
   std::vector<std::vector<std::int32_t>> synthetic(o.synthetic_data ? 8 : 0);
   for (std::size_t k = 0; k < synthetic.size(); ++k) {  // per dp replica, the same on its tp x pp ranks

@@ -54,6 +54,7 @@
 /// hook: the dp all-reduce, or ZeRO-1's reduce-scatters, start after the last backward; with
 /// ddp_options::overlap the ZeRO-1 buckets' collectives overlap one another and the all-gathers
 /// the AdamW of later buckets).
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -320,38 +321,42 @@ class parallel_trainer {
     return r;
   }
 
-  /// Mean loss (nats/token) over `windows` (any non-zero multiple of micro_batch rows of
-  /// seq_len+1 ids), no update. Collective over the tp and pp groups (forward through the
-  /// pipeline, one micro-batch at a time); every rank of a tp x pp group passes the same windows
-  /// and gets the same value; dp replicas may evaluate different windows or not at all. Throws
-  /// loom::input_error on a wrong size or an id outside [0, vocab).
+  /// Mean loss (nats/token) over `windows`: rows >= 1 rows of seq_len+1 ids, no update. The
+  /// rows run through the pipeline in micro-batches of micro_batch rows, the last one with the
+  /// rows that are left (b < micro_batch), so every window counts exactly once: the
+  /// token-weighted mean over all of them, the same as train::trainer::evaluate on one rank
+  /// whatever the micro-batch (up to fp32 summation order). Collective over the tp and pp
+  /// groups; every rank of a tp x pp group passes the same windows and gets the same value; dp
+  /// replicas may evaluate different windows or not at all. Throws loom::input_error when
+  /// `windows` is empty or not whole windows, or on an id outside [0, vocab) (on every rank alike).
   double evaluate(context<device>& ctx, std::span<const std::int32_t> windows) {
-    const int b = cfg_.micro_batch, t = cfg_.seq_len;
-    const std::size_t mbw = std::size_t(b) * window(), bt = std::size_t(b) * t;
-    if (windows.empty() || windows.size() % mbw != 0)
-      throw input_error("evaluation needs a non-zero multiple of " + std::to_string(b) + " windows of " +
-                        std::to_string(window()) + " tokens");
+    const int t = cfg_.seq_len;
+    const std::size_t w = window();
+    if (windows.empty() || windows.size() % w != 0)
+      throw input_error("evaluation needs one or more windows of " + std::to_string(w) + " tokens (seq_len + 1), got " +
+                        std::to_string(windows.size()) + " ids");
     validate_tokens(windows, M::vocab, "evaluation batch");
-    const std::span<std::int32_t> in(host_in_.data(), bt), tg(host_tg_.data(), bt);
-    const std::size_t NC = bt * std::size_t(M::d_model);
     constexpr int tag_activation = 0;  // as the pipeline executor's
     auto& acts = acts_.front();
-    acc_t sum = 0;
-    const std::size_t n = windows.size() / mbw;
-    for (std::size_t k = 0; k < n; ++k) {
-      split_windows(windows.subspan(k * mbw, mbw), in, tg);
+    const std::size_t rows = windows.size() / w;
+    double sum = 0;  // meaningful on the last stage
+    for (std::size_t first = 0; first < rows; first += std::size_t(cfg_.micro_batch)) {
+      const int b = int(std::min<std::size_t>(std::size_t(cfg_.micro_batch), rows - first));
+      const std::size_t bt = std::size_t(b) * t, NC = bt * std::size_t(M::d_model);
+      const std::span<std::int32_t> in(host_in_.data(), bt), tg(host_tg_.data(), bt);
+      split_windows(windows.subspan(first * w, std::size_t(b) * w), in, tg);
       device::copy_to_device(inputs_.data(), in.data(), in.size_bytes(), ctx.stream);
       device::copy_to_device(targets_.data(), tg.data(), tg.size_bytes(), ctx.stream);
       if (!model_.first_stage()) g_.pp.recv(std::span<storage_t>(acts.input(), NC), stage() - 1, tag_activation);
-      sum += model_.forward(ctx, acts, g_.tp, inputs_.data(), targets_.data(), b, t);
+      sum += double(model_.forward(ctx, acts, g_.tp, inputs_.data(), targets_.data(), b, t));
       if (!model_.last_stage()) {
         ctx.synchronize();
         g_.pp.send(std::span<const storage_t>(acts.output(), NC), stage() + 1, tag_activation);
       }
     }
     ctx.synchronize();
-    g_.pp.broadcast(std::span<acc_t>(&sum, 1), PP - 1);
-    return double(sum) / double(n * bt);
+    g_.pp.broadcast(std::span<double>(&sum, 1), PP - 1);
+    return sum / double(rows * std::size_t(t));
   }
 
  private:

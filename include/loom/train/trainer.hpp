@@ -20,6 +20,7 @@
 /// clip/S. A step with a non-finite gradient is then skipped entirely: parameters, moments and
 /// the learning-rate schedule (which follows the optimizer's step count) stay as they were,
 /// and S is lowered. An fp16 trainer without a loss scaler does not compile.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -268,26 +269,31 @@ class trainer {
     return r;
   }
 
-  /// Mean loss (nats/token) over `windows` (any non-zero multiple of micro_batch rows of
-  /// seq_len+1 ids), no update. Throws loom::input_error on a wrong size or an id outside
-  /// [0, vocab).
+  /// Mean loss (nats/token) over `windows`: rows >= 1 rows of seq_len+1 ids (row-major), no
+  /// update. The rows run in micro-batches of micro_batch rows, the last one with the rows that
+  /// are left (b < micro_batch), so every window counts exactly once and the result is the
+  /// token-weighted mean over all of them, whatever the micro-batch (up to fp32 summation
+  /// order): the sum of the per-token losses over rows * seq_len targets. Throws
+  /// loom::input_error when `windows` is empty or not whole windows, or on an id outside [0, vocab).
   double evaluate(context<device>& ctx, std::span<const std::int32_t> windows) {
-    const int b = cfg_.micro_batch, t = cfg_.seq_len;
-    const std::size_t mbw = std::size_t(b) * window();
-    if (windows.empty() || windows.size() % mbw != 0)
-      throw input_error("evaluation needs a non-zero multiple of " + std::to_string(b) + " windows of " +
-                        std::to_string(window()) + " tokens");
+    const int t = cfg_.seq_len;
+    const std::size_t w = window();
+    if (windows.empty() || windows.size() % w != 0)
+      throw input_error("evaluation needs one or more windows of " + std::to_string(w) + " tokens (seq_len + 1), got " +
+                        std::to_string(windows.size()) + " ids");
     validate_tokens(windows, M::vocab, "evaluation batch");
+    const std::size_t rows = windows.size() / w;
     double sum = 0;
-    const std::size_t n = windows.size() / mbw;
-    const std::span<std::int32_t> in(host_in_.data(), std::size_t(b) * t), tg(host_tg_.data(), std::size_t(b) * t);
-    for (std::size_t m = 0; m < n; ++m) {
-      split_windows(windows.subspan(m * mbw, mbw), in, tg);
+    for (std::size_t first = 0; first < rows; first += std::size_t(cfg_.micro_batch)) {
+      const int b = int(std::min<std::size_t>(std::size_t(cfg_.micro_batch), rows - first));
+      const std::size_t bt = std::size_t(b) * t;
+      const std::span<std::int32_t> in(host_in_.data(), bt), tg(host_tg_.data(), bt);
+      split_windows(windows.subspan(first * w, std::size_t(b) * w), in, tg);
       copy_in(ctx, in, tg);
       sum += double(model_.forward(ctx, acts_, inputs_.data(), targets_.data(), b, t));
     }
     ctx.synchronize();
-    return sum / double(n * b * t);
+    return sum / double(rows * std::size_t(t));
   }
 
  private:
