@@ -226,16 +226,20 @@ int run_layout_impl(const options& o, World& world) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto report_val = [&](long step) {
-    if (!evaluator) return;
+    if (!evaluator || val.empty()) return std::nan("");
     const double nats = tr.evaluate(ctx, val), bpb = src.bits_per_byte(nats, val);
-    if (!lead) return;
+    if (!lead) return nats;
     con.message("step " + std::to_string(step) + " | val loss " + std::to_string(nats).substr(0, 6) + " nats/token | " +
                 std::to_string(bpb).substr(0, 6) + " bits/byte | " +
                 std::to_string(long(std::chrono::duration<double>(clock::now() - t0).count())) + " s");
     const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};
     if (tb) tb->add_scalars(step, sc);
     if (jsonl) jsonl->write_scalars(step, sc);
+    return nats;
   };
+  // --early-stop: dp replica 0's ranks follow the validation loss (the same on each of them) and
+  // keep a copy of their shard of the parameters at the best evaluation; world rank 0 decides
+  early_stopper<storage_t> stopper(evaluator ? o.early_stop : 0);
 
   // A collective, blocking checkpoint of the state after tr.step_count() steps (no-op without
   // --checkpoint-dir). A failed save is reported on rank 0 and training goes on; NaN weights stop it.
@@ -300,13 +304,31 @@ int run_layout_impl(const options& o, World& world) {
         if (jsonl) jsonl->write_scalars(step, sc);
       }
     }
-    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) report_val(step + 1);
+    int stop_early = 0;
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) {
+      const double nats = report_val(step + 1);
+      const auto p = tr.model().parameters();
+      stop_early = stopper.observe(step + 1, nats, std::span<const storage_t>(p.data(), p.size()));
+      if (o.early_stop > 0) world.broadcast(std::span<int>(&stop_early, 1), 0);  // every rank stops together
+    }
     tokens_seen += std::uint64_t(r.tokens);
     if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_checkpoint();
+    if (stop_early) {
+      if (lead) con.message(stopper.stop_message(step + 1));
+      ++step;
+      break;
+    }
   }
   save_checkpoint();  // the last step, also after --stop-at-step or the time budget
   if (const auto m = prof.finish(&world); !m.empty() && lead) con.message(m);
   if (lead) con.finish();
+  // --early-stop: the final validation, the gathered weights and the sample are those of the best
+  // evaluation (the checkpoints above hold the last state, to resume from)
+  if (stopper.enabled() && stopper.best_step() >= 0 && stopper.best_step() != step) {
+    const auto p = tr.model().parameters();
+    stopper.restore(std::span<storage_t>(p.data(), p.size()));
+    if (lead) std::printf("%s\n", stopper.keep_message().c_str());
+  }
   // final validation over the whole validation split (dp replica 0), then the gathered model
   if (evaluator)
     if (const auto all_val = src.validation_batch(src.validation_rows()); !all_val.empty()) {
@@ -330,6 +352,7 @@ int run_layout_impl(const options& o, World& world) {
   if (!parent.empty()) std::filesystem::create_directories(parent);
   std::map<std::string, std::string> meta = {{"steps", std::to_string(step)}, {"data", o.data},
                                              {"layout", "tp" + std::to_string(TP) + "pp" + std::to_string(PP)}};
+  if (stopper.enabled() && stopper.best_step() >= 0) meta["best_step"] = std::to_string(stopper.best_step());
   if (src.kind() == data::source_kind::indexed)
     meta["tokenizer"] = std::filesystem::absolute(src.tokenizer_path()).lexically_normal().string();
   io::save_weights(whole, out, meta);
