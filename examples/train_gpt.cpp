@@ -196,6 +196,10 @@ int run(const options& o, World* world) {
   const std::size_t val_rows = std::min<std::size_t>(std::size_t(o.eval_windows), src.validation_rows());
   std::span<const std::int32_t> batch;
   const std::vector<std::int32_t> val = src.validation_batch(val_rows);
+  if (o.early_stop > 0 && val.empty())
+    throw input_error("--early-stop " + std::to_string(o.early_stop) + ": the validation part of " + o.data +
+                      " is shorter than one window of " + std::to_string(c.seq_len + 1) +
+                      " tokens, so there is no validation loss to watch; raise --val-fraction or drop --early-stop");
   // --synthetic-data: a few batches of uniform random ids made once and cycled, so a step never
   // waits for the loader and the breakdown has no data_wait phase (docs/observability.md)
   std::vector<std::vector<std::int32_t>> synthetic(o.synthetic_data ? 8 : 0);

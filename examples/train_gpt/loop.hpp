@@ -49,7 +49,7 @@ class early_stopper {
   /// true when training should end: the last `patience` evaluations did not improve on the best.
   bool observe(long step, double nats, std::span<const T> params) {
     if (!enabled()) return false;
-    if (best_step_ < 0 || nats < best_loss_) {
+    if (!std::isnan(nats) && (best_step_ < 0 || nats < best_loss_)) {
       best_step_ = step;
       best_loss_ = nats;
       best_.assign(params.begin(), params.end());
@@ -76,8 +76,10 @@ class early_stopper {
            std::to_string(patience_) + " evaluation" + (patience_ == 1 ? "" : "s") + " (--early-stop " +
            std::to_string(patience_) + "); " + keep_message();
   }
-  /// "keeping the weights of step B (val loss L nats/token)".
+  /// "keeping the best weights, of step B (val loss L nats/token)", or that the last weights
+  /// stay when no evaluation had a loss (all NaN).
   std::string keep_message() const {
+    if (best_step_ < 0) return "no evaluation had a finite loss: keeping the last weights";
     char loss[32];
     std::snprintf(loss, sizeof loss, "%.4f", best_loss_);
     return "keeping the best weights, of step " + std::to_string(best_step_) + " (val loss " + loss + " nats/token)";

@@ -121,6 +121,10 @@ int run_layout_impl(const options& o, World& world) {
   // if it has fewer; a last partial micro-batch is evaluated too, no window twice)
   const std::size_t val_rows = std::min<std::size_t>(std::size_t(o.eval_windows), src.validation_rows());
   const std::vector<std::int32_t> val = src.validation_batch(val_rows);
+  if (o.early_stop > 0 && val.empty())
+    throw input_error("--early-stop " + std::to_string(o.early_stop) + ": the validation part of " + o.data +
+                      " is shorter than one window of " + std::to_string(c.seq_len + 1) +
+                      " tokens, so there is no validation loss to watch; raise --val-fraction or drop --early-stop");
   std::vector<std::vector<std::int32_t>> synthetic(o.synthetic_data ? 8 : 0);
   for (std::size_t k = 0; k < synthetic.size(); ++k) {  // per dp replica, the same on its tp x pp ranks
     const std::int64_t v = src.data_vocab() > 0 ? std::min<std::int64_t>(src.data_vocab(), M::vocab) : M::vocab;
