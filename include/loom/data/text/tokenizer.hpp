@@ -2,11 +2,12 @@
 /// \file loom::data::text::tokenizer — SentencePiece BPE with byte fallback: train, load,
 /// encode on all cores, decode.
 ///
-/// Training settings are chosen so that decode(encode(x)) == x for every well-formed UTF-8
-/// string x (after loom's cleaning nothing else is guaranteed to be representable):
+/// Training settings are chosen so that SentencePiece itself changes nothing: decode(encode(x))
+/// == normalize(x, text_normalization()) for every string x (== x for well-formed UTF-8 when
+/// the normalization is none()):
 ///   model_type=bpe, byte_fallback=true (a character outside the vocabulary becomes its UTF-8
-///   bytes <0x..>, never <unk>), normalization_rule_name=identity (no NFKC: cleaning already
-///   normalised, and NFKC would turn Chinese `，` into `,`), remove_extra_whitespaces=false,
+///   bytes <0x..>, never <unk>), normalization_rule_name=identity (no NFKC: loom's own
+///   normalization runs first, and NFKC would turn Chinese `，` into `,`), remove_extra_whitespaces=false,
 ///   add_dummy_prefix=false, "\n" and "\t" as user-defined symbols (one token each; they are
 ///   not in the training lines), split_digits=true, allow_whitespace_only_pieces=true.
 /// Special ids: unk=0, bos=1, eos=2 (used as the end-of-document token), no pad.
