@@ -6,8 +6,10 @@
 // The model config is read from the file's metadata. Byte-level models (vocabulary 256) read
 // and write bytes; a model trained on a prepare_data dataset (quickstart_bpe) needs that
 // data's SentencePiece model: --tokenizer, else the "tokenizer" path train_gpt recorded in the
-// weights' metadata (a build with LOOM_WITH_TEXT). The prompt is encoded with it and the ids
-// decoded, a blank line for each end-of-document id. Errors (missing/corrupt file, unknown
+// weights' metadata (a build with LOOM_WITH_TEXT). The prompt is normalized as the training
+// text was (the normalization prepare_data recorded in PREFIX.json beside PREFIX.model: e.g.
+// full-width letters and digits become ASCII), encoded with it, and the ids decoded, a blank
+// line for each end-of-document id; the printed prompt is its normalized form. Errors (missing/corrupt file, unknown
 // model, missing tokenizer, bad flag) exit with status 2 and one line naming the problem and the fix.
 #include "cli.hpp"  // CLI11 and parse_or_exit
 
@@ -76,7 +78,8 @@ int main(int argc, char** argv) {
   options o;
   CLI::App app{"sample: generate text from a GPT saved by train_gpt (byte-level, or SentencePiece with --tokenizer)"};
   app.add_option("--weights", o.weights, "weights file written by train_gpt")->required();
-  app.add_option("--prompt", o.prompt, "text to continue");
+  app.add_option("--prompt", o.prompt,
+                 "text to continue (with a tokenizer: normalized first, as prepare_data normalized the training text)");
   app.add_option("--tokenizer", o.tokenizer,
                  "SentencePiece .model of the data the weights were trained on (prepare_data's PREFIX.model; "
                  "default: the one recorded in the weights, if any)");

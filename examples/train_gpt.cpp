@@ -10,7 +10,14 @@
 //
 // --data names a dataset when it ends in .idx/.bin or PREFIX.idx exists (data::batch_source):
 // then the model defaults to quickstart_bpe, the validation split is by document, and the
-// sample is decoded with PREFIX.model (needs a build with LOOM_WITH_TEXT).
+// sample is decoded with PREFIX.model (needs a build with LOOM_WITH_TEXT); the prompt is first
+// normalized as the dataset's text was (PREFIX.json's "normalization").
+//
+// Validation: every --eval-every steps on the first --eval-windows windows of the validation
+// split (all of them if it has fewer), at the end on every window of it (a last partial
+// micro-batch included: the loss does not depend on --micro-batch). --early-stop PATIENCE ends
+// training when the validation loss has not improved for PATIENCE evaluations; the saved
+// weights, final validation and sample are then the best evaluation's (it says which step).
 //
 // Checkpoints (docs/checkpoint.md): --checkpoint-dir DIR saves every --save-every steps (100)
 // and at the end, keeping the newest --keep (5); --resume DIR continues bit for bit from the
@@ -184,9 +191,15 @@ int run(const options& o, World* world) {
   // fail before training, not after it, when the weights cannot be written
   const std::string out = o.out.empty() ? "out/" + std::string(M::name) + ".safetensors" : o.out;
   ensure_writable_directory(std::filesystem::path(out).parent_path(), "--out");
-  const std::size_t val_rows = std::max<std::size_t>(c.micro_batch, std::size_t(o.eval_windows) / c.micro_batch * c.micro_batch);
+  // periodic evaluations: the first --eval-windows windows of the validation split (all of them
+  // if it has fewer; a last partial micro-batch is evaluated too, no window twice)
+  const std::size_t val_rows = std::min<std::size_t>(std::size_t(o.eval_windows), src.validation_rows());
   std::span<const std::int32_t> batch;
   const std::vector<std::int32_t> val = src.validation_batch(val_rows);
+  if (o.early_stop > 0 && val.empty())
+    throw input_error("--early-stop " + std::to_string(o.early_stop) + ": the validation part of " + o.data +
+                      " is shorter than one window of " + std::to_string(c.seq_len + 1) +
+                      " tokens, so there is no validation loss to watch; raise --val-fraction or drop --early-stop");
   // --synthetic-data: a few batches of uniform random ids made once and cycled, so a step never
   // waits for the loader and the breakdown has no data_wait phase (docs/observability.md)
   std::vector<std::vector<std::int32_t>> synthetic(o.synthetic_data ? 8 : 0);
@@ -303,6 +316,7 @@ int run(const options& o, World* world) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto report_val = [&](long step) {
+    if (val.empty()) return std::nan("");  // a validation part shorter than one window
     const double nats = tr.evaluate(ctx, val), bpb = src.bits_per_byte(nats, val);
     con.message("step " + std::to_string(step) + " | val loss " + std::to_string(nats).substr(0, 6) + " nats/token | " +
                 std::to_string(bpb).substr(0, 6) + " bits/byte | " +
@@ -359,6 +373,8 @@ int run(const options& o, World* world) {
     saver.save(ctx, ckpt_dir, tr, st, copt);  // throws numeric_error on NaN weights: nothing written
     last_saved = tr.step_count();
   };
+  // --early-stop: the best periodic validation loss, its step and a copy of the parameters (rank 0)
+  train_gpt_cli::early_stopper<typename trainer_t::model_t::storage_t> stopper(lead ? o.early_stop : 0);
   long step = start;
   for (; step < o.steps; ++step) {
     int out_of_time = o.time_budget > 0 && std::chrono::duration<double>(clock::now() - t0).count() > o.time_budget;
@@ -395,15 +411,35 @@ int run(const options& o, World* world) {
       if (tb) tb->add_scalars(step, sc);
       if (jsonl) jsonl->write_scalars(step, sc);
     }
-    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && lead) report_val(step + 1);
+    int stop_early = 0;
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && lead) {
+      const double nats = report_val(step + 1);
+      const auto p = tr.model().parameters();
+      stop_early = stopper.observe(step + 1, nats, std::span(p.data(), p.size()));
+    }
     tokens_seen += std::uint64_t(r.tokens);
     if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_checkpoint();
+    if constexpr (is_parallel)  // rank 0 evaluates and decides; every rank stops together
+      if (o.early_stop > 0 && o.eval_every > 0 && (step + 1) % o.eval_every == 0)
+        world->broadcast(std::span<int>(&stop_early, 1), 0);
+    if (stop_early) {
+      if (lead) con.message(stopper.stop_message(step + 1));
+      ++step;
+      break;
+    }
   }
   save_checkpoint();  // the last step, also after --stop-at-step or the time budget
   finish_save();
   if (const auto m = prof.finish(world); !m.empty()) con.message(m);
   if (!lead) return 0;  // the other ranks are done: rank 0 validates, saves and samples
   con.finish();
+  // --early-stop: the final validation, the weights and the sample are those of the best evaluation
+  // (the checkpoints above hold the last state, to resume from)
+  if (stopper.enabled() && stopper.best_step() >= 0 && stopper.best_step() != step) {
+    const auto p = tr.model().parameters();
+    stopper.restore(std::span(p.data(), p.size()));
+    std::printf("%s\n", stopper.keep_message().c_str());
+  }
   // final validation over the whole validation split
   if (const auto all_val = src.validation_batch(src.validation_rows()); !all_val.empty()) {
     const double nats = tr.evaluate(ctx, all_val), bpb = src.bits_per_byte(nats, all_val);
@@ -418,6 +454,7 @@ int run(const options& o, World* world) {
   const auto parent = std::filesystem::path(out).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   std::map<std::string, std::string> meta = {{"steps", std::to_string(step)}, {"data", o.data}};
+  if (stopper.enabled() && stopper.best_step() >= 0) meta["best_step"] = std::to_string(stopper.best_step());
   if (src.kind() == data::source_kind::indexed)  // sample finds the tokenizer from any directory
     meta["tokenizer"] = std::filesystem::absolute(src.tokenizer_path()).lexically_normal().string();
   io::save_weights(tr.model(), out, meta);
@@ -532,7 +569,13 @@ int main(int argc, char** argv) {
   app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)");
   app.add_option("--val-fraction", o.val_fraction, "held out for validation: a fraction of a text file's bytes, of a dataset's documents");
   app.add_option("--eval-every", o.eval_every, "steps between validation evaluations (0: only at the end)");
-  app.add_option("--eval-windows", o.eval_windows, "validation windows per periodic evaluation");
+  app.add_option("--eval-windows", o.eval_windows,
+                 "validation windows per periodic evaluation: the first N of the validation split (all if it has fewer)")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--early-stop", o.early_stop,
+                 "PATIENCE: end training when the validation loss has not improved for PATIENCE periodic evaluations "
+                 "(--eval-every); the saved weights, final validation and sample are then the best evaluation's (0: off)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling");
   app.add_option("--time-budget", o.time_budget, "stop training after this many seconds (0: no limit)");
   app.add_option("--log-dir", o.log_dir, "TensorBoard events, metrics.jsonl and trace.json go here ('' = none)");
@@ -544,7 +587,8 @@ int main(int argc, char** argv) {
   app.add_option("--summary-every", o.summary_every, "steps between breakdown tables (0: never)");
   app.add_option("--out", o.out, "where to save the weights (default out/<model>.safetensors)");
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training (bytes for a text file)");
-  app.add_option("--prompt", o.prompt, "prompt for the sample");
+  app.add_option("--prompt", o.prompt,
+                 "prompt for the sample (for a dataset: normalized as prepare_data normalized its text, see docs/data.md)");
   app.add_option("--temperature", o.temperature, "sampling temperature");
   app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)");
   app.add_option("--precision", o.precision,
@@ -603,6 +647,9 @@ int main(int argc, char** argv) {
       throw loom::input_error("--profile-steps " + o.profile_steps + " starts after the run's last step (--steps " +
                               std::to_string(o.steps) + "): nothing would be recorded; choose a window inside 0:" +
                               std::to_string(o.steps));
+    if (o.early_stop > 0 && o.eval_every <= 0)
+      throw loom::input_error("--early-stop " + std::to_string(o.early_stop) + " watches the periodic validation loss, "
+                              "but --eval-every is 0 (no periodic evaluations); pass e.g. --eval-every 100");
     const auto parsed_layout = train_gpt_cli::parse_layout(o.layout);
     const int tp = parsed_layout.first, pp = parsed_layout.second;
     if (tp * pp > 1) {  // tensor/pipeline parallel: train_gpt/layout_<model>.cpp

@@ -19,6 +19,7 @@ struct options {
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, max_grad_norm = 1.0, val_fraction = 0.1;
   long warmup = 100;
   long eval_every = 250;
+  long early_stop = 0;  // --early-stop PATIENCE: evaluations without improvement before stopping (0: off)
   int eval_windows = 64, sample_tokens = 400, top_k = 0;
   double temperature = 0.8;
   std::uint64_t seed = 1337;

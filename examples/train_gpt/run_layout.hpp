@@ -117,8 +117,14 @@ int run_layout_impl(const options& o, World& world) {
   }
 #endif
   const std::string out = o.out.empty() ? "out/" + std::string(M::name) + ".safetensors" : o.out;
-  const std::size_t val_rows = std::max<std::size_t>(c.micro_batch, std::size_t(o.eval_windows) / c.micro_batch * c.micro_batch);
+  // periodic evaluations: the first --eval-windows windows of the validation split (all of them
+  // if it has fewer; a last partial micro-batch is evaluated too, no window twice)
+  const std::size_t val_rows = std::min<std::size_t>(std::size_t(o.eval_windows), src.validation_rows());
   const std::vector<std::int32_t> val = src.validation_batch(val_rows);
+  if (o.early_stop > 0 && val.empty())
+    throw input_error("--early-stop " + std::to_string(o.early_stop) + ": the validation part of " + o.data +
+                      " is shorter than one window of " + std::to_string(c.seq_len + 1) +
+                      " tokens, so there is no validation loss to watch; raise --val-fraction or drop --early-stop");
   std::vector<std::vector<std::int32_t>> synthetic(o.synthetic_data ? 8 : 0);
   for (std::size_t k = 0; k < synthetic.size(); ++k) {  // per dp replica, the same on its tp x pp ranks
     const std::int64_t v = src.data_vocab() > 0 ? std::min<std::int64_t>(src.data_vocab(), M::vocab) : M::vocab;
@@ -224,16 +230,20 @@ int run_layout_impl(const options& o, World& world) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto report_val = [&](long step) {
-    if (!evaluator) return;
+    if (!evaluator || val.empty()) return std::nan("");
     const double nats = tr.evaluate(ctx, val), bpb = src.bits_per_byte(nats, val);
-    if (!lead) return;
+    if (!lead) return nats;
     con.message("step " + std::to_string(step) + " | val loss " + std::to_string(nats).substr(0, 6) + " nats/token | " +
                 std::to_string(bpb).substr(0, 6) + " bits/byte | " +
                 std::to_string(long(std::chrono::duration<double>(clock::now() - t0).count())) + " s");
     const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};
     if (tb) tb->add_scalars(step, sc);
     if (jsonl) jsonl->write_scalars(step, sc);
+    return nats;
   };
+  // --early-stop: dp replica 0's ranks follow the validation loss (the same on each of them) and
+  // keep a copy of their shard of the parameters at the best evaluation; world rank 0 decides
+  early_stopper<storage_t> stopper(evaluator ? o.early_stop : 0);
 
   // A collective, blocking checkpoint of the state after tr.step_count() steps (no-op without
   // --checkpoint-dir). A failed save is reported on rank 0 and training goes on; NaN weights stop it.
@@ -298,13 +308,31 @@ int run_layout_impl(const options& o, World& world) {
         if (jsonl) jsonl->write_scalars(step, sc);
       }
     }
-    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) report_val(step + 1);
+    int stop_early = 0;
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) {
+      const double nats = report_val(step + 1);
+      const auto p = tr.model().parameters();
+      stop_early = stopper.observe(step + 1, nats, std::span<const storage_t>(p.data(), p.size()));
+      if (o.early_stop > 0) world.broadcast(std::span<int>(&stop_early, 1), 0);  // every rank stops together
+    }
     tokens_seen += std::uint64_t(r.tokens);
     if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_checkpoint();
+    if (stop_early) {
+      if (lead) con.message(stopper.stop_message(step + 1));
+      ++step;
+      break;
+    }
   }
   save_checkpoint();  // the last step, also after --stop-at-step or the time budget
   if (const auto m = prof.finish(&world); !m.empty() && lead) con.message(m);
   if (lead) con.finish();
+  // --early-stop: the final validation, the gathered weights and the sample are those of the best
+  // evaluation (the checkpoints above hold the last state, to resume from)
+  if (stopper.enabled() && stopper.best_step() >= 0 && stopper.best_step() != step) {
+    const auto p = tr.model().parameters();
+    stopper.restore(std::span<storage_t>(p.data(), p.size()));
+    if (lead) std::printf("%s\n", stopper.keep_message().c_str());
+  }
   // final validation over the whole validation split (dp replica 0), then the gathered model
   if (evaluator)
     if (const auto all_val = src.validation_batch(src.validation_rows()); !all_val.empty()) {
@@ -328,6 +356,7 @@ int run_layout_impl(const options& o, World& world) {
   if (!parent.empty()) std::filesystem::create_directories(parent);
   std::map<std::string, std::string> meta = {{"steps", std::to_string(step)}, {"data", o.data},
                                              {"layout", "tp" + std::to_string(TP) + "pp" + std::to_string(PP)}};
+  if (stopper.enabled() && stopper.best_step() >= 0) meta["best_step"] = std::to_string(stopper.best_step());
   if (src.kind() == data::source_kind::indexed)
     meta["tokenizer"] = std::filesystem::absolute(src.tokenizer_path()).lexically_normal().string();
   io::save_weights(whole, out, meta);

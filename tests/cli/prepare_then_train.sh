@@ -4,7 +4,9 @@
 # quickstart_bpe; 30 steps at micro-batch 2 x seq 32) -> sample. Checks: the loss falls, the
 # validation report gives bits/byte from exact bytes and it agrees with PREFIX.json's average
 # bytes/token, samples are valid UTF-8 (Chinese characters for zh_classics) and reproducible,
-# and a byte-level model is refused for the dataset with the fix named.
+# a prompt typed with full-width forms is normalized as the training text was (PREFIX.json's
+# "normalization": the same sample as the half-width prompt), and a byte-level model is refused
+# for the dataset with the fix named.
 #   tests/cli/prepare_then_train.sh <dir with prepare_data, train_gpt and sample>
 set -euo pipefail
 bin="$1"
@@ -16,9 +18,9 @@ data="${LOOM_DATA_DIR:-../shared/data}"
 export OMP_NUM_THREADS=1
 fail() { echo "FAIL: $*"; exit 1; }
 
-# usage: run_corpus NAME FILE LINES VOCAB PROMPT
+# usage: run_corpus NAME FILE LINES VOCAB PROMPT WIDE_PROMPT (PROMPT with full-width forms)
 run_corpus() {
-  local name="$1" file="$2" lines="$3" vocab="$4" prompt="$5"
+  local name="$1" file="$2" lines="$3" vocab="$4" prompt="$5" wide="$6"
   head -n "$lines" "$data/$file" > "$work/$name.txt"
   "$bin/prepare_data" --input "$work/$name.txt" --output-prefix "$work/$name" --vocab-size "$vocab" \
     --threads 2 > "$work/$name.prep.txt"
@@ -56,6 +58,13 @@ EOF
     --seed 3 > "$work/$name.s2"
   "$bin/sample" --weights "$work/$name.safetensors" --prompt "$prompt" --tokens 40 --seed 4 > "$work/$name.s3"
   cmp -s "$work/$name.s1" "$work/$name.s2" || fail "$name: the same seed gave different samples"
+  # the prompt's normalization is the dataset's: full-width letters, digits and punctuation give
+  # the ids of their half-width forms, so the same sample
+  python3 -c 'import json,sys; n=json.load(open(sys.argv[1]))["normalization"]; sys.exit(n["name"] != "loom-v2")' \
+    "$work/$name.json" || fail "$name: PREFIX.json does not record the normalization loom-v2"
+  "$bin/sample" --weights "$work/$name.safetensors" --prompt "$wide" --tokens 40 --seed 3 > "$work/$name.s4"
+  cmp -s "$work/$name.s1" "$work/$name.s4" ||
+    fail "$name: the prompt '$wide' was not normalized to '$prompt': $(head -c 80 "$work/$name.s4")"
   ! cmp -s "$work/$name.s1" "$work/$name.s3" || fail "$name: different seeds gave the same sample"
   sed -n '/^---- sample/,/^----$/p' "$log" > "$work/$name.s0"
   for f in s0 s1 s3; do
@@ -82,6 +91,6 @@ EOF
   echo "$name: loss $first -> $last, final val $nats nats/token, $bpb bits/byte"
 }
 
-run_corpus en tinyshakespeare.txt 4000 1000 "ROMEO:"
-run_corpus zh zh_classics.txt 400 2000 "子曰"
+run_corpus en tinyshakespeare.txt 4000 1000 "ROMEO:" "ＲＯＭＥＯ："
+run_corpus zh zh_classics.txt 400 2000 "第1章子曰" "第１章子曰"
 echo "2 passed, 0 failed"

@@ -4,7 +4,8 @@
 /// prepare_data (SentencePiece ids), behind one type that
 ///   * yields global batches: grad_accum * micro_batch windows of T+1 ids, row-major (inputs
 ///     row[0..T), targets row[1..T]) — the layout train::trainer::step takes;
-///   * holds a fixed validation set: consecutive windows of the validation split, in order;
+///   * holds a fixed validation set: every consecutive window of the validation split, in
+///     order (not rounded to micro-batches: the trainers evaluate a last partial one);
 ///   * knows how many UTF-8 bytes of text the validation targets stand for, so a loss in
 ///     nats/token becomes bits per byte, comparable across tokenizers;
 ///   * has a position, state() / restore(), that a checkpoint saves to resume the data exactly.
@@ -192,7 +193,7 @@ class batch_source {
   /// Opens `path` (a text file or an indexed dataset, see indexed_dataset_prefix). Throws
   /// loom::input_error for a missing, empty, binary or too-short file; a corrupt dataset; a
   /// dataset whose vocabulary (PREFIX.json) exceeds options.vocab; or (indexed) a validation
-  /// split with no document or fewer windows than one micro-batch.
+  /// split with no document or shorter than one window.
   batch_source(const std::filesystem::path& path, const source_options& o) : path_(path), opt_(o) {
     if (o.micro_batch < 1 || o.seq_len < 1 || o.grad_accum < 1)
       throw input_error("batch_source: micro_batch, seq_len and grad_accum must be >= 1");
@@ -283,25 +284,28 @@ class batch_source {
     draws_ = s.index;
   }
 
-  /// Validation windows available in whole micro-batches (a multiple of micro_batch; 0 for a
-  /// text file whose validation part holds fewer than micro_batch windows).
+  /// Windows of the validation split: all of them, W = (validation tokens - 1) / seq_len
+  /// (consecutive windows overlap by one token, so every validation token after the first is a
+  /// target exactly once), whatever the micro-batch. 0 only for a text file whose validation
+  /// part is shorter than one window.
   std::size_t validation_rows() const noexcept { return valid_rows_; }
 
-  /// The first `rows` windows of the validation split, in order (=), wrapping around after
-  /// validation_rows(): rows * window() ids. `rows` must be a multiple of micro_batch.
-  /// The same call always returns the same windows.
+  /// The first `rows` windows of the validation split, in order (=): rows * window() ids, any
+  /// rows in [0, validation_rows()]; validation_batch(validation_rows()) is the whole split,
+  /// each window once. The same call always returns the same windows. Throws loom::input_error
+  /// when rows > validation_rows() (windows are never repeated to fill a request).
   std::vector<std::int32_t> validation_batch(std::size_t rows) {
-    if (rows % opt_.micro_batch != 0)
-      throw input_error("batch_source::validation_batch: " + std::to_string(rows) + " rows is not a multiple of the micro-batch " +
-                        std::to_string(opt_.micro_batch));
+    if (rows > valid_rows_)
+      throw input_error("batch_source::validation_batch: " + std::to_string(rows) + " windows asked, but the validation split has " +
+                        std::to_string(valid_rows_) + "; ask for at most validation_rows() (e.g. a smaller --eval-windows)");
     std::vector<std::int32_t> out(rows * window());
+    if (rows == 0) return out;
     if (kind_ == source_kind::bytes) {
       sequential_windows(std::span<const std::uint8_t>(bytes_->validation()), window(), 0, std::span<std::int32_t>(out));
       return out;
     }
-    valid_->restore({0, 0, opt_.seed});
-    const std::size_t step = opt_.micro_batch * window();
-    for (std::size_t at = 0; at < out.size(); at += step) valid_->next(std::span<std::int32_t>(out.data() + at, step));
+    valid_->restore({0, 0, opt_.seed});  // one window per batch: W batches per epoch, none skipped
+    for (std::size_t at = 0; at < out.size(); at += window()) valid_->next(std::span<std::int32_t>(out.data() + at, window()));
     return out;
   }
 
@@ -373,8 +377,7 @@ class batch_source {
     batch_.resize(windows_per_step() * window());
     train_tokens_ = bytes_->train().size();
     valid_tokens_ = bytes_->validation().size();
-    // may be 0 for a short text: validation_batch() then repeats the few windows there are
-    valid_rows_ = (valid_tokens_ - 1) / opt_.seq_len / opt_.micro_batch * opt_.micro_batch;
+    valid_rows_ = valid_tokens_ > opt_.seq_len ? (valid_tokens_ - 1) / opt_.seq_len : 0;  // 0 for a very short text
   }
 
   void open_indexed(const std::filesystem::path& prefix) {
@@ -397,12 +400,11 @@ class batch_source {
     train_tokens_ = ds.document_token_offset(train_docs.last) - ds.document_token_offset(train_docs.first);
     valid_tokens_ = ds.document_token_offset(valid_docs.last) - ds.document_token_offset(valid_docs.first);
     const std::uint64_t T = opt_.seq_len, vw = valid_tokens_ > T ? (valid_tokens_ - 1) / T : 0;
-    if (vw < opt_.micro_batch)
+    if (vw < 1)
       throw input_error("dataset " + prefix.string() + ": the validation split (the last " + std::to_string(valid_docs_) +
                         " of " + std::to_string(ds.document_count()) + " documents, " + std::to_string(valid_tokens_) +
-                        " tokens) gives " + std::to_string(vw) + " windows of " + std::to_string(T + 1) +
-                        " tokens, fewer than one micro-batch of " + std::to_string(opt_.micro_batch) +
-                        "; raise --val-fraction, prepare more documents, or lower --micro-batch / --seq-len");
+                        " tokens) is shorter than one window of " + std::to_string(T + 1) +
+                        " tokens; raise --val-fraction, prepare more documents, or lower --seq-len");
     loader_options lo;
     lo.batch = windows_per_step();
     lo.seq_len = opt_.seq_len;
@@ -413,15 +415,15 @@ class batch_source {
     lo.vocab = opt_.vocab;
     lo.documents = train_docs;
     train_ = std::make_unique<loader<D>>(std::move(ds), lo);
-    loader_options vo = lo;  // every rank evaluates the same windows, in file order
-    vo.batch = opt_.micro_batch;
+    loader_options vo = lo;  // every rank evaluates the same windows, in file order, one at a time
+    vo.batch = 1;
     vo.dp_rank = 0;
     vo.dp_size = 1;
     vo.workers = 0;
     vo.shuffle = false;
     vo.documents = valid_docs;
     valid_ = std::make_unique<loader<D>>(prefix, vo);
-    valid_rows_ = std::size_t(valid_->batches_per_epoch() * opt_.micro_batch);
+    valid_rows_ = std::size_t(valid_->windows_per_epoch());
   }
 
   std::filesystem::path path_;

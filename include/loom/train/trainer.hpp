@@ -40,6 +40,7 @@
 /// step whose norm is not finite is skipped on every rank (the norm is reduced over every
 /// group, so every rank sees the same value and its scaler takes the same decision) and S
 /// backs off; the learning-rate schedule then follows the optimizer's step count.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -205,7 +206,7 @@ class basic_trainer {
   long step_count() const noexcept { return step_; }
   void set_step_count(long s) noexcept { step_ = s; }
 
-  /// Called at the start (begin = true) and end of every phase inside step() and evaluate():
+  /// Called at the start (begin = true) and end of every phase inside step():
   /// h2d_copy (the step's micro-batches at once); each pipeline action as forward, backward or
   /// exposed_comm (receives and sends: the time spent waiting for the neighbouring stage, i.e.
   /// the bubble); exposed_comm for the tied-embedding, dp and norm reductions left after
@@ -312,26 +313,30 @@ class basic_trainer {
     return r;
   }
 
-  /// Mean loss (nats/token) over `windows` (any non-zero multiple of micro_batch rows of
-  /// seq_len+1 ids), no update. Collective over the tp and pp groups (forward through the
-  /// pipeline, one micro-batch at a time); every rank of a tp x pp group passes the same windows
-  /// and gets the same value; dp replicas may evaluate different windows or not at all. Throws
-  /// loom::input_error on a wrong size or an id outside [0, vocab).
+  /// Mean loss (nats/token) over `windows`: one or more rows of seq_len+1 ids (row-major), no
+  /// update. The rows run through the pipeline in micro-batches of micro_batch rows, the last
+  /// one with the rows that are left (b < micro_batch), so every window counts exactly once: the
+  /// token-weighted mean over all of them (the sum of the per-token losses over rows * seq_len
+  /// targets), whatever the micro-batch, up to fp32 summation order. Collective over the tp and
+  /// pp groups; every rank of a tp x pp group passes the same windows and gets the same value;
+  /// dp replicas may evaluate different windows or not at all. Throws loom::input_error when
+  /// `windows` is empty or not whole windows, or on an id outside [0, vocab) (on every rank alike).
   double evaluate(context<device>& ctx, std::span<const std::int32_t> windows) {
-    const int b = cfg_.micro_batch, t = cfg_.seq_len;
-    const std::size_t mbw = std::size_t(b) * window(), bt = std::size_t(b) * t;
-    if (windows.empty() || windows.size() % mbw != 0)
-      throw input_error("evaluation needs a non-zero multiple of " + std::to_string(b) + " windows of " +
-                        std::to_string(window()) + " tokens");
+    const int t = cfg_.seq_len;
+    const std::size_t w = window();
+    if (windows.empty() || windows.size() % w != 0)
+      throw input_error("evaluation needs one or more windows of " + std::to_string(w) + " tokens (seq_len + 1), got " +
+                        std::to_string(windows.size()) + " ids");
     validate_tokens(windows, M::vocab, "evaluation batch");
-    const std::span<std::int32_t> in(host_in_.data(), bt), tg(host_tg_.data(), bt);
-    const std::size_t NC = bt * std::size_t(M::d_model);
     constexpr int tag_activation = 0;  // as the pipeline executor's
     auto& acts = acts_.front();
-    double sum = 0;
-    const std::size_t n = windows.size() / mbw;
-    for (std::size_t k = 0; k < n; ++k) {
-      split_windows(windows.subspan(k * mbw, mbw), in, tg);
+    const std::size_t rows = windows.size() / w;
+    double sum = 0;  // meaningful on the last stage
+    for (std::size_t first = 0; first < rows; first += std::size_t(cfg_.micro_batch)) {
+      const int b = int(std::min<std::size_t>(std::size_t(cfg_.micro_batch), rows - first));
+      const std::size_t bt = std::size_t(b) * t, NC = bt * std::size_t(M::d_model);
+      const std::span<std::int32_t> in(host_in_.data(), bt), tg(host_tg_.data(), bt);
+      split_windows(windows.subspan(first * w, std::size_t(b) * w), in, tg);
       device::copy_to_device(inputs_.data(), in.data(), in.size_bytes(), ctx.stream);
       device::copy_to_device(targets_.data(), tg.data(), tg.size_bytes(), ctx.stream);
       if (!model_.first_stage()) g_.pp.recv(std::span<storage_t>(acts.input(), NC), stage() - 1, tag_activation);
@@ -343,7 +348,7 @@ class basic_trainer {
     }
     ctx.synchronize();
     if constexpr (PP > 1) g_.pp.broadcast(std::span<double>(&sum, 1), PP - 1);
-    return sum / double(n * bt);
+    return sum / double(rows * std::size_t(t));
   }
 
  private:

@@ -97,15 +97,17 @@ TEST_CASE("source: a text file gives train_gpt's byte batches, validation window
   }
   CHECK(src.state() == source_state{source_kind::bytes, 0, 30, 99});
 
-  // validation: sequential windows of the last 15 %, also when asked for more than there are
-  const std::size_t rows = (ds.validation().size() - 1) / 11 / 3 * 3;
+  // validation: every sequential window of the last 15 % (not only whole micro-batches of 3),
+  // any number of them up to all; asking for more than there are is an error, never a repeat
+  const std::size_t rows = (ds.validation().size() - 1) / 11;
+  REQUIRE(rows % 3 != 0);
   CHECK(src.validation_rows() == rows);
-  for (std::size_t r : {std::size_t(3), rows, rows + 6}) {
+  for (std::size_t r : {std::size_t(1), std::size_t(3), std::size_t(4), rows}) {
     std::vector<std::int32_t> v(r * 12);
     sequential_windows(std::span<const std::uint8_t>(ds.validation()), 12, 0, std::span(v));
     CHECK(src.validation_batch(r) == v);
   }
-  CHECK_THROWS_AS(src.validation_batch(4), loom::input_error);
+  CHECK_THROWS_WITH_AS(src.validation_batch(rows + 1), doctest::Contains("validation split has"), loom::input_error);
 
   // bits per byte of a byte model is nats / ln 2
   const auto v = src.validation_batch(3);
@@ -188,14 +190,16 @@ TEST_CASE("source: an indexed dataset gives every training window once per epoch
   CHECK(seen.size() == S * G);
   CHECK(src.state() == source_state{source_kind::indexed, 1, 0, 5});
 
-  // validation: windows of the validation documents in file order, from their first token
-  const std::size_t vrows = (valid_end - train_end - 1) / 9 / 4 * 4;
+  // validation: every window of the validation documents in file order, from their first
+  // token, also those of a last partial micro-batch of 4
+  const std::size_t vrows = (valid_end - train_end - 1) / 9;
   CHECK(src.validation_rows() == vrows);
   const auto v = src.validation_batch(vrows);
   REQUIRE(v.size() == vrows * 10);
   for (std::size_t r = 0; r < vrows; ++r)
     for (std::size_t i = 0; i < 10; ++i) CHECK(v[r * 10 + i] == std::int32_t(train_end + r * 9 + i));
-  CHECK(src.validation_batch(4) == std::vector<std::int32_t>(v.begin(), v.begin() + 40));  // same windows every time
+  CHECK(src.validation_batch(5) == std::vector<std::int32_t>(v.begin(), v.begin() + 50));  // same windows every time
+  CHECK_THROWS_AS(src.validation_batch(vrows + 1), loom::input_error);
   CHECK(std::isnan(src.bits_per_byte(2.0, v)));  // no json, no table
 
   // resume mid-epoch with another worker count: the same batches
@@ -290,10 +294,8 @@ TEST_CASE("source: PREFIX.json vocabulary check and bits per byte from average a
   o.vocab = 50;
   CHECK_THROWS_WITH_AS(batch_source<>(tmp.path / "c", o), doctest::Contains("vocabulary of 60 tokens, more than the model's 50"),
                        loom::input_error);
-  // a validation split too small for one micro-batch, and no validation at all
+  // a validation split smaller than one micro-batch is evaluated whole; no validation at all is an error
   o.vocab = 64;
-  o.micro_batch = 64;
-  CHECK_THROWS_WITH_AS(batch_source<>(tmp.path / "c", o), doctest::Contains("fewer than one micro-batch"), loom::input_error);
   o.micro_batch = 2;
   o.valid_fraction = 0;
   CHECK_THROWS_WITH_AS(batch_source<>(tmp.path / "c", o), doctest::Contains("--val-fraction"), loom::input_error);

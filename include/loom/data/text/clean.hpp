@@ -23,15 +23,27 @@
 ///     ASCII (their compatibility decomposition; NFKC does the same). Full-width punctuation
 ///     (U+FF01-FF5E) and the ideographic space U+3000 become ASCII only when neither
 ///     neighbour is a wide (East Asian) character: "Hello，world！" -> "Hello,world!", while
-///     "你好，世界！" keeps its `，！`. Chinese punctuation outside that block (`。、“”「」《》`)
-///     is never touched.
+///     "你好，世界！" keeps its `，！`. The neighbour is the nearest character that is not
+///     whitespace, another such punctuation mark or a format character; a full-width letter or
+///     digit counts as the ASCII character it becomes (not wide), so "ＧＰＴ－２" -> "GPT-2"
+///     and cleaning cleaned text changes nothing (normalization version 2; version 1, what
+///     prepare_data did before it recorded its normalization, skipped full-width letters and
+///     digits like punctuation). Chinese punctuation outside that block (`。、“”「」《》`) is
+///     never touched.
 ///  5. Canonical composition (NFC) of non-ASCII text, and trimming of ASCII whitespace at
 ///     the ends of the document. A document left empty is dropped.
+///
+/// Rules 1 (dropping invalid bytes), 3, 4 and 5's NFC are the text's *normalization*: its form,
+/// not its content. normalize() applies exactly them, with the settings of a `normalization`
+/// that prepare() records in the dataset's PREFIX.json and tokenizer::load() reads back, so
+/// a prompt encoded at inference gets the form the training text had (see tokenizer.hpp).
 /// Unicode properties (category, East Asian width, decomposition, NFC) come from utf8proc
 /// (https://juliastrings.github.io/utf8proc/doc/); link with -lutf8proc.
 ///
 /// Cost: O(n) in the document's bytes; one decoded copy (4 bytes per code point) per call.
 #include <utf8proc.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
@@ -41,6 +53,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <loom/core/error.hpp>
 
 namespace loom::data::text {
 
@@ -58,7 +72,67 @@ struct clean_options {
   bool trim = true;                ///< rule 5
   invalid_utf8 on_invalid = invalid_utf8::drop;  ///< rule 1
   double max_invalid_fraction = 0.05;            ///< rule 1: drop the document above this
+  int normalization_version = 2;   ///< rule 4's neighbour test: 2 (idempotent), or 1 (see the file comment)
 };
+
+/// The form text is brought into before it becomes token ids: rules 1 (invalid UTF-8 dropped),
+/// 3, 4 and 5's NFC of clean(), with these switches. The default is what prepare_data applies
+/// (name "loom-v2"); prepare() records it in PREFIX.json as "normalization" and
+/// tokenizer::load() reads it back (see tokenizer.hpp for the defaults of older files).
+struct normalization {
+  int version = 2;                ///< rule 4's neighbour test (clean_options::normalization_version): 1 or 2
+  bool remove_invisible = true;   ///< rule 3: Cf, private use, noncharacters
+  bool remove_control = true;     ///< rule 3: Cc, CR
+  bool normalize_spaces = true;   ///< rule 4: Unicode spaces -> ' '
+  bool fold_width = true;         ///< rule 4: full-width ASCII forms
+  bool nfc = true;                ///< rule 5: canonical composition
+
+  /// Nothing changes the text (apart from dropping invalid UTF-8): a SentencePiece model with
+  /// no recorded normalization.
+  static normalization none() noexcept { return {2, false, false, false, false, false}; }
+  /// What prepare_data applied before it recorded the field: every rule on, version 1.
+  static normalization loom_v1() noexcept { return {1, true, true, true, true, true}; }
+  /// "loom-v2" (the default), "loom-v1", "none", or "custom" for another combination.
+  std::string name() const {
+    if (*this == normalization{}) return "loom-v2";
+    if (*this == loom_v1()) return "loom-v1";
+    if (*this == none()) return "none";
+    return "custom";
+  }
+  /// As recorded in PREFIX.json: {"name", "version", and the five switches}.
+  nlohmann::json to_json() const {
+    return {{"name", name()},
+            {"version", version},
+            {"remove_invisible", remove_invisible},
+            {"remove_control", remove_control},
+            {"normalize_spaces", normalize_spaces},
+            {"fold_width", fold_width},
+            {"nfc", nfc}};
+  }
+  /// Reads to_json()'s object; a missing switch is on, a missing version is 1. Throws
+  /// loom::input_error (naming `where`) for a value of the wrong type or an unknown version.
+  static normalization from_json(const nlohmann::json& j, const std::string& where);
+  friend bool operator==(const normalization&, const normalization&) = default;
+};
+
+/// The rules of `n` as clean_options (HTML stripping and trimming off: they change content).
+inline clean_options clean_options_of(const normalization& n) {
+  clean_options o;
+  o.strip_html = false;
+  o.trim = false;
+  o.remove_invisible = n.remove_invisible;
+  o.remove_control = n.remove_control;
+  o.normalize_spaces = n.normalize_spaces;
+  o.fold_width = n.fold_width;
+  o.nfc = n.nfc;
+  o.normalization_version = n.version;
+  return o;
+}
+
+/// The normalization part of clean_options `o` (what prepare() records for its documents).
+inline normalization normalization_of(const clean_options& o) {
+  return {o.normalization_version, o.remove_invisible, o.remove_control, o.normalize_spaces, o.fold_width, o.nfc};
+}
 
 /// Counters, accumulated (+=) by every clean() call that receives them.
 struct clean_stats {
@@ -307,11 +381,12 @@ inline bool is_fullwidth_alnum(std::int32_t cp) noexcept {
   return (cp >= 0xFF10 && cp <= 0xFF19) || (cp >= 0xFF21 && cp <= 0xFF3A) || (cp >= 0xFF41 && cp <= 0xFF5A);
 }
 /// Characters that say nothing about the width of their surroundings: whitespace, the
-/// full-width forms being decided, format characters, and quotes/dashes/dots used in both
+/// full-width forms being decided (version 2: punctuation only; full-width letters and digits
+/// count as the ASCII they become), format characters, and quotes/dashes/dots used in both
 /// Chinese and English text (East Asian Width "ambiguous").
-inline bool width_neutral(std::int32_t cp) noexcept {
+inline bool width_neutral(std::int32_t cp, int version) noexcept {
   if (cp == ' ' || cp == '\t' || cp == '\n' || cp == '\r' || cp == 0x3000) return true;
-  if (is_fullwidth_ascii(cp)) return true;
+  if (is_fullwidth_ascii(cp)) return version < 2 || !is_fullwidth_alnum(cp);
   switch (cp) {
     case 0x2018: case 0x2019: case 0x201C: case 0x201D: case 0x2014: case 0x2026: case 0xB7: return true;
     default: break;
@@ -321,12 +396,13 @@ inline bool width_neutral(std::int32_t cp) noexcept {
   return cat == UTF8PROC_CATEGORY_ZS || cat == UTF8PROC_CATEGORY_CF;
 }
 /// Is the nearest non-neutral character in direction `step` (+1/-1) from position i wide?
-inline bool wide_neighbour(const std::vector<std::int32_t>& cps, std::size_t i, int step) noexcept {
+inline bool wide_neighbour(const std::vector<std::int32_t>& cps, std::size_t i, int step, int version) noexcept {
   std::size_t k = i;
   for (int walked = 0; walked < 64; ++walked) {
     if (step < 0 ? k == 0 : k + 1 >= cps.size()) return false;
     k = step < 0 ? k - 1 : k + 1;
-    if (!width_neutral(cps[k])) return cps[k] >= 0x80 && utf8proc_charwidth(cps[k]) == 2;
+    if (!width_neutral(cps[k], version))
+      return cps[k] >= 0x80 && !is_fullwidth_alnum(cps[k]) && utf8proc_charwidth(cps[k]) == 2;
   }
   return false;
 }
@@ -356,6 +432,7 @@ inline std::string clean_code_points(std::string_view s, const clean_options& o,
     cps.push_back(cp);
     i += static_cast<std::size_t>(len);
   }
+  const int v = o.normalization_version;
   std::string out;
   out.reserve(s.size());
   std::int32_t prev_out = 0;
@@ -387,7 +464,7 @@ inline std::string clean_code_points(std::string_view s, const clean_options& o,
     } else if (cat == UTF8PROC_CATEGORY_CO || is_noncharacter(cp)) {
       if (o.remove_invisible) { ++st.unusable; continue; }
     } else if (cp == 0x3000) {
-      if (o.fold_width && !wide_neighbour(cps, i, -1) && !wide_neighbour(cps, i, +1)) {
+      if (o.fold_width && !wide_neighbour(cps, i, -1, v) && !wide_neighbour(cps, i, +1, v)) {
         ++st.width_folded;
         emit(' ');
         continue;
@@ -395,7 +472,7 @@ inline std::string clean_code_points(std::string_view s, const clean_options& o,
     } else if (cat == UTF8PROC_CATEGORY_ZS) {
       if (o.normalize_spaces) { ++st.spaces; emit(' '); continue; }
     } else if (is_fullwidth_ascii(cp) && o.fold_width) {
-      if (is_fullwidth_alnum(cp) || (!wide_neighbour(cps, i, -1) && !wide_neighbour(cps, i, +1))) {
+      if (is_fullwidth_alnum(cp) || (!wide_neighbour(cps, i, -1, v) && !wide_neighbour(cps, i, +1, v))) {
         ++st.width_folded;
         emit(compat_ascii(cp));
         continue;
@@ -424,7 +501,50 @@ inline std::string nfc(std::string s) {
   return out;
 }
 
+/// Rules 3, 4 and 5's NFC on well-formed UTF-8: the part of clean() that normalize() shares.
+inline std::string normalize_form(std::string_view s, const clean_options& o, clean_stats& st) {
+  std::string out = clean_code_points(s, o, st);
+  if (o.nfc) out = nfc(std::move(out));
+  return out;
+}
+
 }  // namespace detail
+
+inline normalization normalization::from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object())
+    throw input_error(where + ": \"normalization\" is not an object; prepare the data again with prepare_data");
+  normalization n;
+  n.version = 1;
+  if (j.contains("version")) {
+    if (!j["version"].is_number_integer() || (j["version"].get<int>() != 1 && j["version"].get<int>() != 2))
+      throw input_error(where + ": \"normalization\".version " + j["version"].dump() +
+                        " is not 1 or 2 (written by a newer loom?); use a loom that knows it, or prepare the data again");
+    n.version = j["version"].get<int>();
+  }
+  auto flag = [&](const char* key, bool& out) {
+    if (!j.contains(key)) return;
+    if (!j[key].is_boolean())
+      throw input_error(where + ": \"normalization\"." + key + " is not true/false; prepare the data again with prepare_data");
+    out = j[key].get<bool>();
+  };
+  flag("remove_invisible", n.remove_invisible);
+  flag("remove_control", n.remove_control);
+  flag("normalize_spaces", n.normalize_spaces);
+  flag("fold_width", n.fold_width);
+  flag("nfc", n.nfc);
+  return n;
+}
+
+/// `text` in the form `n` describes: invalid UTF-8 dropped, then rules 3, 4 and 5's NFC of
+/// clean() with n's switches — the same code clean() runs, without HTML stripping or trimming,
+/// so normalize(x) == clean(x) for a document without HTML or surrounding whitespace. Version 2
+/// is idempotent: normalize(normalize(x)) == normalize(x). Apply it wherever text becomes ids
+/// (tokenizer::encode does, with the tokenizer's normalization). Never throws on any bytes
+/// (std::bad_alloc aside). Cost: O(n) in the bytes of `text`.
+inline std::string normalize(std::string_view text, const normalization& n = {}) {
+  clean_stats st;
+  return detail::normalize_form(detail::repair_utf8(text, invalid_utf8::drop, st), clean_options_of(n), st);
+}
 
 /// Cleans one document by the rules in the file comment. Returns the cleaned text, or
 /// std::nullopt when the document is dropped (empty after cleaning, or too much invalid
@@ -441,8 +561,7 @@ inline std::optional<std::string> clean(std::string_view document, const clean_o
   } else {
     if (options.strip_html && (s.find('<') != std::string::npos || s.find('&') != std::string::npos))
       s = detail::strip_html(s, st);
-    s = detail::clean_code_points(s, options, st);
-    if (options.nfc) s = detail::nfc(std::move(s));
+    s = detail::normalize_form(s, options, st);
     if (options.trim) {
       const auto first = s.find_first_not_of(" \t\n");
       if (first == std::string::npos) s.clear();

@@ -10,7 +10,9 @@
 ///                  document, each followed by the tokenizer's end-of-document id
 ///   P.model        the SentencePiece model (trained here, or a copy of the one given)
 ///   P.json         summary: tokenizer, vocab_size, eod_id, dtype, documents, tokens,
-///                  text_bytes (UTF-8 bytes of the documents, for bits-per-byte), stages
+///                  text_bytes (UTF-8 bytes of the documents, for bits-per-byte),
+///                  normalization (the form cleaning gave the text, normalization::to_json();
+///                  tokenizer::load(P.model) applies it to every text it encodes), stages
 /// Every file is written to a temporary name and renamed when complete.
 ///
 /// Memory: the documents that survive each stage are held in memory (about the corpus size
@@ -144,6 +146,7 @@ struct prepare_report {
   std::uint64_t documents = 0, tokens = 0, text_bytes = 0;
   int vocab_size = 0, eod_id = 0;
   dtype token_dtype = dtype::uint16;
+  normalization norm;  ///< the documents' normalization (of the clean options), recorded in P.json
   std::filesystem::path bin, idx, model, summary;
 };
 
@@ -260,13 +263,15 @@ inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr
   // Tokenizer: train or load.
   t0 = clock::now();
   std::optional<tokenizer> tok;
+  rep.norm = normalization_of(o.clean);  // the tokenizer encodes text in the form cleaning gave the documents
   if (o.tokenizer_model) {
-    tok = tokenizer::load(*o.tokenizer_model);
+    tok = tokenizer::load(*o.tokenizer_model, rep.norm);
     note_stage({"tokenizer", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, detail::seconds_since(t0),
                 "loaded " + o.tokenizer_model->string() + ", vocab " + std::to_string(tok->vocab_size())});
   } else {
     auto topt = o.tokenizer;
     if (topt.threads == 0) topt.threads = int(nt);
+    topt.norm = rep.norm;
     tok = tokenizer::train(views, topt);
     note_stage({"train-spm", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, detail::seconds_since(t0),
                 "BPE, byte fallback, vocab " + std::to_string(tok->vocab_size()) + " (asked " +
@@ -312,7 +317,8 @@ inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr
       {"format", "megatron-mmap-indexed-dataset-v1"}, {"bin", rep.bin.filename().string()},
       {"idx", rep.idx.filename().string()}, {"tokenizer", rep.model.filename().string()},
       {"vocab_size", rep.vocab_size}, {"eod_id", rep.eod_id}, {"dtype", std::string(dtype_name(rep.token_dtype))},
-      {"documents", rep.documents}, {"tokens", rep.tokens}, {"text_bytes", rep.text_bytes}, {"stages", stages}};
+      {"documents", rep.documents}, {"tokens", rep.tokens}, {"text_bytes", rep.text_bytes},
+      {"normalization", rep.norm.to_json()}, {"stages", stages}};
   {
     data::detail::atomic_file f(rep.summary);
     const std::string s = summary.dump(2) + "\n";

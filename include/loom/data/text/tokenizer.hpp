@@ -2,14 +2,27 @@
 /// \file loom::data::text::tokenizer — SentencePiece BPE with byte fallback: train, load,
 /// encode on all cores, decode.
 ///
-/// Training settings are chosen so that decode(encode(x)) == x for every well-formed UTF-8
-/// string x (after loom's cleaning nothing else is guaranteed to be representable):
+/// Training settings are chosen so that SentencePiece itself changes nothing: decode(encode(x))
+/// == normalize(x, text_normalization()) for every string x (== x for well-formed UTF-8 when
+/// the normalization is none()):
 ///   model_type=bpe, byte_fallback=true (a character outside the vocabulary becomes its UTF-8
-///   bytes <0x..>, never <unk>), normalization_rule_name=identity (no NFKC: cleaning already
-///   normalised, and NFKC would turn Chinese `，` into `,`), remove_extra_whitespaces=false,
+///   bytes <0x..>, never <unk>), normalization_rule_name=identity (no NFKC: loom's own
+///   normalization runs first, and NFKC would turn Chinese `，` into `,`), remove_extra_whitespaces=false,
 ///   add_dummy_prefix=false, "\n" and "\t" as user-defined symbols (one token each; they are
 ///   not in the training lines), split_digits=true, allow_whitespace_only_pieces=true.
 /// Special ids: unk=0, bos=1, eos=2 (used as the end-of-document token), no pad.
+///
+/// Normalization (clean.hpp). A tokenizer carries the text normalization of its data and
+/// applies it wherever text becomes ids: encode() and encode_all() encode normalize(text) (so a
+/// prompt typed with full-width letters gets the ids the training text had), and train() learns
+/// from normalized lines. decode(encode(x)) == normalize(x, text_normalization()) byte for byte.
+/// prepare() records the normalization in the dataset's PREFIX.json ("normalization"), and
+/// load(PREFIX.model) reads it from the .json beside the model (the model's path with the
+/// extension .json):
+///   "normalization" present          that normalization (e.g. "loom-v2", the default)
+///   PREFIX.json without the field    normalization::loom_v1(): what prepare_data applied
+///                                    before it recorded the field
+///   no .json beside the model        normalization::none(): the text is encoded as given
 ///
 /// Source: Kudo & Richardson, "SentencePiece", EMNLP 2018, arXiv:1808.06226; options as in
 /// https://github.com/google/sentencepiece/blob/master/doc/options.md. Link with
@@ -29,8 +42,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <loom/core/error.hpp>
 #include <loom/data/detail/mapped_file.hpp>
+#include <loom/data/text/clean.hpp>
 
 namespace loom::data::text {
 
@@ -42,25 +58,58 @@ struct tokenizer_options {
                                        ///< (see tokenizer::effective_character_coverage)
   std::size_t max_sentences = 2000000; ///< lines sampled for training (SentencePiece input_sentence_size)
   int threads = 0;                     ///< training threads (0: all cores)
+  normalization norm{};                ///< applied to the training lines; the trained tokenizer's normalization()
 };
 
 /// A loaded SentencePiece model. Encoding and decoding are const and thread-safe.
 class tokenizer {
  public:
-  /// Loads a .model file. Throws loom::input_error if it is missing or not a SentencePiece model.
+  /// Loads a .model file with the normalization recorded beside it (sidecar_normalization:
+  /// see the file comment). Throws loom::input_error if the model is missing or not a
+  /// SentencePiece model, or the .json beside it is unreadable or has a malformed
+  /// "normalization".
   static tokenizer load(const std::filesystem::path& model) {
+    auto t = load(model, normalization::none());
+    t.norm_ = sidecar_normalization(model);
+    return t;
+  }
+
+  /// Loads a .model file that applies normalization `norm` (nothing is read beside it).
+  static tokenizer load(const std::filesystem::path& model, const normalization& norm) {
     const data::detail::mapped_file f(model, "tokenizer model", "pass the .model file written by prepare_data or spm_train");
     std::string proto(reinterpret_cast<const char*>(f.data()), f.size());
     try {
-      return from_serialized(std::move(proto));
+      return from_serialized(std::move(proto), norm);
     } catch (const input_error& e) {
       throw input_error("tokenizer model '" + model.string() + "': " + e.what());
     }
   }
 
-  /// Loads a serialized ModelProto (the bytes of a .model file).
-  static tokenizer from_serialized(std::string proto) {
+  /// The normalization recorded for `model` in the .json beside it (the model's path with the
+  /// extension .json, e.g. PREFIX.json for PREFIX.model): its "normalization"; loom_v1() when
+  /// the file has no such field (written before it was recorded); none() when there is no such
+  /// file. Throws loom::input_error for an unreadable file or a malformed field.
+  static normalization sidecar_normalization(const std::filesystem::path& model) {
+    auto sidecar = model;
+    sidecar.replace_extension(".json");
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(sidecar, ec)) return normalization::none();
+    const data::detail::mapped_file f(sidecar, "dataset summary", "prepare the data again with prepare_data");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(std::string_view(reinterpret_cast<const char*>(f.data()), f.size()));
+    } catch (const nlohmann::json::parse_error& e) {
+      throw input_error("'" + sidecar.string() + "' beside the tokenizer is not valid JSON (" + e.what() +
+                        "); prepare the data again with prepare_data, or remove it");
+    }
+    if (!j.is_object() || !j.contains("normalization")) return normalization::loom_v1();
+    return normalization::from_json(j["normalization"], sidecar.string());
+  }
+
+  /// Loads a serialized ModelProto (the bytes of a .model file); encode() applies `norm`.
+  static tokenizer from_serialized(std::string proto, const normalization& norm = normalization::none()) {
     tokenizer t;
+    t.norm_ = norm;
     t.proto_ = std::move(proto);
     t.sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
     const auto st = t.sp_->LoadFromSerializedProto(t.proto_);
@@ -75,7 +124,7 @@ class tokenizer {
   /// small for the byte pieces and the required characters) with its message and a fix.
   /// Cost: a few seconds per MB of text on 2 cores.
   static tokenizer train(std::span<const std::string_view> documents, const tokenizer_options& o) {
-    line_iterator lines(documents);
+    line_iterator lines(documents, o.norm);
     if (lines.done())
       throw input_error("tokenizer training: the corpus has no non-empty line; check the input files and filters");
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
@@ -104,7 +153,7 @@ class tokenizer {
     if (!st.ok())
       throw input_error("SentencePiece training failed: " + st.ToString() +
                         "; try a larger --vocab-size (byte fallback needs > 259 + the distinct characters) or more text");
-    return from_serialized(std::move(proto));
+    return from_serialized(std::move(proto), o.norm);
   }
 
   /// The character coverage training uses: `requested`, lowered if needed (but not below
@@ -156,11 +205,18 @@ class tokenizer {
   std::string piece(int id) const { return sp_->IdToPiece(id); }
   bool is_byte(int id) const { return sp_->IsByte(id); }
   const std::string& serialized() const noexcept { return proto_; }
+  /// The normalization encode() applies (see the file comment).
+  const normalization& text_normalization() const noexcept { return norm_; }
+  void set_text_normalization(const normalization& n) { norm_ = n; }
 
-  /// Appends the ids of `text` to `out`. Long texts are cut after a '\n' every ~chunk_bytes
-  /// and encoded piece by piece (SentencePiece's BPE is superlinear in the input length; no
-  /// piece spans a '\n', so the ids are the same as for the whole text).
-  void encode(std::string_view text, std::vector<std::int32_t>& out, std::size_t chunk_bytes = 16384) const {
+  /// Appends the ids of normalize(text, text_normalization()) to `out`. Long texts are cut
+  /// after a '\n' every ~chunk_bytes and encoded piece by piece (SentencePiece's BPE is
+  /// superlinear in the input length; no piece spans a '\n', so the ids are the same as for the
+  /// whole text). Throws loom::input_error if SentencePiece fails.
+  void encode(std::string_view raw, std::vector<std::int32_t>& out, std::size_t chunk_bytes = 16384) const {
+    std::string normalized;
+    if (!(norm_ == normalization::none())) normalized = normalize(raw, norm_);
+    const std::string_view text = norm_ == normalization::none() ? raw : std::string_view(normalized);
     std::vector<int> ids;
     std::size_t at = 0;
     while (at < text.size()) {
@@ -222,7 +278,9 @@ class tokenizer {
   // Feeds the non-empty lines of in-memory documents to the trainer.
   class line_iterator : public sentencepiece::SentenceIterator {
    public:
-    explicit line_iterator(std::span<const std::string_view> docs) : docs_(docs) { advance(); }
+    line_iterator(std::span<const std::string_view> docs, const normalization& norm) : docs_(docs), norm_(norm) {
+      advance();
+    }
     bool done() const override { return doc_ >= docs_.size(); }
     void Next() override { advance(); }
     const std::string& value() const override { return line_; }
@@ -242,18 +300,21 @@ class tokenizer {
         const auto line = d.substr(pos_, e - pos_);
         pos_ = e + 1;
         if (!line.empty()) {
-          line_.assign(line);
-          return;
+          if (norm_ == normalization::none()) line_.assign(line);
+          else line_ = normalize(line, norm_);
+          if (!line_.empty()) return;
         }
       }
     }
     std::span<const std::string_view> docs_;
+    normalization norm_;
     std::size_t doc_ = 0, pos_ = 0;
     std::string line_;
   };
 
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   std::string proto_;
+  normalization norm_ = normalization::none();
 };
 
 }  // namespace loom::data::text

@@ -86,9 +86,11 @@ void vocab_shard_max(acc_t<T>* row_max, const T* logits_local, const std::int32_
 }
 
 /// Step 2: given the global row maxima, stats[n] = sum over real local columns of
-/// exp(logit - row_max[n]) and stats[N+n] = the target's logit if this shard owns the target,
-/// else 0 (both =, 0 for ignored rows). Summed over ranks: the softmax denominator and the
-/// target logit.
+/// exp(logit - row_max[n]), leaving out the target's column when this shard owns the target and
+/// its logit equals row_max[n] (Note [confident cross-entropy] in kernels/cpu/crossentropy.hpp),
+/// and stats[N+n] = the target's logit if this shard owns the target, else 0 (both =, 0 for
+/// ignored rows). Summed over ranks: the softmax denominator (minus the target's term 1 when
+/// the target is the maximum) and the target logit.
 template <class T>
 void vocab_shard_sums(acc_t<T>* stats, const T* logits_local, const acc_t<T>* row_max, const std::int32_t* targets,
                       int N, int rows, int valid, int begin) {
@@ -98,19 +100,25 @@ void vocab_shard_sums(acc_t<T>* stats, const T* logits_local, const acc_t<T>* ro
     const T* row = logits_local + std::size_t(n) * rows;
     A sum = 0, tgt = 0;
     if (targets[n] != ignore_index) {
-      for (int v = 0; v < valid; ++v) sum += std::exp(A(row[v]) - row_max[n]);
       const int local = targets[n] - begin;
-      if (local >= 0 && local < valid) tgt = A(row[local]);
+      const bool owns = local >= 0 && local < valid;
+      if (owns) tgt = A(row[local]);
+      const int skip = owns && tgt == row_max[n] ? local : -1;
+      for (int v = 0; v < valid; ++v)
+        if (v != skip) sum += std::exp(A(row[v]) - row_max[n]);
     }
     stats[n] = sum;
     stats[std::size_t(N) + n] = tgt;
   }
 }
 
-/// Step 3: with the global statistics (stats as summed over ranks), writes
-///   losses[n] = row_max[n] + log(stats[n]) - stats[N+n]       (= ; 0 for ignored rows)
-/// and, when write_dlogits, overwrites logits_local with
-///   grad_scale * (exp(logit - row_max[n]) / stats[n] - [column is the target])
+/// Step 3: with the global statistics (stats as summed over ranks; m = row_max[n], x_t =
+/// stats[N+n]), writes
+///   losses[n] = log1p(stats[n])                  if x_t == m (stats[n]: the sum without the target)
+///             = (m - x_t) + log(stats[n])        otherwise   (= ; 0 for ignored rows)
+/// (Note [confident cross-entropy]: a loss of 1e-6 keeps its relative precision, bound as in
+/// crossentropy_forward_backward) and, when write_dlogits, overwrites logits_local with
+///   grad_scale * (softmax - [column is the target]), the target's entry as expm1(-loss) * grad_scale,
 /// on real columns, 0 on padding columns and ignored rows. Returns the sum of the losses, added
 /// serially in row order after the parallel loop: bitwise the same on every tp rank and in every
 /// run whatever OpenMP team size each rank gets (an OpenMP reduction's partial sums follow the
@@ -128,15 +136,15 @@ acc_t<T> vocab_shard_finish(T* logits_local, acc_t<T>* losses, const acc_t<T>* r
       if (write_dlogits) std::fill(row, row + rows, T(0));
       continue;
     }
-    const A sum = stats[n], mx = row_max[n];
-    const A loss = mx + std::log(sum) - stats[std::size_t(N) + n];
+    const A mx = row_max[n], target_logit = stats[std::size_t(N) + n];
+    const A log_sum = target_logit == mx ? A(std::log1p(stats[n])) : A(std::log(stats[n]));
+    const A loss = (mx - target_logit) + log_sum;
     losses[n] = loss;
     if (write_dlogits) {
-      const A scale = grad_scale / sum;
-      for (int v = 0; v < valid; ++v) row[v] = T(std::exp(A(row[v]) - mx) * scale);
+      for (int v = 0; v < valid; ++v) row[v] = T(std::exp((A(row[v]) - mx) - log_sum) * grad_scale);
       for (int v = valid; v < rows; ++v) row[v] = T(0);
       const int local = targets[n] - begin;
-      if (local >= 0 && local < valid) row[local] = T(A(row[local]) - grad_scale);
+      if (local >= 0 && local < valid) row[local] = T(std::expm1(-loss) * grad_scale);
     }
   }
   A total = 0;
