@@ -178,7 +178,7 @@ void matrix_case(int dp, bool zero1) {
   for (std::size_t i = 0; i < single.loss.size(); ++i)
     worst_reshard = std::max(worst_reshard, std::abs(single.loss[i] / run.loss[save_at + i] - 1));
   CHECK(worst_reshard <= tol);
-  MESSAGE(Prec::name << " tp" << TP << "pp" << PP << " dp" << dp << (zero1 ? " ZeRO-1" : "") << ": " << steps
+  MESSAGE(std::string(Prec::name) << " tp" << TP << "pp" << PP << " dp" << dp << std::string(zero1 ? " ZeRO-1" : "") << ": " << steps
                      << " steps, worst relative loss deviation from one rank " << worst << " (bound " << tol
                      << "); resharded onto one rank " << worst_reshard);
 }
