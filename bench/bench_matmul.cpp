@@ -1,5 +1,5 @@
 // bench_matmul — the GEMMs of one training step: loom's Eigen kernel against OpenBLAS sgemm,
-// at the shapes of the quickstart and of issue #2's comparison config, forward (N x C x OC)
+// at the shapes of the quickstart and of the comparison config bench_small, forward (N x C x OC)
 // and the two backward products. Prints GFLOP/s and the OpenBLAS/Eigen ratio, measured in one
 // run, and the OPENBLAS_CORETYPE it ran under (Haswell on these machines: AVX2 kernels at
 // half speed; run `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE build/bench/bench_matmul`

@@ -1,13 +1,13 @@
 // bench_step — one whole training step (forward, backward, AdamW) on the CPU, for the
-// quickstart config and issue #2's comparison config (vocab 8192, seq 256, width 384, 6 layers,
-// 6 heads, micro-batch 8) in fp32, and that config again in bf16 (issue #3; PyTorch 1.13 bf16
+// quickstart config and the comparison config bench_small (vocab 8192, seq 256, width 384, 6 layers,
+// 6 heads, micro-batch 8) in fp32, and that config again in bf16 (PyTorch 1.13 bf16
 // autocast runs it at about 4,400 tokens/s on these machines), with the bf16/fp32 ratio. Prints ms/step, tokens/s, MFU against the measured fp32 FMA peak,
 // and memory (loom's buffers and the process's peak RSS).
 //
 //   build/bench/bench_step [--steps N] [--peak-gflops G]
 //
 // MFU = (6 N + 12 L T d) * tokens/s / peak (N: parameters without position embeddings).
-// Reference figures on these 2-core machines (issue #2): PyTorch 1.13 fp32, tuned, about
+// Reference figures on these 2-core machines: PyTorch 1.13 fp32, tuned, about
 // 2,900 tokens/s on the comparison config; llm.c's CPU trainer about 580 tokens/s.
 #include <CLI/CLI.hpp>
 

@@ -75,7 +75,7 @@ struct quickstart_bpe {
   static constexpr int vocab = 8192, vocab_padded = 8192;
 };
 
-/// The benchmark config of issue #2: vocab 8192, seq 256, width 384, 6 layers, 6 heads.
+/// The benchmark config (bench_step, bench_matmul): vocab 8192, seq 256, width 384, 6 layers, 6 heads.
 struct bench_small {
   static constexpr std::string_view name = "bench_small";
   static constexpr int n_layer = 6, n_head = 6, d_model = 384, max_seq = 256;

@@ -5,7 +5,7 @@
 ///   step_timer      exclusive-time phase clock for one step (RAII scopes, nestable)
 ///   step_metrics    rolling rates (tokens/s, MFU, ETA) and a summary of the phases since the
 ///                   last summary; turns a step into the scalar list TensorBoard/JSONL receive
-///   flops_per_token 6 N + 12 L T d  (Chowdhery et al., "PaLM", 2022, appendix B; issue #2)
+///   flops_per_token 6 N + 12 L T d  (Chowdhery et al., "PaLM", 2022, appendix B)
 ///
 /// Cost: one steady_clock read per phase transition (about 25-60 ns here), a few dozen per step:
 /// far below 1 % of a millisecond-scale step.
@@ -152,7 +152,7 @@ using null_step_timer = basic_step_timer<std::chrono::steady_clock, false>;
 /// N = parameters without position embeddings (each multiplies once per token: 2 flops forward,
 /// 4 backward), 12 L T d = attention scores and weighted sum (QK^T and AV, forward + backward).
 /// `seq_len` is the trained sequence length T, not max_seq. Recomputation is *not* counted
-/// (MFU counts model FLOPs, not hardware FLOPs). Source: PaLM, appendix B; loom issue #2.
+/// (MFU counts model FLOPs, not hardware FLOPs). Source: PaLM, appendix B.
 constexpr double flops_per_token(double n_params_no_pos, int n_layer, int seq_len, int d_model) noexcept {
   return 6.0 * n_params_no_pos + 12.0 * double(n_layer) * double(seq_len) * double(d_model);
 }

@@ -125,7 +125,7 @@ TEST_CASE("step_timer: real clock, phases sum to the step time") {
   for (int p = 0; p < 6; ++p) CHECK(b.seconds[p] > 0);
 }
 
-TEST_CASE("flops_per_token and MFU: hand-derived values for issue #2's configs") {
+TEST_CASE("flops_per_token and MFU: hand-derived values for the benchmark configs") {
   using namespace loom::train;
   // bench_small: V=8192, d=384, L=6 -> 8192*384 + 6*(12*384^2 + 13*384) + 2*384
   static_assert(gpt_parameters_without_position<loom::models::bench_small>() == 3145728 + 6 * (1769472 + 4992) + 768);
@@ -136,7 +136,7 @@ TEST_CASE("flops_per_token and MFU: hand-derived values for issue #2's configs")
   // 6N + 12 L T d at T = 256
   CHECK(flops_per_token<loom::models::bench_small>(256) == 6.0 * 13793280 + 12.0 * 6 * 256 * 384);
   CHECK(flops_per_token<loom::models::bench_small>(256) == 89837568.0);
-  // Issue #2: PyTorch at ~2900 tok/s on a 517 GFLOP/s machine is "about 50 %".
+  // PyTorch at ~2900 tok/s on a 517 GFLOP/s machine is "about 50 %".
   CHECK(mfu(89837568.0, 2900.0, 517e9) == doctest::Approx(0.503928).epsilon(1e-5));
   CHECK(std::isnan(mfu(1.0, 1.0, 0.0)));
 }
