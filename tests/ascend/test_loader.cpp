@@ -52,6 +52,18 @@ struct temp_dir {
     fs::remove_all(path, ec);
   }
 };
+/// Loads the runtime from `root`, which holds only lib64/libascendcl.so (a link to the
+/// emulation's): no environment, default roots or loader path.
+auto load_acl_only(const temp_dir& root) {
+  fs::create_directories(root.path / "lib64");
+  fs::create_symlink(fs::path(runtime()->home()) / "libascendcl.so", root.path / "lib64" / "libascendcl.so");
+  loom::device::ascend_runtime_options o;
+  o.roots = {root.path.string()};
+  o.use_environment = false;
+  o.use_default_roots = false;
+  o.use_loader_path = false;
+  return loom::device::ascend_runtime::load(o);
+}
 }  // namespace
 
 TEST_CASE("ascend runtime: without a toolkit, load() says no NPU runtime was found, where it looked and what to set") {
@@ -94,14 +106,7 @@ TEST_CASE("ascend runtime: the emulation loads from ASCEND_HOME_PATH like a tool
 
 TEST_CASE("ascend runtime: required, optional and newer functions; aclprof* found through libascendcl too") {
   temp_dir root("acl_only");
-  fs::create_directories(root.path / "lib64");
-  fs::create_symlink(fs::path(runtime()->home()) / "libascendcl.so", root.path / "lib64" / "libascendcl.so");
-  loom::device::ascend_runtime_options o;
-  o.roots = {root.path.string()};
-  o.use_environment = false;
-  o.use_default_roots = false;
-  o.use_loader_path = false;
-  const auto rt = loom::device::ascend_runtime::load(o);
+  const auto rt = load_acl_only(root);
   // aclrtGetVersion is deprecated in the newest runtime: optional, like the 9.0-only functions
   CHECK(static_cast<bool>(rt->api().aclFinalize));
   CHECK(static_cast<bool>(rt->api().aclrtGetVersion));
@@ -116,14 +121,7 @@ TEST_CASE("ascend runtime: required, optional and newer functions; aclprof* foun
 
 TEST_CASE("ascend runtime: a toolkit without operator or HCCL libraries loads, and using them names what is missing") {
   temp_dir root("partial");
-  fs::create_directories(root.path / "lib64");
-  fs::create_symlink(fs::path(runtime()->home()) / "libascendcl.so", root.path / "lib64" / "libascendcl.so");
-  loom::device::ascend_runtime_options o;
-  o.roots = {root.path.string()};
-  o.use_environment = false;
-  o.use_default_roots = false;
-  o.use_loader_path = false;
-  const auto partial = loom::device::ascend_runtime::load(o);
+  const auto partial = load_acl_only(root);
   CHECK_FALSE(partial->has_operators());
   CHECK_FALSE(partial->has_hccl());
   CHECK_FALSE(static_cast<bool>(partial->api().aclnnMatmul));
