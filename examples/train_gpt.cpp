@@ -261,7 +261,6 @@ int run(const options& o, World* world) {
     std::filesystem::create_directories(ckpt_dir, ec);
     if (ec) throw input_error("cannot create --checkpoint-dir '" + ckpt_dir + "': " + ec.message() + "; check the path");
   }
-  long last_saved = start;  // never save the step we resumed from again
   std::fflush(stdout);
 
   // observability: step breakdown, MFU, memory, console, TensorBoard, JSON lines, trace window
@@ -326,52 +325,18 @@ int run(const options& o, World* world) {
     if (jsonl) jsonl->write_scalars(step, sc);
     return nats;
   };
-  // A checkpoint of the state after tr.step_count() steps (no-op without --checkpoint-dir),
-  // written in the background: the loop waits only while the state is copied. A failed save
-  // is reported (when the next one starts, or at the end) and training goes on; NaN weights
-  // stop it.
-  io::async_checkpointer<trainer_t> saver;
-  auto finish_save = [&] {
-    try {
-      if (const auto where = saver.wait())
-        con.message("saved checkpoint " + where->string() + " (written in the background in " +
-                    std::to_string(saver.last_write_seconds()).substr(0, 5) + " s)");
-    } catch (const error& e) {
-      warn(e.what());
-    }
-  };
-  // With --zero1 every rank holds a shard of the AdamW moments: the save is collective and
-  // blocking (every rank writes its shard; latest moves only when all succeeded).
-  const bool collective_save = is_parallel && o.zero1;
+  // Checkpoints written in the background; with --zero1 every rank holds a shard of the
+  // optimizer state, so the save is collective (latest moves only when all ranks succeeded).
+  World* save_world = nullptr;
+  if constexpr (is_parallel) save_world = o.zero1 ? world : nullptr;
+  train_gpt_cli::checkpoint_saver<trainer_t, World> saver(ckpt_dir, o.keep, start, save_world, lead, con, warn);
   auto save_checkpoint = [&] {
-    if (ckpt_dir.empty() || tr.step_count() == last_saved || (!lead && !collective_save)) return;
     const auto s = src.state();
     io::run_state st;
     st.tokens = tokens_seen;
     st.data = {{"kind", int(s.kind)}, {"epoch", s.epoch}, {"index", s.index}, {"seed", s.seed}};
     st.extra = {{"program", "train_gpt"}, {"data_path", o.data}};
-    io::checkpoint_options copt;
-    copt.keep = o.keep;
-    if constexpr (is_parallel) {
-      if (collective_save) {
-        const auto t_save = clock::now();
-        try {  // numeric_error (NaN weights, nothing written) stops the run on every rank
-          const auto where = io::save_checkpoint(ctx, ckpt_dir, tr, st, *world, copt);
-          if (lead)
-            con.message("saved checkpoint " + where.string() + " (all " + std::to_string(dp) + " ranks, " +
-                        std::to_string(std::chrono::duration<double>(clock::now() - t_save).count()).substr(0, 5) + " s)");
-        } catch (const numeric_error&) {
-          throw;
-        } catch (const error& e) {  // every rank got the same error; latest did not move
-          warn(e.what());
-        }
-        last_saved = tr.step_count();
-        return;
-      }
-    }
-    finish_save();
-    saver.save(ctx, ckpt_dir, tr, st, copt);  // throws numeric_error on NaN weights: nothing written
-    last_saved = tr.step_count();
+    saver.save(ctx, tr, st);
   };
   // --early-stop: the best periodic validation loss, its step and a copy of the parameters (rank 0)
   train_gpt_cli::early_stopper<typename trainer_t::model_t::storage_t> stopper(lead ? o.early_stop : 0);
@@ -429,7 +394,7 @@ int run(const options& o, World* world) {
     }
   }
   save_checkpoint();  // the last step, also after --stop-at-step or the time budget
-  finish_save();
+  saver.finish();
   if (const auto m = prof.finish(world); !m.empty()) con.message(m);
   if (!lead) return 0;  // the other ranks are done: rank 0 validates, saves and samples
   con.finish();
@@ -676,13 +641,8 @@ int main(int argc, char** argv) {
         }
       }
       auto go = [&]<class M, int B, int T>() {
-        if constexpr (std::is_same_v<W, std::nullptr_t>) {  // one rank: any precision
-          if (o.precision == "bf16") return run<M, B, T, W, loom::precision::bf16>(o, world);
-          if (o.precision == "fp16") return run<M, B, T, W, loom::precision::fp16>(o, world);
-        } else if (o.precision != "fp32") {
-          throw loom::input_error("--precision " + o.precision + " with data parallelism: multi-rank training runs in "
-                                  "fp32 so far; drop --precision or train on one rank");
-        }
+        if (o.precision == "bf16") return run<M, B, T, W, loom::precision::bf16>(o, world);
+        if (o.precision == "fp16") return run<M, B, T, W, loom::precision::fp16>(o, world);
         return run<M, B, T, W>(o, world);
       };
       if (o.model == "char_tiny") return go.template operator()<loom::models::char_tiny, 8, 32>();

@@ -2,6 +2,9 @@
 // Pieces of train_gpt's training loop shared by train_gpt.cpp (one layout, DDP over --ranks /
 // mpirun) and run_layout.hpp (--layout tpXppY). Not a library header: examples/ only.
 #include <algorithm>
+#include <chrono>
+#include <functional>
+#include <type_traits>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -9,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/context.hpp>
+#include <loom/core/error.hpp>
+#include <loom/io/checkpoint.hpp>
 #include <loom/io/jsonl.hpp>
 #include <loom/io/scalar.hpp>
 #include <loom/io/tensorboard.hpp>
@@ -40,6 +46,64 @@ void report_loss_scale(long step, const Result& r, const Scaler& scaler, bool le
 /// (strictly lower loss; a NaN loss never improves). Patience 0: off (observe() never asks to
 /// stop and copies nothing). The best is tracked from the start of this process (a resumed
 /// run starts afresh).
+/// train_gpt's checkpoints: the state after each saved step, written in the background (the
+/// loop waits only while the state is copied; io::async_checkpointer). With `world` the save is
+/// collective (every rank of `world` writes its files; the commit runs at the next save or at
+/// finish(), on every rank); without it only the lead rank saves. A failed save is reported
+/// (when the next one starts, or at finish()) and training goes on; NaN weights stop the run
+/// (loom::numeric_error, on every rank alike). No-op without --checkpoint-dir.
+template <class Trainer, class World>
+class checkpoint_saver {
+ public:
+  checkpoint_saver(std::string dir, int keep, long start, World* world, bool lead, loom::train::console& con,
+                   std::function<void(const std::string&)> warn)
+      : dir_(std::move(dir)), keep_(keep), last_(start), world_(world), lead_(lead), con_(con), warn_(std::move(warn)) {
+    if constexpr (!std::is_same_v<World, std::nullptr_t>)
+      if (world_) ranks_ = world_->size();
+  }
+
+  /// Saves the state of `tr` after tr.step_count() steps with `state` (a no-op when that step is
+  /// already saved, or on a non-lead rank of a non-collective save).
+  void save(loom::context<typename Trainer::device>& ctx, const Trainer& tr, const loom::io::run_state& state) {
+    if (dir_.empty() || tr.step_count() == last_ || (!world_ && !lead_)) return;
+    finish();
+    loom::io::checkpoint_options opt;
+    opt.keep = keep_;
+    if constexpr (std::is_same_v<World, std::nullptr_t>) saver_.save(ctx, dir_, tr, state, opt);
+    else if (world_) saver_.save(ctx, dir_, tr, state, *world_, opt);
+    else saver_.save(ctx, dir_, tr, state, opt);
+    last_ = tr.step_count();
+  }
+
+  /// Waits for the save in flight (collective when it is), reports it on the lead rank.
+  void finish() {
+    try {
+      std::optional<std::filesystem::path> where;
+      if constexpr (std::is_same_v<World, std::nullptr_t>) where = saver_.wait();
+      else where = world_ ? saver_.wait(*world_) : saver_.wait();
+      if (where && lead_)
+        con_.message("saved checkpoint " + where->string() + " (" +
+                     (ranks_ > 0 ? "all " + std::to_string(ranks_) + " ranks, " : std::string()) +
+                     "written in the background in " + std::to_string(saver_.last_write_seconds()).substr(0, 5) + " s)");
+    } catch (const loom::numeric_error&) {
+      throw;
+    } catch (const loom::error& e) {  // a collective save: every rank got the same error; latest did not move
+      warn_(e.what());
+    }
+  }
+
+ private:
+  loom::io::async_checkpointer<Trainer> saver_;
+  std::string dir_;
+  int keep_;
+  long last_;  ///< never save the step the run resumed from again
+  World* world_;
+  int ranks_ = 0;  ///< ranks of a collective save, 0 for a lead-only one
+  bool lead_;
+  loom::train::console& con_;
+  std::function<void(const std::string&)> warn_;
+};
+
 template <class T>
 class early_stopper {
  public:

@@ -5,7 +5,7 @@
 //
 // What differs from the one-layout path (train_gpt.cpp's run()): bf16/fp16 only for char_tiny
 // (run_layout_16bit, layout_char_tiny_16bit.cpp) and only on tp2pp2; checkpoints are saved
-// collectively and blocking (every rank takes part; docs/checkpoint.md "Multi-rank save") and
+// collectively in the background (every rank takes part; docs/checkpoint.md "Multi-rank save") and
 // --resume accepts a checkpoint of any layout (resharded on load); the gradient buffer is
 // all-reduced over the dp group once after the pipeline (--zero1: reduce-scattered, the AdamW
 // moments sharded over the dp group, the parameters all-gathered). Validation runs on
@@ -245,30 +245,16 @@ int run_layout_impl(const options& o, World& world) {
   // keep a copy of their shard of the parameters at the best evaluation; world rank 0 decides
   early_stopper<storage_t> stopper(evaluator ? o.early_stop : 0);
 
-  // A collective, blocking checkpoint of the state after tr.step_count() steps (no-op without
-  // --checkpoint-dir). A failed save is reported on rank 0 and training goes on; NaN weights stop it.
-  long last_saved = start;  // never save the step we resumed from again
+  // Collective checkpoints written in the background (every rank writes its files; the commit
+  // runs at the next save or at the end, on every rank).
+  checkpoint_saver<trainer_t, World> saver(ckpt_dir, o.keep, start, &world, lead, con, warn);
   auto save_checkpoint = [&] {
-    if (ckpt_dir.empty() || tr.step_count() == last_saved) return;
     const auto s = src.state();
     io::run_state st;
     st.tokens = tokens_seen;
     st.data = {{"kind", int(s.kind)}, {"epoch", s.epoch}, {"index", s.index}, {"seed", s.seed}};
     st.extra = {{"program", "train_gpt"}, {"data_path", o.data}, {"layout", "tp" + std::to_string(TP) + "pp" + std::to_string(PP)}};
-    io::checkpoint_options copt;
-    copt.keep = o.keep;
-    const auto t_save = clock::now();
-    try {
-      const auto where = io::save_checkpoint(ctx, ckpt_dir, tr, st, world, copt);
-      if (lead)
-        con.message("saved checkpoint " + where.string() + " (all " + std::to_string(world.size()) + " ranks, " +
-                    std::to_string(std::chrono::duration<double>(clock::now() - t_save).count()).substr(0, 5) + " s)");
-    } catch (const numeric_error&) {
-      throw;
-    } catch (const error& e) {  // every rank got the same error; latest did not move
-      warn(e.what());
-    }
-    last_saved = tr.step_count();
+    saver.save(ctx, tr, st);
   };
   long step = start;
   std::span<const std::int32_t> batch;
@@ -324,6 +310,7 @@ int run_layout_impl(const options& o, World& world) {
     }
   }
   save_checkpoint();  // the last step, also after --stop-at-step or the time budget
+  saver.finish();
   if (const auto m = prof.finish(&world); !m.empty() && lead) con.message(m);
   if (lead) con.finish();
   // --early-stop: the final validation, the gathered weights and the sample are those of the best

@@ -1,6 +1,6 @@
 // libFuzzer target for the parsers of untrusted checkpoint bytes (issue 7): the safetensors
 // header (io::safetensors_reader), the checkpoint manifest (io::verify_checkpoint,
-// io::find_checkpoint) and the ZeRO-1 shard ranges (io::detail::gather_zero1_moments).
+// io::find_checkpoint) and the ZeRO-1 shard ranges (io::detail::gather_zero1).
 // Malformed input must end in loom::input_error, never a crash or a read outside the file
 // (built with -fsanitize=fuzzer,address,undefined by tests/fuzz/run.sh, CTest fuzz_checkpoint).
 //
@@ -87,8 +87,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         write(dir / "optim-tp00-pp00-dp00.safetensors", body, n);
         loom::io::checkpoint_file f;
         f.path = "optim-tp00-pp00-dp00.safetensors";
-        std::vector<float> m(64), v(64);
-        loom::io::detail::gather_zero1_moments(dir, {f}, 0, 0, std::span<float>(m), std::span<float>(v));
+        std::vector<std::byte> m(64 * sizeof(float)), v(64 * sizeof(float));
+        loom::io::detail::gather_zero1(dir, {f}, 0, 0, "adam_m", "F32", m);
+        loom::io::detail::gather_zero1(dir, {f}, 0, 0, "adam_v", "F32", v);
         return 0;
       }
     }

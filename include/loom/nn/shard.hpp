@@ -3,7 +3,8 @@
 /// gather/scatter of whole per-parameter buffers between a layout and the single-rank layout.
 /// The shard rules are the table's (nn/params.hpp): vocab/column rows split per section, row
 /// columns split, replicated copies; per-layer rows split across pipeline stages by layer.
-/// io::shard_tensor / io::gather_tensor apply the same rules to saved tensors.
+/// shard_geometry is the one description of that mapping; io::shard_tensor / io::gather_tensor
+/// apply it to saved tensors.
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -19,35 +20,130 @@
 
 namespace loom::nn {
 
+/// How one parameter tensor maps onto ranks: the one description of the shard geometry, used
+/// by the model (initialisation, gather/scatter), the checkpoint's resharding (io/checkpoint)
+/// and the tests. A tensor is viewed as (layers, rows, cols): per-layer tensors have layers =
+/// n_layer (split across pipeline stages, stage s holding layers [s*n/pp, (s+1)*n/pp)), the
+/// others layers = 1 (held whole by every stage). Tensor parallelism splits rows (shard::vocab
+/// and shard::column; a column tensor with `sections` = 3, qkv, splits each of its q, k, v
+/// sections so a rank owns whole heads of all three: Megatron-LM's ColumnParallelLinear on a
+/// fused QKV) or cols (shard::row: RowParallelLinear), or replicates.
+struct shard_geometry {
+  shard rule = shard::replicated;
+  bool per_layer = false;
+  long layers = 1, rows = 1, cols = 1;  ///< the logical (unsharded) shape
+  int sections = 1;
+  constexpr std::size_t logical_elems() const noexcept { return std::size_t(layers) * rows * cols; }
+};
+
+/// The geometry of table row s of a table made for `pp` pipeline stages (param_table<M,
+/// layout<TP, pp>>: its `global` shape is unsplit across tp but holds one stage's layers).
+constexpr shard_geometry geometry_of(const param_spec& s, int pp) noexcept {
+  shard_geometry g;
+  g.rule = s.rule;
+  g.per_layer = s.per_layer;
+  if (g.per_layer) {
+    g.layers = s.global[0] * pp;
+    g.rows = s.global[1];
+    g.cols = s.ndim == 3 ? s.global[2] : 1;
+  } else {
+    g.rows = s.global[0];
+    g.cols = s.ndim == 2 ? s.global[1] : 1;
+  }
+  g.sections = s.sections;
+  return g;
+}
+
+/// Whether degrees (tp, pp) split a tensor of geometry g evenly (layers by pp, each section's
+/// rows or the columns by tp).
+constexpr bool splits(const shard_geometry& g, int tp, int pp) noexcept {
+  if (tp < 1 || pp < 1 || (g.per_layer && g.layers % pp != 0)) return false;
+  switch (g.rule) {
+    case shard::replicated: return true;
+    case shard::row: return g.cols % tp == 0;
+    case shard::vocab:
+    case shard::column: return g.sections >= 1 && g.rows % g.sections == 0 && (g.rows / g.sections) % tp == 0;
+  }
+  return false;
+}
+
+/// Index, in the logical tensor of geometry g, of element i of the local tensor held by
+/// tensor-parallel rank tp_rank of pipeline stage `stage` under degrees (tp, pp). Requires
+/// splits(g, tp, pp). The element form of for_each_shard_run (tests check they agree).
+constexpr std::size_t global_index(const shard_geometry& g, int tp, int pp, int tp_rank, int stage,
+                                   std::size_t i) noexcept {
+  const bool sharded_rows = g.rule == shard::vocab || g.rule == shard::column;
+  const std::size_t rows = std::size_t(sharded_rows ? g.rows / tp : g.rows);
+  const std::size_t cols = std::size_t(g.rule == shard::row ? g.cols / tp : g.cols);
+  const std::size_t layers = std::size_t(g.per_layer ? g.layers / pp : g.layers);
+  const std::size_t layer = i / (rows * cols), a = (i / cols) % rows, c = i % cols;
+  const std::size_t glayer = g.per_layer ? std::size_t(stage) * layers + layer : 0;
+  std::size_t ga = a, gc = c;
+  if (sharded_rows) {
+    const std::size_t part = rows / std::size_t(g.sections), gpart = std::size_t(g.rows) / std::size_t(g.sections);
+    ga = (a / part) * gpart + std::size_t(tp_rank) * part + a % part;
+  } else if (g.rule == shard::row) {
+    gc = std::size_t(tp_rank) * cols + c;
+  }
+  return (glayer * std::size_t(g.rows) + ga) * std::size_t(g.cols) + gc;
+}
+
 /// Index, in the unsharded tensor of table row k of the single-rank model (layout<1,1>), of
-/// element i of the local tensor k held by tensor-parallel rank tp_rank of pipeline stage `stage` under layout L.
-/// Shard rules as io::shard_tensor: vocab/column split rows (per section: qkv's q, k, v), row split
-/// columns, replicated copies; per-layer tensors of stage s start at layer s*n_layer/PP.
+/// element i of the local tensor k held by tensor-parallel rank tp_rank of pipeline stage
+/// `stage` under layout L: global_index on the row's geometry.
 template <models::model_config M, parallel::layout_policy L>
 constexpr std::size_t global_index(std::size_t k, int tp_rank, int stage, std::size_t i) noexcept {
   constexpr auto t = param_table<M, L>();
-  const auto& s = t[k];
-  const bool per_layer = s.per_layer;
-  // (layers, rows, cols) views of the local and the global tensor
-  const std::size_t rows = std::size_t(per_layer ? s.shape[1] : s.shape[0]);
-  const std::size_t cols = std::size_t(per_layer ? s.shape[2] : s.shape[1]);
-  const std::size_t grows = std::size_t(per_layer ? s.global[1] : s.global[0]);
-  const std::size_t gcols = std::size_t(per_layer ? s.global[2] : s.global[1]);
-  const std::size_t layer = i / (rows * cols), a = (i / cols) % rows, c = i % cols;
-  const std::size_t glayer = per_layer ? std::size_t(stage) * std::size_t(s.shape[0]) + layer : 0;
-  std::size_t ga = a, gc = c;
-  switch (s.rule) {
-    case shard::replicated: break;
-    case shard::vocab:
-    case shard::column: {
-      const std::size_t sections = std::size_t(s.sections);
-      const std::size_t part = rows / sections, gpart = grows / sections;
-      ga = (a / part) * gpart + std::size_t(tp_rank) * part + a % part;
-      break;
+  return global_index(geometry_of(t[k], L::pp), L::tp, L::pp, tp_rank, stage, i);
+}
+
+/// Calls f(logical_offset, local_offset, count) for every contiguous run of elements of rank
+/// (tp_rank, stage)'s shard of a tensor of geometry g under degrees (tp, pp), in local order.
+/// Throws loom::input_error when the degrees do not split the tensor (splits()).
+template <class F>
+void for_each_shard_run(const shard_geometry& g, int tp, int pp, int tp_rank, int stage, F&& f) {
+  if (!splits(g, tp, pp))
+    throw input_error("cannot split a (" + std::to_string(g.layers) + ", " + std::to_string(g.rows) + ", " +
+                      std::to_string(g.cols) + ") tensor over tp = " + std::to_string(tp) + ", pp = " +
+                      std::to_string(pp) + "; choose degrees that divide the model (see parallel::fits)");
+  const long layers = g.per_layer ? g.layers / pp : g.layers;
+  const long first_layer = g.per_layer ? stage * layers : 0;
+  std::size_t local = 0;
+  for (long l = 0; l < layers; ++l) {
+    const std::size_t base = std::size_t(first_layer + l) * g.rows * g.cols;
+    switch (g.rule) {
+      case shard::replicated:
+        f(base, local, std::size_t(g.rows) * g.cols);
+        local += std::size_t(g.rows) * g.cols;
+        break;
+      case shard::vocab:
+      case shard::column: {
+        const long sec = g.rows / g.sections, part = sec / tp;
+        for (int q = 0; q < g.sections; ++q) {
+          const std::size_t row0 = std::size_t(q) * sec + std::size_t(tp_rank) * part;
+          f(base + row0 * g.cols, local, std::size_t(part) * g.cols);
+          local += std::size_t(part) * g.cols;
+        }
+        break;
+      }
+      case shard::row: {
+        const long part = g.cols / tp;
+        for (long i = 0; i < g.rows; ++i) {
+          f(base + std::size_t(i) * g.cols + std::size_t(tp_rank) * part, local, std::size_t(part));
+          local += std::size_t(part);
+        }
+        break;
+      }
     }
-    case shard::row: gc = std::size_t(tp_rank) * cols + c; break;
   }
-  return (glayer * grows + ga) * gcols + gc;
+}
+
+/// Elements of one rank's shard of a tensor of geometry g under degrees (tp, pp) (the same on
+/// every rank). Throws loom::input_error when the degrees do not split the tensor.
+inline std::size_t shard_elems(const shard_geometry& g, int tp, int pp) {
+  std::size_t n = 0;
+  for_each_shard_run(g, tp, pp, 0, 0, [&](std::size_t, std::size_t, std::size_t c) { n += c; });
+  return n;
 }
 
 /// Any per-parameter buffer of this rank (parameters, gradients, AdamW moments: `local` holds

@@ -59,6 +59,7 @@
 #include <loom/parallel/comm.hpp>
 #include <loom/parallel/data_parallel.hpp>
 #include <loom/parallel/schedule.hpp>
+#include <loom/train/checkpoint_state.hpp>
 #include <loom/train/loss_scaler.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/step.hpp>
@@ -205,6 +206,18 @@ class basic_trainer {
   /// (a skipped step advances it); with one it follows optimizer().step().
   long step_count() const noexcept { return step_; }
   void set_step_count(long s) noexcept { step_ = s; }
+
+  /// This rank's state as io checkpoints it (io/checkpoint/state.hpp): parameters, master
+  /// weights, AdamW moments or their ZeRO-1 shards, steps, loss scaler, configuration. The
+  /// view points into this trainer's buffers; io::load_checkpoint writes through it.
+  io::state_view checkpoint_state(context<device>& ctx) const { return detail::state_view_of(ctx, *this); }
+  /// Applies what io::load_checkpoint restored besides tensors: step count, optimizer step,
+  /// loss scaler state (when given).
+  void restore(const io::restored_scalars& r) {
+    step_ = r.step;
+    opt_.set_step(r.optimizer_step);
+    if (r.scaler) scaler_.set_state(*r.scaler);
+  }
 
   /// Called at the start (begin = true) and end of every phase inside step():
   /// h2d_copy (the step's micro-batches at once); each pipeline action as forward, backward or

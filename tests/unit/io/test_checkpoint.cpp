@@ -450,6 +450,17 @@ TEST_CASE("checkpoint: another model config or precision, or a missing file, is 
     rewrite([](nlohmann::json& j) { j["format_version"] = 99; });
     CHECK(error_of([&] { io::load_checkpoint(f.ctx, dir2, other); }).find("version 99") != std::string::npos);
   }
+  SUBCASE("integers a file cannot hold as their type are errors, not conversions (a 64-digit version, a negative size)") {
+    rewrite([](nlohmann::json& j) {
+      j["format_version"] = nlohmann::json::parse("1331000000000000000000000000000000000000000000000000000000000000");
+    });
+    CHECK(error_of([&] { io::load_checkpoint(f.ctx, dir2, other); }).find("\"format_version\" is number") != std::string::npos);
+    nlohmann::json bytes;
+    rewrite([&](nlohmann::json& j) { j["format_version"] = 1; bytes = j["files"][0]["bytes"]; j["files"][0]["bytes"] = -5; });
+    CHECK(error_of([&] { io::verify_checkpoint(dir2); }).find("\"bytes\" is -5, outside the range") != std::string::npos);
+    rewrite([&](nlohmann::json& j) { j["files"][0]["bytes"] = bytes; j["layout"]["tp"] = 4294967297LL; });
+    CHECK(error_of([&] { io::load_checkpoint(f.ctx, dir2, other); }).find("\"tp\" is 4294967297, outside the range") != std::string::npos);
+  }
   SUBCASE("other schedule settings load, with warnings") {
     auto cfg = test_config();
     cfg.schedule.decay_steps = 100;

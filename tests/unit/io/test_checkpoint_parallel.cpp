@@ -309,6 +309,55 @@ TEST_CASE("checkpoint (multi-rank): a rank whose write fails stops the save on e
   CHECK(io::find_checkpoint(root) == root / io::checkpoint_dir_name(1));
 }
 
+TEST_CASE("checkpoint (multi-rank, asynchronous): background saves equal blocking ones; a failed write fails every rank's commit") {
+  temp_dir dir;
+  const fs::path sync_root = dir.path / "sync", async_root = dir.path / "async";
+  std::vector<std::string> errors(2);
+  std::vector<int> committed_late(2, 0);
+  comm::run_threads(2, [&](comm::threads& world) {
+    const one_thread_per_rank one_thread;
+    context<device::cpu> ctx;
+    parallel::ddp_options o;
+    o.zero1 = true;
+    trainer_t tr(ctx, config(3), world, o);
+    io::async_checkpointer<trainer_t> saver;
+    for (long s = 0; s < 3; ++s) {
+      step(ctx, tr, s, world.rank(), 2);
+      io::save_checkpoint(ctx, sync_root, tr, state_at(s + 1), world);
+      saver.save(ctx, async_root, tr, state_at(s + 1), world);  // commits the previous save first
+      // step s + 1 is being written in the background; `latest` names the one before it
+      if (s > 0 && read_text(async_root / "latest") == "step_0000000" + std::to_string(s) + "\n") ++committed_late[std::size_t(world.rank())];
+    }
+    CHECK(saver.pending());
+    CHECK(saver.wait(world) == async_root / io::checkpoint_dir_name(3));
+    step(ctx, tr, 3, world.rank(), 2);
+    io::checkpoint_options opt;
+    const int r = world.rank();
+    opt.on_stage = [r](std::string_view st) {
+      if (r == 1 && st == "file_written") throw error("injected write failure of rank 1");
+    };
+    saver.save(ctx, async_root, tr, state_at(4), world, opt);  // the failure happens in the background
+    try {
+      (void)saver.wait(world);
+    } catch (const error& e) {
+      errors[std::size_t(r)] = e.what();
+    }
+  });
+  for (long s = 1; s <= 3; ++s) {  // the same files, byte for byte (the manifest lists each file's XXH3-64)
+    CAPTURE(s);
+    CHECK(io::verify_checkpoint(async_root / io::checkpoint_dir_name(s))["files"] ==
+          io::verify_checkpoint(sync_root / io::checkpoint_dir_name(s))["files"]);
+  }
+  CHECK(committed_late == std::vector<int>{2, 2});
+  for (const auto& e : errors) {
+    CAPTURE(e);
+    CHECK(e.find("rank 1: injected write failure of rank 1") != std::string::npos);
+  }
+  CHECK(read_text(async_root / "latest") == "step_00000003\n");
+  CHECK_FALSE(fs::exists(async_root / io::checkpoint_dir_name(4)));
+  for (const auto& e : fs::directory_iterator(async_root)) CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
+}
+
 // ============================================================================================
 // Tensor and pipeline parallel files; resharding across (TP, PP, DP) layouts
 // ============================================================================================
