@@ -3,7 +3,9 @@
 // rank 0 and travels by MPI_Bcast (comm::hccl::create over comm::mpi); under an MPI launcher the
 // emulation's HCCL moves data between the processes through POSIX shared memory
 // (emulation/src/hccl.cpp, "Across processes"). The CTest sets LOOMEMU_HCCL_SHM_MB=1, so the
-// larger messages below cross the 1 MB staging slots in several rounds.
+// larger messages below cross the 1 MB staging slots in several rounds. Covered: the collectives,
+// send/recv and split; data parallelism, and tensor and pipeline parallelism (TP = 2, PP = 2),
+// each against one rank; a hung peer.
 #include <doctest/doctest.h>
 
 #include <mpi.h>
@@ -132,6 +134,58 @@ TEST_CASE("data parallel over processes: trainer<tiny> on comm::hccl equals one 
     CHECK(dp[std::size_t(s)] == doctest::Approx(one[std::size_t(s)]).epsilon(1e-5));
   }
   MESSAGE("DP=" << n << " over processes: losses " << dp[0] << " " << dp[1] << " vs one rank " << one[0] << " " << one[1]);
+}
+
+namespace {
+/// layout<TP, PP> over the processes of MPI_COMM_WORLD (TP*PP of them) on comm::hccl: the loss
+/// curve of tiny_parallel, and one ascend rank's on the same global batch.
+template <int TP, int PP>
+void layout_over_processes() {
+  using MP = loom::models::tiny_parallel;
+  constexpr int B = 2, T = 8, windows = 4, steps = 2;
+  using policy = loom::policy<npu, loom::precision::fp32_ascend_matmul, loom::layout<TP, PP>>;
+  loom::comm::mpi world(MPI_COMM_WORLD);
+  REQUIRE(world.size() == TP * PP);
+  auto config = [](int accum) {
+    loom::train::trainer_config c;
+    c.micro_batch = B;
+    c.seq_len = T;
+    c.grad_accum = accum;
+    c.schedule = {3e-3, 3e-4, 1, 8};
+    c.seed = 31;
+    return c;
+  };
+  auto batch = [](int s) {
+    std::vector<std::int32_t> w(std::size_t(windows) * (T + 1));
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::int32_t((i * 37 + std::size_t(s) * 11 + 5) % MP::vocab);
+    return w;
+  };
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  std::vector<double> one, lay;
+  {
+    loom::train::trainer<MP, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::kernels::fused> tr(
+        ctx, config(windows / B));
+    for (int s = 0; s < steps; ++s) one.push_back(tr.step(ctx, batch(s)).loss);
+  }
+  auto hc = loom::comm::hccl::create(world, ctx);
+  loom::train::parallel_trainer<MP, policy, B, T, loom::comm::hccl, loom::kernels::fused> tr(ctx, config(windows / B), hc);
+  for (int s = 0; s < steps; ++s) lay.push_back(tr.step(ctx, batch(s)).loss);
+  for (int s = 0; s < steps; ++s) {
+    CAPTURE(s);
+    CHECK(lay[std::size_t(s)] == doctest::Approx(one[std::size_t(s)]).epsilon(1e-5));
+  }
+  MESSAGE("layout<" << TP << "," << PP << "> over processes: losses " << lay[0] << " " << lay[1] << " vs one rank "
+                    << one[0] << " " << one[1]);
+}
+}  // namespace
+
+TEST_CASE("tensor and pipeline parallel over processes: layout<2,1> and layout<1,2> on comm::hccl equal one rank") {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (n != 2) return;  // the layouts need exactly two ranks
+  layout_over_processes<2, 1>();
+  layout_over_processes<1, 2>();
 }
 
 TEST_CASE("a hung peer across processes: comm_timeout names the operation and the missing ranks") {
