@@ -98,6 +98,33 @@ function(loom_ascend_emulation_tests)
     set_tests_properties(loom_ascend_tests PROPERTIES ENVIRONMENT "${env}")
   endif()
 
+  # comm::hccl across processes: tests/ascend/mpi/*.cpp -> loom_ascend_mpi_tests under mpirun -np 2,
+  # one emulated NPU per process, HCCL data through the emulation's shared-memory transport.
+  file(GLOB mpi_sources CONFIGURE_DEPENDS "${root}/tests/ascend/mpi/*.cpp")
+  if(mpi_sources AND TARGET loom::mpi AND MPIEXEC_EXECUTABLE)
+    add_executable(loom_ascend_mpi_tests "${root}/tests/unit/main.cpp" ${mpi_sources})
+    target_link_libraries(loom_ascend_mpi_tests PRIVATE loom::ascend loom::mpi doctest::doctest
+                                                        $<TARGET_NAME_IF_EXISTS:loom_kernel_instances>)
+    target_include_directories(loom_ascend_mpi_tests PRIVATE "${root}/tests" "${root}/emulation/include")
+    target_compile_definitions(loom_ascend_mpi_tests PRIVATE LOOM_TEST_MPI=1
+                               LOOM_ASCEND_EMULATION_HOME="${LOOM_ASCEND_EMULATION_HOME}")
+    add_dependencies(loom_ascend_mpi_tests loom_ascend_emulation)
+    if(COMMAND loom_target_defaults)
+      loom_target_defaults(loom_ascend_mpi_tests)
+    endif()
+    set(mpi_flags ${MPIEXEC_PREFLAGS})
+    execute_process(COMMAND "${MPIEXEC_EXECUTABLE}" --version OUTPUT_VARIABLE mpi_version ERROR_QUIET)
+    if(mpi_version MATCHES "Open MPI|OpenRTE")
+      list(APPEND mpi_flags --oversubscribe --allow-run-as-root)
+    endif()
+    add_test(NAME ascend_hccl_mpi_np2
+             COMMAND "${MPIEXEC_EXECUTABLE}" ${MPIEXEC_NUMPROC_FLAG} 2 ${mpi_flags}
+                     $<TARGET_FILE:loom_ascend_mpi_tests> ${MPIEXEC_POSTFLAGS}
+             WORKING_DIRECTORY "${root}")
+    set_tests_properties(ascend_hccl_mpi_np2 PROPERTIES
+      ENVIRONMENT "${env};OMP_NUM_THREADS=1;LOOMEMU_HCCL_SHM_MB=1" PROCESSORS 2 LABELS "ascend;mpi" TIMEOUT 300)
+  endif()
+
   # Loading, not linking: the test binary must not depend on any CANN library name.
   find_program(LOOM_READELF readelf)
   if(LOOM_READELF)

@@ -8,9 +8,33 @@
 // (so in-place calls are safe), then writes. Send/Recv pair synchronously, as documented.
 // Checks: explicit stream on the communicator's device, device-memory buffers of that device,
 // documented dtype/op support (A2: no reduction on fp64, no prod on int16/bf16).
+//
+// Across processes (mpirun, one emulated NPU per process): when HcclGetRootInfo runs with
+// LOOMEMU_HCCL_TRANSPORT=shm, or under an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+// PMIX_RANK set), the root info names a POSIX shared-memory segment instead of a process-local
+// group. Rank 0 creates it at HcclCommInitRootInfo (header + one staging slot per rank of
+// LOOMEMU_HCCL_SHM_MB MB, default 4), the others open it, all wait for every rank
+// (HCCL_CONNECT_TIMEOUT). A collective runs in rounds (chunks of at most one slot): each rank
+// copies its part into its slot, waits until every rank arrived at the round (HCCL_EXEC_TIMEOUT;
+// the error names the operation and the ranks that never arrived), checks that every rank posted
+// the same call, reads the others' slots into its output, and marks the round done; a slot is
+// rewritten only after every rank finished the previous round. Send/Recv pair through the
+// sender's slot with per-pair sequence numbers, synchronously as documented. Sub-communicators
+// (HcclCreateSubCommConfig) get their own segment. Synchronisation is a process-shared pthread
+// mutex and condition variable in the segment.
 #include <hccl/hccl.h>
 
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <ctime>
+#include <thread>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -70,7 +94,47 @@ struct message {
   bool done = false;
 };
 
+// --- the shared-memory transport (across processes) -------------------------------------------------
+constexpr int shm_max_ranks = 64;
+constexpr uint32_t shm_ready_magic = 0x4c4f4f4du;  // "LOOM"
+struct shm_call {
+  int k = 0;
+  uint64_t count = 0;
+  int dtype = 0, op = 0;
+  uint32_t root = 0;
+};
+/// The segment's header; rank slots follow it.
+struct shm_header {
+  std::atomic<uint32_t> ready;
+  pthread_mutex_t m;
+  pthread_cond_t cv;
+  int n;
+  int joined_count;
+  int joined[shm_max_ranks];
+  uint64_t capacity;                     // bytes per rank slot
+  uint64_t arrived[shm_max_ranks];       // last collective round each rank posted
+  uint64_t done[shm_max_ranks];          // last collective round each rank finished reading
+  shm_call calls[shm_max_ranks];
+  uint64_t sent[shm_max_ranks][shm_max_ranks];   // p2p messages (src, dst) posted
+  uint64_t acked[shm_max_ranks][shm_max_ranks];  // ... and consumed
+  uint64_t p2p_count[shm_max_ranks];
+  int p2p_dtype[shm_max_ranks];
+};
+struct shm_link {
+  std::string name;
+  shm_header* h = nullptr;
+  std::size_t bytes = 0;
+  bool owner = false;
+  std::vector<uint64_t> round;  // per local rank: its collective round counter (its stream worker only)
+  char* slot(int r) const { return reinterpret_cast<char*>(h + 1) + std::size_t(r) * h->capacity; }
+  ~shm_link() {
+    if (h) munmap(h, bytes);
+    if (owner) shm_unlink(name.c_str());
+  }
+};
+
 struct group {
+  std::shared_ptr<shm_link> shm;  // set: ranks live in several processes (the shared-memory transport)
   int n = 0;
   std::mutex m;
   std::condition_variable cv;
@@ -245,8 +309,192 @@ double reduce(HcclReduceOp op, double a, double b) {
   }
 }
 
+/// Locks the segment's mutex for the scope.
+struct shm_lock {
+  shm_header* h;
+  explicit shm_lock(shm_header* x) : h(x) { pthread_mutex_lock(&h->m); }
+  ~shm_lock() { pthread_mutex_unlock(&h->m); }
+};
+/// Waits (mutex held) until pred() or the deadline; false on timeout.
+template <class Pred>
+bool shm_wait(shm_header* h, std::chrono::steady_clock::time_point deadline, Pred pred) {
+  while (!pred()) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) return pred();
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const auto step = std::min<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(left).count(), 50000000);
+    ts.tv_nsec += long(step);
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_cond_timedwait(&h->cv, &h->m, &ts);  // woken by broadcasts; re-checked every 50 ms
+  }
+  return true;
+}
+std::string ranks_where(int n, const std::function<bool(int)>& f) {
+  std::string out;
+  for (int r = 0; r < n; ++r)
+    if (f(r)) out += " " + std::to_string(r);
+  return out;
+}
+
+/// One rank's part of a collective over the shared-memory transport (see the file comment).
+void run_collective_shm(const std::shared_ptr<group>& g, uint64_t seq, int rank, const call& c) {
+  shm_link& L = *g->shm;
+  shm_header* h = L.h;
+  const int n = h->n;
+  const std::size_t es = c.k == kind::barrier ? 1 : hccl_size(c.dtype);
+  const aclDataType dt = acl_of(c.dtype);
+  const uint64_t per_rank = c.k == kind::reduce_scatter ? uint64_t(n) : 1;  // parts each rank publishes per element
+  const uint64_t chunk = std::max<uint64_t>(1, h->capacity / (es * per_rank));
+  const uint64_t chunks = c.k == kind::barrier || c.count == 0 ? 1 : (c.count + chunk - 1) / chunk;
+  const auto deadline = [] { return std::chrono::steady_clock::now() + timeout_from_env("HCCL_EXEC_TIMEOUT", 1836); };
+  const shm_call mine{int(c.k), c.count, int(c.dtype), int(c.op), c.root};
+  for (uint64_t q = 0; q < chunks; ++q) {
+    const uint64_t a = q * chunk, b = std::min<uint64_t>(c.count, a + chunk), m = b > a ? b - a : 0;
+    const uint64_t round = ++L.round[std::size_t(rank)];
+    {
+      shm_lock lk(h);
+      if (!shm_wait(h, deadline(), [&] {
+            for (int j = 0; j < n; ++j)
+              if (h->done[j] + 1 < round) return false;
+            return true;
+          }))
+        throw task_error{ACL_ERROR_RT_TASK_TIMEOUT,
+                         std::string(kind_name(c.k)) + " #" + std::to_string(seq) + ": ranks" +
+                             ranks_where(n, [&](int j) { return h->done[j] + 1 < round; }) +
+                             " never finished the previous operation (HCCL_EXEC_TIMEOUT)"};
+    }
+    char* my = L.slot(rank);
+    switch (c.k) {  // publish this rank's part of the chunk
+      case kind::all_reduce: case kind::all_gather:
+        std::memcpy(my, static_cast<const char*>(c.send) + a * es, m * es);
+        break;
+      case kind::reduce_scatter:
+        for (int r = 0; r < n; ++r)
+          std::memcpy(my + std::size_t(r) * m * es, static_cast<const char*>(c.send) + (uint64_t(r) * c.count + a) * es, m * es);
+        break;
+      case kind::broadcast:
+        if (uint32_t(rank) == c.root) std::memcpy(my, static_cast<const char*>(c.send) + a * es, m * es);
+        break;
+      case kind::barrier: break;
+    }
+    bool same = true;
+    std::string mismatch;
+    {
+      shm_lock lk(h);
+      h->calls[rank] = mine;
+      h->arrived[rank] = round;
+      pthread_cond_broadcast(&h->cv);
+      if (!shm_wait(h, deadline(), [&] {
+            for (int j = 0; j < n; ++j)
+              if (h->arrived[j] < round) return false;
+            return true;
+          }))
+        throw task_error{ACL_ERROR_RT_TASK_TIMEOUT,
+                         std::string(kind_name(c.k)) + " #" + std::to_string(seq) + ": ranks" +
+                             ranks_where(n, [&](int j) { return h->arrived[j] < round; }) +
+                             " never arrived (HCCL_EXEC_TIMEOUT)"};
+      for (int j = 0; j < n; ++j) {
+        const shm_call& o = h->calls[j];
+        if (o.k != mine.k || o.count != mine.count || o.dtype != mine.dtype || o.op != mine.op || o.root != mine.root) {
+          same = false;
+          mismatch = std::string(kind_name(c.k)) + " #" + std::to_string(seq) + ": ranks posted different calls: rank " +
+                     std::to_string(j) + " " + kind_name(kind(o.k)) + "(count " + std::to_string(o.count) + ", dtype " +
+                     std::to_string(o.dtype) + ") vs this rank's (count " + std::to_string(c.count) + ", dtype " +
+                     std::to_string(int(c.dtype)) + ")";
+        }
+      }
+    }
+    if (same) {
+      switch (c.k) {
+        case kind::all_reduce: case kind::reduce_scatter: {
+          const std::size_t off = c.k == kind::reduce_scatter ? std::size_t(rank) * m : 0;
+          for (uint64_t i = 0; i < m; ++i) {
+            double acc = load(dt, L.slot(0), int64_t(off + i));
+            for (int r = 1; r < n; ++r) acc = reduce(c.op, acc, load(dt, L.slot(r), int64_t(off + i)));
+            store(dt, c.recv, int64_t(a + i), acc);
+          }
+          break;
+        }
+        case kind::all_gather:
+          for (int r = 0; r < n; ++r)
+            std::memcpy(static_cast<char*>(c.recv) + (uint64_t(r) * c.count + a) * es, L.slot(r), m * es);
+          break;
+        case kind::broadcast:
+          if (uint32_t(rank) != c.root) std::memcpy(static_cast<char*>(c.recv) + a * es, L.slot(int(c.root)), m * es);
+          break;
+        case kind::barrier: break;
+      }
+    }
+    {
+      shm_lock lk(h);
+      h->done[rank] = round;
+      pthread_cond_broadcast(&h->cv);
+    }
+    if (!same)
+      throw task_error{ACL_ERROR_RT_AICORE_EXCEPTION, mismatch + "; every rank must issue the same collective with the "
+                                                                 "same count, dtype, op and root"};
+  }
+}
+
+/// One side of a Send/Recv pair over the shared-memory transport, through the sender's slot.
+void run_p2p_shm(const std::shared_ptr<group>& g, const std::string& api, bool is_send, void* buf, uint64_t count,
+                 HcclDataType dt, int me, int peer) {
+  shm_link& L = *g->shm;
+  shm_header* h = L.h;
+  const int n = h->n;
+  const std::size_t es = hccl_size(dt);
+  const uint64_t chunk = std::max<uint64_t>(1, h->capacity / es);
+  const uint64_t chunks = count == 0 ? 1 : (count + chunk - 1) / chunk;
+  const auto deadline = [] { return std::chrono::steady_clock::now() + timeout_from_env("HCCL_EXEC_TIMEOUT", 1836); };
+  for (uint64_t q = 0; q < chunks; ++q) {
+    const uint64_t a = q * chunk, m = std::min<uint64_t>(count, a + chunk) - std::min<uint64_t>(count, a);
+    if (is_send) {
+      const uint64_t mine_round = L.round[std::size_t(me)];
+      {
+        shm_lock lk(h);  // nobody may still be reading this slot for a collective
+        if (!shm_wait(h, deadline(), [&] {
+              for (int j = 0; j < n; ++j)
+                if (h->done[j] < mine_round) return false;
+              return true;
+            }))
+          throw task_error{ACL_ERROR_RT_TASK_TIMEOUT, api + " to rank " + std::to_string(peer) + ": ranks" +
+                                                          ranks_where(n, [&](int j) { return h->done[j] < mine_round; }) +
+                                                          " never finished the previous operation (HCCL_EXEC_TIMEOUT)"};
+      }
+      std::memcpy(L.slot(me), static_cast<const char*>(buf) + a * es, m * es);
+      shm_lock lk(h);
+      h->p2p_count[me] = count;
+      h->p2p_dtype[me] = int(dt);
+      const uint64_t target = ++h->sent[me][peer];
+      pthread_cond_broadcast(&h->cv);
+      if (!shm_wait(h, deadline(), [&] { return h->acked[me][peer] >= target; }))
+        throw task_error{ACL_ERROR_RT_TASK_TIMEOUT, api + " to rank " + std::to_string(peer) +
+                                                        ": no matching HcclRecv; missing rank " + std::to_string(peer) +
+                                                        " (HCCL_EXEC_TIMEOUT)"};
+    } else {
+      shm_lock lk(h);
+      const uint64_t target = h->acked[peer][me] + 1;
+      if (!shm_wait(h, deadline(), [&] { return h->sent[peer][me] >= target; }))
+        throw task_error{ACL_ERROR_RT_TASK_TIMEOUT, api + " from rank " + std::to_string(peer) +
+                                                        ": no matching HcclSend; missing rank " + std::to_string(peer) +
+                                                        " (HCCL_EXEC_TIMEOUT)"};
+      const bool ok = h->p2p_count[peer] == count && h->p2p_dtype[peer] == int(dt);
+      if (ok) std::memcpy(static_cast<char*>(buf) + a * es, L.slot(peer), m * es);
+      h->acked[peer][me] = target;
+      pthread_cond_broadcast(&h->cv);
+      if (!ok)
+        throw task_error{ACL_ERROR_RT_AICORE_EXCEPTION, api + ": the matching HcclSend has count " +
+                                                            std::to_string(h->p2p_count[peer]) + ", this receive " +
+                                                            std::to_string(count) + " (or dtypes differ)"};
+    }
+  }
+}
+
 /// Runs one rank's part of a collective on its stream worker.
 void run_collective(std::shared_ptr<group> g, uint64_t seq, int rank, call c) {
+  if (g->shm) return run_collective_shm(g, seq, rank, c);
   const auto deadline = std::chrono::steady_clock::now() + timeout_from_env("HCCL_EXEC_TIMEOUT", 1836);
   std::unique_lock lock(g->m);
   slot& s = g->slots[seq];
@@ -368,6 +616,106 @@ HcclResult enqueue_collective(const char* api, HcclComm comm, aclrtStream strm, 
 
 extern "C" {
 
+/// Whether HcclGetRootInfo picks the shared-memory transport (see the file comment).
+static bool shm_transport_requested() {
+  if (const char* t = std::getenv("LOOMEMU_HCCL_TRANSPORT"); t && *t) return std::string(t) == "shm";
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+constexpr std::size_t root_mode_at = sizeof magic + sizeof(uint64_t), root_name_at = root_mode_at + 1;
+
+/// Maps the segment `name` for a group of nRanks as rank `rank` (rank 0 creates it), joins, and
+/// waits for every rank (HCCL_CONNECT_TIMEOUT). The new communicator's group owns the mapping.
+static HcclResult join_shm(const char* api, const std::string& name, uint32_t nRanks, uint32_t rank,
+                           const comm_settings& settings, HcclComm* comm) {
+  if (!comm) return hfail(HCCL_E_PTR, std::string(api) + ": NULL output");
+  if (current_device() < 0) return hfail(HCCL_E_RUNTIME, std::string(api) + ": call aclrtSetDevice first");
+  if (nRanks == 0 || rank >= nRanks || nRanks > uint32_t(shm_max_ranks))
+    return hfail(HCCL_E_PARA, std::string(api) + ": rank " + std::to_string(rank) + " outside [0, " +
+                                  std::to_string(nRanks) + ") (the shared-memory transport takes up to 64 ranks)");
+  auto link = std::make_shared<shm_link>();
+  link->name = name;
+  const auto connect = timeout_from_env("HCCL_CONNECT_TIMEOUT", 120);
+  const auto deadline = std::chrono::steady_clock::now() + connect;
+  if (rank == 0) {
+    const char* mb = std::getenv("LOOMEMU_HCCL_SHM_MB");
+    const uint64_t capacity = uint64_t(mb && std::atoi(mb) > 0 ? std::atoi(mb) : 4) << 20;
+    link->bytes = sizeof(shm_header) + std::size_t(nRanks) * capacity;
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return hfail(HCCL_E_INTERNAL, std::string(api) + ": shm_open(" + name + ") failed: " + std::strerror(errno));
+    link->owner = true;
+    const bool sized = ftruncate(fd, off_t(link->bytes)) == 0;
+    void* p = sized ? mmap(nullptr, link->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (p == MAP_FAILED)
+      return hfail(HCCL_E_INTERNAL, std::string(api) + ": cannot map " + std::to_string(link->bytes) + " bytes of " + name);
+    link->h = static_cast<shm_header*>(p);
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    pthread_mutex_init(&link->h->m, &ma);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
+    pthread_cond_init(&link->h->cv, &ca);
+    link->h->n = int(nRanks);
+    link->h->capacity = capacity;
+    link->h->ready.store(shm_ready_magic, std::memory_order_release);
+  } else {
+    for (;;) {  // rank 0 may not have created it yet
+      const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+      struct stat st{};
+      if (fd >= 0 && fstat(fd, &st) == 0 && std::size_t(st.st_size) > sizeof(shm_header)) {
+        void* p = mmap(nullptr, std::size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (p != MAP_FAILED) {
+          auto* h = static_cast<shm_header*>(p);
+          if (h->ready.load(std::memory_order_acquire) == shm_ready_magic) {
+            link->h = h;
+            link->bytes = std::size_t(st.st_size);
+            break;
+          }
+          munmap(p, std::size_t(st.st_size));
+        }
+      } else if (fd >= 0) {
+        close(fd);
+      }
+      if (std::chrono::steady_clock::now() > deadline)
+        return hfail(HCCL_E_TIMEOUT, std::string(api) + ": rank 0 never created the group's shared memory " + name +
+                                         " within HCCL_CONNECT_TIMEOUT; missing ranks: 0");
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  shm_header* h = link->h;
+  {
+    shm_lock lk(h);
+    if (h->n != int(nRanks))
+      return hfail(HCCL_E_PARA, std::string(api) + ": nRanks " + std::to_string(nRanks) + " differs from rank 0's " +
+                                    std::to_string(h->n));
+    if (h->joined[rank]) return hfail(HCCL_E_PARA, std::string(api) + ": rank " + std::to_string(rank) + " joined twice");
+    h->joined[rank] = 1;
+    ++h->joined_count;
+    pthread_cond_broadcast(&h->cv);
+    if (!shm_wait(h, deadline, [&] { return h->joined_count == h->n; }))
+      return hfail(HCCL_E_TIMEOUT, std::string(api) + ": not every rank joined within HCCL_CONNECT_TIMEOUT; missing ranks:" +
+                                       ranks_where(h->n, [&](int j) { return !h->joined[j]; }));
+  }
+  link->round.assign(nRanks, 0);
+  auto g = std::make_shared<group>();
+  g->n = int(nRanks);
+  g->shm = std::move(link);
+  auto* hd = new handle;
+  hd->g = g;
+  hd->rank = int(rank);
+  hd->device = current_device();
+  hd->id = std::hash<std::string>{}(name);
+  hd->buffsize_mb = settings.buffsize_mb;
+  hd->deterministic = settings.deterministic;
+  std::lock_guard rl(registry_mutex);
+  handles().insert(hd);
+  *comm = hd;
+  return HCCL_SUCCESS;
+}
+
 HcclResult HcclGetRootInfo(HcclRootInfo* rootInfo) {
   if (int code = injected("HcclGetRootInfo")) return HcclResult(code);
   if (!rootInfo) return hfail(HCCL_E_PTR, "HcclGetRootInfo: NULL output");
@@ -380,6 +728,11 @@ HcclResult HcclGetRootInfo(HcclRootInfo* rootInfo) {
   }
   std::memcpy(rootInfo->internal, magic, sizeof magic);
   std::memcpy(rootInfo->internal + sizeof magic, &id, sizeof id);
+  if (shm_transport_requested()) {
+    const std::string name = "/loomemu_hccl_" + std::to_string(getpid()) + "_" + std::to_string(id);
+    rootInfo->internal[root_mode_at] = 1;
+    std::memcpy(rootInfo->internal + root_name_at, name.c_str(), name.size() + 1);
+  }
   return HCCL_SUCCESS;
 }
 
@@ -432,6 +785,11 @@ static HcclResult init_root_info(const char* api, uint32_t nRanks, const HcclRoo
                                                  "transit?)");
   uint64_t id;
   std::memcpy(&id, rootInfo->internal + sizeof magic, sizeof id);
+  if (rootInfo->internal[root_mode_at] == 1) {
+    const char* nm = rootInfo->internal + root_name_at;
+    return join_shm(api, std::string(nm, strnlen(nm, sizeof rootInfo->internal - root_name_at)), nRanks, rank, settings,
+                    comm);
+  }
   return join(api, {id, 0}, nRanks, rank, settings, comm);
 }
 
@@ -490,7 +848,10 @@ HcclResult HcclCreateSubCommConfig(HcclComm* comm, uint32_t rankNum, uint32_t* r
   comm_settings settings;
   if (auto rc = settings_from_config("HcclCreateSubCommConfig", config, &settings)) return rc;
   const HcclResult rc =
-      join("HcclCreateSubCommConfig", {parent->id, subCommId + 1}, rankNum, subCommRankId, settings, subComm);
+      parent->g->shm ? join_shm("HcclCreateSubCommConfig", parent->g->shm->name + "_" + std::to_string(subCommId),
+                                rankNum, subCommRankId, settings, subComm)
+                     : join("HcclCreateSubCommConfig", {parent->id, subCommId + 1}, rankNum, subCommRankId, settings,
+                            subComm);
   if (rc == HCCL_SUCCESS)
     if (handle* h = resolve(*subComm)) h->sub = true;
   return rc;
@@ -606,6 +967,7 @@ static HcclResult p2p(const char* api, bool is_send, void* buf, uint64_t count, 
   const int me = h->rank;
   const std::string name = api;
   enqueue(st, [=] {
+    if (g->shm) return run_p2p_shm(g, name, is_send, buf, count, dt, me, int(peer));
     const auto deadline = std::chrono::steady_clock::now() + timeout_from_env("HCCL_EXEC_TIMEOUT", 1836);
     std::unique_lock lock(g->m);
     if (is_send) {

@@ -5,21 +5,26 @@
 // kernels on purpose: the tests compare the two.
 #include <aclnnop/aclnn_add.h>
 #include <aclnnop/aclnn_addmm.h>
+#include <aclnnop/aclnn_amax.h>
 #include <aclnnop/aclnn_apply_adam_w_v2.h>
 #include <aclnnop/aclnn_cast.h>
+#include <aclnnop/aclnn_clamp.h>
 #include <aclnnop/aclnn_copy.h>
 #include <aclnnop/aclnn_cross_entropy_loss.h>
 #include <aclnnop/aclnn_cross_entropy_loss_grad.h>
 #include <aclnnop/aclnn_embedding.h>
 #include <aclnnop/aclnn_embedding_dense_backward.h>
+#include <aclnnop/aclnn_exp.h>
 #include <aclnnop/aclnn_gelu_backward_v2.h>
 #include <aclnnop/aclnn_gelu_v2.h>
 #include <aclnnop/aclnn_isfinite.h>
 #include <aclnnop/aclnn_layer_norm.h>
 #include <aclnnop/aclnn_layer_norm_backward.h>
+#include <aclnnop/aclnn_log.h>
 #include <aclnnop/aclnn_matmul.h>
 #include <aclnnop/aclnn_mm.h>
 #include <aclnnop/aclnn_mul.h>
+#include <aclnnop/aclnn_reduce_sum.h>
 
 #include <algorithm>
 #include <cmath>
@@ -886,3 +891,186 @@ extern "C" aclnnStatus aclnnApplyAdamWV2GetWorkspaceSize(aclTensor* varRef, aclT
       ws, ex);
 }
 PHASE2(aclnnApplyAdamWV2)
+
+// --- reductions and unary math (the local pieces of the vocab-parallel cross-entropy) ---------------------------
+// Rules (hicann/ops-math docs, Atlas A2/A3 rows; each violation is 161002 in phase 1 unless noted):
+//  * aclnnAmax (math/reduce_max/docs/aclnnAmax.md): self and out FLOAT, FLOAT16, DOUBLE, INT8, INT16,
+//    INT32, INT64, UINT8, BOOL or BFLOAT16, out "要与self数据类型相同"; at most 8 dimensions; dim
+//    entries in [-self.dim(), self.dim()-1], no repeats; a reduced dimension of size 0 is refused;
+//    out has the reduced shape (keepDim: the reduced dimensions kept as 1). NULL self/dim/out: 161001.
+//  * aclnnReduceSum (math/reduce_sum_op/docs/aclnnReduceSum.md): self FLOAT16, FLOAT32, INT8, INT16,
+//    INT32, INT64, UINT8, BOOL, DOUBLE or BFLOAT16 (complex types are not emulated), 0-8 dimensions;
+//    dims in range and without repeats; dtype in the same list and equal to out's dtype ("dtype取值与
+//    out的数据类型不一致" is 161002); out shape must match. An empty dims list is not documented and
+//    is refused. NULL self/dims/out: 161001.
+//  * aclnnInplaceExp / aclnnInplaceLog (math/exp, math/log docs): selfRef FLOAT, FLOAT16, BFLOAT16 or
+//    DOUBLE on A2/A3 (an in-place result must be floating), at most 8 dimensions. log of a negative
+//    value is NaN, of 0 is -inf (IEEE), as on the AI core.
+namespace {
+bool is_reducible(aclDataType dt) {
+  return is_nn_float(dt) || dt == ACL_DOUBLE || dt == ACL_INT8 || dt == ACL_INT16 || dt == ACL_INT32 ||
+         dt == ACL_INT64 || dt == ACL_UINT8 || dt == ACL_BOOL;
+}
+/// The reduced shape of `in` over `dims` ("" = ok), with the flags of the reduced axes.
+std::string reduce_shape(const aclTensor& in, const std::vector<int64_t>& dims, bool keep, dims_t* out,
+                         std::vector<bool>* reduced) {
+  const auto n = int64_t(in.dims.size());
+  if (n > 8) return "self has " + std::to_string(n) + " dimensions; at most 8 are supported";
+  if (dims.empty()) return "the dimension list is empty (not documented; pass the axes to reduce)";
+  reduced->assign(std::size_t(n), false);
+  for (int64_t d : dims) {
+    if (d < -n || d >= n)
+      return "dimension " + std::to_string(d) + " is outside [" + std::to_string(-n) + ", " + std::to_string(n - 1) + "]";
+    const auto a = std::size_t(d < 0 ? d + n : d);
+    if ((*reduced)[a]) return "dimension " + std::to_string(d) + " is repeated";
+    (*reduced)[a] = true;
+  }
+  out->clear();
+  for (std::size_t i = 0; i < in.dims.size(); ++i)
+    if (!(*reduced)[i]) out->push_back(in.dims[i]);
+    else if (keep) out->push_back(1);
+  return "";
+}
+/// Reduces v (shape dims, row-major) over the flagged axes with op (max or sum), row-major result.
+std::vector<double> reduce_values(const std::vector<double>& v, const dims_t& dims, const std::vector<bool>& reduced,
+                                  bool take_max) {
+  const std::size_t nd = dims.size();
+  std::vector<int64_t> out_stride(nd, 0);
+  int64_t s = 1, count = 1;
+  for (std::size_t i = nd; i-- > 0;)
+    if (!reduced[i]) {
+      out_stride[i] = s;
+      s *= dims[i];
+    }
+  count = s;
+  std::vector<double> out(std::size_t(count), take_max ? -HUGE_VAL : 0.0);
+  std::vector<bool> seen(std::size_t(count), false);
+  std::vector<int64_t> idx(nd, 0);
+  for (std::size_t k = 0; k < v.size(); ++k) {
+    int64_t o = 0;
+    for (std::size_t i = 0; i < nd; ++i) o += idx[i] * out_stride[i];
+    double& r = out[std::size_t(o)];
+    if (take_max) r = !seen[std::size_t(o)] || v[k] > r || std::isnan(v[k]) ? v[k] : r;
+    else r += v[k];
+    seen[std::size_t(o)] = true;
+    for (std::size_t i = nd; i-- > 0;) {
+      if (++idx[i] < dims[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+extern "C" aclnnStatus aclnnAmaxGetWorkspaceSize(const aclTensor* self, const aclIntArray* dim, bool keepDim,
+                                                 aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+  constexpr const char* name = "aclnnAmax";
+  INJECT_PHASE1("aclnnAmax");
+  NEED(self, name, "self");
+  NEED(dim, name, "dim");
+  NEED(out, name, "out");
+  if (!is_reducible(self->dtype)) return invalid(name, std::string("self dtype ") + dtype_name(self->dtype) + " not supported");
+  if (out->dtype != self->dtype)
+    return invalid(name, std::string("out dtype ") + dtype_name(out->dtype) + " differs from self's " +
+                             dtype_name(self->dtype) + " (documented: the same dtype)");
+  dims_t want;
+  std::vector<bool> reduced;
+  if (auto why = reduce_shape(*self, dim->v, keepDim, &want, &reduced); !why.empty()) return invalid(name, why);
+  for (std::size_t i = 0; i < reduced.size(); ++i)
+    if (reduced[i] && self->dims[i] == 0) return invalid(name, "a reduced dimension of self has size 0");
+  if (out->dims != want) return invalid(name, "out is " + dims_string(out->dims) + ", expected " + dims_string(want));
+  const aclTensor S = *self, O = *out;
+  return make_executor(name, {self, out}, 0,
+                       [=](void*) { scatter(O, reduce_values(gather(S), S.dims, reduced, true)); }, ws, ex);
+}
+PHASE2(aclnnAmax)
+
+extern "C" aclnnStatus aclnnReduceSumGetWorkspaceSize(const aclTensor* self, const aclIntArray* dims, bool keepDims,
+                                                      aclDataType dtype, aclTensor* out, uint64_t* ws,
+                                                      aclOpExecutor** ex) {
+  constexpr const char* name = "aclnnReduceSum";
+  INJECT_PHASE1("aclnnReduceSum");
+  NEED(self, name, "self");
+  NEED(dims, name, "dims");
+  NEED(out, name, "out");
+  if (!is_reducible(self->dtype)) return invalid(name, std::string("self dtype ") + dtype_name(self->dtype) + " not supported");
+  if (!is_reducible(dtype)) return invalid(name, std::string("dtype ") + dtype_name(dtype) + " not supported");
+  if (out->dtype != dtype)
+    return invalid(name, std::string("dtype ") + dtype_name(dtype) + " differs from out's dtype " + dtype_name(out->dtype));
+  dims_t want;
+  std::vector<bool> reduced;
+  if (auto why = reduce_shape(*self, dims->v, keepDims, &want, &reduced); !why.empty()) return invalid(name, why);
+  if (out->dims != want) return invalid(name, "out is " + dims_string(out->dims) + ", expected " + dims_string(want));
+  const aclTensor S = *self, O = *out;
+  return make_executor(name, {self, out}, 0,
+                       [=](void*) { scatter(O, reduce_values(gather(S), S.dims, reduced, false)); }, ws, ex);
+}
+PHASE2(aclnnReduceSum)
+
+static aclnnStatus unary_inplace(const char* name, aclTensor* selfRef, double (*f)(double), uint64_t* ws,
+                                 aclOpExecutor** ex) {
+  NEED(selfRef, name, "selfRef");
+  if (!is_nn_float(selfRef->dtype) && selfRef->dtype != ACL_DOUBLE)
+    return invalid(name, std::string("selfRef dtype ") + dtype_name(selfRef->dtype) +
+                             " not in FLOAT, FLOAT16, BFLOAT16, DOUBLE (an in-place result must be floating)");
+  if (selfRef->dims.size() > 8) return invalid(name, "selfRef has more than 8 dimensions");
+  const aclTensor S = *selfRef;
+  return make_executor(name, {selfRef}, 0,
+                       [=](void*) {
+                         auto v = gather(S);
+                         for (auto& x : v) x = f(x);
+                         scatter(S, v);
+                       },
+                       ws, ex);
+}
+
+extern "C" aclnnStatus aclnnInplaceExpGetWorkspaceSize(aclTensor* selfRef, uint64_t* ws, aclOpExecutor** ex) {
+  INJECT_PHASE1("aclnnInplaceExp");
+  return unary_inplace("aclnnInplaceExp", selfRef, [](double x) { return std::exp(x); }, ws, ex);
+}
+PHASE2(aclnnInplaceExp)
+
+extern "C" aclnnStatus aclnnInplaceLogGetWorkspaceSize(aclTensor* selfRef, uint64_t* ws, aclOpExecutor** ex) {
+  INJECT_PHASE1("aclnnInplaceLog");
+  return unary_inplace("aclnnInplaceLog", selfRef, [](double x) { return std::log(x); }, ws, ex);
+}
+PHASE2(aclnnInplaceLog)
+
+// aclnnClamp (hicann/ops-math conversion/clip_by_value_v2/docs/aclnnClamp.md, A2/A3 rows): self and
+// out FLOAT16, FLOAT, FLOAT64, INT8, UINT8, INT16, INT32, INT64 or BFLOAT16, out of self's dtype and
+// shape (161002 otherwise); NULL self or out, or both bounds NULL: 161001; each bound "数据类型需要
+// 可转换成self的数据类型": as for aclnnAdd's alpha (CanCast), a floating bound does not cast to an
+// integer self (161002). A NULL bound is no bound.
+extern "C" aclnnStatus aclnnClampGetWorkspaceSize(const aclTensor* self, const aclScalar* clipValueMin,
+                                                  const aclScalar* clipValueMax, aclTensor* out, uint64_t* ws,
+                                                  aclOpExecutor** ex) {
+  constexpr const char* name = "aclnnClamp";
+  INJECT_PHASE1("aclnnClamp");
+  NEED(self, name, "self");
+  NEED(out, name, "out");
+  if (!clipValueMin && !clipValueMax) return reject(name, param_nullptr, "clipValueMin and clipValueMax are both NULL");
+  const aclDataType dt = self->dtype;
+  if (!(is_nn_float(dt) || dt == ACL_DOUBLE || dt == ACL_INT8 || dt == ACL_UINT8 || dt == ACL_INT16 ||
+        dt == ACL_INT32 || dt == ACL_INT64))
+    return invalid(name, std::string("self dtype ") + dtype_name(dt) + " not supported");
+  if (out->dtype != dt || out->dims != self->dims)
+    return invalid(name, "out must have self's dtype and shape: " + shape_string(*self) + " vs " + shape_string(*out));
+  for (const aclScalar* b : {clipValueMin, clipValueMax})
+    if (b && is_integral(dt) && !is_integral(b->dtype))
+      return invalid(name, std::string("bound dtype ") + dtype_name(b->dtype) + " can't be cast to self's " +
+                               dtype_name(dt) + " (pass integer bounds)");
+  const aclTensor S = *self, O = *out;
+  const bool has_lo = clipValueMin, has_hi = clipValueMax;
+  const double lo = has_lo ? clipValueMin->value : 0.0, hi = has_hi ? clipValueMax->value : 0.0;
+  return make_executor(name, {self, out}, 0,
+                       [=](void*) {
+                         auto v = gather(S);
+                         for (auto& x : v) {
+                           if (has_hi) x = std::min(x, hi);
+                           if (has_lo) x = std::max(x, lo);
+                         }
+                         scatter(O, v);
+                       },
+                       ws, ex);
+}
+PHASE2(aclnnClamp)

@@ -9,5 +9,6 @@
 #include <loom/parallel/comm_threads.hpp>
 #include <loom/parallel/data_parallel.hpp>
 #include <loom/parallel/layout.hpp>
+#include <loom/parallel/scalars.hpp>
 #include <loom/parallel/schedule.hpp>
 #include <loom/parallel/tensor_parallel.hpp>

@@ -301,3 +301,120 @@ TEST_CASE("rule: HcclCommConfig fields \"not set\" (0xffffffff) follow HCCL_BUFF
     CHECK(loomemu_hccl_comm_config(half.native_handle()).deterministic == 1);
   });
 }
+
+/// Runs phase 2 of ex with a workspace of ws bytes and synchronizes; returns phase 2's status.
+static int run_phase2(loom::context<npu>& ctx, acl::aclnnStatus (*phase2)(void*, uint64_t, acl::aclOpExecutor*, acl::aclrtStream),
+                      acl::aclOpExecutor* ex, uint64_t ws) {
+  dbuf<float> work(std::size_t(ws / sizeof(float) + 1), ctx.stream);
+  const int rc = phase2(work.data(), ws, ex, ctx.stream);
+  (void)api().aclrtSynchronizeStream(ctx.stream);
+  return rc;
+}
+
+TEST_CASE("rule: aclnnAmax writes out of self's dtype, reduces named axes once each (-> 161002)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  const int64_t N = 3, C = 5;
+  const std::vector<float> hx{1, -2, 7, 0, 3, -1, -5, -3, -4, -2, 9, 9, 8, 0, 1};
+  dbuf<float> x(hx.size(), ctx.stream), o(std::size_t(N), ctx.stream);
+  dbuf<Eigen::bfloat16> o16(std::size_t(N), ctx.stream);
+  npu::copy_to_device(x.data(), hx.data(), hx.size() * sizeof(float), ctx.stream);
+  auto* X = raw(x.data(), acl::dt_float, {N, C});
+  auto* O = raw(o.data(), acl::dt_float, {N});
+  auto* O16 = raw(o16.data(), acl::dt_bf16, {N});
+  const int64_t d1[] = {1}, d_twice[] = {1, -1}, d_out[] = {2};
+  auto* dim = api().aclCreateIntArray(d1, 1);
+  auto* twice = api().aclCreateIntArray(d_twice, 2);
+  auto* outside = api().aclCreateIntArray(d_out, 1);
+  uint64_t ws = 0;
+  acl::aclOpExecutor* ex = nullptr;
+  CHECK(api().aclnnAmaxGetWorkspaceSize(X, dim, false, O16, &ws, &ex) == 161002);  // out must be FLOAT like self
+  CHECK(api().aclnnAmaxGetWorkspaceSize(X, twice, false, O, &ws, &ex) == 161002);  // axis 1 named twice
+  CHECK(recent().find("repeated") != std::string::npos);
+  CHECK(api().aclnnAmaxGetWorkspaceSize(X, outside, false, O, &ws, &ex) == 161002);  // axis 2 of a 2-D self
+  CHECK(api().aclnnAmaxGetWorkspaceSize(X, dim, true, O, &ws, &ex) == 161002);  // keepDim: out is (N, 1)
+  CHECK(api().aclnnAmaxGetWorkspaceSize(X, nullptr, false, O, &ws, &ex) == 161001);
+  REQUIRE(api().aclnnAmaxGetWorkspaceSize(X, dim, false, O, &ws, &ex) == 0);
+  CHECK(run_phase2(ctx, api().aclnnAmax, ex, ws) == 0);
+  CHECK(download(ctx, o.data(), std::size_t(N)) == std::vector<float>{7, -1, 9});
+  api().aclDestroyIntArray(dim);
+  api().aclDestroyIntArray(twice);
+  api().aclDestroyIntArray(outside);
+  for (auto* p : {X, O, O16}) api().aclDestroyTensor(p);
+}
+
+TEST_CASE("rule: aclnnReduceSum's dtype must equal out's, axes in range (-> 161002)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  const int64_t N = 2, C = 3;
+  const std::vector<float> hx{1, 2, 3, 4, 5, 6};
+  dbuf<float> x(hx.size(), ctx.stream), o(std::size_t(N), ctx.stream);
+  npu::copy_to_device(x.data(), hx.data(), hx.size() * sizeof(float), ctx.stream);
+  auto* X = raw(x.data(), acl::dt_float, {N, C});
+  auto* O = raw(o.data(), acl::dt_float, {N});
+  const int64_t d1[] = {-1}, d_out[] = {-3};
+  auto* dim = api().aclCreateIntArray(d1, 1);
+  auto* outside = api().aclCreateIntArray(d_out, 1);
+  uint64_t ws = 0;
+  acl::aclOpExecutor* ex = nullptr;
+  CHECK(api().aclnnReduceSumGetWorkspaceSize(X, dim, false, acl::dt_float16, O, &ws, &ex) == 161002);
+  CHECK(recent().find("dtype") != std::string::npos);
+  CHECK(api().aclnnReduceSumGetWorkspaceSize(X, outside, false, acl::dt_float, O, &ws, &ex) == 161002);
+  CHECK(api().aclnnReduceSumGetWorkspaceSize(nullptr, dim, false, acl::dt_float, O, &ws, &ex) == 161001);
+  REQUIRE(api().aclnnReduceSumGetWorkspaceSize(X, dim, false, acl::dt_float, O, &ws, &ex) == 0);
+  CHECK(run_phase2(ctx, api().aclnnReduceSum, ex, ws) == 0);
+  CHECK(download(ctx, o.data(), std::size_t(N)) == std::vector<float>{6, 15});
+  api().aclDestroyIntArray(dim);
+  api().aclDestroyIntArray(outside);
+  for (auto* p : {X, O}) api().aclDestroyTensor(p);
+}
+
+TEST_CASE("rule: aclnnClamp on INT64 takes integer bounds only; a bound is required (-> 161002 / 161001)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  const std::vector<std::int64_t> hx{-7, -1, 0, 3, 16, 99};
+  const auto n = int64_t(hx.size());
+  dbuf<std::int64_t> x(hx.size(), ctx.stream), o(hx.size(), ctx.stream);
+  npu::copy_to_device(x.data(), hx.data(), hx.size() * sizeof(std::int64_t), ctx.stream);
+  auto* X = raw(x.data(), acl::dt_int64, {n});
+  auto* O = raw(o.data(), acl::dt_int64, {n});
+  std::int64_t lo = -1, hi = 16;
+  float lo_f = -1.0f;
+  auto* Lo = api().aclCreateScalar(&lo, acl::dt_int64);
+  auto* Hi = api().aclCreateScalar(&hi, acl::dt_int64);
+  auto* LoF = api().aclCreateScalar(&lo_f, acl::dt_float);
+  uint64_t ws = 0;
+  acl::aclOpExecutor* ex = nullptr;
+  CHECK(api().aclnnClampGetWorkspaceSize(X, LoF, Hi, O, &ws, &ex) == 161002);  // FLOAT does not cast to INT64
+  CHECK(api().aclnnClampGetWorkspaceSize(X, nullptr, nullptr, O, &ws, &ex) == 161001);
+  REQUIRE(api().aclnnClampGetWorkspaceSize(X, Lo, Hi, O, &ws, &ex) == 0);
+  CHECK(run_phase2(ctx, api().aclnnClamp, ex, ws) == 0);
+  std::vector<std::int64_t> got(hx.size());
+  npu::copy_to_host(got.data(), o.data(), got.size() * sizeof(std::int64_t), ctx.stream);
+  ctx.synchronize();
+  CHECK(got == std::vector<std::int64_t>{-1, -1, 0, 3, 16, 16});
+  for (auto* s : {Lo, Hi, LoF}) api().aclDestroyScalar(s);
+  for (auto* p : {X, O}) api().aclDestroyTensor(p);
+}
+
+TEST_CASE("rule: aclnnInplaceExp / aclnnInplaceLog need a floating selfRef (INT64 -> 161002)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  dbuf<std::int64_t> i(4, ctx.stream);
+  dbuf<float> f(4, ctx.stream);
+  const std::vector<float> hf{0.0f, 1.0f, -2.0f, 0.5f};
+  npu::copy_to_device(f.data(), hf.data(), hf.size() * sizeof(float), ctx.stream);
+  auto* I = raw(i.data(), acl::dt_int64, {4});
+  auto* F = raw(f.data(), acl::dt_float, {4});
+  uint64_t ws = 0;
+  acl::aclOpExecutor* ex = nullptr;
+  CHECK(api().aclnnInplaceExpGetWorkspaceSize(I, &ws, &ex) == 161002);
+  CHECK(api().aclnnInplaceLogGetWorkspaceSize(I, &ws, &ex) == 161002);
+  REQUIRE(api().aclnnInplaceExpGetWorkspaceSize(F, &ws, &ex) == 0);
+  CHECK(run_phase2(ctx, api().aclnnInplaceExp, ex, ws) == 0);
+  REQUIRE(api().aclnnInplaceLogGetWorkspaceSize(F, &ws, &ex) == 0);
+  CHECK(run_phase2(ctx, api().aclnnInplaceLog, ex, ws) == 0);
+  const auto got = download(ctx, f.data(), 4);
+  for (std::size_t k = 0; k < 4; ++k) CHECK(got[k] == doctest::Approx(hf[k]).epsilon(1e-6));  // log(exp(x)) = x
+  for (auto* p : {I, F}) api().aclDestroyTensor(p);
+}

@@ -23,6 +23,7 @@
 #include <loom/kernels/ascend/layernorm.hpp>
 #include <loom/kernels/ascend/matmul.hpp>
 #include <loom/kernels/ascend/optimizer.hpp>
+#include <loom/kernels/ascend/vocab_parallel.hpp>
 #include <loom/kernels/ops.hpp>
 
 namespace loom::kernels {
@@ -162,6 +163,58 @@ struct ops<device::ascend, T> {
                   "loom::kernels::ops<ascend, T>::adamw_master: aclnnApplyAdamWV2/aclnnInplaceCopy have no kernel for "
                   "this storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::adamw_master(ctx, p, master, m, v, g, n, lr, b1, b2, eps, wd, gscale, t);
+  }
+  // The local pieces of the vocab-parallel embedding and cross-entropy (tensor parallelism;
+  // kernels/ascend/vocab_parallel.hpp, which documents each one's aclnn calls and its differences
+  // from the CPU's; the communication between them is parallel/tensor_parallel.hpp). Same
+  // arguments and write modes as ops<cpu, T>'s.
+  /// out (B*Tn, C) = this shard's embedding rows (zero for foreign tokens) + wpe (if not null).
+  static void embedding_shard_forward(ctx_t& ctx, T* out, const std::int32_t* tok, const T* wte_local, const T* wpe,
+                                      int B, int Tn, int C, int begin, int rows) {
+    const kernel_scope k(ctx.hook, "embedding_forward");
+    static_assert(ascend::supports_v<ascend::op::embedding, T>,
+                  "loom::kernels::ops<ascend, T>::embedding_shard_forward: aclnnEmbedding has no kernel for this "
+                  "storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::embedding_shard_forward(ctx, out, tok, wte_local, wpe, B, Tn, C, begin, rows);
+  }
+  /// dwte_local (rows, C) += for owned tokens; dwpe += when not null; in the gradient type G.
+  template <class G>
+  static void embedding_shard_backward(ctx_t& ctx, G* dwte_local, G* dwpe, const T* dout, const std::int32_t* tok, int B,
+                                       int Tn, int C, int begin, int rows) {
+    const kernel_scope k(ctx.hook, "embedding_backward");
+    static_assert(ascend::supports_v<ascend::op::embedding, T>,
+                  "loom::kernels::ops<ascend, T>::embedding_shard_backward: aclnnEmbeddingDenseBackward has no kernel "
+                  "for this storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::embedding_shard_backward(ctx, dwte_local, dwpe, dout, tok, B, Tn, C, begin, rows);
+  }
+  /// row_max (N) = max of the shard's real logit columns (targets are not read on the NPU).
+  static void vocab_shard_max(ctx_t& ctx, acc* row_max, const T* logits, const std::int32_t* /*targets*/, int N,
+                              int rows, int valid) {
+    const kernel_scope k(ctx.hook, "crossentropy_max");
+    static_assert(ascend::supports_v<ascend::op::crossentropy, T>,
+                  "loom::kernels::ops<ascend, T>::vocab_shard_max: aclnnAmax has no kernel for this storage type on "
+                  "Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::vocab_shard_max(ctx, row_max, logits, N, rows, valid);
+  }
+  /// stats (2N) = softmax denominators over the shard's real columns, owned target logits.
+  static void vocab_shard_sums(ctx_t& ctx, acc* stats, const T* logits, const acc* row_max, const std::int32_t* targets,
+                               int N, int rows, int valid, int begin) {
+    const kernel_scope k(ctx.hook, "crossentropy_sums");
+    static_assert(ascend::supports_v<ascend::op::crossentropy, T>,
+                  "loom::kernels::ops<ascend, T>::vocab_shard_sums: aclnnInplaceExp/aclnnReduceSum have no kernel for "
+                  "this storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::vocab_shard_sums(ctx, stats, logits, row_max, targets, N, rows, valid, begin);
+  }
+  /// losses (N) =, dlogits into logits when write_dlogits; returns the loss sum (synchronizes).
+  static acc vocab_shard_finish(ctx_t& ctx, T* logits, acc* losses, const acc* row_max, const acc* stats,
+                                const std::int32_t* targets, int N, int rows, int valid, int begin, bool write_dlogits,
+                                acc grad_scale) {
+    const kernel_scope k(ctx.hook, "crossentropy_finish");
+    static_assert(ascend::supports_v<ascend::op::crossentropy, T>,
+                  "loom::kernels::ops<ascend, T>::vocab_shard_finish: aclnnCrossEntropyLossGrad has no kernel for this "
+                  "storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    return ascend::vocab_shard_finish(ctx, logits, losses, row_max, stats, targets, N, rows, valid, begin,
+                                      write_dlogits, grad_scale);
   }
   template <class M>
   static void adamw(ctx_t& ctx, T* p, M* m, M* v, const T* g, std::size_t n, M lr, M b1, M b2, M eps, M wd, M gscale,

@@ -94,7 +94,7 @@ double pipeline_forward_backward(context<typename Model::device>& ctx, Model& mo
       observe(a, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
   }
-  if constexpr (PP > 1) pp.broadcast(std::span<double>(&loss, 1), PP - 1);
+  if constexpr (PP > 1) loss = parallel::broadcast_from(ctx, pp, loss, PP - 1);  // Note [host scalars]
   return loss;
 }
 

@@ -55,6 +55,7 @@
 #include <loom/nn/params.hpp>
 #include <loom/nn/shard.hpp>
 #include <loom/parallel/comm.hpp>
+#include <loom/parallel/scalars.hpp>
 #include <loom/parallel/tensor_parallel.hpp>
 #include <loom/policy.hpp>
 
@@ -370,9 +371,15 @@ class transformer {
         pp.send(std::span<const grad_t>(mine), 0, tag);
       }
       // first: mine + theirs; last: mine + theirs with the operands swapped — the same sum
-      // bitwise (fp addition commutes), so both copies stay identical.
-      for (std::size_t i = 0; i < mine.size(); ++i)
-        mine[i] = grad_t(acc_t(first_stage() ? mine[i] : theirs[i]) + acc_t(first_stage() ? theirs[i] : mine[i]));
+      // bitwise (fp addition commutes), so both copies stay identical. On a device whose memory
+      // the host cannot read, the device adds them (ops<device, grad_t>::residual_forward).
+      if constexpr (loom::device::host_accessible_v<device>) {
+        for (std::size_t i = 0; i < mine.size(); ++i)
+          mine[i] = grad_t(acc_t(first_stage() ? mine[i] : theirs[i]) + acc_t(first_stage() ? theirs[i] : mine[i]));
+      } else {
+        kernels::ops<device, grad_t>::residual_forward(ctx, mine.data(), first_stage() ? mine.data() : theirs.data(),
+                                                       first_stage() ? theirs.data() : mine.data(), mine.size());
+      }
     } else {
       (void)ctx;
       (void)pp;
@@ -398,8 +405,8 @@ class transformer {
   template <class Comm>
   double grad_norm(context<device>& ctx, Comm& tp, Comm& pp) const {
     double s = local_grad_sum_of_squares(ctx);
-    if constexpr (TP > 1) tp.all_reduce(std::span<double>(&s, 1), parallel::reduce_op::sum);
-    if constexpr (PP > 1) pp.all_reduce(std::span<double>(&s, 1), parallel::reduce_op::sum);
+    if constexpr (TP > 1) s = parallel::sum_over(ctx, tp, s);  // Note [host scalars]
+    if constexpr (PP > 1) s = parallel::sum_over(ctx, pp, s);
     return std::sqrt(s);
   }
 

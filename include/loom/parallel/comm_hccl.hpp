@@ -547,7 +547,10 @@ class hccl_communicator {
     order_before_compute();
   }
 
-  /// Waits for the communication stream, turning a timeout into comm_timeout.
+  /// Waits for the communication stream, turning a timeout into comm_timeout: loom's own
+  /// (options.timeout) or HCCL's (HCCL_EXEC_TIMEOUT: the operation's task fails with
+  /// ACL_ERROR_RT_TASK_TIMEOUT; the runtime's message, which the emulation makes name the
+  /// operation and the ranks that never arrived, is appended).
   void complete(const char* what) {
     order_before_compute();
     const auto ms = s_->options.timeout.count();
@@ -557,6 +560,11 @@ class hccl_communicator {
       throw comm_timeout(std::string("comm::hccl::") + what + " on group '" + name() + "' rank " +
                          std::to_string(rank()) + " did not complete within " + std::to_string(ms) +
                          " ms (a rank is missing or stuck); the communicator is unusable, end the run");
+    if (rc == device::detail::acl_status::rt_task_timeout)
+      throw comm_timeout(std::string("comm::hccl::") + what + " on group '" + name() + "' rank " +
+                         std::to_string(rank()) + " timed out in HCCL (HCCL_EXEC_TIMEOUT): " +
+                         device::detail::acl_recent_message(api()) +
+                         "; the communicator is unusable, end the run");
     device::detail::acl_check(api(), rc, "aclrtSynchronizeStreamWithTimeout");
   }
 

@@ -58,6 +58,7 @@
 #include <loom/optim/lr_schedule.hpp>
 #include <loom/parallel/comm.hpp>
 #include <loom/parallel/data_parallel.hpp>
+#include <loom/parallel/scalars.hpp>
 #include <loom/parallel/schedule.hpp>
 #include <loom/train/checkpoint_state.hpp>
 #include <loom/train/loss_scaler.hpp>
@@ -293,8 +294,8 @@ class basic_trainer {
     } else {
       sumsq = model_.local_grad_sum_of_squares(ctx);
     }
-    if constexpr (TP > 1) g_.tp.all_reduce(std::span<double>(&sumsq, 1), parallel::reduce_op::sum);
-    if constexpr (PP > 1) g_.pp.all_reduce(std::span<double>(&sumsq, 1), parallel::reduce_op::sum);
+    if constexpr (TP > 1) sumsq = parallel::sum_over(ctx, g_.tp, sumsq);  // Note [host scalars]
+    if constexpr (PP > 1) sumsq = parallel::sum_over(ctx, g_.pp, sumsq);
     r.grad_norm = std::sqrt(sumsq) / loss_scale;  // unscale, then clip
     if (reduce == phase::exposed_comm) {
       mark(phase::exposed_comm, false);
@@ -360,7 +361,7 @@ class basic_trainer {
       }
     }
     ctx.synchronize();
-    if constexpr (PP > 1) g_.pp.broadcast(std::span<double>(&sum, 1), PP - 1);
+    if constexpr (PP > 1) sum = parallel::broadcast_from(ctx, g_.pp, sum, PP - 1);
     return sum / double(rows * std::size_t(t));
   }
 

@@ -29,6 +29,7 @@ inline constexpr int rt_no_device = 207004;             // ACL_ERROR_RT_NO_DEVIC
 inline constexpr int rt_aicore_exception = 507015;      // ACL_ERROR_RT_AICORE_EXCEPTION
 inline constexpr int rt_stream_sync_timeout = 507046;   // ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
 inline constexpr int rt_event_sync_timeout = 507047;    // ACL_ERROR_RT_EVENT_SYNC_TIMEOUT
+inline constexpr int rt_task_timeout = 107020;          // ACL_ERROR_RT_TASK_TIMEOUT (e.g. HCCL_EXEC_TIMEOUT)
 inline constexpr int aclnn_param_nullptr = 161001;      // ACLNN_ERR_PARAM_NULLPTR
 inline constexpr int aclnn_param_invalid = 161002;      // ACLNN_ERR_PARAM_INVALID
 inline constexpr int aclnn_tiling_error = 561002;       // ACLNN_ERR_INNER_TILING_ERROR

@@ -45,28 +45,35 @@ void encoder_forward(ctx_t& ctx, T* out, const std::int32_t* tokens, const T* wt
   encoder_forward_rows(ctx, out, tokens, wte, wpe, B, Tn, C, table_rows(wte, C));
 }
 
+/// dwpe[t,:] += sum_b dout[b,t,:] (aclnnInplaceAddmm: dwpe as (1, T*C) += ones(1,B) dout(B, T*C));
+/// dwpe (>= T, C) +=, dout (B,T,C). G is the gradient type (kernels::gradient_t); when G != T the
+/// sum is formed in T scratch (aclnnMatmul) and widened into G (accumulate()).
+template <class T, class G = T>
+void position_backward(ctx_t& ctx, G* dwpe, const T* dout, int B, int Tn, int C) {
+  constexpr auto dt = dtype_of<T>();
+  const int64_t TC = int64_t(Tn) * C;
+  tensor e(ctx, ones<T>(ctx, std::size_t(B)), dt, {1, B}), d(ctx, dout, dt, {B, TC});
+  if constexpr (std::is_same_v<G, T>) {
+    tensor dp(ctx, dwpe, dt, {1, TC});
+    scalar one(ctx, 1.0f);
+    launch(ctx, "aclnnInplaceAddmm", ctx.api().aclnnInplaceAddmmGetWorkspaceSize, ctx.api().aclnnInplaceAddmm, dp, e, d, one, one, cube_math_type);
+  } else {
+    scratch<T> part(ctx, std::size_t(TC));
+    tensor dp(ctx, part.data(), dt, {1, TC});
+    launch(ctx, "aclnnMatmul", ctx.api().aclnnMatmulGetWorkspaceSize, ctx.api().aclnnMatmul, e, d, dp, cube_math_type);
+    accumulate(ctx, dwpe, part.data(), {TC});
+  }
+}
+
 /// dwte[tokens[b,t],:] += dout[b,t,:] (aclnnEmbeddingDenseBackward into fp32 scratch, then added);
-/// dwpe[t,:] += sum_b dout[b,t,:] (aclnnInplaceAddmm: dwpe as (1, T*C) += ones(1,B) dout(B, T*C)).
+/// dwpe[t,:] += sum_b dout[b,t,:] (position_backward).
 /// dwte (V,C) +=, dwpe (>= T, C) +=, dout (B,T,C). G is the gradient type (kernels::gradient_t);
 /// when G != T both sums are formed in T scratch and widened into G (accumulate()).
 template <class T, class G = T>
 void encoder_backward_rows(ctx_t& ctx, G* dwte, G* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn,
                            int C, int64_t V) {
   constexpr auto dt = dtype_of<T>();
-  const int64_t TC = int64_t(Tn) * C;
-  {
-    tensor e(ctx, ones<T>(ctx, std::size_t(B)), dt, {1, B}), d(ctx, dout, dt, {B, TC});
-    if constexpr (std::is_same_v<G, T>) {
-      tensor dp(ctx, dwpe, dt, {1, TC});
-      scalar one(ctx, 1.0f);
-      launch(ctx, "aclnnInplaceAddmm", ctx.api().aclnnInplaceAddmmGetWorkspaceSize, ctx.api().aclnnInplaceAddmm, dp, e, d, one, one, cube_math_type);
-    } else {
-      scratch<T> part(ctx, std::size_t(TC));
-      tensor dp(ctx, part.data(), dt, {1, TC});
-      launch(ctx, "aclnnMatmul", ctx.api().aclnnMatmulGetWorkspaceSize, ctx.api().aclnnMatmul, e, d, dp, cube_math_type);
-      accumulate(ctx, dwpe, part.data(), {TC});
-    }
-  }
+  position_backward(ctx, dwpe, dout, B, Tn, C);
   // out is float32 whatever grad's type: the CANN 8.1.RC1 header documents "数据类型支持float32类型"
   // for it (aclnnop/aclnn_embedding_dense_backward.h; 9.0 also accepts grad's types).
   scratch<float> tmp(ctx, std::size_t(V) * std::size_t(C));

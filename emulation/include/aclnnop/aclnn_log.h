@@ -1,0 +1,28 @@
+/*
+ * loom's HOST EMULATION of the Huawei CANN aclnn operator API — NOT the vendor header and NOT the
+ * vendor library. The phase-1 parameter list restates the prototype documented in hicann/ops-math
+ * math/log/docs/aclnnLog&aclnnInplaceLog.md (the in-place form) ("函数原型"); nothing was copied.
+ * The emulated operator computes on host memory.
+ */
+#ifndef LOOM_EMULATION_ACLNNOP_ACLNN_LOG_H_
+#define LOOM_EMULATION_ACLNNOP_ACLNN_LOG_H_
+
+#include "acl/acl_base.h"
+#include "aclnn/aclnn_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+ACLNN_API aclnnStatus aclnnInplaceLogGetWorkspaceSize(
+    aclTensor *selfRef,
+    uint64_t *workspaceSize,
+    aclOpExecutor **executor);
+ACLNN_API aclnnStatus aclnnInplaceLog(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+    aclrtStream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_EMULATION_ACLNNOP_ACLNN_LOG_H_ */
