@@ -36,8 +36,10 @@ struct dropout_state {
   double p = 0;           ///< drop probability; 0 = off
   std::uint64_t key = 0;  ///< dropout_key(seed, step, global micro-batch index)
 
+  /// True when this pass drops anything (p > 0).
   bool active() const noexcept { return p > 0; }
-  /// The mask of one site and global layer (0 for the embedding).
+  /// The mask of one site and global layer (0 for the embedding). Throws loom::input_error
+  /// unless 0 <= p < 1.
   dropout_mask mask(dropout_site site, int layer) const {
     return make_dropout_mask(p, dropout_site_key(key, std::uint64_t(site), std::uint64_t(layer)));
   }
@@ -50,8 +52,9 @@ struct dropout_plan {
   double p = 0;              ///< drop probability in [0, 1)
   std::uint64_t seed = 0;    ///< the run's dropout seed
   std::uint64_t step = 0;    ///< optimizer step (the trainer's step_count())
-  std::uint64_t first_micro = 0;
+  std::uint64_t first_micro = 0;  ///< global index of this rank's micro-batch 0
 
+  /// The dropout of local micro-batch `micro` (0-based) of the step; off when p is 0.
   dropout_state at(int micro) const noexcept {
     if (!(p > 0)) return {};
     return {p, dropout_key(seed, step, first_micro + std::uint64_t(micro))};
