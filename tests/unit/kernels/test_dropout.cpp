@@ -214,7 +214,7 @@ TEST_CASE("attention dropout: the fused kernel equals PyTorch float64 autograd w
       CAPTURE(with_out);
       const double e64 = max_abs_diff(run_fused<double>(qkv, dout, s, drop, with_out), want);
       const double e32 = max_abs_diff(run_fused<float>(qkv, dout, s, drop, with_out), want);
-      MESSAGE("threads " << threads << (with_out ? ", D from out" : ", D recomputed") << ": max |loom - torch| float64 "
+      MESSAGE("threads " << threads << std::string(with_out ? ", D from out" : ", D recomputed") << ": max |loom - torch| float64 "
                          << e64 << ", float32 " << e32 << " (values up to " << scale << ")");
       CHECK(e64 < 1e-12 * scale);
       CHECK(e32 < 2e-5 * scale);

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <string>
 
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
@@ -63,7 +64,7 @@ void check_gradients(const nn::dropout_state& drop) {
     worst = std::max(worst, e);
     CHECK(e < 1e-5);
   }
-  MESSAGE(M::name << (drop.active() ? " with dropout" : "") << ": worst relative gradient error over "
+  MESSAGE(std::string(M::name) << std::string(drop.active() ? " with dropout" : "") << ": worst relative gradient error over "
                   << nn::num_params<M> << " tensors " << worst << " (loss " << l0 << ")");
 }
 

@@ -182,7 +182,8 @@ void matrix_case(int dp, bool zero1, double dropout = 0) {
     worst_reshard = std::max(worst_reshard, std::abs(single.loss[i] / run.loss[save_at + i] - 1));
   CHECK(worst_reshard <= tol);
   MESSAGE(std::string(Prec::name) << " tp" << TP << "pp" << PP << " dp" << dp << std::string(zero1 ? " ZeRO-1" : "")
-                     << (dropout > 0 ? " dropout " + std::to_string(dropout) : std::string()) << ": " << steps
+                     << std::string(dropout > 0 ? " dropout " : "") << (dropout > 0 ? doctest::toString(dropout) : doctest::String())
+                     << ": " << steps
                      << " steps, worst relative loss deviation from one rank " << worst << " (bound " << tol
                      << "); resharded onto one rank " << worst_reshard);
 }
