@@ -47,6 +47,12 @@
 // with --model char_tiny (any DP on top); not yet data parallel on the one-layout path.
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --precision bf16
 //
+// Dropout (docs/model.md): --dropout P drops with probability P on the embedding, the attention
+// probabilities and both residual branches while training (GPT-2 used 0.1), never in validation
+// or sampling; off by default; masks are counter-based, so --resume and every --layout see the
+// same masks. CPU only.
+//   train_gpt --data ../shared/data/tinyshakespeare.txt --model char_tiny --dropout 0.1
+//
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or
 // malformed flag, a sequence length above the model's maximum) exits with status 2 and one
 // line naming the problem and the fix.
@@ -71,6 +77,7 @@
 #include <vector>
 
 #include <loom/bench/peak.hpp>
+#include <loom/core/dropout.hpp>
 #include <loom/core/memory.hpp>
 #include <loom/data/source.hpp>
 #if LOOM_WITH_TEXT
@@ -149,6 +156,7 @@ int run(const options& o, World* world) {
   cfg.adamw.weight_decay = o.weight_decay;
   cfg.adamw.max_grad_norm = o.max_grad_norm;
   cfg.seed = o.seed;
+  cfg.dropout = o.dropout;
   if (o.seq_len > M::max_seq)
     throw input_error("--seq-len " + std::to_string(o.seq_len) + " exceeds the maximum sequence length " +
                       std::to_string(M::max_seq) + " of model " + std::string(M::name) + "; pass --seq-len <= " +
@@ -532,6 +540,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "linear warm-up steps");
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (matrices only)");
   app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)");
+  app.add_option("--dropout", o.dropout,
+                 "dropout probability P, 0 <= P < 1, on the embedding, the attention probabilities and both residual "
+                 "branches while training (not in validation or sampling); 0 (default): off; CPU only");
   app.add_option("--val-fraction", o.val_fraction, "held out for validation: a fraction of a text file's bytes, of a dataset's documents");
   app.add_option("--eval-every", o.eval_every, "steps between validation evaluations (0: only at the end)");
   app.add_option("--eval-windows", o.eval_windows,
@@ -605,6 +616,7 @@ int main(int argc, char** argv) {
   if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
   try {
     if (app.count("--model") == 0 && loom::data::indexed_dataset_prefix(o.data)) o.model = "quickstart_bpe";
+    loom::check_dropout_probability(o.dropout, "--dropout");  // before any data is read
     if (!o.resume.empty() && !std::filesystem::exists(o.resume))  // before the model and data banner
       throw loom::input_error("--resume '" + o.resume + "' does not exist; pass the --checkpoint-dir of an earlier run "
                               "(e.g. out/ckpt) or one step_NNNNNNNN directory inside it");

@@ -85,6 +85,7 @@ int run_layout_impl(const options& o, World& world) {
   cfg.adamw.weight_decay = o.weight_decay;
   cfg.adamw.max_grad_norm = o.max_grad_norm;
   cfg.seed = o.seed;
+  cfg.dropout = o.dropout;
   if (o.seq_len > M::max_seq)
     throw input_error("--seq-len " + std::to_string(o.seq_len) + " exceeds the maximum sequence length " +
                       std::to_string(M::max_seq) + " of model " + std::string(M::name) + "; pass --seq-len <= " +

@@ -23,6 +23,9 @@
 ///      tp, then pp: every element of the unsharded model once, the same number on every rank;
 ///   5. skip the update on every rank if the norm is not finite; clip; AdamW (ZeRO-1: on the
 ///      owned chunks, then all-gather the parameters over dp).
+/// With trainer_config::dropout > 0, micro-batch i of dp rank r in step s trains with the masks
+/// of dropout_key(seed, s, r * grad_accum + i) (nn/dropout.hpp): the same on every layout and
+/// after a resume; evaluate() runs without dropout.
 /// The loss, gradient norm and update equal one rank's on the whole global batch up to fp32
 /// summation order.
 ///
@@ -392,10 +395,12 @@ class basic_trainer {
     auto ready = [&](int layer) {
       if (sync_ && layer >= 0) sync_->grads_ready(ctx, model_, layer);
     };
+    // masks keyed by (seed, step, global micro-batch): dp rank r's micro-batch i is r*m + i
+    const nn::dropout_plan drop{cfg_.dropout, cfg_.seed, std::uint64_t(step_), std::uint64_t(dp_rank()) * std::uint64_t(m)};
     if (!on_phase)
       return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                           inputs_.data(), targets_.data(), b, t, grad_scale,
-                                                          nn::no_observer{}, ready);
+                                                          nn::no_observer{}, ready, drop);
     // Phase attribution: the executor reports each action after it ran; the schedule is a pure
     // function, so the phase of the next action is known and opened as the previous one closes.
     std::size_t next = 0;
@@ -405,7 +410,8 @@ class basic_trainer {
       if (++next < plan_.size()) mark(phase_of(plan_[next].op), true);
     };
     return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
-                                                        inputs_.data(), targets_.data(), b, t, grad_scale, observe, ready);
+                                                        inputs_.data(), targets_.data(), b, t, grad_scale, observe, ready,
+                                                        drop);
   }
 
   static trainer_config checked(trainer_config c) {
@@ -424,6 +430,8 @@ class basic_trainer {
       throw input_error("gradient accumulation steps (the pipeline's micro-batches) must be >= 1; pass e.g. --grad-accum " +
                         std::to_string(PP));
     c.schedule.validate();
+    check_dropout_probability(c.dropout, "dropout (--dropout)");
+    model_t::check_dropout({c.dropout, 0});  // refuses p > 0 where dropout is not implemented
     return c;
   }
   void mark(phase p, bool begin) {

@@ -5,7 +5,8 @@
 //     (fp32 u = 2^-24: 1e-5 relative; bf16 u = 2^-8: 2^-7; fp16 u = 2^-11: 2^-9), the same loss
 //     scale and skipped steps as one rank;
 //   - a checkpoint saved after step 2 resumes on the same layout bit for bit (losses of steps
-//     3..4), and loads onto one rank (resharded) within the tolerance.
+//     3..4), and loads onto one rank (resharded) within the tolerance;
+//   - the same with dropout 0.1 for fp32 TP, PP and TP x DP (the masks do not depend on the layout).
 // CI runs a covering subset (every pair of precision, layout kind and ZeRO setting appears
 // together at least once: TEST_CASE "layout matrix (covering subset)"); the whole product is the
 // skipped TEST_CASE "layout matrix [full]" (run it with build/tests/loom_tests -tc='*full*'
@@ -65,8 +66,9 @@ std::vector<std::int32_t> windows(long s, int first, int count) {
   return out;
 }
 
-train::trainer_config config(int accum) {
+train::trainer_config config(int accum, double dropout) {
   train::trainer_config c;
+  c.dropout = dropout;
   c.micro_batch = B;
   c.seq_len = T;
   c.grad_accum = accum;
@@ -101,10 +103,10 @@ io::run_state state_at(long s) {
 
 /// One rank on the whole global batch: steps [from, to), optionally loading `load` first.
 template <class Prec>
-curve one_rank(long from, long to, const fs::path& load = {}) {
+curve one_rank(long from, long to, const fs::path& load = {}, double dropout = 0) {
   const one_thread guard;
   context<cpu> ctx;
-  train::trainer<M, policy<cpu, Prec>, B, T, kernels::fused, scaler_for<Prec>> tr(ctx, config(global_windows / B));
+  train::trainer<M, policy<cpu, Prec>, B, T, kernels::fused, scaler_for<Prec>> tr(ctx, config(global_windows / B, dropout));
   if (!load.empty()) io::load_checkpoint(ctx, load, tr);
   curve c;
   for (long s = load.empty() ? 0 : from; s < to; ++s) {
@@ -121,14 +123,14 @@ curve one_rank(long from, long to, const fs::path& load = {}) {
 /// collective save after step save_at into `save` (if given), or steps [save_at, steps) after
 /// loading `load`. Returns world rank 0's curve.
 template <class Prec, int TP, int PP>
-curve layout_run(int dp, bool zero1, const fs::path& save, const fs::path& load = {}) {
+curve layout_run(int dp, bool zero1, const fs::path& save, const fs::path& load = {}, double dropout = 0) {
   curve out;
   comm::run_threads(TP * PP * dp, [&](comm::threads& world) {
     const one_thread guard;
     context<cpu> ctx;
     const int share = global_windows / dp;
     train::parallel_trainer<M, policy<cpu, Prec, layout<TP, PP>>, B, T, comm::threads, kernels::fused, scaler_for<Prec>> tr(
-        ctx, config(share / B), world, parallel::ddp_options{.bucket_mb = 0.002, .zero1 = zero1});
+        ctx, config(share / B, dropout), world, parallel::ddp_options{.bucket_mb = 0.002, .zero1 = zero1});
     const long from = load.empty() ? 0 : save_at;
     if (!load.empty()) io::load_checkpoint(ctx, load, tr);
     curve c;
@@ -147,16 +149,17 @@ curve layout_run(int dp, bool zero1, const fs::path& save, const fs::path& load 
 /// One cell of the matrix: equivalence to one rank, bitwise resume on the layout, reshard to
 /// one rank.
 template <class Prec, int TP, int PP>
-void matrix_case(int dp, bool zero1) {
+void matrix_case(int dp, bool zero1, double dropout = 0) {
   CAPTURE(Prec::name);
   CAPTURE(TP);
   CAPTURE(PP);
   CAPTURE(dp);
   CAPTURE(zero1);
+  CAPTURE(dropout);
   const double tol = tolerance<Prec>();
-  const curve ref = one_rank<Prec>(0, steps);
+  const curve ref = one_rank<Prec>(0, steps, {}, dropout);
   temp_dir dir;
-  const curve run = layout_run<Prec, TP, PP>(dp, zero1, dir.path);
+  const curve run = layout_run<Prec, TP, PP>(dp, zero1, dir.path, {}, dropout);
   REQUIRE(run.loss.size() == std::size_t(steps));
   double worst = 0;
   for (int s = 0; s < steps; ++s) {
@@ -169,16 +172,18 @@ void matrix_case(int dp, bool zero1) {
   CHECK(ref.loss.back() < ref.loss.front());  // it trains
   // resume on the same layout: steps save_at.. bit for bit
   const fs::path ckpt = dir.path / io::checkpoint_dir_name(save_at);
-  const curve resumed = layout_run<Prec, TP, PP>(dp, zero1, {}, ckpt);
+  const curve resumed = layout_run<Prec, TP, PP>(dp, zero1, {}, ckpt, dropout);
   REQUIRE(resumed.loss.size() == std::size_t(steps - save_at));
   CHECK(std::memcmp(resumed.loss.data(), run.loss.data() + save_at, resumed.loss.size() * sizeof(double)) == 0);
   // reshard onto one rank: within the tolerance of the layout's own continuation
-  const curve single = one_rank<Prec>(save_at, steps, ckpt);
+  const curve single = one_rank<Prec>(save_at, steps, ckpt, dropout);
   double worst_reshard = 0;
   for (std::size_t i = 0; i < single.loss.size(); ++i)
     worst_reshard = std::max(worst_reshard, std::abs(single.loss[i] / run.loss[save_at + i] - 1));
   CHECK(worst_reshard <= tol);
-  MESSAGE(std::string(Prec::name) << " tp" << TP << "pp" << PP << " dp" << dp << std::string(zero1 ? " ZeRO-1" : "") << ": " << steps
+  MESSAGE(std::string(Prec::name) << " tp" << TP << "pp" << PP << " dp" << dp << std::string(zero1 ? " ZeRO-1" : "")
+                     << std::string(dropout > 0 ? " dropout " : "") << (dropout > 0 ? doctest::toString(dropout) : doctest::String())
+                     << ": " << steps
                      << " steps, worst relative loss deviation from one rank " << worst << " (bound " << tol
                      << "); resharded onto one rank " << worst_reshard);
 }
@@ -204,6 +209,17 @@ TEST_CASE("layout matrix (covering subset): every layout trains like one rank, r
   matrix_case<precision::fp16, 1, 2>(1, false);
   matrix_case<precision::fp16, 2, 2>(1, false);
   matrix_case<precision::fp16, 2, 2>(2, false);
+}
+
+TEST_CASE("layout matrix with dropout 0.1: fp32 TP, PP, TP x DP equal one rank, resume bit for bit") {
+  // Masks are keyed by (seed, step, global micro-batch, global layer, global head, position)
+  // (nn/dropout.hpp), so a sharded or split run draws the single rank's masks: the same 1e-5
+  // bound as without dropout, and a resumed run repeats the uninterrupted one bit for bit.
+  const curve off = one_rank<precision::fp32>(0, steps), on = one_rank<precision::fp32>(0, steps, {}, 0.1);
+  for (int s = 0; s < steps; ++s) CHECK(on.loss[std::size_t(s)] != off.loss[std::size_t(s)]);  // dropout is on
+  matrix_case<precision::fp32, 2, 1>(1, false, 0.1);
+  matrix_case<precision::fp32, 1, 2>(1, false, 0.1);
+  matrix_case<precision::fp32, 2, 1>(2, true, 0.1);
 }
 
 TEST_CASE("layout matrix [full]: the whole product" * doctest::skip()) {
