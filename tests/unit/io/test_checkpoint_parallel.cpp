@@ -105,10 +105,9 @@ double step(context<device::cpu>& ctx, trainer_t& tr, long s, int rank, int dp) 
 void collect_moments(const trainer_t& tr, std::vector<float>& m, std::vector<float>& v) {
   m.resize(trainer_t::model_t::num_parameters);
   v.resize(m.size());
-  const auto* sync = tr.data_parallel();
-  if (sync && sync->options().zero1) {
-    const auto sm = sync->first_moment_shard(), sv = sync->second_moment_shard();
-    for (const auto& q : sync->moment_ranges()) {
+  if (const auto* z = tr.zero1_optimizer()) {
+    const auto sm = z->first_moment(), sv = z->second_moment();
+    for (const auto& q : z->ranges()) {
       std::memcpy(m.data() + q.param_offset, sm.data() + q.shard_offset, q.length * sizeof(float));
       std::memcpy(v.data() + q.param_offset, sv.data() + q.shard_offset, q.length * sizeof(float));
     }
@@ -171,7 +170,7 @@ run_result run(int dp, bool zero1, long from, long to, const fs::path& load = {}
     if (zero1) {
       std::vector<float> m, v;
       collect_moments(tr, m, v);
-      for (const auto& q : tr.data_parallel()->moment_ranges())
+      for (const auto& q : tr.zero1_optimizer()->ranges())
         for (std::size_t i = 0; i < q.length; ++i) {
           out.m[q.param_offset + i] = m[q.param_offset + i];
           out.v[q.param_offset + i] = v[q.param_offset + i];
