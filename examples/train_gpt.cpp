@@ -232,9 +232,9 @@ int run(const options& o, World* world) {
     if (const auto* s = tr.data_parallel()) {
       const auto m = s->memory();
       std::printf("data parallel: %d ranks (%s), %zu buckets of <= %.2f MiB, overlap %s%s | per rank: buckets %.1f MiB, "
-                  "AdamW moments %.1f MiB (ZeRO-1 saves %.1f MiB)\n",
+                  "optimizer state %.1f MiB\n",
                   dp, o.comm.c_str(), s->bucket_count(), o.bucket_mb, o.no_overlap ? "off" : "on",
-                  o.zero1 ? ", ZeRO-1" : "", m.buckets / 1048576.0, m.moments / 1048576.0, m.saved() / 1048576.0);
+                  o.zero1 ? ", ZeRO-1" : "", m.buckets / 1048576.0, tr.optimizer_bytes() / 1048576.0);
     }
     std::fflush(stdout);
   }
@@ -275,10 +275,7 @@ int run(const options& o, World* world) {
   memory_counter mem;
   mem.add(memory_kind::parameters, tr.model().parameters().bytes());
   mem.add(memory_kind::gradients, tr.model().gradients().bytes());
-  mem.add(memory_kind::optimizer, tr.data_parallel() ? tr.data_parallel()->memory().moments
-                                                     : 2 * tr.optimizer().first_moment().bytes());
-  if constexpr (optim::adamw<typename trainer_t::model_t>::has_master)
-    mem.add(memory_kind::optimizer, tr.optimizer().master_weights().bytes());  // fp32 masters (bf16, fp16)
+  mem.add(memory_kind::optimizer, tr.optimizer_bytes());  // moments (+ fp32 masters below fp32); 1/dp with ZeRO-1
   mem.add(memory_kind::activations, tr.activation_bytes());
   // per rank, times the ranks: each rank measures with its share of the cores (only rank 0 prints)
   const double peak = dp * (o.peak_gflops > 0 ? o.peak_gflops : lead ? bench::measure_fp32_peak().gflops : 1.0);

@@ -170,10 +170,10 @@ int run_layout_impl(const options& o, World& world) {
   memory_counter mem;  // this rank's (rank 0's on the console): its shards, its stage's activations
   mem.add(memory_kind::parameters, tr.model().parameters().bytes());
   mem.add(memory_kind::gradients, tr.model().gradients().bytes());
-  mem.add(memory_kind::optimizer, tr.optimizer_bytes());  // with --zero1 this rank's 1/dp of the moments
+  mem.add(memory_kind::optimizer, tr.optimizer_bytes());  // with --zero1 this rank's 1/dp of moments and masters
   mem.add(memory_kind::activations, tr.activation_bytes());
   const std::size_t dp_buffers = tr.data_parallel() ? tr.data_parallel()->memory().buckets : 0;
-  mem.add(memory_kind::other, dp_buffers);  // ZeRO-1's reduce-scatter staging buckets (about one gradient buffer)
+  mem.add(memory_kind::other, dp_buffers);  // the dp buckets (about one gradient buffer; ZeRO-1 bf16/fp16: +half)
   const double peak = world.size() * (o.peak_gflops > 0 ? o.peak_gflops : lead ? bench::measure_fp32_peak().gflops : 1.0);
   if (lead) {
     std::printf("model %s: %d layers, %d heads, width %d, %zu parameters | micro-batch %d x seq %d x accum %d%s = %zu tokens/step\n",
