@@ -146,6 +146,26 @@ function(loom_ascend_emulation_tests)
     add_test(NAME ascend_hccl_rank_table COMMAND loom_ascend_rank_table_tests WORKING_DIRECTORY "${root}")
     set_tests_properties(ascend_hccl_rank_table PROPERTIES
       ENVIRONMENT "${env};OMP_NUM_THREADS=1" PROCESSORS 2 LABELS ascend TIMEOUT 300)
+    # The same workers under `mpirun -np 2`, RANK_ID taken from the launcher's rank variable by a
+    # shell wrapper (as a user's script does). The table is copied into the build tree: the
+    # emulation's segment is named after the table's path, so build trees never share one.
+    if(MPIEXEC_EXECUTABLE)
+      set(rank_table_copy "${CMAKE_CURRENT_BINARY_DIR}/rank_table_np2/hccl.json")
+      configure_file("${root}/tests/ascend/rank_table/hccl_np2.json" "${rank_table_copy}" COPYONLY)
+      set(mpi_flags ${MPIEXEC_PREFLAGS})
+      execute_process(COMMAND "${MPIEXEC_EXECUTABLE}" --version OUTPUT_VARIABLE mpi_version ERROR_QUIET)
+      if(mpi_version MATCHES "Open MPI|OpenRTE")
+        list(APPEND mpi_flags --oversubscribe --allow-run-as-root)
+      endif()
+      add_test(NAME ascend_hccl_rank_table_mpirun
+               COMMAND "${MPIEXEC_EXECUTABLE}" ${MPIEXEC_NUMPROC_FLAG} 2 ${mpi_flags}
+                       sh -c "RANK_ID=\${OMPI_COMM_WORLD_RANK:-\${PMI_RANK}} exec \"\$0\""
+                       $<TARGET_FILE:loom_ascend_rank_table_tests> ${MPIEXEC_POSTFLAGS}
+               WORKING_DIRECTORY "${root}")
+      set_tests_properties(ascend_hccl_rank_table_mpirun PROPERTIES
+        ENVIRONMENT "${env};OMP_NUM_THREADS=1;LOOM_RANK_TABLE_WORKER=1;RANK_TABLE_FILE=${rank_table_copy};HCCL_CONNECT_TIMEOUT=60"
+        PROCESSORS 2 LABELS "ascend;mpi" TIMEOUT 300)
+    endif()
   endif()
 
   # Loading, not linking: the test binary must not depend on any CANN library name.

@@ -69,6 +69,8 @@ struct rank_table_problem {
 class rank_table {
  public:
   rank_table() = default;
+  /// A table as check_rank_table_text builds it: `entries` sorted by rank_id, rank_ids 0..n-1
+  /// (not re-checked here; use read_rank_table / check_rank_table to get a checked one).
   rank_table(std::filesystem::path path, int server_count, std::vector<rank_table_entry> entries)
       : path_(std::move(path)), server_count_(server_count), entries_(std::move(entries)) {}
 
@@ -76,7 +78,9 @@ class rank_table {
   const std::filesystem::path& path() const noexcept { return path_; }
   /// Number of ranks (devices over all servers).
   int size() const noexcept { return int(entries_.size()); }
+  /// Number of servers ("server_count", equal to the length of "server_list").
   int server_count() const noexcept { return server_count_; }
+  /// Every rank, in rank_id order.
   const std::vector<rank_table_entry>& entries() const noexcept { return entries_; }
 
   /// Throws input_error naming the file and the fix unless 0 <= rank < size().
@@ -323,7 +327,7 @@ inline std::vector<rank_table_problem> check_rank_table(const std::filesystem::p
   return check_rank_table_text(text.str(), path, out);
 }
 
-/// One message for a list of problems: "rank table <file>: <what>; <fix>" per line.
+/// One message for a list of problems: "<what>; fix: <fix>", one problem per line.
 inline std::string describe(const std::vector<rank_table_problem>& problems) {
   std::string msg;
   for (const auto& p : problems) msg += (msg.empty() ? "" : "\n") + p.what + "; fix: " + p.fix;

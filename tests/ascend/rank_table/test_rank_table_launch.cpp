@@ -5,7 +5,9 @@
 //    rank table path), all-reduce and send/recv, and check the values;
 //  * in one process: the emulation's HcclCommInitClusterInfo rejects each bad table as HCCL does,
 //    and loom's create_from_rank_table reports a bad table before calling HCCL.
-// CTest: ascend_hccl_rank_table (cmake/LoomAscendEmulation.cmake); a few seconds.
+// CTest: ascend_hccl_rank_table (cmake/LoomAscendEmulation.cmake); under a second. With
+// LOOM_RANK_TABLE_WORKER=1 the binary is one worker (RANK_TABLE_FILE, RANK_ID from the
+// environment): CTest ascend_hccl_rank_table_mpirun starts two under mpirun with hccl_np2.json.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
