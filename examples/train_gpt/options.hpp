@@ -33,7 +33,7 @@ struct options {
   std::string checkpoint_dir, resume, export_hf, init_from_hf;
   long save_every = 100, stop_at_step = 0;
   int keep = 5;
-  // data parallelism (parallel/data_parallel.hpp, docs/parallel.md)
+  // data parallelism (train/data_parallel.hpp, docs/parallel.md)
   int ranks = 1;
   std::string comm = "threads";
   double bucket_mb = 1.0;

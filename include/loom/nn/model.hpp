@@ -356,7 +356,7 @@ class transformer {
   /// gradient scratch is overwritten; on stages other than the first leaves the input gradient
   /// in acts.input_grad(). inputs, b, t as given to forward. Collective over tp when TP > 1.
   /// `ready(layer)` is called as soon as this pass will not touch some gradients again (data
-  /// parallelism starts their reduction while backward goes on, parallel/data_parallel.hpp):
+  /// parallelism starts their reduction while backward goes on, train/data_parallel.hpp):
   ///   ready(L)            after the LM head and the final norm: the rows only the last stage
   ///                       uses (nn::ready_event) are final (on other stages: at once)
   ///   ready(l), l = L-1..0  after block l: its slices of the per-layer rows are final

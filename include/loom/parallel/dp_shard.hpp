@@ -1,6 +1,6 @@
 #pragma once
 /// \file The part of the parameter buffer one data-parallel rank owns under ZeRO-1, as the
-/// data-parallel engine (parallel/data_parallel.hpp) cuts it and a sharded optimizer
+/// data-parallel engine (train/data_parallel.hpp) cuts it and a sharded optimizer
 /// (optim/zero1.hpp) keeps its state for it.
 ///
 /// Include order between parallel/ and optim/: one way only. parallel/ never includes optim/

@@ -16,7 +16,7 @@
 ///      pipeline group (nn::pipeline_forward_backward; PP = 1: forward, backward per
 ///      micro-batch), TP collectives inside each layer; during the last micro-batch's backward
 ///      the model's ready(layer) events start the dp reduction of the finished buckets
-///      (parallel/data_parallel.hpp), so it overlaps the backward on every layout;
+///      (train/data_parallel.hpp), so it overlaps the backward on every layout;
 ///   3. sum a tied embedding's two copies (first and last stage), then reduce its bucket;
 ///   4. wait for the buckets (all-reduce, or ZeRO-1's reduce-scatter); the squared norm of this
 ///      rank's chunks of the rows that count on it (nn::counts_in_norm), summed over dp, then
@@ -63,7 +63,7 @@
 #include <loom/optim/lr_schedule.hpp>
 #include <loom/optim/zero1.hpp>
 #include <loom/parallel/comm.hpp>
-#include <loom/parallel/data_parallel.hpp>
+#include <loom/train/data_parallel.hpp>
 #include <loom/parallel/scalars.hpp>
 #include <loom/parallel/schedule.hpp>
 #include <loom/train/checkpoint_state.hpp>

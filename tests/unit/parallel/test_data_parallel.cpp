@@ -1,4 +1,4 @@
-// Data parallelism (parallel/data_parallel.hpp through train::trainer) on comm::threads: DP = 2
+// Data parallelism (train/data_parallel.hpp through train::trainer) on comm::threads: DP = 2
 // and 4 give the loss and every gradient of one rank on the same global batch; 20 steps give the
 // same loss curve; accumulation with padded targets; ZeRO-1 equals DDP; no-overlap equals
 // overlap; a rank that never joins times out; a diverged replica is caught; the loader's

@@ -1,5 +1,7 @@
 #pragma once
-/// \file Data parallelism for layout<1,1>: bucketed gradient all-reduce overlapped with backward
+/// \file Data parallelism (in train/: it reduces a model's gradient buffer, named by the
+/// parameter table, for an optimizer, so it sits above nn/ and optim/; namespace parallel):
+/// bucketed gradient all-reduce overlapped with backward
 /// (PyTorch DDP's scheme), the communication of ZeRO-1 (reduce-scatter, parameter all-gather),
 /// agreed decisions, and a replica check.
 /// train::trainer drives it through the grad_sync<G> interface (its communicator-taking
