@@ -17,28 +17,13 @@
 #include <loom/train/metrics.hpp>
 
 #include "support.hpp"
+#include "../support/scoped.hpp"
 
 using namespace loom_test;
 namespace fs = std::filesystem;
 
 namespace {
-/// Sets an environment variable for the scope, restoring the old value.
-struct scoped_env {
-  std::string name;
-  std::string old;
-  bool had;
-  scoped_env(const char* n, const char* value) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (o) old = o;
-    if (value) ::setenv(n, value, 1);
-    else ::unsetenv(n);
-  }
-  ~scoped_env() {
-    if (had) ::setenv(name.c_str(), old.c_str(), 1);
-    else ::unsetenv(name.c_str());
-  }
-};
+using loom_test::scoped_env;
 /// A fresh temporary directory, removed at scope exit.
 struct temp_dir {
   fs::path path;

@@ -18,6 +18,8 @@
 #include <loom/kernels/cpu.hpp>
 #include <loom/nn/gpt.hpp>
 
+#include "../../support/scoped.hpp"
+
 #include "../../support/gradcheck.hpp"
 
 #ifdef _OPENMP
@@ -52,28 +54,8 @@ void split_grads(result& r, const vec& dqkv, const shape& s) {
     }
 }
 
-int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
-/// Sets the OpenMP team size for one scope (the backward picks its path from it).
-struct thread_scope {
-  int saved = max_threads();
-  explicit thread_scope([[maybe_unused]] int n) {
-#ifdef _OPENMP
-    omp_set_num_threads(n);
-#endif
-  }
-  ~thread_scope() {
-#ifdef _OPENMP
-    omp_set_num_threads(saved);
-#endif
-  }
-};
+using loom_test::max_threads;
+using loom_test::thread_scope;
 
 /// Fused forward + backward in storage type T. Output buffers start as garbage and scratch
 /// as NaN, so anything read before it is written shows up.

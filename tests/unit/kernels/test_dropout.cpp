@@ -26,6 +26,8 @@
 #include <loom/nn/gpt.hpp>
 #include <loom/train/trainer.hpp>
 
+#include "../../support/scoped.hpp"
+
 #include "../../support/gradcheck.hpp"
 
 #ifdef _OPENMP
@@ -37,28 +39,8 @@ namespace {
 using namespace loom;
 using vec = std::vector<double>;
 
-int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
-/// Sets the OpenMP team size for one scope (the fused backward picks its path from it).
-struct thread_scope {
-  int saved = max_threads();
-  explicit thread_scope([[maybe_unused]] int n) {
-#ifdef _OPENMP
-    omp_set_num_threads(n);
-#endif
-  }
-  ~thread_scope() {
-#ifdef _OPENMP
-    omp_set_num_threads(saved);
-#endif
-  }
-};
+using loom_test::max_threads;
+using loom_test::thread_scope;
 
 struct problem {
   int B, T, C, NH;

@@ -13,6 +13,7 @@
 #include <loom/parallel/rank_table.hpp>
 
 #include "support/temp_dir.hpp"
+#include "../../support/scoped.hpp"
 
 namespace {
 
@@ -42,23 +43,7 @@ std::string replace(std::string s, const std::string& from, const std::string& t
 }
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-/// Sets (or unsets, value == nullptr) an environment variable for the scope.
-struct scoped_env {
-  std::string name;
-  std::string old;
-  bool had;
-  scoped_env(const char* n, const char* value) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    if (value) ::setenv(n, value, 1);
-    else ::unsetenv(n);
-  }
-  ~scoped_env() {
-    if (had) ::setenv(name.c_str(), old.c_str(), 1);
-    else ::unsetenv(name.c_str());
-  }
-};
+using loom_test::scoped_env;
 
 }  // namespace
 
