@@ -124,31 +124,22 @@ inline bool is_ip_address(const std::string& s) {
 
 }  // namespace detail
 
-/// Every problem of the rank table in `text` (the contents of `path`, named in the messages);
-/// empty when the table is valid, and then *out (if given) holds it. Does not read the file.
-inline std::vector<rank_table_problem> check_rank_table_text(const std::string& text,
-                                                             const std::filesystem::path& path,
-                                                             rank_table* out = nullptr) {
-  using json = nlohmann::json;
-  std::vector<rank_table_problem> problems;
-  const std::string file = path.string();
-  auto problem = [&](std::string what, std::string fix) { problems.push_back({std::move(what), std::move(fix)}); };
+namespace detail {
 
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    problem(file + " is not JSON (" + e.what() + ")",
-            "write the rank table as plain JSON (no comments: the // notes of the documentation's examples must "
-            "be deleted), e.g. check it with `python3 -m json.tool " + file + "`");
-    return problems;
-  }
-  if (!j.is_object()) {
-    problem(file + " is JSON but not an object", "the rank table is one object {\"status\": ..., \"server_list\": [...]}");
-    return problems;
-  }
-  // A string field of `o` (at `where`); nullptr, with a problem recorded, when absent or not a string.
-  auto str = [&](const json& o, const char* key, const std::string& where, bool required = true) -> const std::string* {
+/// The checks of one rank table's text: each records its problems (what is wrong, and the fix)
+/// and goes on, so that a user sees every problem of the file at once.
+class rank_table_checker {
+ public:
+  using json = nlohmann::json;
+  explicit rank_table_checker(std::string file) : file(std::move(file)) {}
+
+  std::string file;                          ///< the path, as messages name it
+  std::vector<rank_table_problem> problems;  ///< what was found so far
+
+  void problem(std::string what, std::string fix) { problems.push_back({std::move(what), std::move(fix)}); }
+
+  /// A string field of `o` (at `where`); nullptr, with a problem recorded, when absent or not a string.
+  const std::string* str(const json& o, const char* key, const std::string& where, bool required = true) {
     auto it = o.find(key);
     if (it == o.end()) {
       if (required)
@@ -163,150 +154,194 @@ inline std::vector<rank_table_problem> check_rank_table_text(const std::string& 
       return nullptr;
     }
     return it->get_ptr<const std::string*>();
-  };
-  // A decimal-integer string field; -1 when absent or malformed (problem recorded).
-  auto num = [&](const json& o, const char* key, const std::string& where) -> int {
+  }
+
+  /// A decimal-integer string field; -1 when absent or malformed (problem recorded).
+  int num(const json& o, const char* key, const std::string& where) {
     const std::string* s = str(o, key, where);
     if (!s) return -1;
-    const int v = detail::rank_table_int(*s);
+    const int v = rank_table_int(*s);
     if (v < 0)
       problem(file + ": " + where + "\"" + key + "\" is \"" + *s + "\", not a non-negative decimal integer",
               std::string("write \"") + key + "\" as a decimal string such as \"0\"");
     return v;
-  };
+  }
 
-  if (const std::string* status = str(j, "status", "the table ")) {
-    if (*status == "initializing")
-      problem(file + ": \"status\" is \"initializing\": the table is still being written",
-              "wait until the job scheduler (e.g. MindCluster's Ascend Operator) sets \"status\" to \"completed\", "
-              "then start the ranks");
-    else if (*status != "completed")
-      problem(file + ": \"status\" is \"" + *status + "\"", "set \"status\": \"completed\" once the table is final");
+  /// "status" and "version" of the table object `j`.
+  void check_status_and_version(const json& j) {
+    if (const std::string* status = str(j, "status", "the table ")) {
+      if (*status == "initializing")
+        problem(file + ": \"status\" is \"initializing\": the table is still being written",
+                "wait until the job scheduler (e.g. MindCluster's Ascend Operator) sets \"status\" to \"completed\", "
+                "then start the ranks");
+      else if (*status != "completed")
+        problem(file + ": \"status\" is \"" + *status + "\"", "set \"status\": \"completed\" once the table is final");
+    }
+    if (const std::string* version = str(j, "version", "the table ")) {
+      if (*version != "1.0")
+        problem(file + ": \"version\" is \"" + *version + "\"; loom reads the rank table template version \"1.0\"",
+                *version == "1.2" ? "1.2 is the A3 super-pod template: write the table in the 1.0 template (Atlas "
+                                    "training and A2 products), or launch with root info instead of a rank table"
+                                  : "set \"version\": \"1.0\" and use that template's fields");
+    }
   }
-  if (const std::string* version = str(j, "version", "the table ")) {
-    if (*version != "1.0")
-      problem(file + ": \"version\" is \"" + *version + "\"; loom reads the rank table template version \"1.0\"",
-              *version == "1.2" ? "1.2 is the A3 super-pod template: write the table in the 1.0 template (Atlas "
-                                  "training and A2 products), or launch with root info instead of a rank table"
-                                : "set \"version\": \"1.0\" and use that template's fields");
-  }
-  const int server_count = num(j, "server_count", "the table ");
 
-  auto list = j.find("server_list");
-  if (list == j.end()) {
-    problem(file + ": the table has no \"server_list\"",
-            "add \"server_list\": [{\"server_id\": ..., \"device\": [...]}], one entry per server");
-    return problems;
-  }
-  if (!list->is_array() || list->empty()) {
-    problem(file + ": \"server_list\" is " + (list->is_array() ? std::string("empty") : "not a list"),
-            "make \"server_list\" a list with one {\"server_id\", \"device\"} object per server");
-    return problems;
-  }
-  if (server_count >= 0 && std::size_t(server_count) != list->size())
-    problem(file + ": \"server_count\" is \"" + std::to_string(server_count) + "\" but \"server_list\" has " +
-                std::to_string(list->size()) + " server(s)",
-            "set \"server_count\": \"" + std::to_string(list->size()) + "\" (or add the missing servers)");
-  const bool many_servers = list->size() > 1;
-
-  std::vector<rank_table_entry> all;
-  std::vector<std::string> server_ids;
-  for (std::size_t s = 0; s < list->size(); ++s) {
-    const json& server = (*list)[s];
-    const std::string sw = "server_list[" + std::to_string(s) + "] ";
-    if (!server.is_object()) {
-      problem(file + ": " + sw + "is not an object", "each server is {\"server_id\": ..., \"device\": [...]}");
-      continue;
-    }
-    std::string sid;
-    if (const std::string* id = str(server, "server_id", sw)) {
-      sid = *id;
-      if (sid.empty() || sid.size() >= 64)
-        problem(file + ": " + sw + "\"server_id\" \"" + sid + "\" has " + std::to_string(sid.size()) + " characters",
-                "give every server a unique id of 1 to 63 characters (e.g. its host IP or \"node_0\")");
-      else if (std::find(server_ids.begin(), server_ids.end(), sid) != server_ids.end())
-        problem(file + ": server_id \"" + sid + "\" appears twice in \"server_list\"",
-                "give every server a unique \"server_id\" (one entry per machine, all its NPUs in its \"device\" list)");
-      server_ids.push_back(sid);
-    }
-    auto devices = server.find("device");
-    if (devices == server.end() || !devices->is_array() || devices->empty()) {
-      problem(file + ": " + sw + (devices == server.end() ? "has no \"device\" list" : "\"device\" is not a non-empty list"),
-              "list the server's NPUs: \"device\": [{\"device_id\": \"0\", \"device_ip\": ..., \"rank_id\": \"0\"}, ...]");
-      continue;
-    }
-    std::vector<int> seen_devices;
-    for (std::size_t d = 0; d < devices->size(); ++d) {
-      const json& dev = (*devices)[d];
-      const std::string dw = sw + "device[" + std::to_string(d) + "] ";
-      if (!dev.is_object()) {
-        problem(file + ": " + dw + "is not an object", "each device is {\"device_id\", \"device_ip\", \"rank_id\"}");
+  /// The devices of every server of `list` (a non-empty array), with the per-server checks
+  /// (server ids, device lists, device ids, device IPs).
+  std::vector<rank_table_entry> servers(const json& list) {
+    std::vector<rank_table_entry> all;
+    std::vector<std::string> server_ids;
+    const bool many_servers = list.size() > 1;
+    for (std::size_t s = 0; s < list.size(); ++s) {
+      const json& server = list[s];
+      const std::string sw = "server_list[" + std::to_string(s) + "] ";
+      if (!server.is_object()) {
+        problem(file + ": " + sw + "is not an object", "each server is {\"server_id\": ..., \"device\": [...]}");
         continue;
       }
-      rank_table_entry e;
-      e.server_id = sid;
-      e.server_index = int(s);
-      e.device_id = num(dev, "device_id", dw);
-      e.rank_id = num(dev, "rank_id", dw);
-      if (const std::string* ip = str(dev, "device_ip", dw, many_servers)) {
-        e.device_ip = *ip;
-        if (!detail::is_ip_address(e.device_ip))
-          problem(file + ": " + dw + "\"device_ip\" \"" + e.device_ip + "\" is not an IPv4 or IPv6 address",
-                  "write the NPU's NIC address (`hccn_tool -i <device_id> -ip -g` prints it)");
+      std::string sid;
+      if (const std::string* id = str(server, "server_id", sw)) {
+        sid = *id;
+        if (sid.empty() || sid.size() >= 64)
+          problem(file + ": " + sw + "\"server_id\" \"" + sid + "\" has " + std::to_string(sid.size()) + " characters",
+                  "give every server a unique id of 1 to 63 characters (e.g. its host IP or \"node_0\")");
+        else if (std::find(server_ids.begin(), server_ids.end(), sid) != server_ids.end())
+          problem(file + ": server_id \"" + sid + "\" appears twice in \"server_list\"",
+                  "give every server a unique \"server_id\" (one entry per machine, all its NPUs in its \"device\" list)");
+        server_ids.push_back(sid);
       }
-      if (e.device_id >= 0) {
-        if (std::find(seen_devices.begin(), seen_devices.end(), e.device_id) != seen_devices.end())
-          problem(file + ": device_id " + std::to_string(e.device_id) + " appears twice in server " +
-                      (sid.empty() ? std::to_string(s) : "\"" + sid + "\""),
-                  "list each NPU of a server once; one rank per NPU");
-        seen_devices.push_back(e.device_id);
+      auto devices = server.find("device");
+      if (devices == server.end() || !devices->is_array() || devices->empty()) {
+        problem(file + ": " + sw + (devices == server.end() ? "has no \"device\" list" : "\"device\" is not a non-empty list"),
+                "list the server's NPUs: \"device\": [{\"device_id\": \"0\", \"device_ip\": ..., \"rank_id\": \"0\"}, ...]");
+        continue;
       }
-      all.push_back(std::move(e));
+      std::vector<int> seen_devices;
+      for (std::size_t d = 0; d < devices->size(); ++d) {
+        const json& dev = (*devices)[d];
+        const std::string dw = sw + "device[" + std::to_string(d) + "] ";
+        if (!dev.is_object()) {
+          problem(file + ": " + dw + "is not an object", "each device is {\"device_id\", \"device_ip\", \"rank_id\"}");
+          continue;
+        }
+        rank_table_entry e;
+        e.server_id = sid;
+        e.server_index = int(s);
+        e.device_id = num(dev, "device_id", dw);
+        e.rank_id = num(dev, "rank_id", dw);
+        if (const std::string* ip = str(dev, "device_ip", dw, many_servers)) {
+          e.device_ip = *ip;
+          if (!detail::is_ip_address(e.device_ip))
+            problem(file + ": " + dw + "\"device_ip\" \"" + e.device_ip + "\" is not an IPv4 or IPv6 address",
+                    "write the NPU's NIC address (`hccn_tool -i <device_id> -ip -g` prints it)");
+        }
+        if (e.device_id >= 0) {
+          if (std::find(seen_devices.begin(), seen_devices.end(), e.device_id) != seen_devices.end())
+            problem(file + ": device_id " + std::to_string(e.device_id) + " appears twice in server " +
+                        (sid.empty() ? std::to_string(s) : "\"" + sid + "\""),
+                    "list each NPU of a server once; one rank per NPU");
+          seen_devices.push_back(e.device_id);
+        }
+        all.push_back(std::move(e));
+      }
     }
+
+    return all;
   }
 
-  // device_ip: unique over the table
-  for (std::size_t a = 0; a < all.size(); ++a)
-    for (std::size_t b = a + 1; b < all.size(); ++b)
-      if (!all[a].device_ip.empty() && all[a].device_ip == all[b].device_ip)
-        problem(file + ": device_ip " + all[a].device_ip + " is given to rank_id " + std::to_string(all[a].rank_id) +
-                    " and rank_id " + std::to_string(all[b].rank_id),
-                "every NPU has its own NIC address; check the table against `hccn_tool -i <device_id> -ip -g`");
+  /// Every device_ip is unique over the table.
+  void check_unique_ips(const std::vector<rank_table_entry>& all) {
+    for (std::size_t a = 0; a < all.size(); ++a)
+      for (std::size_t b = a + 1; b < all.size(); ++b)
+        if (!all[a].device_ip.empty() && all[a].device_ip == all[b].device_ip)
+          problem(file + ": device_ip " + all[a].device_ip + " is given to rank_id " + std::to_string(all[a].rank_id) +
+                      " and rank_id " + std::to_string(all[b].rank_id),
+                  "every NPU has its own NIC address; check the table against `hccn_tool -i <device_id> -ip -g`");
 
-  // rank ids: exactly 0..n-1, each once
-  const int n = int(all.size());
-  std::vector<int> count(std::size_t(n), 0);
-  bool ids_ok = true;
-  for (const auto& e : all) {
-    if (e.rank_id < 0) {
-      ids_ok = false;  // already reported
-    } else if (e.rank_id >= n) {
-      ids_ok = false;
-      problem(file + ": rank_id " + std::to_string(e.rank_id) + " (server " + e.server_id + " device_id " +
-                  std::to_string(e.device_id) + ") is outside 0.." + std::to_string(n - 1) + " for " +
-                  std::to_string(n) + " devices",
-              "number the ranks 0 to " + std::to_string(n - 1) + ", each once");
-    } else {
-      ++count[std::size_t(e.rank_id)];
+  }
+
+  /// The rank ids are exactly 0..n-1, each once.
+  void check_rank_ids(const std::vector<rank_table_entry>& all) {
+    const int n = int(all.size());
+    std::vector<int> count(std::size_t(n), 0);
+    bool ids_ok = true;
+    for (const auto& e : all) {
+      if (e.rank_id < 0) {
+        ids_ok = false;  // already reported
+      } else if (e.rank_id >= n) {
+        ids_ok = false;
+        problem(file + ": rank_id " + std::to_string(e.rank_id) + " (server " + e.server_id + " device_id " +
+                    std::to_string(e.device_id) + ") is outside 0.." + std::to_string(n - 1) + " for " +
+                    std::to_string(n) + " devices",
+                "number the ranks 0 to " + std::to_string(n - 1) + ", each once");
+      } else {
+        ++count[std::size_t(e.rank_id)];
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      if (count[std::size_t(r)] > 1) {
+        ids_ok = false;
+        problem(file + ": rank_id " + std::to_string(r) + " appears " + std::to_string(count[std::size_t(r)]) + " times",
+                "give every device a distinct rank_id from 0 to " + std::to_string(n - 1));
+      } else if (count[std::size_t(r)] == 0 && ids_ok) {
+        ids_ok = false;
+        problem(file + ": rank_id " + std::to_string(r) + " is missing (the " + std::to_string(n) +
+                    " devices must have rank_ids 0.." + std::to_string(n - 1) + ")",
+                "number the ranks 0 to " + std::to_string(n - 1) + ", each once");
+      }
     }
   }
-  for (int r = 0; r < n; ++r) {
-    if (count[std::size_t(r)] > 1) {
-      ids_ok = false;
-      problem(file + ": rank_id " + std::to_string(r) + " appears " + std::to_string(count[std::size_t(r)]) + " times",
-              "give every device a distinct rank_id from 0 to " + std::to_string(n - 1));
-    } else if (count[std::size_t(r)] == 0 && ids_ok) {
-      ids_ok = false;
-      problem(file + ": rank_id " + std::to_string(r) + " is missing (the " + std::to_string(n) +
-                  " devices must have rank_ids 0.." + std::to_string(n - 1) + ")",
-              "number the ranks 0 to " + std::to_string(n - 1) + ", each once");
-    }
+};
+
+}  // namespace detail
+
+/// Every problem of the rank table in `text` (the contents of `path`, named in the messages);
+/// empty when the table is valid, and then *out (if given) holds it. Does not read the file.
+inline std::vector<rank_table_problem> check_rank_table_text(const std::string& text,
+                                                             const std::filesystem::path& path,
+                                                             rank_table* out = nullptr) {
+  using json = nlohmann::json;
+  detail::rank_table_checker c(path.string());
+  const std::string& file = c.file;
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    c.problem(file + " is not JSON (" + e.what() + ")",
+              "write the rank table as plain JSON (no comments: the // notes of the documentation's examples must "
+              "be deleted), e.g. check it with `python3 -m json.tool " + file + "`");
+    return c.problems;
   }
-  if (problems.empty() && out) {
+  if (!j.is_object()) {
+    c.problem(file + " is JSON but not an object", "the rank table is one object {\"status\": ..., \"server_list\": [...]}");
+    return c.problems;
+  }
+  c.check_status_and_version(j);
+  const int server_count = c.num(j, "server_count", "the table ");
+  auto list = j.find("server_list");
+  if (list == j.end()) {
+    c.problem(file + ": the table has no \"server_list\"",
+            "add \"server_list\": [{\"server_id\": ..., \"device\": [...]}], one entry per server");
+    return c.problems;
+  }
+  if (!list->is_array() || list->empty()) {
+    c.problem(file + ": \"server_list\" is " + (list->is_array() ? std::string("empty") : "not a list"),
+            "make \"server_list\" a list with one {\"server_id\", \"device\"} object per server");
+    return c.problems;
+  }
+  if (server_count >= 0 && std::size_t(server_count) != list->size())
+    c.problem(file + ": \"server_count\" is \"" + std::to_string(server_count) + "\" but \"server_list\" has " +
+                std::to_string(list->size()) + " server(s)",
+            "set \"server_count\": \"" + std::to_string(list->size()) + "\" (or add the missing servers)");
+
+  auto all = c.servers(*list);
+  c.check_unique_ips(all);
+  c.check_rank_ids(all);
+  if (c.problems.empty() && out) {
     std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.rank_id < b.rank_id; });
     *out = rank_table(path, server_count, std::move(all));
   }
-  return problems;
+  return c.problems;
 }
 
 /// Every problem of the rank table file at `path` (missing or unreadable file included); empty
