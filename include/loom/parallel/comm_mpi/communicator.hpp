@@ -1,38 +1,18 @@
 #pragma once
 /// \file comm::mpi_communicator (comm::mpi) — one rank of an MPI communicator
 /// (loom/parallel/comm_mpi.hpp, which documents the design).
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1  // the deprecated MPI C++ bindings: not used, slow to compile
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <climits>
-#include <condition_variable>
+#include <concepts>
 #include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
-#include <string_view>
-#include <thread>
 #include <type_traits>
 #include <utility>
 
 #include <loom/core/error.hpp>
 #include <loom/parallel/comm.hpp>
 #include <loom/parallel/comm_mpi/environment.hpp>
-#include <loom/parallel/detail/mpi_operations.hpp>
+#include <loom/parallel/detail/mpi_operations.hpp>  // <mpi.h>, the operations
 #include <loom/parallel/detail/progress.hpp>
 #include <loom/parallel/detail/reduce.hpp>
 

@@ -1,20 +1,12 @@
 #pragma once
 /// \file comm::mpi_environment — MPI_Init_thread / MPI_Finalize for comm::mpi
 /// (loom/parallel/comm_mpi.hpp, which documents the design).
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1  // the deprecated MPI C++ bindings: not used, slow to compile
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
-
 #include <algorithm>
 #include <string>
 
 #include <loom/core/error.hpp>
 #include <loom/parallel/comm.hpp>
-#include <loom/parallel/detail/mpi_operations.hpp>
+#include <loom/parallel/detail/mpi_operations.hpp>  // <mpi.h>, mpi_check
 
 namespace loom::parallel::comm {
 
