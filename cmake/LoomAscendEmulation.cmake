@@ -63,6 +63,10 @@ _loom_emu_library(loom_emu_msprofiler msprofiler "${_loom_emu_src}/prof.cpp")
 target_link_libraries(loom_emu_nnopbase PRIVATE loom_emu_ascendcl)
 target_link_libraries(loom_emu_opapi PRIVATE loom_emu_nnopbase loom_emu_ascendcl)
 target_link_libraries(loom_emu_hccl PRIVATE loom_emu_nnopbase loom_emu_ascendcl)
+if(TARGET nlohmann_json::nlohmann_json)   # HcclCommInitClusterInfo reads the rank table (JSON)
+  target_link_libraries(loom_emu_hccl PRIVATE nlohmann_json::nlohmann_json)
+  target_compile_definitions(loom_emu_hccl PRIVATE LOOMEMU_WITH_JSON=1)
+endif()
 target_link_libraries(loom_emu_msprofiler PRIVATE loom_emu_ascendcl)
 add_custom_target(loom_ascend_emulation DEPENDS loom_emu_ascendcl loom_emu_nnopbase loom_emu_opapi loom_emu_hccl
                                                 loom_emu_msprofiler)
@@ -123,6 +127,45 @@ function(loom_ascend_emulation_tests)
              WORKING_DIRECTORY "${root}")
     set_tests_properties(ascend_hccl_mpi_np2 PROPERTIES
       ENVIRONMENT "${env};OMP_NUM_THREADS=1;LOOMEMU_HCCL_SHM_MB=1" PROCESSORS 2 LABELS "ascend;mpi" TIMEOUT 300)
+  endif()
+
+  # comm::hccl from a rank table (HcclCommInitClusterInfo): the binary spawns itself as two worker
+  # processes with RANK_TABLE_FILE and RANK_ID 0/1 (no MPI), and checks the emulation's and loom's
+  # rejection of bad tables in one process.
+  set(rank_table_src "${root}/tests/ascend/rank_table/test_rank_table_launch.cpp")
+  if(EXISTS "${rank_table_src}" AND TARGET nlohmann_json::nlohmann_json)
+    add_executable(loom_ascend_rank_table_tests "${rank_table_src}")
+    target_link_libraries(loom_ascend_rank_table_tests PRIVATE loom::ascend doctest::doctest)
+    target_include_directories(loom_ascend_rank_table_tests PRIVATE "${root}/tests" "${root}/emulation/include")
+    target_compile_definitions(loom_ascend_rank_table_tests PRIVATE
+                               LOOM_ASCEND_EMULATION_HOME="${LOOM_ASCEND_EMULATION_HOME}")
+    add_dependencies(loom_ascend_rank_table_tests loom_ascend_emulation)
+    if(COMMAND loom_target_defaults)
+      loom_target_defaults(loom_ascend_rank_table_tests)
+    endif()
+    add_test(NAME ascend_hccl_rank_table COMMAND loom_ascend_rank_table_tests WORKING_DIRECTORY "${root}")
+    set_tests_properties(ascend_hccl_rank_table PROPERTIES
+      ENVIRONMENT "${env};OMP_NUM_THREADS=1" PROCESSORS 2 LABELS ascend TIMEOUT 300)
+    # The same workers under `mpirun -np 2`, RANK_ID taken from the launcher's rank variable by a
+    # shell wrapper (as a user's script does). The table is copied into the build tree: the
+    # emulation's segment is named after the table's path, so build trees never share one.
+    if(MPIEXEC_EXECUTABLE)
+      set(rank_table_copy "${CMAKE_CURRENT_BINARY_DIR}/rank_table_np2/hccl.json")
+      configure_file("${root}/tests/ascend/rank_table/hccl_np2.json" "${rank_table_copy}" COPYONLY)
+      set(mpi_flags ${MPIEXEC_PREFLAGS})
+      execute_process(COMMAND "${MPIEXEC_EXECUTABLE}" --version OUTPUT_VARIABLE mpi_version ERROR_QUIET)
+      if(mpi_version MATCHES "Open MPI|OpenRTE")
+        list(APPEND mpi_flags --oversubscribe --allow-run-as-root)
+      endif()
+      add_test(NAME ascend_hccl_rank_table_mpirun
+               COMMAND "${MPIEXEC_EXECUTABLE}" ${MPIEXEC_NUMPROC_FLAG} 2 ${mpi_flags}
+                       sh -c "RANK_ID=\${OMPI_COMM_WORLD_RANK:-\${PMI_RANK}} exec \"\$0\""
+                       $<TARGET_FILE:loom_ascend_rank_table_tests> ${MPIEXEC_POSTFLAGS}
+               WORKING_DIRECTORY "${root}")
+      set_tests_properties(ascend_hccl_rank_table_mpirun PROPERTIES
+        ENVIRONMENT "${env};OMP_NUM_THREADS=1;LOOM_RANK_TABLE_WORKER=1;RANK_TABLE_FILE=${rank_table_copy};HCCL_CONNECT_TIMEOUT=60"
+        PROCESSORS 2 LABELS "ascend;mpi" TIMEOUT 300)
+    endif()
   endif()
 
   # Loading, not linking: the test binary must not depend on any CANN library name.

@@ -4,6 +4,10 @@
 //   ./doctor --no-peak       skip the ~1 s CPU peak measurement
 //   ./doctor --max-devices 2 smoke-test at most 2 NPUs (default 8)
 //
+// With RANK_TABLE_FILE set (a rank-table launch, as MindSpore and torch_npu do it), the table is
+// read with loom's own reader (loom/parallel/rank_table.hpp, what comm::hccl::create_from_rank_table
+// uses): one FAIL line and one fix per problem, and the rank from RANK_ID / RANK must be in it.
+//
 // The Ascend checks start with what the vendor's troubleshooting tables list first: `npu-smi` and
 // the cards it lists (driver and firmware installed, card healthy), the driver version, the user's
 // membership of HwHiAiUser (the group the driver's device files belong to), the CANN version
@@ -16,7 +20,7 @@
 //   2  no Ascend NPU software was found: no driver (npu-smi) and no runtime (libascendcl.so) — the
 //      normal result on a CPU-only machine
 //   4  Ascend software was found but a check failed (driver, group, CANN version, ASCEND_HOME_PATH,
-//      device, operator or HCCL)
+//      device, operator or HCCL), or RANK_TABLE_FILE is set and the rank table has a problem
 // The Ascend checks load CANN at run time (loom::device::ascend_runtime) — this binary is the same
 // on a CPU-only machine and on an NPU host. Sources: loom's API reference
 // (shared/reference/ascend-api.md §1.3 versions, §1.4 devices, §1.6 memory, §3 HCCL, §4.1 layout).
@@ -52,6 +56,10 @@
 #include <loom/kernels/ascend.hpp>
 #include <loom/parallel/comm_hccl.hpp>
 #include <loom/parallel/comm_threads.hpp>
+#if __has_include(<nlohmann/json.hpp>)
+#include <loom/parallel/rank_table.hpp>
+#define LOOM_DOCTOR_RANK_TABLE 1
+#endif
 
 #if LOOM_WITH_MPI
 #include <mpi.h>
@@ -489,6 +497,40 @@ void check_ascend(int max_devices) {
   }
 }
 
+// --- rank table (RANK_TABLE_FILE) ----------------------------------------------------------------
+void check_rank_table() {
+  const char* env = std::getenv("RANK_TABLE_FILE");
+  if (!env || !*env) {
+    info("RANK_TABLE_FILE", "not set (launch by root info over MPI; set it for a rank-table launch)");
+    return;
+  }
+#if LOOM_DOCTOR_RANK_TABLE
+  loom::parallel::rank_table table;
+  const auto problems = loom::parallel::check_rank_table(env, &table);
+  for (const auto& p : problems) fail(npu_bit, "RANK_TABLE_FILE", p.what, p.fix);
+  if (!problems.empty()) return;
+  ok("RANK_TABLE_FILE", std::string(env) + ": " + std::to_string(table.size()) + " rank(s) on " +
+                            std::to_string(table.server_count()) + " server(s)");
+  const bool has_rank = (std::getenv("RANK_ID") && *std::getenv("RANK_ID")) || (std::getenv("RANK") && *std::getenv("RANK"));
+  if (!has_rank) {
+    info("rank", "RANK_ID / RANK not set (each process of the job sets its own)");
+    return;
+  }
+  try {
+    const int r = loom::parallel::rank_from_env();
+    table.check_rank(r);
+    const auto& e = table.at(r);
+    ok("rank", std::to_string(r) + ": device_id " + std::to_string(e.device_id) + " on server " + e.server_id);
+  } catch (const loom::input_error& e) {
+    const std::string what = e.what();
+    const auto semi = what.find("; ");
+    fail(npu_bit, "rank", what.substr(0, semi), semi == std::string::npos ? "set RANK_ID" : what.substr(semi + 2));
+  }
+#else
+  info("RANK_TABLE_FILE", std::string(env) + " (not checked: built without nlohmann-json)");
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -504,6 +546,7 @@ int main(int argc, char** argv) {
   check_cpu(!no_peak);
   check_libraries();
   check_ascend(max_devices);
+  check_rank_table();
   std::printf("exit status %d (%s)\n", status,
               status == 0 ? "all checks passed"
                           : status == 2 ? "CPU ready; no NPU runtime on this machine" : "see the FAIL lines above");

@@ -47,6 +47,12 @@
 // with --model char_tiny (any DP on top); not yet data parallel on the one-layout path.
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --precision bf16
 //
+// Dropout (docs/model.md): --dropout P drops with probability P on the embedding, the attention
+// probabilities and both residual branches while training (GPT-2 used 0.1), never in validation
+// or sampling; off by default; masks are counter-based, so --resume and every --layout see the
+// same masks. CPU only.
+//   train_gpt --data ../shared/data/tinyshakespeare.txt --model char_tiny --dropout 0.1
+//
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or
 // malformed flag, a sequence length above the model's maximum) exits with status 2 and one
 // line naming the problem and the fix.
@@ -63,6 +69,7 @@
 #include <string>
 #include <type_traits>
 
+#include <loom/core/dropout.hpp>
 #include <loom/core/memory.hpp>
 #include <loom/data/source.hpp>
 #include <loom/device/cpu.hpp>
@@ -156,6 +163,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "linear warm-up steps");
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (matrices only)");
   app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)");
+  app.add_option("--dropout", o.dropout,
+                 "dropout probability P, 0 <= P < 1, on the embedding, the attention probabilities and both residual "
+                 "branches while training (not in validation or sampling); 0 (default): off; CPU only");
   app.add_option("--val-fraction", o.val_fraction, "held out for validation: a fraction of a text file's bytes, of a dataset's documents");
   app.add_option("--eval-every", o.eval_every, "steps between validation evaluations (0: only at the end)");
   app.add_option("--eval-windows", o.eval_windows,
@@ -229,6 +239,7 @@ int main(int argc, char** argv) {
   if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
   try {
     if (app.count("--model") == 0 && loom::data::indexed_dataset_prefix(o.data)) o.model = "quickstart_bpe";
+    loom::check_dropout_probability(o.dropout, "--dropout");  // before any data is read
     if (!o.resume.empty() && !std::filesystem::exists(o.resume))  // before the model and data banner
       throw loom::input_error("--resume '" + o.resume + "' does not exist; pass the --checkpoint-dir of an earlier run "
                               "(e.g. out/ckpt) or one step_NNNNNNNN directory inside it");

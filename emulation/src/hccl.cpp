@@ -25,7 +25,9 @@
 #include <hccl/hccl.h>
 
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -49,6 +51,10 @@
 
 #include "internal.hpp"
 #include "loom_emulation/control.h"
+
+#if LOOMEMU_WITH_JSON
+#include <nlohmann/json.hpp>
+#endif
 
 using namespace loomemu;
 
@@ -106,6 +112,7 @@ struct shm_call {
 /// The segment's header; rank slots follow it.
 struct shm_header {
   std::atomic<uint32_t> ready;
+  pid_t creator;                         // rank 0's process: a segment whose creator died is stale
   pthread_mutex_t m;
   pthread_cond_t cv;
   int n;
@@ -623,10 +630,16 @@ static bool shm_transport_requested() {
 }
 constexpr std::size_t root_mode_at = sizeof magic + sizeof(uint64_t), root_name_at = root_mode_at + 1;
 
+/// True when the process that created a segment has ended (its segment is stale).
+static bool creator_gone(const shm_header* h) { return h->creator > 0 && kill(h->creator, 0) != 0 && errno == ESRCH; }
+
 /// Maps the segment `name` for a group of nRanks as rank `rank` (rank 0 creates it), joins, and
 /// waits for every rank (HCCL_CONNECT_TIMEOUT). The new communicator's group owns the mapping.
+/// A segment left by a process that died is replaced (rank 0) or skipped (the others).
+/// unlink_when_joined: rank 0 removes the name once every rank has mapped it, so that the next
+/// job with the same name (HcclCommInitClusterInfo: the rank table's path) starts afresh.
 static HcclResult join_shm(const char* api, const std::string& name, uint32_t nRanks, uint32_t rank,
-                           const comm_settings& settings, HcclComm* comm) {
+                           const comm_settings& settings, HcclComm* comm, bool unlink_when_joined = false) {
   if (!comm) return hfail(HCCL_E_PTR, std::string(api) + ": NULL output");
   if (current_device() < 0) return hfail(HCCL_E_RUNTIME, std::string(api) + ": call aclrtSetDevice first");
   if (nRanks == 0 || rank >= nRanks || nRanks > uint32_t(shm_max_ranks))
@@ -640,7 +653,27 @@ static HcclResult join_shm(const char* api, const std::string& name, uint32_t nR
     const char* mb = std::getenv("LOOMEMU_HCCL_SHM_MB");
     const uint64_t capacity = uint64_t(mb && std::atoi(mb) > 0 ? std::atoi(mb) : 4) << 20;
     link->bytes = sizeof(shm_header) + std::size_t(nRanks) * capacity;
-    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno == EEXIST) {  // left by a job that died, or in use by a live one
+      bool stale = true;
+      const int old = shm_open(name.c_str(), O_RDWR, 0600);
+      struct stat st{};
+      if (old >= 0 && fstat(old, &st) == 0 && std::size_t(st.st_size) >= sizeof(shm_header)) {
+        void* p = mmap(nullptr, sizeof(shm_header), PROT_READ, MAP_SHARED, old, 0);
+        if (p != MAP_FAILED) {
+          const auto* oh = static_cast<const shm_header*>(p);
+          stale = oh->ready.load(std::memory_order_acquire) != shm_ready_magic || creator_gone(oh);
+          munmap(p, sizeof(shm_header));
+        }
+      }
+      if (old >= 0) close(old);
+      if (!stale)
+        return hfail(HCCL_E_INTERNAL, std::string(api) + ": the group's shared memory " + name +
+                                          " is in use by a live process (a second job with the same rank table or "
+                                          "root info?); end it, or give this job its own");
+      shm_unlink(name.c_str());
+      fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    }
     if (fd < 0) return hfail(HCCL_E_INTERNAL, std::string(api) + ": shm_open(" + name + ") failed: " + std::strerror(errno));
     link->owner = true;
     const bool sized = ftruncate(fd, off_t(link->bytes)) == 0;
@@ -658,6 +691,7 @@ static HcclResult join_shm(const char* api, const std::string& name, uint32_t nR
     pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
     pthread_cond_init(&link->h->cv, &ca);
     link->h->n = int(nRanks);
+    link->h->creator = getpid();
     link->h->capacity = capacity;
     link->h->ready.store(shm_ready_magic, std::memory_order_release);
   } else {
@@ -669,7 +703,7 @@ static HcclResult join_shm(const char* api, const std::string& name, uint32_t nR
         close(fd);
         if (p != MAP_FAILED) {
           auto* h = static_cast<shm_header*>(p);
-          if (h->ready.load(std::memory_order_acquire) == shm_ready_magic) {
+          if (h->ready.load(std::memory_order_acquire) == shm_ready_magic && !creator_gone(h)) {
             link->h = h;
             link->bytes = std::size_t(st.st_size);
             break;
@@ -698,6 +732,10 @@ static HcclResult join_shm(const char* api, const std::string& name, uint32_t nR
     if (!shm_wait(h, deadline, [&] { return h->joined_count == h->n; }))
       return hfail(HCCL_E_TIMEOUT, std::string(api) + ": not every rank joined within HCCL_CONNECT_TIMEOUT; missing ranks:" +
                                        ranks_where(h->n, [&](int j) { return !h->joined[j]; }));
+  }
+  if (unlink_when_joined && link->owner) {  // every rank has it mapped: the name may go
+    shm_unlink(name.c_str());
+    link->owner = false;
   }
   link->round.assign(nRanks, 0);
   auto g = std::make_shared<group>();
@@ -808,6 +846,178 @@ HcclResult HcclCommInitRootInfoConfig(uint32_t nRanks, const HcclRootInfo* rootI
   return init_root_info("HcclCommInitRootInfoConfig", nRanks, rootInfo, rank, settings, comm);
 }
 
+/// (table path, rank) of every live communicator made by HcclCommInitClusterInfo in this process:
+/// "repeated initialization would cause an error" (HcclCommInitClusterInfo's constraint).
+static std::set<std::pair<std::string, uint32_t>>& cluster_members() {
+  static auto* s = new std::set<std::pair<std::string, uint32_t>>;
+  return *s;
+}
+static std::map<handle*, std::pair<std::string, uint32_t>>& cluster_of() {
+  static auto* m = new std::map<handle*, std::pair<std::string, uint32_t>>;
+  return *m;
+}
+
+/// Checks the rank table `text` (file `path`) as HCCL reads the template version 1.0 (CANN 9.0.0
+/// HCCL user guide, rank table configuration for Atlas A2) and finds this rank's entry: the
+/// number of ranks in *n, the rank's device_id in *device. A message for HCCL_E_PARA otherwise.
+static std::string check_cluster_info(const std::string& text, const std::string& path, uint32_t rank, uint32_t* n,
+                                      int* device) {
+#if LOOMEMU_WITH_JSON
+  using json = nlohmann::json;
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    return "the rank table " + path + " is not valid JSON: " + e.what();
+  }
+  if (!j.is_object()) return "the rank table " + path + " is not a JSON object";
+  std::string why;
+  auto str = [&](const json& o, const char* key, const std::string& where, std::string* out, bool required) {
+    auto it = o.find(key);
+    if (it == o.end()) {
+      if (required && why.empty()) why = where + " has no \"" + key + "\"";
+      return false;
+    }
+    if (!it->is_string()) {
+      if (why.empty()) why = where + " \"" + key + "\" is not a string";
+      return false;
+    }
+    *out = it->get<std::string>();
+    return true;
+  };
+  auto num = [&](const json& o, const char* key, const std::string& where) -> long {
+    std::string v;
+    if (!str(o, key, where, &v, true)) return -1;
+    if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos) {
+      if (why.empty()) why = where + " \"" + key + "\" is \"" + v + "\", not a decimal integer";
+      return -1;
+    }
+    return std::stol(v);
+  };
+  std::string status, version;
+  str(j, "status", "the table", &status, true);
+  str(j, "version", "the table", &version, true);
+  const long server_count = num(j, "server_count", "the table");
+  if (!why.empty()) return path + ": " + why;
+  if (status != "completed") return path + ": status is \"" + status + "\", not \"completed\"";
+  if (version != "1.0") return path + ": version \"" + version + "\" is not the 910B (A2) template \"1.0\"";
+  auto list = j.find("server_list");
+  if (list == j.end() || !list->is_array() || list->empty()) return path + ": no server_list, or an empty one";
+  if (long(list->size()) != server_count)
+    return path + ": server_count " + std::to_string(server_count) + " but server_list has " +
+           std::to_string(list->size()) + " servers";
+  uint32_t devices_count = 0;
+  aclrtGetDeviceCount(&devices_count);
+  std::vector<int> ranks_seen;
+  std::set<std::string> ips, servers;
+  int mine = -1;
+  for (std::size_t s = 0; s < list->size(); ++s) {
+    const json& server = (*list)[s];
+    const std::string sw = "server_list[" + std::to_string(s) + "]";
+    if (!server.is_object()) return path + ": " + sw + " is not an object";
+    std::string sid;
+    if (!str(server, "server_id", sw, &sid, true)) return path + ": " + why;
+    if (sid.empty() || sid.size() >= 64 || !servers.insert(sid).second)
+      return path + ": " + sw + " server_id \"" + sid + "\" is empty, 64 characters or more, or not unique";
+    auto devs = server.find("device");
+    if (devs == server.end() || !devs->is_array() || devs->empty()) return path + ": " + sw + " has no device list";
+    std::set<long> dev_ids;
+    for (std::size_t d = 0; d < devs->size(); ++d) {
+      const json& dev = (*devs)[d];
+      const std::string dw = sw + ".device[" + std::to_string(d) + "]";
+      if (!dev.is_object()) return path + ": " + dw + " is not an object";
+      const long id = num(dev, "device_id", dw), r = num(dev, "rank_id", dw);
+      std::string ip;
+      const bool has_ip = str(dev, "device_ip", dw, &ip, list->size() > 1);
+      if (!why.empty()) return path + ": " + why;
+      if (id >= long(devices_count))
+        return path + ": " + dw + " device_id " + std::to_string(id) + " does not exist (" +
+               std::to_string(devices_count) + " devices)";
+      if (!dev_ids.insert(id).second)
+        return path + ": " + dw + " device_id " + std::to_string(id) + " appears twice in server \"" + sid + "\"";
+      if (has_ip) {
+        unsigned char buf[16];
+        if (inet_pton(AF_INET, ip.c_str(), buf) != 1 && inet_pton(AF_INET6, ip.c_str(), buf) != 1)
+          return path + ": " + dw + " device_ip \"" + ip + "\" is not an IPv4 or IPv6 address";
+        if (!ips.insert(ip).second) return path + ": device_ip " + ip + " is not unique";
+      }
+      ranks_seen.push_back(int(r));
+      if (uint32_t(r) == rank) mine = int(id);
+    }
+  }
+  std::vector<int> sorted = ranks_seen;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i)
+    if (sorted[i] != int(i))
+      return path + ": the rank_ids are not 0.." + std::to_string(sorted.size() - 1) + " each exactly once";
+  if (mine < 0)
+    return path + ": rank " + std::to_string(rank) + " is not in the rank table (rank_ids 0.." +
+           std::to_string(sorted.size() - 1) + ")";
+  *n = uint32_t(sorted.size());
+  *device = mine;
+  return {};
+#else
+  (void)text, (void)path, (void)rank, (void)n, (void)device;
+  return "this emulation was built without nlohmann-json and cannot read rank tables";
+#endif
+}
+
+HcclResult HcclCommInitClusterInfo(const char* clusterInfo, uint32_t rank, HcclComm* comm) {
+  // CANN's contract (HCCL API reference, HcclCommInitClusterInfo): clusterInfo is the rank table's
+  // path, at most 4096 bytes with the terminator; rank equals the rank_id of this rank in the
+  // table; repeated initialisation is an error. The emulation also requires the calling thread's
+  // device (aclrtSetDevice) to be the rank's device_id, and joins every rank of the table over a
+  // shared-memory segment named after the table's absolute path.
+  if (int code = injected("HcclCommInitClusterInfo")) return HcclResult(code);
+  constexpr const char* api = "HcclCommInitClusterInfo";
+  if (!clusterInfo) return hfail(HCCL_E_PTR, std::string(api) + ": clusterInfo is NULL");
+  if (!comm) return hfail(HCCL_E_PTR, std::string(api) + ": comm is NULL");
+  if (strnlen(clusterInfo, 4096) >= 4096)
+    return hfail(HCCL_E_PARA, std::string(api) + ": the rank table path is 4096 bytes or longer");
+  if (current_device() < 0) return hfail(HCCL_E_RUNTIME, std::string(api) + ": call aclrtSetDevice first");
+  comm_settings settings;
+  if (auto rc = settings_from_env(api, &settings)) return rc;
+  char resolved[PATH_MAX];
+  if (!realpath(clusterInfo, resolved))
+    return hfail(HCCL_E_OPEN_FILE_FAILURE, std::string(api) + ": cannot open the rank table " + clusterInfo + ": " +
+                                               std::strerror(errno));
+  const std::string path = resolved;
+  std::string text;
+  {
+    const int fd = open(resolved, O_RDONLY);
+    if (fd < 0)
+      return hfail(HCCL_E_OPEN_FILE_FAILURE, std::string(api) + ": cannot open the rank table " + path + ": " +
+                                                 std::strerror(errno));
+    char buf[65536];
+    for (ssize_t k; (k = read(fd, buf, sizeof buf)) > 0;) text.append(buf, std::size_t(k));
+    close(fd);
+  }
+  uint32_t n = 0;
+  int device = -1;
+  if (std::string why = check_cluster_info(text, path, rank, &n, &device); !why.empty())
+    return hfail(HCCL_E_PARA, std::string(api) + ": " + why);
+  if (device != current_device())
+    return hfail(HCCL_E_PARA, std::string(api) + ": " + path + " puts rank " + std::to_string(rank) + " on device_id " +
+                                  std::to_string(device) + " but the calling thread is on device " +
+                                  std::to_string(current_device()) + "; call aclrtSetDevice(" +
+                                  std::to_string(device) + ") first");
+  {
+    std::lock_guard lock(registry_mutex);
+    if (!cluster_members().insert({path, rank}).second)
+      return hfail(HCCL_E_PARA, std::string(api) + ": rank " + std::to_string(rank) + " of " + path +
+                                    " is already initialised in this process; destroy that communicator first");
+  }
+  uint64_t key = 1469598103934665603ull;  // FNV-1a of the path: a short, valid shm name
+  for (unsigned char c : path) key = (key ^ c) * 1099511628211ull;
+  char name[64];
+  std::snprintf(name, sizeof name, "/loomemu_hccl_rt_%016llx", static_cast<unsigned long long>(key));
+  const HcclResult rc = join_shm(api, name, n, rank, settings, comm, /*unlink_when_joined=*/true);
+  std::lock_guard lock(registry_mutex);
+  if (rc != HCCL_SUCCESS) cluster_members().erase({path, rank});
+  else cluster_of()[static_cast<handle*>(*comm)] = {path, rank};
+  return rc;
+}
+
 HcclResult HcclCreateSubCommConfig(HcclComm* comm, uint32_t rankNum, uint32_t* rankIds, uint64_t subCommId,
                                    uint32_t subCommRankId, HcclCommConfig* config, HcclComm* subComm) {
   if (int code = injected("HcclCreateSubCommConfig")) return HcclResult(code);
@@ -872,6 +1082,10 @@ HcclResult HcclCommDestroy(HcclComm comm) {
   {
     std::lock_guard lock(registry_mutex);
     handles().erase(h);
+    if (auto it = cluster_of().find(h); it != cluster_of().end()) {
+      cluster_members().erase(it->second);
+      cluster_of().erase(it);
+    }
   }
   delete h;
   return HCCL_SUCCESS;

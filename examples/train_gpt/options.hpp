@@ -17,6 +17,7 @@ struct options {
   long steps = 2000;
   int micro_batch = 0, seq_len = 0, grad_accum = 1;
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, max_grad_norm = 1.0, val_fraction = 0.1;
+  double dropout = 0;  // --dropout P: training dropout probability, 0 <= P < 1 (nn/dropout.hpp)
   long warmup = 100;
   long eval_every = 250;
   long early_stop = 0;  // --early-stop PATIENCE: evaluations without improvement before stopping (0: off)
@@ -32,7 +33,7 @@ struct options {
   std::string checkpoint_dir, resume, export_hf, init_from_hf;
   long save_every = 100, stop_at_step = 0;
   int keep = 5;
-  // data parallelism (parallel/data_parallel.hpp, docs/parallel.md)
+  // data parallelism (train/data_parallel.hpp, docs/parallel.md)
   int ranks = 1;
   std::string comm = "threads";
   double bucket_mb = 1.0;

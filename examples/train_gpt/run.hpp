@@ -173,6 +173,7 @@ int run(const options& o, World* world) {
   cfg.adamw.weight_decay = o.weight_decay;
   cfg.adamw.max_grad_norm = o.max_grad_norm;
   cfg.seed = o.seed;
+  cfg.dropout = o.dropout;
   if (o.seq_len > M::max_seq)
     throw input_error("--seq-len " + std::to_string(o.seq_len) + " exceeds the maximum sequence length " +
                       std::to_string(M::max_seq) + " of model " + std::string(M::name) + "; pass --seq-len <= " +
@@ -263,9 +264,9 @@ int run(const options& o, World* world) {
     } else if (const auto* s = tr.data_parallel()) {
       const auto m = s->memory();
       std::printf("data parallel: %d ranks (%s), %zu buckets of <= %.2f MiB, overlap %s%s | per rank: buckets %.1f MiB, "
-                  "AdamW moments %.1f MiB (ZeRO-1 saves %.1f MiB)\n",
+                  "optimizer state %.1f MiB\n",
                   dp, o.comm.c_str(), s->bucket_count(), o.bucket_mb, o.no_overlap ? "off" : "on",
-                  o.zero1 ? ", ZeRO-1" : "", m.buckets / 1048576.0, m.moments / 1048576.0, m.saved() / 1048576.0);
+                  o.zero1 ? ", ZeRO-1" : "", m.buckets / 1048576.0, tr.optimizer_bytes() / 1048576.0);
     }
     std::fflush(stdout);
   }
@@ -315,10 +316,10 @@ int run(const options& o, World* world) {
   memory_counter mem;  // this rank's (rank 0's on the console): its shards, its stage's activations
   mem.add(memory_kind::parameters, tr.model().parameters().bytes());
   mem.add(memory_kind::gradients, tr.model().gradients().bytes());
-  mem.add(memory_kind::optimizer, tr.optimizer_bytes());  // moments (1/dp with --zero1), fp32 masters (bf16, fp16)
+  mem.add(memory_kind::optimizer, tr.optimizer_bytes());  // moments (+ fp32 masters below fp32); 1/dp with ZeRO-1
   mem.add(memory_kind::activations, tr.activation_bytes());
   const std::size_t dp_buffers = layered && tr.data_parallel() ? tr.data_parallel()->memory().buckets : 0;
-  if (layered) mem.add(memory_kind::other, dp_buffers);  // ZeRO-1's reduce-scatter staging buckets (about one gradient buffer)
+  if (layered) mem.add(memory_kind::other, dp_buffers);  // the dp buckets (about one gradient buffer; ZeRO-1 bf16/fp16: +half)
   // per rank, times the ranks: each rank measures with its share of the cores (only rank 0 prints)
   const double peak = ranks * (o.peak_gflops > 0 ? o.peak_gflops : lead ? bench::measure_fp32_peak().gflops : 1.0);
   if (lead && layered)

@@ -148,6 +148,24 @@ TEST_CASE("trainer<tiny> on ascend/fp32 (emulated): three steps with gradient ac
   }
 }
 
+// Dropout runs on the CPU only so far: the Ascend ops have no dropout kernel and the aclnn
+// attention takes no attention_dropout, so a trainer with dropout > 0 is refused when built.
+static_assert(!loom::nn::transformer<loom::models::tiny, loom::policy<npu, loom::precision::bf16>>::supports_dropout);
+static_assert(loom::nn::transformer<loom::models::tiny, loom::policy<loom::device::cpu, loom::precision::bf16>>::supports_dropout);
+
+TEST_CASE("trainer<tiny> on ascend (emulated): --dropout > 0 is refused with a sentence; 0 trains") {
+  using M = loom::models::tiny;
+  loom::device::ascend_device dev(runtime(), 0);
+  loom::train::trainer_config cfg;
+  cfg.schedule = {3e-3, 3e-4, 1, 10};
+  cfg.dropout = 0.1;
+  using npu_trainer = loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, 2, 8, loom::kernels::fused>;
+  CHECK_THROWS_WITH_AS(npu_trainer(dev.context(), cfg), doctest::Contains("dropout runs on the CPU only so far"),
+                       loom::input_error);
+  cfg.dropout = 0;
+  CHECK_NOTHROW(npu_trainer(dev.context(), cfg));
+}
+
 TEST_CASE("verify::compare: cpu/fp32 against ascend/bf16 (emulated) passes bf16's tolerance and names a perturbed weight first") {
   using M = loom::models::tiny;
   // A: the same cpu/fp32 model type as the step comparison above (reference attention; one fewer

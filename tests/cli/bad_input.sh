@@ -49,6 +49,8 @@ expect_error "steps must be a whole number >= 1" "$t" --data "$work/ok.txt" --mo
 expect_error "--early-stop 3 .*--eval-every is 0.*pass e.g. --eval-every" "$t" --data "$work/ok.txt" --model char_tiny --early-stop 3 --eval-every 0
 expect_error "--early-stop" "$t" --data "$work/ok.txt" --model char_tiny --early-stop -2
 expect_error "--eval-windows" "$t" --data "$work/ok.txt" --model char_tiny --eval-windows 0
+expect_error "--dropout 1 is not a dropout probability.*0 <= p < 1" "$t" --data "$work/ok.txt" --model char_tiny --dropout 1
+expect_error "--dropout -0.1 is not a dropout probability" "$t" --data "$work/ok.txt" --model char_tiny --dropout -0.1
 expect_error "--out: cannot create files" "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --out /proc/nonexistent/w.safetensors
 
 # a good run writes weights; a later failing run must leave them intact

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # train_gpt data parallel as a user runs it: --ranks 2 (threads) for a few steps prints one log
 # (rank 0 only), and its losses and final validation equal one rank accumulating the same two
-# halves of every global batch (--grad-accum 2); ZeRO-1 and --no-overlap give the same numbers;
+# halves of every global batch (--grad-accum 2), in fp32, bf16 and fp16; ZeRO-1 and --no-overlap
+# give the same numbers;
 # bad data-parallel flags exit with status 2 and a message; a ZeRO-1 run stopped and resumed
 # (with ZeRO-1, and without it) ends with the uninterrupted run's numbers. Given mpiexec (and its flags), also
 # `mpiexec -n 2 train_gpt --comm mpi` gives the same numbers. The --ranks 2 run profiles steps
@@ -36,6 +37,18 @@ grep -q 'ZeRO-1 saves' "$work/zero.txt"
 a=$(losses "$work/dp2.txt"); b=$(losses "$work/one.txt"); z=$(losses "$work/zero.txt"); s=$(losses "$work/serial.txt")
 [[ -n "$a" && "$a" == "$b" && "$a" == "$z" && "$a" == "$s" ]] ||
   { echo "losses differ: ranks 2: $a | one rank: $b | zero1: $z | no-overlap: $s"; exit 1; }
+
+# 16-bit data parallelism: --ranks 2 equals one rank accumulating the same halves, in bf16 and in
+# fp16 (with its loss scaler), and ZeRO-1 (which shards the fp32 master weights too) as well
+for prec in bf16 fp16; do
+  OMP_NUM_THREADS=1 "$bin/train_gpt" "${common[@]}" --precision $prec --grad-accum 2 > "$work/one_$prec.txt"
+  OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --precision $prec --ranks 2 > "$work/dp2_$prec.txt"
+  OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --precision $prec --ranks 2 --zero1 > "$work/zero_$prec.txt"
+  a=$(losses "$work/dp2_$prec.txt"); b=$(losses "$work/one_$prec.txt"); z=$(losses "$work/zero_$prec.txt")
+  [[ -n "$a" && "$a" == "$b" && "$a" == "$z" ]] ||
+    { echo "$prec losses differ: ranks 2: $a | one rank: $b | zero1: $z"; exit 1; }
+  echo "$prec: --ranks 2 (and --zero1) == --grad-accum 2: $a"
+done
 
 # ZeRO-1 checkpoints: stop after step 4 (a collective save: rank 0 writes the model file, every
 # rank its AdamW moment shard), resume with ZeRO-1, and without it from a copy (the moments are

@@ -39,6 +39,9 @@ static inline void HcclCommConfigInit(HcclCommConfig *config) {
   config->hcclRdmaServiceLevel = 0xffffffffu;
 }
 
+/* Joins the ranks listed in the rank table file clusterInfo (JSON, template version 1.0) as rank
+ * `rank`; every rank of the table must call it (HCCL_CONNECT_TIMEOUT). */
+extern HcclResult HcclCommInitClusterInfo(const char *clusterInfo, uint32_t rank, HcclComm *comm);
 extern HcclResult HcclGetRootInfo(HcclRootInfo *rootInfo);
 extern HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, uint32_t rank, HcclComm *comm);
 extern HcclResult HcclCommInitRootInfoConfig(uint32_t nRanks, const HcclRootInfo *rootInfo, uint32_t rank,

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include <loom/core/view.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 
 namespace loom {
 

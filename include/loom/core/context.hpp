@@ -6,7 +6,7 @@
 /// `hook` (null = off) observes every kernel call made with this context (core/kernel_hook.hpp;
 /// the timeline profiler sets it for the steps it records).
 #include <loom/core/kernel_hook.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 
 namespace loom {
 

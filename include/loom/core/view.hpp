@@ -9,7 +9,7 @@
 #include <span>
 #include <type_traits>
 
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 
 namespace loom {
 

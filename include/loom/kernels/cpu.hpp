@@ -7,6 +7,7 @@
 #include <loom/kernels/cpu/adamw.hpp>
 #include <loom/kernels/cpu/attention_reference.hpp>
 #include <loom/kernels/cpu/crossentropy.hpp>
+#include <loom/kernels/cpu/dropout.hpp>
 #include <loom/kernels/cpu/encoder.hpp>
 #include <loom/kernels/cpu/gelu.hpp>
 #include <loom/kernels/cpu/layernorm.hpp>
@@ -67,6 +68,12 @@ struct ops<device::cpu, T> {
   static void residual_forward(ctx_t& ctx, T* out, const T* a, const T* b, std::size_t n) {
     const kernel_scope k(ctx.hook, "residual_forward");
     cpu::residual_forward(out, a, b, n);
+  }
+  /// Inverted dropout, forward and backward alike: out (n) = in (n) .* keep factors of `mask`
+  /// (kernels::cpu::dropout). out =; out may equal in.
+  static void dropout(ctx_t& ctx, T* out, const T* in, std::size_t n, const dropout_mask& mask) {
+    const kernel_scope k(ctx.hook, "dropout");
+    cpu::dropout(out, in, n, mask);
   }
   static acc crossentropy(ctx_t& ctx, T* logits, acc* losses, const std::int32_t* targets, int N, int V, int Vp,
                           bool write_dlogits, acc grad_scale) {

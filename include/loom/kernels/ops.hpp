@@ -63,6 +63,18 @@ struct coverage {
 template <class Device, class T>
 concept has_vocab_parallel = requires { &ops<Device, T>::vocab_shard_max; &ops<Device, T>::vocab_shard_finish; };
 
+/// Whether ops<Device, T> has the elementwise dropout kernel
+/// `dropout(ctx, T* out, const T* in, std::size_t n, const dropout_mask&)` (core/dropout.hpp).
+/// The CPU has it; Ascend does not (dropout runs on the CPU only so far).
+template <class Device, class T>
+concept has_dropout = requires { &ops<Device, T>::dropout; };
+
+/// Whether an attention implementation A (an attention<Device, T, Impl>) applies
+/// attention-probability dropout: its forward and backward take an attention_dropout after the
+/// key-padding mask, and it says so with `static constexpr bool supports_dropout = true`.
+template <class A>
+concept has_attention_dropout = requires { requires A::supports_dropout; };
+
 template <class Device, class T, class Impl>
 struct attention {
   static_assert(dependent_false<Device, T, Impl>,

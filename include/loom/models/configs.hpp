@@ -11,7 +11,7 @@
 #include <concepts>
 #include <string_view>
 
-#include <loom/nn/recipe.hpp>
+#include <loom/models/recipe.hpp>
 
 namespace loom::models {
 

@@ -44,6 +44,8 @@ using gpt_parallel = transformer<M, Policy, Attn>;
 /// wait of a receive), after synchronizing the stream; the default does nothing and costs nothing.
 /// `ready` is passed to the backward of the last micro-batch (m-1), whose ready(layer) events
 /// tell data parallelism which gradients are final (transformer::backward).
+/// `drop`: training dropout; micro-batch i runs forward with drop.at(i) (nn/dropout.hpp) and its
+/// backward regenerates those masks. Default: off.
 struct no_observer {
   void operator()(const parallel::pipe_action&, double) const noexcept {}
 };
@@ -53,7 +55,7 @@ double pipeline_forward_backward(context<typename Model::device>& ctx, Model& mo
                                                 Comm& pp, int m, const std::int32_t* inputs,
                                                 const std::int32_t* targets, int b, int t,
                                                 typename Model::acc_t grad_scale, Observer&& observe = {},
-                                                Ready&& ready = {}) {
+                                                Ready&& ready = {}, const dropout_plan& drop = {}) {
   constexpr bool timed = !std::is_same_v<std::remove_cvref_t<Observer>, no_observer>;
   using S = typename Model::storage_t;
   constexpr int PP = Model::PP;
@@ -74,7 +76,7 @@ double pipeline_forward_backward(context<typename Model::device>& ctx, Model& mo
     const std::int32_t* tg = targets ? targets + std::size_t(a.micro) * N : nullptr;
     switch (a.op) {
       case parallel::pipe_op::recv_forward: pp.recv(std::span<S>(acts.input(), NC), stage - 1, tag_activation); break;
-      case parallel::pipe_op::forward: loss += double(model.forward(ctx, acts, tp, in, tg, b, t, grad_scale)); break;
+      case parallel::pipe_op::forward: loss += double(model.forward(ctx, acts, tp, in, tg, b, t, grad_scale, drop.at(a.micro))); break;
       case parallel::pipe_op::send_forward:
         ctx.synchronize();
         pp.send(std::span<const S>(acts.output(), NC), stage + 1, tag_activation);

@@ -52,6 +52,7 @@
 #include <loom/kernels/ops.hpp>
 #include <loom/models/configs.hpp>
 #include <loom/nn/activations.hpp>
+#include <loom/nn/dropout.hpp>
 #include <loom/nn/params.hpp>
 #include <loom/nn/shard.hpp>
 #include <loom/parallel/comm.hpp>
@@ -122,9 +123,29 @@ class transformer {
   static constexpr std::size_t num_tensors = table.size();
   static constexpr auto offsets = param_offsets<M, layout>();
   static constexpr std::size_t num_parameters = offsets.back();
+  /// Whether this (device, precision, attention) can train with dropout: the device has the
+  /// elementwise dropout kernel and the attention implementation applies probability dropout.
+  /// Today: the CPU with kernels::fused.
+  static constexpr bool supports_dropout = kernels::has_dropout<device, storage_t> && kernels::has_attention_dropout<attention>;
   /// The LM head's weight: the token embedding when the recipe ties them.
   static constexpr bool tied = rows_by_role<M>[int(role::lm_head)] < 0;
   static constexpr role head = tied ? role::wte : role::lm_head;
+
+  /// Throws loom::input_error for a probability outside [0, 1) and for p > 0 where dropout is
+  /// not implemented (!supports_dropout): on a device without dropout kernels (Ascend: dropout
+  /// runs on the CPU only so far) or with kernels::reference attention.
+  static void check_dropout(const dropout_state& drop) {
+    check_dropout_probability(drop.p, "dropout probability");
+    if (!drop.active() || supports_dropout) return;
+    if constexpr (!kernels::has_dropout<device, storage_t>)
+      throw input_error("dropout " + std::to_string(drop.p) + " on device " + std::string(device::name) +
+                        ": dropout runs on the CPU only so far (this device has no dropout kernels); "
+                        "train with --dropout 0 here, or on device::cpu");
+    else
+      throw input_error("dropout " + std::to_string(drop.p) +
+                        " needs the fused attention (kernels::fused), which applies attention-probability "
+                        "dropout; kernels::reference does not: use kernels::fused or --dropout 0");
+  }
 
   /// The whole model on one rank (layout<1,1>): allocates parameters and gradients (zero) and
   /// initialises the parameters with `seed`.
@@ -227,6 +248,9 @@ class transformer {
                         .ce_scratch = TP > 1 ? parallel::vocab_parallel_crossentropy_scratch(int(BT)) : 0});
     buffer<device, storage_t> s;  // storage-type activations
     buffer<device, acc_t> a;      // accumulator-type activations
+    /// The dropout of the last forward on this table (written by forward, read by backward, which
+    /// regenerates its masks: Note [dropout masks are regenerated] in nn/dropout.hpp).
+    dropout_state dropout{};
     explicit activations(context<device>& ctx) : s(sizes.storage_total, ctx.stream), a(sizes.acc_total, ctx.stream) {}
     /// Bytes held by this activation table.
     std::size_t bytes() const noexcept { return s.bytes() + a.bytes(); }
@@ -289,16 +313,28 @@ class transformer {
   /// global batch pass grad_scale = 1 / (number of non-ignored targets in the global batch).
   /// Returns the sum of the per-token losses on the last stage (identical on every tp rank), 0
   /// elsewhere and without targets. Collective over tp when TP > 1.
+  /// `drop`: training dropout of this pass (nn/dropout.hpp; default off, as evaluation and
+  /// sampling need): embedding, attention-probability and both residual dropouts with
+  /// probability drop.p, masks keyed by drop.key; stored in acts.dropout for backward. Throws
+  /// loom::input_error unless 0 <= drop.p < 1, and for drop.p > 0 when !supports_dropout (the
+  /// Ascend device: dropout runs on the CPU only so far; kernels::reference attention).
   template <int B, int T, class Comm>
   acc_t forward(context<device>& ctx, activations<B, T>& acts, Comm& tp, const std::int32_t* inputs,
-                const std::int32_t* targets, int b, int t, acc_t grad_scale = 0) const {
+                const std::int32_t* targets, int b, int t, acc_t grad_scale = 0, const dropout_state& drop = {}) const {
+    check_dropout(drop);
+    acts.dropout = drop;
     const auto p = acts.ptrs();
     const int n = b * t;
-    if (first_stage()) embedding_forward(ctx, p.encoded, inputs, b, t, tp);
+    if (first_stage()) {
+      embedding_forward(ctx, p.encoded, inputs, b, t, tp);
+      if constexpr (supports_dropout)
+        if (drop.active())
+          ops::dropout(ctx, p.encoded, p.encoded, std::size_t(n) * C, drop.mask(dropout_site::embedding, 0));
+    }
     const storage_t* residual = p.encoded;
     for (int l = 0; l < L; ++l) {
       const block_saved s = acts.block(l);
-      block_forward(ctx, s, p.proj_out, residual, l, n, b, t, tp);
+      block_forward(ctx, s, p.proj_out, residual, l, n, b, t, tp, drop);
       residual = s.res3;
     }
     if (!last_stage()) return 0;
@@ -308,18 +344,19 @@ class transformer {
   template <int B, int T>
     requires(TP == 1)
   acc_t forward(context<device>& ctx, activations<B, T>& acts, const std::int32_t* inputs, const std::int32_t* targets,
-                int b, int t, acc_t grad_scale = 0) const {
+                int b, int t, acc_t grad_scale = 0, const dropout_state& drop = {}) const {
     parallel::local_group tp;
-    return forward(ctx, acts, tp, inputs, targets, b, t, grad_scale);
+    return forward(ctx, acts, tp, inputs, targets, b, t, grad_scale, drop);
   }
 
-  /// Backward pass of the last forward on `acts` (on the last stage that forward must have had
+  /// Backward pass of the last forward on `acts`, with that forward's dropout masks (regenerated
+  /// from acts.dropout) (on the last stage that forward must have had
   /// targets and grad_scale != 0; on the others acts.output_grad() must hold the received
   /// gradient). Accumulates (+=) this rank's parameter gradients; the activation buffers'
   /// gradient scratch is overwritten; on stages other than the first leaves the input gradient
   /// in acts.input_grad(). inputs, b, t as given to forward. Collective over tp when TP > 1.
   /// `ready(layer)` is called as soon as this pass will not touch some gradients again (data
-  /// parallelism starts their reduction while backward goes on, parallel/data_parallel.hpp):
+  /// parallelism starts their reduction while backward goes on, train/data_parallel.hpp):
   ///   ready(L)            after the LM head and the final norm: the rows only the last stage
   ///                       uses (nn::ready_event) are final (on other stages: at once)
   ///   ready(l), l = L-1..0  after block l: its slices of the per-layer rows are final
@@ -331,13 +368,19 @@ class transformer {
                 Ready&& ready = {}) {
     const auto p = acts.ptrs();
     const int n = b * t;
+    const dropout_state& drop = acts.dropout;
     if (last_stage()) head_backward(ctx, p, acts.output(), n, tp);
     ready(L);
     for (int l = L - 1; l >= 0; --l) {
-      block_backward(ctx, acts.block(l), p, l == 0 ? p.encoded : acts.block(l - 1).res3, l, n, b, t, tp);
+      block_backward(ctx, acts.block(l), p, l == 0 ? p.encoded : acts.block(l - 1).res3, l, n, b, t, tp, drop);
       ready(l);
     }
-    if (first_stage()) embedding_backward(ctx, p.dres, inputs, b, t, tp);
+    if (first_stage()) {
+      if constexpr (supports_dropout)
+        if (drop.active())
+          ops::dropout(ctx, p.dres, p.dres, std::size_t(n) * C, drop.mask(dropout_site::embedding, 0));
+      embedding_backward(ctx, p.dres, inputs, b, t, tp);
+    }
     ready(-1);
   }
   /// The same without a tensor-parallel group (TP = 1).
@@ -450,38 +493,78 @@ class transformer {
   }
 
   // --- one block: residual (n, C) -> s.res3 (n, C) --------------------------------------------
+  /// With dropout (drop.active()): attention-probability dropout inside the kernel and
+  /// dropout on both projections' outputs (replicated over tp: every rank draws the same mask)
+  /// before their residual adds.
   template <class Comm>
   void block_forward(context<device>& ctx, const block_saved& s, storage_t* proj, const storage_t* residual, int l, int n,
-                     int b, int t, Comm& tp) const {
+                     int b, int t, Comm& tp, const dropout_state& drop) const {
     const std::size_t N = std::size_t(n);
     ops::layernorm_forward(ctx, s.ln1, s.st1, s.st1 + s.cap, residual, w(role::ln1_w, l), w(role::ln1_b, l), n, C);
     linear_forward<split::column>(ctx, s.qkv, s.ln1, role::qkv_w, role::qkv_b, l, n, C, 3 * Cl, tp);
-    attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl);
+    if constexpr (supports_dropout) {
+      if (drop.active()) attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl, nullptr, attention_drop(drop, l));
+      else attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl);
+    } else {
+      attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl);
+    }
     linear_forward<split::row>(ctx, proj, s.atty, role::attproj_w, role::attproj_b, l, n, Cl, C, tp);
+    if constexpr (supports_dropout)
+      if (drop.active()) ops::dropout(ctx, proj, proj, N * C, drop.mask(dropout_site::attention_residual, global_layer(l)));
     ops::residual_forward(ctx, s.res2, residual, proj, N * C);
     ops::layernorm_forward(ctx, s.ln2, s.st2, s.st2 + s.cap, s.res2, w(role::ln2_w, l), w(role::ln2_b, l), n, C);
     linear_forward<split::column>(ctx, s.fch, s.ln2, role::fc_w, role::fc_b, l, n, C, Hl, tp);
     ops::gelu_forward(ctx, s.fchg, s.fch, N * Hl);
     linear_forward<split::row>(ctx, proj, s.fchg, role::fcproj_w, role::fcproj_b, l, n, Hl, C, tp);
+    if constexpr (supports_dropout)
+      if (drop.active()) ops::dropout(ctx, proj, proj, N * C, drop.mask(dropout_site::mlp_residual, global_layer(l)));
     ops::residual_forward(ctx, s.res3, s.res2, proj, N * C);
   }
   /// p.dres holds d(res3) on entry (+= contributions) and d(residual input) on exit.
+  /// With dropout, d(projection output) = mask .* d(residual) goes through p.proj_out (free
+  /// during backward) and the attention kernel regenerates its mask.
   template <class Comm>
   void block_backward(context<device>& ctx, const block_saved& s, const pointers_t& p, const storage_t* residual, int l,
-                      int n, int b, int t, Comm& tp) {
+                      int n, int b, int t, Comm& tp, const dropout_state& drop) {
     const std::size_t N = std::size_t(n);
+    [[maybe_unused]] const bool dropped = supports_dropout && drop.active();
+    const storage_t* dproj = p.dres;  // d(projection output): d(residual), or its dropout
+    if constexpr (supports_dropout)
+      if (dropped) {
+        ops::dropout(ctx, p.proj_out, p.dres, N * C, drop.mask(dropout_site::mlp_residual, global_layer(l)));
+        dproj = p.proj_out;
+      }
     // MLP: dres holds d(res3) = d(fcproj out) and the direct part of d(res2)
-    linear_backward<split::row>(ctx, p.dfch_gelu, p.dres, s.fchg, role::fcproj_w, role::fcproj_b, l, n, Hl, C, tp);
+    linear_backward<split::row>(ctx, p.dfch_gelu, dproj, s.fchg, role::fcproj_w, role::fcproj_b, l, n, Hl, C, tp);
     ops::gelu_backward(ctx, p.dfch, s.fch, p.dfch_gelu, N * Hl);
     linear_backward<split::column>(ctx, p.dln, p.dfch, s.ln2, role::fc_w, role::fc_b, l, n, C, Hl, tp);
     ops::layernorm_backward(ctx, p.dres, g(role::ln2_w, l), g(role::ln2_b, l), p.dln, s.res2, w(role::ln2_w, l), s.st2,
                             s.st2 + s.cap, n, C);
     // attention: dres now holds d(res2) = d(attproj out) and the direct part of d(input)
-    linear_backward<split::row>(ctx, p.datty, p.dres, s.atty, role::attproj_w, role::attproj_b, l, n, Cl, C, tp);
-    attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl);
+    if constexpr (supports_dropout)
+      if (dropped)
+        ops::dropout(ctx, p.proj_out, p.dres, N * C, drop.mask(dropout_site::attention_residual, global_layer(l)));
+    linear_backward<split::row>(ctx, p.datty, dproj, s.atty, role::attproj_w, role::attproj_b, l, n, Cl, C, tp);
+    if constexpr (supports_dropout) {
+      if (dropped)
+        attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl, nullptr,
+                            attention_drop(drop, l));
+      else attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl);
+    } else {
+      attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl);
+    }
     linear_backward<split::column>(ctx, p.dln, p.dqkv, s.ln1, role::qkv_w, role::qkv_b, l, n, C, 3 * Cl, tp);
     ops::layernorm_backward(ctx, p.dres, g(role::ln1_w, l), g(role::ln1_b, l), p.dln, residual, w(role::ln1_w, l), s.st1,
                             s.st1 + s.cap, n, C);
+  }
+
+  // --- dropout (nn/dropout.hpp) ----------------------------------------------------------------
+  /// Index of this stage's layer l in the whole model (masks are keyed by it, so PP > 1 = PP = 1).
+  int global_layer(int l) const noexcept { return stage_ * L + l; }
+  /// Layer l's attention-probability dropout: keyed by global heads (this rank owns
+  /// [tp_rank * NHl, (tp_rank + 1) * NHl) of NH).
+  attention_dropout attention_drop(const dropout_state& drop, int l) const {
+    return {drop.mask(dropout_site::attention, global_layer(l)), tp_rank_ * NHl, NH};
   }
 
   // --- head: final norm, LM head, loss (last stage) -------------------------------------------

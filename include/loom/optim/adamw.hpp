@@ -3,6 +3,7 @@
 /// Source: Loshchilov & Hutter, "Decoupled Weight Decay Regularization", arXiv:1711.05101;
 /// semantics match torch.optim.AdamW and torch.nn.utils.clip_grad_norm_.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include <loom/core/buffer.hpp>
@@ -57,12 +58,16 @@ class adamw {
   /// Completed optimizer steps (the t of bias correction is step() + 1 during an update).
   long step() const noexcept { return t_; }
   void set_step(long t) noexcept { t_ = t; }
-  /// Frees the moments (ZeRO-1 keeps its own shards; first_moment() is empty afterwards and
-  /// update() must not be called).
-  void release_moments() noexcept {
+  /// Frees the moments and master weights: a sharded optimizer (optim::zero1) holds the state
+  /// instead. first_moment(), second_moment() and master_weights() are empty afterwards,
+  /// sync_master_weights() does nothing and update() must not be called; step() still counts.
+  void release() noexcept {
     m_ = {};
     v_ = {};
+    master_ = {};
   }
+  /// Bytes of optimizer state held: moments plus master weights.
+  std::size_t bytes() const noexcept { return m_.bytes() + v_.bytes() + master_.bytes(); }
   view<device, master_t> first_moment() const noexcept { return m_.all(); }
   view<device, master_t> second_moment() const noexcept { return v_.all(); }
   /// fp32 master weights (same layout as the parameters); only with has_master.
@@ -75,6 +80,7 @@ class adamw {
   /// from elsewhere, e.g. io::import_gpt2). No-op without master weights.
   void sync_master_weights(context<device>& ctx, const G& model) {
     if constexpr (has_master) {
+      if (master_.size() == 0) return;  // released
       const auto p = model.parameters();
       G::ops::cast(ctx, master_.data(), p.data(), p.size());
     }

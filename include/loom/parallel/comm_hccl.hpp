@@ -8,10 +8,16 @@
 /// Every span is NPU memory of the calling thread's current device (the context's device). Semantics
 /// are those of loom::parallel::communicator (parallel/comm.hpp), with these HCCL specifics (loom's
 /// API reference §3, §6, §7, §8):
-///  * Creation: rank 0 calls HcclGetRootInfo; the opaque 4108-byte root info is broadcast over a
-///    bootstrap communicator (any loom communicator — comm::mpi across processes, comm::threads in
-///    one process) or a file (single node); every rank then calls HcclCommInitRootInfo. The rank
-///    order is the bootstrap's. HCCL_CONNECT_TIMEOUT bounds the rendezvous.
+///  * Creation, two ways (docs/ascend.md, "Launching"):
+///    - root info (create, create_from_file): rank 0 calls HcclGetRootInfo; the opaque 4108-byte
+///      root info is broadcast over a bootstrap communicator (any loom communicator — comm::mpi
+///      across processes, comm::threads in one process) or a file (single node); every rank then
+///      calls HcclCommInitRootInfo. The rank order is the bootstrap's.
+///    - rank table (create_from_rank_table): every rank calls HcclCommInitClusterInfo with the
+///      rank table file (RANK_TABLE_FILE, hccl.json) and its rank (RANK_ID / RANK), as MindSpore
+///      and torch_npu's rank-table launch do; no bootstrap communicator. loom checks the table
+///      first (parallel/rank_table.hpp) so that a bad table fails with the file and the fix.
+///    HCCL_CONNECT_TIMEOUT bounds the rendezvous in both.
 ///  * Streams: collectives run on a communication stream owned by the communicator, ordered after
 ///    the work already queued on the context's compute stream (event record + stream wait) and
 ///    before work queued later (the compute stream waits on the collective's completion event).
@@ -61,6 +67,10 @@
 #include <loom/kernels/ascend/common.hpp>
 #include <loom/parallel/comm.hpp>
 #include <loom/parallel/detail/reduce.hpp>
+#if __has_include(<nlohmann/json.hpp>)
+#include <loom/parallel/rank_table.hpp>
+#define LOOM_HCCL_HAS_RANK_TABLE 1
+#endif
 
 namespace loom::parallel::detail {
 
@@ -192,6 +202,39 @@ class hccl_communicator {
     if (rank == 0) std::filesystem::remove(path);
     return c;
   }
+
+#if LOOM_HCCL_HAS_RANK_TABLE
+  /// Creation from a rank table, without a bootstrap communicator: every rank of the table calls
+  /// this (any order, any process; HCCL_CONNECT_TIMEOUT bounds the wait), which calls
+  /// HcclCommInitClusterInfo (CANN HCCL API reference, "HcclCommInitClusterInfo"; the file format
+  /// is CANN's HCCL user guide's rank table template 1.0, see parallel/rank_table.hpp).
+  ///   path  the rank table; empty: $RANK_TABLE_FILE.
+  ///   rank  this process's rank_id in the table; -1: from the environment, $RANK_ID (MindSpore)
+  ///         winning over $RANK (torch_npu); both set and different is an error.
+  ///   ctx   this rank's NPU context. It must be on the rank's device_id in the table
+  ///         (rank_table::device_of(rank), a physical id: the logical id differs when
+  ///         ASCEND_RT_VISIBLE_DEVICES remaps devices); HCCL rejects another device.
+  /// size() is the number of ranks in the table and rank() the rank_id. Throws input_error naming
+  /// the file and the fix when the table is missing, not JSON, incomplete, has rank ids other than
+  /// 0..n-1 each once, a device id twice in a server, a status other than "completed", or lacks
+  /// `rank` (every problem of the file in one message); device_error when HCCL rejects the table or
+  /// the device, and device_error with code HCCL_E_TIMEOUT (9) when a rank never joins.
+  static hccl_communicator create_from_rank_table(context<device::ascend>& ctx, const std::filesystem::path& path = {},
+                                                  int rank = -1, hccl_options options = {}) {
+    const std::filesystem::path file = rank_table_path(path);
+    const int r = rank >= 0 ? rank : rank_from_env();
+    const rank_table table = read_rank_table(file);
+    table.check_rank(r);
+    if (file.string().size() >= 4096)
+      throw input_error("comm::hccl::create_from_rank_table: the rank table path " + file.string().substr(0, 64) +
+                        "... is 4096 bytes or longer (HCCL's limit); move the file to a shorter path");
+    detail::require_hccl(*ctx.runtime);
+    const auto& api = ctx.api();
+    acl::HcclComm comm = nullptr;
+    detail::hccl_check(api, api.HcclCommInitClusterInfo(file.c_str(), std::uint32_t(r), &comm), "HcclCommInitClusterInfo");
+    return hccl_communicator(std::make_unique<state>(comm, r, table.size(), ctx, options, "world"));
+  }
+#endif
 
   int rank() const noexcept { return s_->rank; }
   int size() const noexcept { return s_->size; }

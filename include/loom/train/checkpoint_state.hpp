@@ -18,10 +18,10 @@
 namespace loom::train::detail {
 
 /// The io::state_view of trainer `tr` (train::basic_trainer): every table row with its
-/// geometry; per row "param" (storage dtype), "master" (fp32, when the precision keeps master
-/// weights) and, unless ZeRO-1 shards them, "adam_m"/"adam_v"; with ZeRO-1 the data-parallel
-/// engine's shards and ranges; step, optimizer step, loss scaler, and the configuration the
-/// manifest records. The pointers are the trainer's buffers (a load writes through them).
+/// geometry; per row "param" (storage dtype) and, unless ZeRO-1 shards them, "master" (fp32,
+/// when the precision keeps master weights) and "adam_m"/"adam_v"; with ZeRO-1 the sharded
+/// optimizer's (optim::zero1) flat shards "adam_m", "adam_v" and "master" with their ranges;
+/// step, optimizer step, loss scaler, and the configuration the manifest records. The pointers are the trainer's buffers (a load writes through them).
 /// Copies go through ctx's stream, which must outlive the view.
 template <class Trainer>
 io::state_view state_view_of(context<typename Trainer::device>& ctx, const Trainer& tr) {
@@ -33,7 +33,7 @@ io::state_view state_view_of(context<typename Trainer::device>& ctx, const Train
   constexpr bool has_master = precision::has_master_copy_v<P>;
   const auto& model = tr.model();
   const auto& opt = tr.optimizer();
-  const auto* sync = tr.data_parallel();
+  const auto* zopt = tr.zero1_optimizer();
   // the view's pointers are writable: a load writes through them (the trainer is const only to io's save)
   auto bytes = [](auto view) {
     using E = std::remove_const_t<typename decltype(view)::element_type>;
@@ -54,7 +54,7 @@ io::state_view state_view_of(context<typename Trainer::device>& ctx, const Train
   v.tp_rank = tr.tp_rank();
   v.pp_rank = tr.stage();
   v.dp_rank = tr.dp_rank();
-  v.zero1 = sync && sync->options().zero1;
+  v.zero1 = zopt != nullptr;
   v.cell_elems = G::num_parameters;
   for (std::size_t k = 0; k < G::num_tensors; ++k) {
     const auto& s = G::table[k];
@@ -69,17 +69,18 @@ io::state_view state_view_of(context<typename Trainer::device>& ctx, const Train
                            bytes(view), view.bytes()});
     };
     add("param", model.parameter(k));
-    if constexpr (has_master) add("master", opt.master_weights().subview(G::offsets[k], s.size()));
     if (!v.zero1) {
+      if constexpr (has_master) add("master", opt.master_weights().subview(G::offsets[k], s.size()));
       add("adam_m", opt.first_moment().subview(G::offsets[k], s.size()));
       add("adam_v", opt.second_moment().subview(G::offsets[k], s.size()));
     }
   }
   if (v.zero1) {
     const std::string md = v.master_dtype;
-    v.shards.push_back({"adam_m", md, bytes(sync->first_moment_shard()), sync->first_moment_shard().size()});
-    v.shards.push_back({"adam_v", md, bytes(sync->second_moment_shard()), sync->second_moment_shard().size()});
-    for (const auto& q : sync->moment_ranges()) v.ranges.push_back({q.param_offset, q.length, q.shard_offset});
+    v.shards.push_back({"adam_m", md, bytes(zopt->first_moment()), zopt->shard_size()});
+    v.shards.push_back({"adam_v", md, bytes(zopt->second_moment()), zopt->shard_size()});
+    if constexpr (has_master) v.shards.push_back({"master", md, bytes(zopt->master_weights()), zopt->shard_size()});
+    for (const auto& q : zopt->ranges()) v.ranges.push_back({q.param_offset, q.length, q.shard_offset});
   }
   const auto& cfg = tr.config();
   v.step = tr.step_count();

@@ -21,7 +21,13 @@ struct trainer_config {
   int grad_accum = 1;              ///< micro-batches per optimizer step
   optim::cosine_schedule schedule; ///< learning rate per step
   optim::adamw_config adamw;       ///< AdamW and clipping
-  std::uint64_t seed = 1337;       ///< parameter initialisation seed
+  std::uint64_t seed = 1337;       ///< parameter initialisation seed; also keys the dropout masks
+  /// Dropout probability in [0, 1) (train_gpt --dropout): embedding, attention-probability and
+  /// residual dropout (nn/dropout.hpp), training steps only — evaluate() and sampling run
+  /// without it. 0 (the default) is off and bitwise the model without dropout. The masks depend
+  /// only on (seed, step, global micro-batch, layer, position), so a resumed run repeats the
+  /// uninterrupted one. CPU only so far: p > 0 on device::ascend is refused at construction.
+  double dropout = 0;
   loss_scaler_config loss_scaler;  ///< dynamic loss scaling (used when the trainer has a loss scaler)
 };
 

@@ -16,21 +16,26 @@
 ///      pipeline group (nn::pipeline_forward_backward; PP = 1: forward, backward per
 ///      micro-batch), TP collectives inside each layer; during the last micro-batch's backward
 ///      the model's ready(layer) events start the dp reduction of the finished buckets
-///      (parallel/data_parallel.hpp), so it overlaps the backward on every layout;
+///      (train/data_parallel.hpp), so it overlaps the backward on every layout;
 ///   3. sum a tied embedding's two copies (first and last stage), then reduce its bucket;
 ///   4. wait for the buckets (all-reduce, or ZeRO-1's reduce-scatter); the squared norm of this
 ///      rank's chunks of the rows that count on it (nn::counts_in_norm), summed over dp, then
 ///      tp, then pp: every element of the unsharded model once, the same number on every rank;
-///   5. skip the update on every rank if the norm is not finite; clip; AdamW (ZeRO-1: on the
-///      owned chunks, then all-gather the parameters over dp).
+///   5. skip the update on every rank if the norm is not finite; clip; AdamW (ZeRO-1: the sharded
+///      optimizer on the owned chunks, bucket by bucket, each bucket's parameters all-gathered
+///      over dp while the next one updates).
+/// With trainer_config::dropout > 0, micro-batch i of dp rank r in step s trains with the masks
+/// of dropout_key(seed, s, r * grad_accum + i) (nn/dropout.hpp): the same on every layout and
+/// after a resume; evaluate() runs without dropout.
 /// The loss, gradient norm and update equal one rank's on the whole global batch up to fp32
 /// summation order.
 ///
 /// ZeRO-1 (ddp_options::zero1; Rajbhandari et al., arXiv:1910.02054, stage 1): buckets padded to
-/// dp equal chunks, AdamW moments only for the owned chunks (2/dp of the cell's moments). With
-/// bf16/fp16 the update runs on the owned chunks of the fp32 master weights, which are then
-/// all-gathered: every rank keeps the whole master copy (sharding it too is not done), so
-/// checkpoints and resharding see the same masters as without ZeRO-1.
+/// dp equal chunks; the optimizer is optim::zero1 (zero1_optimizer()), whose moments and, with
+/// bf16/fp16, fp32 master weights exist only for the owned chunks: (2 + masters)/dp of the cell's
+/// optimizer state. Its update writes the owned parameters (the masters' rounding, cast once);
+/// data_parallel() all-gathers the parameters in the storage type. optimizer() (optim::adamw)
+/// then holds no state; its step() still counts the updates.
 ///
 /// Mixed precision (docs/precision.md): bf16/fp16 parameters and activations, fp32 parameter
 /// gradients (model grad_t), fp32 master weights and moments in AdamW; activation messages of
@@ -56,8 +61,9 @@
 #include <loom/nn/gpt_parallel.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
+#include <loom/optim/zero1.hpp>
 #include <loom/parallel/comm.hpp>
-#include <loom/parallel/data_parallel.hpp>
+#include <loom/train/data_parallel.hpp>
 #include <loom/parallel/scalars.hpp>
 #include <loom/parallel/schedule.hpp>
 #include <loom/train/checkpoint_state.hpp>
@@ -117,13 +123,13 @@ class basic_trainer {
 
   /// Data parallel on layout<1,1> over the group `dp` (every rank of it constructs one, with the
   /// same cfg; dp must outlive the trainer). cfg.micro_batch and grad_accum are per rank. With
-  /// ddp.zero1 the AdamW moments are sharded over dp (optimizer().first_moment() is empty; the
-  /// shards live in data_parallel()). Throws loom::input_error for invalid settings.
+  /// ddp.zero1 the optimizer state is sharded over dp (optimizer() holds none; the shards live
+  /// in zero1_optimizer()). Throws loom::input_error for invalid settings.
   template <class DpComm>
     requires(local && parallel::communicator_for<DpComm, float>)
   basic_trainer(context<device>& ctx, trainer_config cfg, DpComm& dp, parallel::ddp_options ddp = {})
       : basic_trainer(ctx, cfg, parallel::groups<Comm>{}, 0) {
-    attach(std::make_unique<parallel::data_parallel<model_t, DpComm>>(ctx, dp, ddp), ddp);
+    attach(ctx, std::make_unique<parallel::data_parallel<model_t, DpComm>>(ctx, dp, ddp), ddp);
   }
 
   /// Splits `world` into the tp, dp and pp groups of layout<TP, PP> (parallel::make_groups;
@@ -150,7 +156,7 @@ class basic_trainer {
     if (g_.dp.size() > 1 || ddp.zero1) {
       auto engine = std::make_unique<parallel::data_parallel<model_t, Comm>>(ctx, g_.dp, ddp);
       if constexpr (TP > 1 || PP > 1) engine->count_in_norm(model_.tp_rank(), model_.stage());  // rows this rank owns
-      attach(std::move(engine), ddp);
+      attach(ctx, std::move(engine), ddp);
     }
   }
 
@@ -162,13 +168,21 @@ class basic_trainer {
   /// order, local shapes. nn::gather_parameters turns them into the single-rank model's.
   model_t& model() noexcept { return model_; }
   const model_t& model() const noexcept { return model_; }
-  /// AdamW over this rank's parameters (moments of the same local shapes; released with ZeRO-1,
-  /// whose shards data_parallel() holds; its step() counts the updates either way).
+  /// AdamW over this rank's parameters (moments and masters of the same local shapes; empty with
+  /// ZeRO-1, whose state zero1_optimizer() holds). Its step() counts the updates either way and
+  /// is the step count both optimizers use: set it to resume.
   optim::adamw<model_t>& optimizer() noexcept { return opt_; }
   const optim::adamw<model_t>& optimizer() const noexcept { return opt_; }
+  /// With ZeRO-1, the sharded optimizer (this dp rank's moments and, below fp32, master weights,
+  /// laid out by its ranges()); null otherwise.
+  optim::zero1<model_t>* zero1_optimizer() noexcept { return zero_.get(); }
+  const optim::zero1<model_t>* zero1_optimizer() const noexcept { return zero_.get(); }
   /// Master weights = parameters, after weights were loaded into model() from elsewhere
   /// (io::import_gpt2, nn::load_global_parameters). No-op for precisions without master weights.
-  void sync_master_weights(context<device>& ctx) { opt_.sync_master_weights(ctx, model_); }
+  void sync_master_weights(context<device>& ctx) {
+    opt_.sync_master_weights(ctx, model_);
+    if (zero_) zero_->sync_master_weights(ctx, model_);
+  }
   /// The loss scaler (its state() / set_state() go into checkpoints; identical on every rank).
   Scaler& loss_scaler() noexcept { return scaler_; }
   const Scaler& loss_scaler() const noexcept { return scaler_; }
@@ -190,18 +204,13 @@ class basic_trainer {
   int stage() const noexcept { return model_.stage(); }
   int dp_rank() const noexcept { return sync_ ? sync_->rank() : 0; }
   int dp_size() const noexcept { return sync_ ? sync_->size() : 1; }
-  /// The data-parallel engine (buckets, ZeRO-1 moment shards and their ranges in this rank's
-  /// parameter buffer, memory()), or null on one data-parallel rank. io::save_checkpoint and
-  /// load_checkpoint read and write the shards through it.
+  /// The data-parallel engine (buckets, the ZeRO-1 shard ranges in this rank's parameter
+  /// buffer, memory()), or null on one data-parallel rank.
   parallel::grad_sync<model_t>* data_parallel() const noexcept { return sync_.get(); }
-  /// Bytes of AdamW state this rank holds: the two moments of its cell (1/dp of them with ZeRO-1,
-  /// up to the chunks' padding), plus fp32 master weights when the precision keeps them.
-  std::size_t optimizer_bytes() const noexcept {
-    using opt_t = optim::adamw<model_t>;
-    const std::size_t masters = opt_t::has_master ? model_t::num_parameters * sizeof(typename opt_t::master_t) : 0;
-    const bool zero = sync_ && sync_->options().zero1;
-    return (zero ? sync_->memory().moments : opt_.first_moment().bytes() + opt_.second_moment().bytes()) + masters;
-  }
+  /// Bytes of optimizer state this rank holds: the two AdamW moments of its cell plus fp32
+  /// master weights when the precision keeps them; with ZeRO-1 all three for the owned chunks
+  /// only (1/dp of them, up to the chunks' padding).
+  std::size_t optimizer_bytes() const noexcept { return zero_ ? zero_->bytes() : opt_.bytes(); }
 
   /// Steps taken, skipped ones included. Without a loss scaler the schedule follows this count
   /// (a skipped step advances it); with one it follows optimizer().step().
@@ -212,11 +221,12 @@ class basic_trainer {
   /// weights, AdamW moments or their ZeRO-1 shards, steps, loss scaler, configuration. The
   /// view points into this trainer's buffers; io::load_checkpoint writes through it.
   io::state_view checkpoint_state(context<device>& ctx) const { return detail::state_view_of(ctx, *this); }
-  /// Applies what io::load_checkpoint restored besides tensors: step count, optimizer step,
-  /// loss scaler state (when given).
+  /// Applies what io::load_checkpoint restored besides tensors: step count, optimizer step (of
+  /// both optimizers), loss scaler state (when given).
   void restore(const io::restored_scalars& r) {
     step_ = r.step;
     opt_.set_step(r.optimizer_step);
+    if (zero_) zero_->set_step(r.optimizer_step);
     if (r.scaler) scaler_.set_state(*r.scaler);
   }
 
@@ -311,11 +321,12 @@ class basic_trainer {
     const double coef = optim::clip_coefficient(r.grad_norm, cfg_.adamw.max_grad_norm) / loss_scale;
     if (!finite) {
       r.skipped = true;  // on every rank: parameters, moments (and, with a scaler, the schedule) untouched
-    } else if (sync_ && sync_->options().zero1) {
+    } else if (zero_) {  // the sharded update, bucket by bucket, each bucket all-gathered after it
       const long t = opt_.step() + 1;
-      typename Policy::precision::master* masters = nullptr;
-      if constexpr (optim::adamw<model_t>::has_master) masters = opt_.master_weights().data();
-      sync_->update(ctx, model_, cfg_.adamw, r.lr, coef, t, masters);
+      sync_->gather_parameters(ctx, model_, [&](const parallel::grad_block<grad_t>& g) {
+        zero_->update_block(ctx, model_, g, r.lr, coef, t);
+      });
+      zero_->set_step(t);
       opt_.set_step(t);
       ctx.synchronize();
     } else {
@@ -377,9 +388,13 @@ class basic_trainer {
     for (int i = 0; i < ring; ++i) acts_.emplace_back(ctx);
   }
 
-  /// Installs the data-parallel engine (ZeRO-1 releases the unsharded moments).
-  void attach(std::unique_ptr<parallel::grad_sync<model_t>> engine, const parallel::ddp_options& ddp) {
-    if (ddp.zero1) opt_.release_moments();
+  /// Installs the data-parallel engine; with ZeRO-1 the sharded optimizer over its ranges takes
+  /// the place of the unsharded state (released).
+  void attach(context<device>& ctx, std::unique_ptr<parallel::grad_sync<model_t>> engine, const parallel::ddp_options& ddp) {
+    if (ddp.zero1) {
+      zero_ = std::make_unique<optim::zero1<model_t>>(ctx, cfg_.adamw, model_, engine->shard_ranges());
+      opt_.release();
+    }
     sync_ = std::move(engine);
   }
 
@@ -392,10 +407,12 @@ class basic_trainer {
     auto ready = [&](int layer) {
       if (sync_ && layer >= 0) sync_->grads_ready(ctx, model_, layer);
     };
+    // masks keyed by (seed, step, global micro-batch): dp rank r's micro-batch i is r*m + i
+    const nn::dropout_plan drop{cfg_.dropout, cfg_.seed, std::uint64_t(step_), std::uint64_t(dp_rank()) * std::uint64_t(m)};
     if (!on_phase)
       return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                           inputs_.data(), targets_.data(), b, t, grad_scale,
-                                                          nn::no_observer{}, ready);
+                                                          nn::no_observer{}, ready, drop);
     // Phase attribution: the executor reports each action after it ran; the schedule is a pure
     // function, so the phase of the next action is known and opened as the previous one closes.
     std::size_t next = 0;
@@ -405,7 +422,8 @@ class basic_trainer {
       if (++next < plan_.size()) mark(phase_of(plan_[next].op), true);
     };
     return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
-                                                        inputs_.data(), targets_.data(), b, t, grad_scale, observe, ready);
+                                                        inputs_.data(), targets_.data(), b, t, grad_scale, observe, ready,
+                                                        drop);
   }
 
   static trainer_config checked(trainer_config c) {
@@ -424,6 +442,8 @@ class basic_trainer {
       throw input_error("gradient accumulation steps (the pipeline's micro-batches) must be >= 1; pass e.g. --grad-accum " +
                         std::to_string(PP));
     c.schedule.validate();
+    check_dropout_probability(c.dropout, "dropout (--dropout)");
+    model_t::check_dropout({c.dropout, 0});  // refuses p > 0 where dropout is not implemented
     return c;
   }
   void mark(phase p, bool begin) {
@@ -438,6 +458,7 @@ class basic_trainer {
   parallel::groups<Comm> g_;
   model_t model_;
   optim::adamw<model_t> opt_;
+  std::unique_ptr<optim::zero1<model_t>> zero_;  // ZeRO-1's sharded optimizer, or null
   Scaler scaler_;
   std::unique_ptr<parallel::grad_sync<model_t>> sync_;  // the dp reduction (data_parallel), or null on one dp rank
   std::vector<acts_t> acts_;

@@ -105,10 +105,9 @@ double step(context<device::cpu>& ctx, trainer_t& tr, long s, int rank, int dp) 
 void collect_moments(const trainer_t& tr, std::vector<float>& m, std::vector<float>& v) {
   m.resize(trainer_t::model_t::num_parameters);
   v.resize(m.size());
-  const auto* sync = tr.data_parallel();
-  if (sync && sync->options().zero1) {
-    const auto sm = sync->first_moment_shard(), sv = sync->second_moment_shard();
-    for (const auto& q : sync->moment_ranges()) {
+  if (const auto* z = tr.zero1_optimizer()) {
+    const auto sm = z->first_moment(), sv = z->second_moment();
+    for (const auto& q : z->ranges()) {
       std::memcpy(m.data() + q.param_offset, sm.data() + q.shard_offset, q.length * sizeof(float));
       std::memcpy(v.data() + q.param_offset, sv.data() + q.shard_offset, q.length * sizeof(float));
     }
@@ -171,7 +170,7 @@ run_result run(int dp, bool zero1, long from, long to, const fs::path& load = {}
     if (zero1) {
       std::vector<float> m, v;
       collect_moments(tr, m, v);
-      for (const auto& q : tr.data_parallel()->moment_ranges())
+      for (const auto& q : tr.zero1_optimizer()->ranges())
         for (std::size_t i = 0; i < q.length; ++i) {
           out.m[q.param_offset + i] = m[q.param_offset + i];
           out.v[q.param_offset + i] = v[q.param_offset + i];
@@ -655,4 +654,74 @@ TEST_CASE("reshard: io::shard_tensor places every element where nn::global_index
         CHECK(same);
       }
   }
+}
+
+TEST_CASE("checkpoint (ZeRO-1, bf16): the sharded fp32 masters go into the optim shards and reshard bit for bit") {
+  // dp 2 with ZeRO-1 saves each rank's master shard beside its moments (no master.* in the model
+  // file); one rank without ZeRO-1 loads the whole masters from the shards; its save (master.* in
+  // the model file) loads into dp 3 with ZeRO-1, whose shards hold the same masters.
+  using bf_t = train::trainer<M, policy<device::cpu, precision::bf16>, 4, 16>;
+  constexpr std::size_t N = bf_t::model_t::num_parameters;
+  const one_thread_per_rank one_thread;
+  temp_dir dir;
+  const fs::path a = dir.path / "a", b = dir.path / "b";
+  std::vector<float> masters(N, 0.0f), m(N, 0.0f);  // the dp 2 run's whole state, from its shards
+  std::vector<std::uint8_t> seen(N, 0);
+  std::vector<Eigen::bfloat16> params;
+  std::mutex mu;
+  // the whole masters and first moment of a ZeRO-1 trainer, written at its ranges
+  auto collect = [](const bf_t& tr, std::vector<float>& w, std::vector<float>& mm, std::vector<std::uint8_t>* seen_by) {
+    const auto* z = tr.zero1_optimizer();
+    REQUIRE(z != nullptr);
+    for (const auto& q : z->ranges()) {
+      std::memcpy(w.data() + q.param_offset, z->master_weights().data() + q.shard_offset, q.length * sizeof(float));
+      std::memcpy(mm.data() + q.param_offset, z->first_moment().data() + q.shard_offset, q.length * sizeof(float));
+      if (seen_by)
+        for (std::size_t i = 0; i < q.length; ++i) ++(*seen_by)[q.param_offset + i];
+    }
+  };
+  comm::run_threads(2, [&](comm::threads& world) {
+    const one_thread_per_rank guard;
+    context<device::cpu> ctx;
+    bf_t tr(ctx, config(global_windows / 2), world, parallel::ddp_options{.zero1 = true});
+    for (long s = 0; s < 2; ++s) tr.step(ctx, windows(s, world.rank() * 3, 3));
+    CHECK(tr.optimizer().master_weights().size() == 0);
+    io::save_checkpoint(ctx, a, tr, state_at(2), world);
+    std::lock_guard lock(mu);
+    collect(tr, masters, m, &seen);
+    if (world.rank() == 0) params.assign(tr.model().parameters().begin(), tr.model().parameters().end());
+  });
+  CHECK(std::count(seen.begin(), seen.end(), std::uint8_t(1)) == std::ptrdiff_t(N));  // covered once
+  const fs::path ck = a / io::checkpoint_dir_name(2);
+  {
+    const io::safetensors_reader model(ck / "model-tp00-pp00.safetensors");
+    CHECK(!model.has("master.wte"));
+    const io::safetensors_reader shard(ck / "optim-tp00-pp00-dp01.safetensors");
+    CHECK(shard.has("master"));
+    CHECK(shard.info("master").shape == shard.info("adam_m").shape);
+  }
+  // into one rank without ZeRO-1: the whole masters come back from the shards
+  {
+    context<device::cpu> ctx;
+    bf_t one(ctx, config(3, 7));
+    (void)io::load_checkpoint(ctx, ck, one);
+    const auto w = one.optimizer().master_weights();
+    CHECK(std::memcmp(w.data(), masters.data(), N * sizeof(float)) == 0);
+    CHECK(std::memcmp(one.optimizer().first_moment().data(), m.data(), N * sizeof(float)) == 0);
+    CHECK(std::memcmp(one.model().parameters().data(), params.data(), N * sizeof(Eigen::bfloat16)) == 0);
+    io::save_checkpoint(ctx, b, one, state_at(2));
+  }
+  // the unsharded checkpoint into dp 3 with ZeRO-1: every rank's master shard is its slice
+  std::vector<float> w3(N, 0.0f), m3(N, 0.0f);
+  comm::run_threads(3, [&](comm::threads& world) {
+    const one_thread_per_rank guard;
+    context<device::cpu> ctx;
+    bf_t tr(ctx, config(global_windows / 3, 99), world, parallel::ddp_options{.zero1 = true});
+    (void)io::load_checkpoint(ctx, b / io::checkpoint_dir_name(2), tr);
+    CHECK(tr.zero1_optimizer()->step() == 2);
+    std::lock_guard lock(mu);
+    collect(tr, w3, m3, nullptr);
+  });
+  CHECK(std::memcmp(w3.data(), masters.data(), N * sizeof(float)) == 0);
+  CHECK(std::memcmp(m3.data(), m.data(), N * sizeof(float)) == 0);
 }

@@ -288,7 +288,7 @@ struct rank_run {
   std::vector<train::step_result> results;
   std::vector<float> global_params;  ///< nn::gather_parameters (single-rank buffer order)
   std::vector<float> local_params;
-  std::size_t optimizer_bytes = 0, moments_unsharded = 0, buckets = 0;
+  std::size_t optimizer_bytes = 0, buckets = 0;
   int tp = 0, dp = 0, stage = 0;
 };
 
@@ -311,10 +311,7 @@ std::vector<rank_run> run_parallel_trainer(int dp, int m, bool zero1) {
     o.local_params.assign(tr.model().parameters().begin(), tr.model().parameters().end());
     o.global_params = nn::gather_parameters(ctx, tr.model(), tr.tp_group(), tr.pp_group());
     o.optimizer_bytes = tr.optimizer_bytes();
-    if (tr.data_parallel()) {
-      o.moments_unsharded = tr.data_parallel()->memory().moments_unsharded;
-      o.buckets = tr.data_parallel()->bucket_count();
-    }
+    if (tr.data_parallel()) o.buckets = tr.data_parallel()->bucket_count();
     o.tp = tr.tp_rank();
     o.dp = tr.dp_rank();
     o.stage = tr.stage();
@@ -365,7 +362,6 @@ void zero1_case(int dp, int m) {
     // optimizer memory: the plain run holds this cell's two moments, ZeRO-1 1/dp of them (up to
     // each bucket's padding to dp chunks of 16 floats), and the dp ranks of a cell hold them once
     CHECK(p.optimizer_bytes == unsharded);
-    CHECK(z.moments_unsharded == unsharded);
     CHECK(z.buckets > 1);
     CHECK(z.optimizer_bytes <= unsharded / std::size_t(dp) + z.buckets * 2 * 16 * sizeof(float));
     CHECK(z.optimizer_bytes + z.buckets * 2 * 16 * sizeof(float) * std::size_t(dp) >= unsharded / std::size_t(dp));
@@ -395,7 +391,7 @@ TEST_CASE("parallel_trainer ZeRO-1: (2,1,2), (1,2,2), (2,2,2) give the run witho
     tr.step(ctx, mine);
     if (tr.stage() == 1 && tr.tp_rank() == 0 && tr.dp_rank() == 1) tr.model().parameter(nn::param::lnf_w).data()[3] = NAN;
     const std::vector<float> before(tr.model().parameters().begin(), tr.model().parameters().end());
-    const auto m = tr.data_parallel()->first_moment_shard();
+    const auto m = tr.zero1_optimizer()->first_moment();
     const std::vector<float> m_before(m.begin(), m.end());
     const auto r = tr.step(ctx, mine);
     const auto me = std::size_t(w.rank());

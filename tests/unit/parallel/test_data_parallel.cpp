@@ -1,4 +1,4 @@
-// Data parallelism (parallel/data_parallel.hpp through train::trainer) on comm::threads: DP = 2
+// Data parallelism (train/data_parallel.hpp through train::trainer) on comm::threads: DP = 2
 // and 4 give the loss and every gradient of one rank on the same global batch; 20 steps give the
 // same loss curve; accumulation with padded targets; ZeRO-1 equals DDP; no-overlap equals
 // overlap; a rank that never joins times out; a diverged replica is caught; the loader's
@@ -114,7 +114,7 @@ using trainer_t = train::trainer<M, P, 8, T>;
 
 /// Runs `steps` steps on dp ranks (rank r takes rows [r*rows/dp, (r+1)*rows/dp) of each global
 /// batch) and returns rank 0's losses; `each` sees every rank's trainer at the end.
-template <class Each>
+template <class Tr = trainer_t, class Each>
 std::vector<double> run_dp(int dp, int grad_accum, const std::vector<batch>& batches, int rows, lp::ddp_options o,
                            Each&& each) {
   std::vector<double> losses;
@@ -123,7 +123,7 @@ std::vector<double> run_dp(int dp, int grad_accum, const std::vector<batch>& bat
     const one_thread_per_rank one_thread;
     context<device::cpu> ctx;
     const int mine = rows / dp;
-    trainer_t tr(ctx, config(mine / grad_accum, grad_accum), world, o);
+    Tr tr(ctx, config(mine / grad_accum, grad_accum), world, o);
     for (const auto& b : batches) {
       const auto r = tr.step(ctx, rows_of(b.in, world.rank() * mine, mine), rows_of(b.tg, world.rank() * mine, mine));
       if (world.rank() == 0) losses.push_back(r.loss);
@@ -219,12 +219,15 @@ TEST_CASE("data parallel: ZeRO-1 gives DDP's parameters after 20 steps, no-overl
   z.zero1 = true;
   const auto l_zero = run_dp(2, 2, batches, rows, z, [&](int rank, trainer_t& tr) {
     keep(zero)(rank, tr);
-    const auto mem = tr.data_parallel()->memory();
-    CHECK(mem.moments_unsharded == 2 * trainer_t::model_t::num_parameters * sizeof(float));
-    CHECK(mem.moments <= mem.moments_unsharded / 2 + 64 * 8 * sizeof(float));  // padding per bucket
-    CHECK(mem.saved() > mem.moments_unsharded / 3);
+    const auto* z1 = tr.zero1_optimizer();
+    REQUIRE(z1 != nullptr);
+    const std::size_t unsharded = 2 * trainer_t::model_t::num_parameters * sizeof(float);  // fp32: no masters
+    CHECK(tr.optimizer_bytes() == z1->bytes());
+    CHECK(z1->bytes() <= unsharded / 2 + 64 * 8 * sizeof(float));  // padding per bucket
+    CHECK(unsharded - z1->bytes() > unsharded / 3);
     CHECK(tr.optimizer().first_moment().size() == 0);  // the trainer's full moments are gone
     CHECK(tr.optimizer().step() == 20);
+    CHECK(z1->step() == 20);
   });
   lp::ddp_options s = o;
   s.overlap = false;
@@ -344,4 +347,57 @@ TEST_CASE("data parallel sampler: each rank a disjoint part of every global batc
   }
   CHECK(order[0] != order[1]);  // reshuffled
   CHECK(ranks[0]->state() == ranks[1]->state());  // one position for all ranks
+}
+
+TEST_CASE("data parallel: ZeRO-1 in bf16 shards the fp32 masters and gives DDP's parameters and masters bit for bit") {
+  // Same reduction order and the same elementwise adamw_master on every element: a rank's master
+  // shard equals DDP's full masters at its ranges, and the all-gathered bf16 parameters equal
+  // DDP's. Each rank holds (2 + 1)/2 of one replica's fp32 state, up to padding.
+  using bf = train::trainer<M, policy<device::cpu, precision::bf16>, 8, T>;
+  using G = bf::model_t;
+  const one_thread_per_rank one_thread;
+  constexpr int rows = 8;
+  std::vector<batch> batches;
+  for (int s = 0; s < 6; ++s) batches.push_back(random_batch(rows, 700 + std::uint64_t(s), 0.1, 4));
+  std::vector<std::vector<Eigen::bfloat16>> ddp_p(2), zero_p(2);
+  std::vector<std::vector<float>> ddp_master(2);
+  std::vector<std::size_t> bytes(2), ddp_bytes(2);
+  lp::ddp_options o;
+  o.bucket_mb = 0.01;
+  const auto l_ddp = run_dp<bf>(2, 1, batches, rows, o, [&](int r, bf& tr) {
+    const auto p = tr.model().parameters();
+    ddp_p[std::size_t(r)].assign(p.data(), p.data() + p.size());
+    const auto m = tr.optimizer().master_weights();
+    ddp_master[std::size_t(r)].assign(m.data(), m.data() + m.size());
+    ddp_bytes[std::size_t(r)] = tr.optimizer_bytes();
+  });
+  lp::ddp_options z = o;
+  z.zero1 = true;
+  const auto l_zero = run_dp<bf>(2, 1, batches, rows, z, [&](int r, bf& tr) {
+    const auto p = tr.model().parameters();
+    zero_p[std::size_t(r)].assign(p.data(), p.data() + p.size());
+    const auto* z1 = tr.zero1_optimizer();
+    REQUIRE(z1 != nullptr);
+    CHECK(tr.optimizer().master_weights().size() == 0);  // no replicated masters
+    bytes[std::size_t(r)] = tr.optimizer_bytes();
+    std::size_t covered = 0, mismatched = 0;
+    const auto mw = z1->master_weights();
+    for (const auto& q : z1->ranges()) {
+      covered += q.length;
+      for (std::size_t i = 0; i < q.length; ++i)
+        mismatched += std::memcmp(&mw[q.shard_offset + i], &ddp_master[0][q.param_offset + i], sizeof(float)) != 0;
+    }
+    CHECK(mismatched == 0);
+    CHECK(covered == z1->shard_size());
+  });
+  CHECK(l_ddp == l_zero);
+  const std::size_t unsharded = 3 * G::num_parameters * sizeof(float);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(ddp_bytes[std::size_t(r)] == unsharded);
+    CHECK(bytes[std::size_t(r)] <= unsharded / 2 + 64 * 8 * 3 * sizeof(float));
+    CHECK(std::memcmp(ddp_p[std::size_t(r)].data(), zero_p[std::size_t(r)].data(), ddp_p[0].size() * 2) == 0);
+  }
+  CHECK(bytes[0] + bytes[1] >= unsharded);  // the shards cover the state once
+  MESSAGE("bf16 optimizer bytes per rank: " << unsharded << " without ZeRO-1, " << bytes[0] << " and " << bytes[1]
+                                            << " with ZeRO-1 on 2 ranks");
 }

@@ -589,6 +589,7 @@ static_assert(HCCL_COMM_CONFIG_MAGIC_WORD == hccl_comm_config_magic_word &&
 
 /// libhccl.so (+ libhcomm.so for communicator management on the newest CANN, §3.1, §3.3).
 #define LOOM_HCCL_FUNCTIONS(X)                                                                                 \
+  X(HcclCommInitClusterInfo, HcclResult, (const char* clusterInfo, uint32_t rank, HcclComm* comm))             \
   X(HcclGetRootInfo, HcclResult, (HcclRootInfo * rootInfo))                                                    \
   X(HcclCommInitRootInfo, HcclResult,                                                                          \
     (uint32_t nRanks, const HcclRootInfo* rootInfo, uint32_t rank, HcclComm* comm))                            \

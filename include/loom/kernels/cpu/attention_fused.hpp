@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include <loom/core/dropout.hpp>
 #include <loom/core/error.hpp>
 #include <loom/kernels/cpu/attention_traits.hpp>
 #include <loom/kernels/cpu/common.hpp>
@@ -53,6 +54,9 @@ struct attention_shape {
   int B, T, C, NH, hd;
   A scale;                          // 1/sqrt(hd)
   const std::uint8_t* key_padding;  // (B,T), non-zero = padded key; or null
+  dropout_mask drop{};              // attention-probability dropout; inactive = none
+  int batch0 = 0, head0 = 0;        // mask coordinates of (b, h) = (0, 0): batch and global head
+  int heads = 0;                    // global head count of the mask index
 
   std::ptrdiff_t ld() const noexcept { return 3 * std::ptrdiff_t(C); }
   /// Offset of q[b, t, head h] in qkv (k is + C, v is + 2C); the same offset in dqkv.
@@ -67,7 +71,20 @@ struct attention_shape {
   const std::uint8_t* padding(int b, int j0) const noexcept {
     return key_padding ? key_padding + std::size_t(b) * T + j0 : nullptr;
   }
+  /// Mask index of probability (b, h, i, key 0); key j adds j (attention_dropout_keep).
+  std::uint64_t drop_row(int b, int h, int i) const noexcept {
+    return ((std::uint64_t(batch0 + b) * std::uint64_t(heads) + std::uint64_t(head0 + h)) * std::uint64_t(T) +
+            std::uint64_t(i)) * std::uint64_t(T);
+  }
 };
+
+/// Applies dropout to the first n probabilities of score row (b, h, i) starting at key j0:
+/// row[c] *= factor(key j0 + c). Entries past n are zero already.
+template <class A>
+void apply_dropout(A* row, int n, const attention_shape<A>& p, int b, int h, int i, int j0) {
+  const std::uint64_t base = p.drop_row(b, h, i) + std::uint64_t(j0);
+  for (int c = 0; c < n; ++c) row[c] *= p.drop.template factor<A>(base + std::uint64_t(c));
+}
 
 /// Causally visible keys of query t inside the key tile [j0, j0+bk): the prefix [0, n).
 inline int causal_prefix(int t, int j0, int bk) noexcept { return std::clamp(t - j0 + 1, 0, bk); }
@@ -135,7 +152,8 @@ void forward_tile(A* out, A* lse, const A* qkv, const attention_shape<A>& p, int
           if (pad[c]) row[c] = A(0);
       std::fill(row + n, row + bk, A(0));
       const A alpha = std::exp(m[r] - m_new);  // exactly 0 while m[r] = -inf (libm exp)
-      l[r] = alpha * l[r] + e.sum();
+      l[r] = alpha * l[r] + e.sum();            // the normaliser sums the undropped terms
+      if (p.drop.active()) apply_dropout(row, n, p, b, h, i0 + r, j0);
       if (alpha != A(1)) o.row(r) *= alpha;
       m[r] = m_new;
     }
@@ -157,7 +175,9 @@ enum pair_grads : unsigned { pair_dq = 1u, pair_dkv = 2u };
 
 /// Backward of one (query tile [i0, i0+bq), key tile [j0, j0+bk)) pair of head (b, h):
 ///   P = exp(scale q k^T - lse) (recomputed), dP = dO v^T, dS = P .* (dP - D) * scale,
-///   dv += P^T dO and dk += dS^T q (pair_dkv),  dq += dS k (pair_dq).
+///   dv += P^T dO and dk += dS^T q (pair_dkv),  dq += dS k (pair_dq);
+/// with dropout (p.drop active) P .* F replaces P in dv and F .* dP replaces dP in dS, F the
+/// regenerated keep factors.
 /// D: (T) = rowsum(dO .* O) of this head. s, dp: block_q * block_k scratch each.
 template <class Tr, class A>
 void backward_pair(A* dqkv, const A* dout, const A* qkv, const A* lse, const A* D, const attention_shape<A>& p, int b,
@@ -175,15 +195,31 @@ void backward_pair(A* dqkv, const A* dout, const A* qkv, const A* lse, const A* 
   const std::uint8_t* pad = p.padding(b, j0);
   for (int r = 0; r < bq; ++r)
     probability_row(s + std::size_t(r) * bk, causal_prefix(i0 + r, j0, bk), bk, lse[p.row_at(b, h, i0 + r)], pad);
-  if (grads & pair_dkv) head_rows<A, HD>(dqkv + kj + 2 * p.C, bk, p.hd, ld).noalias() += P.transpose() * dy;
-  dS.noalias() = dy * v.transpose();
-  for (int r = 0; r < bq; ++r) dS.row(r) = (P.row(r).array() * (dS.row(r).array() - D[i0 + r]) * p.scale).matrix();
+  if (p.drop.active()) {
+    // with the keep factors F (0 or 1/(1-p)): O = (P .* F) V, so dV += (P .* F)^T dO and
+    // dS = P .* (F .* dO V^T - D); D = rowsum(dO .* O) is unchanged (FlashAttention, Alg. 2)
+    dS.noalias() = dy * v.transpose();
+    for (int r = 0; r < bq; ++r) {
+      const std::uint64_t base = p.drop_row(b, h, i0 + r) + std::uint64_t(j0);
+      for (int c = 0; c < bk; ++c) {
+        const A f = p.drop.template factor<A>(base + std::uint64_t(c));
+        dS(r, c) = P(r, c) * (dS(r, c) * f - D[i0 + r]) * p.scale;
+        P(r, c) *= f;
+      }
+    }
+    if (grads & pair_dkv) head_rows<A, HD>(dqkv + kj + 2 * p.C, bk, p.hd, ld).noalias() += P.transpose() * dy;
+  } else {
+    if (grads & pair_dkv) head_rows<A, HD>(dqkv + kj + 2 * p.C, bk, p.hd, ld).noalias() += P.transpose() * dy;
+    dS.noalias() = dy * v.transpose();
+    for (int r = 0; r < bq; ++r) dS.row(r) = (P.row(r).array() * (dS.row(r).array() - D[i0 + r]) * p.scale).matrix();
+  }
   if (grads & pair_dkv) head_rows<A, HD>(dqkv + kj + p.C, bk, p.hd, ld).noalias() += dS.transpose() * q;
   if (grads & pair_dq) head_rows<A, HD>(dqkv + qi, bq, p.hd, ld).noalias() += dS * k;
 }
 
 /// D[t] = rowsum(dO .* O) for the rows [i0, i0+bq) of head (b, h), into D (indexed by t).
-/// With out == null, O is not available and D is recomputed as rowsum(P .* dP) over the
+/// With out == null, O is not available and D is recomputed as rowsum(P .* F .* dP) (F the
+/// dropout keep factors, 1 without dropout) over the
 /// visible key tiles (the same number: sum_s P_ts dO_t.v_s = dO_t.O_t), costing about one
 /// extra forward pass.
 template <class Tr, class A>
@@ -209,6 +245,8 @@ void delta_tile(A* D, const A* dout, const A* out, const A* qkv, const A* lse, c
     const std::uint8_t* pad = p.padding(b, j0);
     for (int r = 0; r < bq; ++r)
       probability_row(s + std::size_t(r) * bk, causal_prefix(i0 + r, j0, bk), bk, lse[p.row_at(b, h, i0 + r)], pad);
+    if (p.drop.active())
+      for (int r = 0; r < bq; ++r) apply_dropout(s + std::size_t(r) * bk, bk, p, b, h, i0 + r, j0);
     dP.noalias() = dy * v.transpose();
     for (int r = 0; r < bq; ++r) D[i0 + r] += P.row(r).dot(dP.row(r));
   }
@@ -318,13 +356,19 @@ void with_attention_traits(int hd, F&& f) {
 }
 
 template <class A>
-attention_shape<A> checked_shape(const char* what, int B, int Tn, int C, int NH, const std::uint8_t* key_padding) {
+attention_shape<A> checked_shape(const char* what, int B, int Tn, int C, int NH, const std::uint8_t* key_padding,
+                                 const attention_dropout& drop = {}) {
   if (B < 0 || Tn < 0 || C <= 0 || NH <= 0 || C % NH != 0)
     throw input_error(std::string(what) + ": invalid shape B=" + std::to_string(B) + " T=" + std::to_string(Tn) +
                       " C=" + std::to_string(C) + " NH=" + std::to_string(NH) +
                       "; B and T must be >= 0, C and NH > 0, and NH must divide C");
+  const int heads = drop.heads > 0 ? drop.heads : NH;
+  if (drop.head_offset < 0 || drop.head_offset + NH > heads)
+    throw input_error(std::string(what) + ": dropout heads [" + std::to_string(drop.head_offset) + ", " +
+                      std::to_string(drop.head_offset + NH) + ") lie outside the model's " + std::to_string(heads) +
+                      " heads; pass head_offset = tp_rank * NH/TP and heads = NH of the unsharded model");
   const int hd = C / NH;
-  return {B, Tn, C, NH, hd, A(1) / std::sqrt(A(hd)), key_padding};
+  return {B, Tn, C, NH, hd, A(1) / std::sqrt(A(hd)), key_padding, drop.mask, 0, drop.head_offset, heads};
 }
 
 /// Per-thread fp32 workspace of the 16-bit attention paths, grown on first use and then reused
@@ -371,9 +415,11 @@ void scatter_head(T* dst, const float* src, const attention_shape<float>& p, int
     }
 }
 
-/// The shape of one head as a (1, T, HD) problem with one head, for the fp32 tile kernels.
-inline attention_shape<float> one_head(const attention_shape<float>& p, int b) {
-  return {1, p.T, p.hd, 1, p.hd, p.scale, p.key_padding ? p.key_padding + std::size_t(b) * p.T : nullptr};
+/// Head h of batch b as a (1, T, HD) problem with one head, for the fp32 tile kernels; its
+/// dropout mask coordinates stay those of (b, h) in the whole call.
+inline attention_shape<float> one_head(const attention_shape<float>& p, int b, int h) {
+  return {1,      p.T,          p.hd, 1, p.hd, p.scale, p.key_padding ? p.key_padding + std::size_t(b) * p.T : nullptr,
+          p.drop, p.batch0 + b, p.head0 + h, p.heads};
 }
 
 template <class Tr, class T>
@@ -387,7 +433,7 @@ void fused_forward_16(T* out, float* lse, const T* qkv, const attention_shape<fl
     float* w = thread_workspace(4 * th + attention_max_tile_elems);
     float *q = w, *o = w + 3 * th, *s = w + 4 * th;
     gather_head(q, qkv, p, b, h, 3);
-    const auto p1 = one_head(p, b);
+    const auto p1 = one_head(p, b, h);
     for (int i0 = 0; i0 < p.T; i0 += BQ) forward_tile<Tr>(o, lse + std::size_t(bh) * p.T, q, p1, 0, 0, i0, s);
     scatter_head(out, o, p, b, h, 1);
   }
@@ -409,7 +455,7 @@ void fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const
     gather_head(dy, dout, p, b, h, 1);
     if (out) gather_head(o, out, p, b, h, 1);
     std::fill_n(dq, 3 * th, 0.0f);
-    const auto p1 = one_head(p, b);
+    const auto p1 = one_head(p, b, h);
     const float* l = lse + std::size_t(bh) * p.T;
     for (int i0 = 0; i0 < p.T; i0 += BQ) delta_tile<Tr>(D, dy, out ? o : nullptr, q, l, p1, 0, 0, i0, s, dp);
     for (int j0 = 0; j0 < p.T; j0 += BK)
@@ -434,8 +480,8 @@ void fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const
 /// log-sum-exp in fp32. See Note [fused attention in 16-bit storage].
 template <class T>
 void attention_fused_forward_16(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH,
-                                const std::uint8_t* key_padding = nullptr) {
-  const auto p = detail::checked_shape<float>("attention_fused_forward", B, Tn, C, NH, key_padding);
+                                const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {}) {
+  const auto p = detail::checked_shape<float>("attention_fused_forward", B, Tn, C, NH, key_padding, drop);
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) { detail::fused_forward_16<Tr>(out, lse, qkv, p); });
 }
@@ -444,8 +490,9 @@ void attention_fused_forward_16(T* out, float* lse, const T* qkv, int B, int Tn,
 /// scratch argument (per-thread workspace). See Note [fused attention in 16-bit storage].
 template <class T>
 void attention_fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B, int Tn,
-                                 int C, int NH, const std::uint8_t* key_padding = nullptr) {
-  const auto p = detail::checked_shape<float>("attention_fused_backward", B, Tn, C, NH, key_padding);
+                                 int C, int NH, const std::uint8_t* key_padding = nullptr,
+                                 const attention_dropout& drop = {}) {
+  const auto p = detail::checked_shape<float>("attention_fused_backward", B, Tn, C, NH, key_padding, drop);
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
     detail::fused_backward_16<Tr>(dqkv, dout, qkv, out, lse, p);
@@ -465,16 +512,23 @@ constexpr std::size_t attention_fused_scratch_elems(std::size_t threads, std::si
 ///   qkv          (B,T,3C) [q | k | v], head h at channels [h*HD, (h+1)*HD)
 ///   key_padding  (B,T) or null; non-zero marks a padded key no query attends to (PyTorch's
 ///                key_padding_mask convention). A query with no visible key gets out = 0.
-/// Math: out = softmax(mask(q k^T / sqrt(HD))) v, causal, as attention_forward.
+///   drop         attention-probability dropout (attention_dropout); default none
+/// Math: out = (softmax(mask(q k^T / sqrt(HD))) .* F) v, causal, as attention_forward; F = 1
+/// without dropout, else the keep factors 0 or 1/(1-p) of attention_dropout_keep (Srivastava
+/// et al. 2014; PyTorch scaled_dot_product_attention's dropout_p). lse is that of the
+/// undropped scores.
 /// Parallel over (batch, head, query tile) with OpenMP; no heap allocation.
-/// Cost: about 2 B NH T^2 HD flops (causal half of the square, plus the diagonal tiles).
-/// Extra memory: B NH T saved, one block_q x block_k tile per thread on the stack.
-/// Errors: loom::input_error when NH does not divide C or a size is negative.
+/// Cost: about 2 B NH T^2 HD flops (causal half of the square, plus the diagonal tiles); with
+/// dropout one 64-bit hash per visible probability.
+/// Extra memory: B NH T saved, one block_q x block_k tile per thread on the stack; the dropout
+/// mask is never stored.
+/// Errors: loom::input_error when NH does not divide C or a size is negative, or when the
+/// dropout's heads [head_offset, head_offset + NH) exceed its global head count.
 template <class T>
 void attention_fused_forward(T* out, T* lse, const T* qkv, int B, int Tn, int C, int NH,
-                             const std::uint8_t* key_padding = nullptr) {
+                             const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {}) {
   static_assert(std::is_same_v<T, acc_t<T>>, "attention_fused: storage must be float or double (Note [fused attention storage])");
-  const auto p = detail::checked_shape<T>("attention_fused_forward", B, Tn, C, NH, key_padding);
+  const auto p = detail::checked_shape<T>("attention_fused_forward", B, Tn, C, NH, key_padding, drop);
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) { detail::fused_forward<Tr>(out, lse, qkv, p); });
 }
@@ -482,21 +536,24 @@ void attention_fused_forward(T* out, T* lse, const T* qkv, int B, int Tn, int C,
 /// Backward of attention_fused_forward.
 ///   dqkv     (B,T,3C) written (=)
 ///   dout     (B,T,C) gradient of out
-///   qkv, lse, key_padding  as given to / written by the forward
+///   qkv, lse, key_padding, drop  as given to / written by the forward (the same `drop`:
+///            its mask is regenerated tile by tile, never stored)
 ///   out      (B,T,C) the forward's output, or null: then D = rowsum(dO .* O) is recomputed
 ///            from the scores (about one extra forward's flops)
 ///   scratch  attention_fused_scratch_elems(omp_get_max_threads(), T) elements
 /// Math (FlashAttention-2, Algorithm 2): D = rowsum(dO .* O); per tile pair P = exp(S - lse),
-/// dV += P^T dO, dP = dO V^T, dS = P .* (dP - D), dQ += dS K / sqrt(HD), dK += dS^T Q / sqrt(HD).
+/// dV += P^T dO, dP = dO V^T, dS = P .* (dP - D), dQ += dS K / sqrt(HD), dK += dS^T Q / sqrt(HD);
+/// with dropout's keep factors F: dV += (P .* F)^T dO and dS = P .* (F .* dP - D).
 /// Parallel over (batch, head); with fewer heads than threads, over query and key tiles in
 /// three passes (D; dk, dv; dq), which recomputes P and dP once more.
 /// Cost: about 5 B NH T^2 HD flops (+2 without out; the tile-split passes add 3).
 /// Errors: loom::input_error when NH does not divide C or a size is negative.
 template <class T>
 void attention_fused_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, T* scratch, int B,
-                              int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+                              int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr,
+                              const attention_dropout& drop = {}) {
   static_assert(std::is_same_v<T, acc_t<T>>, "attention_fused: storage must be float or double (Note [fused attention storage])");
-  const auto p = detail::checked_shape<T>("attention_fused_backward", B, Tn, C, NH, key_padding);
+  const auto p = detail::checked_shape<T>("attention_fused_backward", B, Tn, C, NH, key_padding, drop);
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
     detail::fused_backward<Tr>(dqkv, dout, qkv, out, lse, scratch, p);
@@ -515,13 +572,15 @@ void attention_fused_backward(T* dqkv, const T* dout, const T* qkv, const T* out
 // translation unit instantiates what it uses, as with any header-only template. The code is
 // the same either way; only where it is compiled changes. kernels/cpu/matmul.hpp does the same.
 #define LOOM_CPU_FUSED_ATTENTION_INSTANCES(PREFIX, T)                                                         \
-  PREFIX void attention_fused_forward<T>(T*, T*, const T*, int, int, int, int, const std::uint8_t*);          \
-  PREFIX void attention_fused_backward<T>(T*, const T*, const T*, const T*, const T*, T*, int, int, int, int, \
-                                          const std::uint8_t*);
+  PREFIX void attention_fused_forward<T>(T*, T*, const T*, int, int, int, int, const std::uint8_t*,             \
+                                         const attention_dropout&);                                             \
+  PREFIX void attention_fused_backward<T>(T*, const T*, const T*, const T*, const T*, T*, int, int, int, int,   \
+                                          const std::uint8_t*, const attention_dropout&);
 #define LOOM_CPU_FUSED_ATTENTION_16_INSTANCES(PREFIX, T)                                                       \
-  PREFIX void attention_fused_forward_16<T>(T*, float*, const T*, int, int, int, int, const std::uint8_t*);    \
+  PREFIX void attention_fused_forward_16<T>(T*, float*, const T*, int, int, int, int, const std::uint8_t*,      \
+                                            const attention_dropout&);                                          \
   PREFIX void attention_fused_backward_16<T>(T*, const T*, const T*, const T*, const float*, int, int, int, int, \
-                                             const std::uint8_t*);
+                                             const std::uint8_t*, const attention_dropout&);
 #ifdef LOOM_CPU_EXTERN_KERNELS
 LOOM_CPU_FUSED_ATTENTION_INSTANCES(extern template, float)
 LOOM_CPU_FUSED_ATTENTION_INSTANCES(extern template, double)

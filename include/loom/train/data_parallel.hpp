@@ -1,6 +1,9 @@
 #pragma once
-/// \file Data parallelism for layout<1,1>: bucketed gradient all-reduce overlapped with backward
-/// (PyTorch DDP's scheme), ZeRO-1 optimizer sharding, agreed decisions, and a replica check.
+/// \file Data parallelism (in train/: it reduces a model's gradient buffer, named by the
+/// parameter table, for an optimizer, so it sits above nn/ and optim/; namespace parallel):
+/// bucketed gradient all-reduce overlapped with backward
+/// (PyTorch DDP's scheme), the communication of ZeRO-1 (reduce-scatter, parameter all-gather),
+/// agreed decisions, and a replica check.
 /// train::trainer drives it through the grad_sync<G> interface (its communicator-taking
 /// constructor); nothing here is global: the data-parallel group is passed in.
 /// train::parallel_trainer uses the same engine (G = nn::gpt_parallel, one (tp, pp) cell's
@@ -34,13 +37,15 @@
 /// makes the sum non-finite on every rank) are identical everywhere.
 ///
 /// ZeRO-1 (Rajbhandari et al., "ZeRO", arXiv:1910.02054, stage 1; MindSpore's "optimizer
-/// parallel"). Each bucket is padded to n equal chunks; rank r owns chunk r of every bucket.
-/// Buckets are reduce-scattered instead of all-reduced; rank r updates the parameters of its
-/// chunks with AdamW moments that exist only for those chunks (2/n of the moments per rank);
-/// the updated chunks are all-gathered back into every replica. With fp32 the parameters are
-/// their own master weights; with a lower storage precision the fp32 masters would be sharded the
-/// same way (not implemented: the trainer is fp32 today). The reduction order is the same as the
-/// all-reduce's, so ZeRO-1 and plain DDP give bitwise equal parameters with comm::threads.
+/// parallel"). Each bucket is padded to n equal chunks; rank r owns chunk r of every bucket
+/// (shard_ranges(): where those chunks lie in the parameter buffer). Buckets are
+/// reduce-scattered instead of all-reduced. The optimizer state lives in a sharded optimizer,
+/// not here (optim::zero1: moments and, below fp32, fp32 master weights of the owned chunks
+/// only): gather_parameters() hands it each bucket's reduced chunk, the optimizer writes the
+/// owned parameters, and the engine all-gathers the bucket's parameters in the storage type
+/// (bf16/fp16: half the bytes of gathering fp32 masters). This engine never includes optim/
+/// (parallel/dp_shard.hpp: include order). The reduction order is the same as the all-reduce's,
+/// so ZeRO-1 and plain DDP give bitwise equal parameters with comm::threads.
 ///
 /// Note [DDP on a device communicator]. Buckets live in memory of the model's device, so a
 /// device communicator (comm::hccl on device::ascend) reduces them where they are. The few host
@@ -57,6 +62,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -69,8 +75,8 @@
 #include <loom/core/error.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/nn/params.hpp>
-#include <loom/optim/adamw.hpp>
 #include <loom/parallel/comm.hpp>
+#include <loom/parallel/dp_shard.hpp>
 
 namespace loom::parallel {
 
@@ -79,7 +85,8 @@ struct ddp_options {
   double bucket_mb = 1.0;  ///< bucket capacity in MiB of gradients (> 0); PyTorch's bucket_cap_mb
   bool overlap = true;     ///< false: each bucket's collective blocks backward where it would have
                            ///< started (same numbers, communication not hidden: an isolation switch)
-  bool zero1 = false;      ///< shard the AdamW moments (reduce-scatter, shard update, all-gather)
+  bool zero1 = false;      ///< ZeRO-1: reduce-scatter the buckets, all-gather the parameters after a
+                           ///< sharded optimizer (optim::zero1) updated this rank's chunks
   long check_every = 0;    ///< compare a parameter checksum across ranks every N steps (0: never)
 };
 
@@ -98,29 +105,18 @@ struct synced_step {
   bool finite() const noexcept { return std::isfinite(grad_sumsq); }
 };
 
-/// Per-rank memory of the data-parallel machinery, in bytes.
+/// Per-rank memory of the data-parallel machinery, in bytes (the optimizer state is the
+/// optimizer's: optim::zero1::bytes()).
 struct ddp_memory {
-  std::size_t buckets = 0;            ///< bucket buffers (about one gradient buffer)
-  std::size_t moments = 0;            ///< AdamW moments this rank holds
-  std::size_t moments_unsharded = 0;  ///< what one replica would hold without ZeRO-1
-  /// Bytes ZeRO-1 saves on this rank: moments_unsharded - moments.
-  std::size_t saved() const noexcept { return moments_unsharded - moments; }
-};
-
-/// ZeRO-1: one contiguous piece of a rank's AdamW moment shard: elements
-/// [param_offset, param_offset + length) of the parameter buffer (nn::param_table order) are
-/// held at [shard_offset, shard_offset + length) of the rank's moment arrays. A rank's pieces
-/// are disjoint; the pieces of all ranks of the group cover the parameter buffer exactly once.
-struct moment_range {
-  std::size_t param_offset = 0;
-  std::size_t length = 0;
-  std::size_t shard_offset = 0;
+  std::size_t buckets = 0;  ///< bucket buffers (about one gradient buffer; with ZeRO-1 and 16-bit
+                            ///< storage also the parameters' all-gather buffers, half that)
 };
 
 /// The interface train::trainer drives (the communicator type is erased behind it). Call order
 /// per optimizer step, on every rank of the group: global_sum (token count); for the final
 /// micro-batch begin_backward, then grads_ready for every `ready` call of gpt::backward;
-/// finish; update (ZeRO-1 only; otherwise the trainer's own AdamW runs); check_replicas.
+/// finish; gather_parameters (ZeRO-1 only, with the sharded optimizer's update; otherwise the
+/// trainer's own AdamW runs on the summed gradients); check_replicas.
 /// Every call except grads_ready/begin_backward is collective. Errors: what the communicator
 /// throws (comm_timeout naming the missing ranks, comm_aborted, device_error), replica_mismatch.
 template <class G>
@@ -141,27 +137,24 @@ class grad_sync {
   /// (with ZeRO-1 they stay in the buckets; model.gradients() keeps this rank's local sums).
   /// Returns the loss sum and squared gradient norm over the group.
   virtual synced_step finish(context<device>& ctx, G& model, double local_loss_sum) = 0;
-  /// ZeRO-1: AdamW step t (1-based) on this rank's shard, then all-gather the parameters.
-  /// `masters`: the optimizer's fp32 master weights (G::num_parameters values, the parameter
-  /// buffer's layout) when the precision keeps them, else null. With masters the update runs on
-  /// this rank's chunks of them (kernels adamw_master), the updated masters are all-gathered
-  /// (every rank keeps the whole fp32 copy consistent: only the moments are sharded) and the
-  /// parameters are their rounding.
-  virtual void update(context<device>& ctx, G& model, const optim::adamw_config& cfg, double lr,
-                      double grad_scale, long t, typename G::precision::master* masters) = 0;
+  /// Function receiving one bucket's reduced gradient chunk (gather_parameters).
+  using update_fn = std::function<void(const grad_block<typename G::grad_t>&)>;
+  /// ZeRO-1, after finish(): bucket by bucket, calls `update` with this rank's reduced gradient
+  /// chunk of the bucket in shard coordinates (shard_ranges(); skipped when the rank owns
+  /// nothing of it), which must write the owned parameter elements of `model` (a sharded
+  /// optimizer's update, optim::zero1::update_block); then all-gathers the bucket's parameters in
+  /// the storage type over the group, overlapping the next bucket's update (ddp_options::overlap).
+  /// Returns when `model` holds every rank's updated parameters. Throws loom::error without zero1.
+  virtual void gather_parameters(context<device>& ctx, G& model, const update_fn& update) = 0;
   /// After `steps` completed steps: every check_every steps, compares a checksum of every
   /// parameter tensor across ranks; throws replica_mismatch naming the ranks and the first
   /// differing tensor.
   virtual void check_replicas(context<device>& ctx, const G& model, long steps) = 0;
   virtual ddp_memory memory() const noexcept = 0;
-  /// ZeRO-1: where this rank's moment shard lies in the parameter buffer (empty without zero1;
-  /// for checkpoints: io::save_checkpoint writes the shard with these ranges, and
-  /// io::load_checkpoint rebuilds any rank's shard from them).
-  virtual std::vector<moment_range> moment_ranges() const = 0;
-  /// ZeRO-1: this rank's first and second AdamW moments (empty without zero1), laid out as
-  /// moment_ranges() says. Writable, so that a checkpoint can be loaded into them.
-  virtual view<device, typename G::precision::master> first_moment_shard() const noexcept = 0;
-  virtual view<device, typename G::precision::master> second_moment_shard() const noexcept = 0;
+  /// ZeRO-1: the chunks this rank owns, as pieces of the parameter buffer in shard order (empty
+  /// without zero1). A sharded optimizer keeps its state for them (optim::zero1), and
+  /// checkpoints save that state with these ranges (io::save_checkpoint, load_checkpoint).
+  virtual std::vector<shard_range> shard_ranges() const = 0;
   /// Number of buckets (for logs and tests).
   virtual std::size_t bucket_count() const noexcept = 0;
 };
@@ -198,7 +191,8 @@ inline std::uint64_t checksum_bytes(const void* data, std::size_t bytes) noexcep
 /// grad_sync over communicator C (comm::threads, comm::mpi, comm::hccl, ...). See the file comment.
 /// Holds references to `ctx` and `comm`, which must outlive it; `comm` must not be used by
 /// another thread while a step runs. Memory: bucket buffers of about one gradient buffer (padded to n chunks),
-/// plus with ZeRO-1 2/n of the AdamW moments.
+/// plus with ZeRO-1 and 16-bit storage the parameters' all-gather buffers (half that); no
+/// optimizer state.
 template <class G, class C>
   requires communicator_for<C, float>
 class data_parallel final : public grad_sync<G> {
@@ -206,10 +200,11 @@ class data_parallel final : public grad_sync<G> {
   using device = typename G::device;
   using grad_t = std::remove_cvref_t<decltype(*std::declval<const G&>().gradients().data())>;
   using storage_t = typename G::storage_t;
-  using master_t = typename G::precision::master;
   static constexpr int L = G::L;
-  /// The precision keeps fp32 master weights (16-bit storage): ZeRO-1 updates them.
-  static constexpr bool has_master = !std::is_same_v<storage_t, master_t>;
+  /// ZeRO-1 gathers the parameters through the gradient buckets when the types agree (fp32),
+  /// else through buffers of the storage type.
+  static constexpr bool gather_in_staging = std::is_same_v<storage_t, grad_t>;
+  using update_fn = typename grad_sync<G>::update_fn;
 
   /// Plans the buckets. Throws loom::input_error for bucket_mb <= 0 or check_every < 0.
   data_parallel(context<device>& ctx, C& comm, ddp_options options) : ctx_(&ctx), comm_(&comm), opt_(options) {
@@ -238,21 +233,17 @@ class data_parallel final : public grad_sync<G> {
       cur.last_layer = layer;
     }
     close(std::move(cur));
-    std::size_t moments = 0;
+    std::size_t shard = 0;
     for (auto& b : buckets_) {
       constexpr std::size_t align = 64 / sizeof(grad_t) ? 64 / sizeof(grad_t) : 1;
       b.chunk = ((b.length + n - 1) / n + align - 1) / align * align;
       b.lo = std::min(b.length, r * b.chunk);
       b.hi = std::min(b.length, b.lo + b.chunk);
       b.staging = buffer<device, grad_t>(n * b.chunk, ctx.stream);
-      if constexpr (has_master)
-        if (opt_.zero1) b.masters = buffer<device, master_t>(n * b.chunk, ctx.stream);
-      b.moment_offset = moments;
-      moments += b.hi - b.lo;
-    }
-    if (opt_.zero1) {
-      m_ = buffer<device, master_t>(moments, ctx.stream);
-      v_ = buffer<device, master_t>(moments, ctx.stream);
+      if constexpr (!gather_in_staging)
+        if (opt_.zero1) b.params = buffer<device, storage_t>(n * b.chunk, ctx.stream);
+      b.shard_offset = shard;
+      shard += b.hi - b.lo;
     }
   }
 
@@ -263,24 +254,20 @@ class data_parallel final : public grad_sync<G> {
 
   ddp_memory memory() const noexcept override {
     ddp_memory m;
-    for (const auto& b : buckets_) m.buckets += b.staging.bytes() + b.masters.bytes();
-    m.moments_unsharded = 2 * G::num_parameters * sizeof(master_t);
-    m.moments = opt_.zero1 ? m_.bytes() + v_.bytes() : m.moments_unsharded;
+    for (const auto& b : buckets_) m.buckets += b.staging.bytes() + b.params.bytes();
     return m;
   }
 
-  std::vector<moment_range> moment_ranges() const override {
-    std::vector<moment_range> out;
+  std::vector<shard_range> shard_ranges() const override {
+    std::vector<shard_range> out;
     if (!opt_.zero1) return out;
     for (const auto& b : buckets_)
       for (const auto& s : b.segs) {
         const std::size_t a = std::max(b.lo, s.packed), e = std::min(b.hi, s.packed + s.length);
-        if (a < e) out.push_back({s.offset + (a - s.packed), e - a, b.moment_offset + (a - b.lo)});
+        if (a < e) out.push_back({s.offset + (a - s.packed), e - a, b.shard_offset + (a - b.lo)});
       }
     return out;
   }
-  view<device, master_t> first_moment_shard() const noexcept override { return m_.all(); }
-  view<device, master_t> second_moment_shard() const noexcept override { return v_.all(); }
 
   /// Restricts finish()'s squared gradient norm to the table rows that count on rank
   /// (tp_rank, stage) of a tensor/pipeline-parallel model (G = nn::gpt_parallel,
@@ -357,36 +344,22 @@ class data_parallel final : public grad_sync<G> {
     return {sums[0], sums[1]};
   }
 
-  void update(context<device>& ctx, G& model, const optim::adamw_config& cfg, double lr, double grad_scale, long t,
-              master_t* masters) override {
-    if (!opt_.zero1) throw error("data parallel: update() is the ZeRO-1 path; without zero1 the trainer's AdamW runs");
+  void gather_parameters(context<device>& ctx, G& model, const update_fn& update) override {
+    if (!opt_.zero1) throw error("data parallel: gather_parameters() is the ZeRO-1 path; without zero1 the trainer's AdamW runs");
     storage_t* params = model.parameters().data();
-    if constexpr (has_master) {
-      if (!masters) throw error("data parallel: ZeRO-1 with 16-bit parameters needs the fp32 master weights");
-      update_masters(ctx, params, masters, cfg, lr, grad_scale, t);
-    } else {
-      (void)masters;
-      for (auto& b : buckets_) {
-        for (const auto& s : b.segs) {
-          const std::size_t a = std::max(b.lo, s.packed), e = std::min(b.hi, s.packed + s.length);
-          if (a >= e) continue;
-          const double wd = G::table[s.tensor].decay ? cfg.weight_decay : 0.0;
-          const std::size_t mo = b.moment_offset + (a - b.lo);
-          G::ops::adamw(ctx, params + s.offset + (a - s.packed), m_.data() + mo, v_.data() + mo, b.staging.data() + a,
-                        e - a, master_t(lr), master_t(cfg.beta1), master_t(cfg.beta2), master_t(cfg.eps), master_t(wd),
-                        master_t(grad_scale), t);
-        }
-        storage_t* stage = b.staging.data();  // fp32 storage: the gradient buffer's type
-        pack_range(ctx, params, stage, b, b.lo, b.hi);
-        const std::span<const storage_t> mine(stage + std::size_t(rank()) * b.chunk, b.chunk);
-        const std::span<storage_t> all(stage, std::size_t(size()) * b.chunk);
-        if (opt_.overlap) b.req = comm_->all_gather_async(mine, all);
-        else comm_->all_gather(mine, all);
-      }
-      for (auto& b : buckets_) {
-        b.req.wait();
-        unpack(ctx, b.staging.data(), params, b);
-      }
+    for (auto& b : buckets_) {
+      if (b.hi > b.lo) update(grad_block<grad_t>{b.shard_offset, b.hi - b.lo, b.staging.data() + b.lo});
+      storage_t* stage = gather_buffer(b);  // fp32: the bucket itself, its gradients consumed
+      pack_range(ctx, params, stage, b, b.lo, b.hi);
+      ctx.synchronize();  // the collective reads the bucket from another thread
+      const std::span<const storage_t> mine(stage + std::size_t(rank()) * b.chunk, b.chunk);
+      const std::span<storage_t> all(stage, std::size_t(size()) * b.chunk);
+      if (opt_.overlap) b.req = comm_->all_gather_async(mine, all);
+      else comm_->all_gather(mine, all);
+    }
+    for (auto& b : buckets_) {
+      b.req.wait();
+      unpack(ctx, gather_buffer(b), params, b);
     }
   }
 
@@ -452,12 +425,16 @@ class data_parallel final : public grad_sync<G> {
     std::size_t length = 0;         ///< packed elements
     std::size_t chunk = 0;          ///< per-rank part: length <= size() * chunk
     std::size_t lo = 0, hi = 0;     ///< this rank's part [lo, hi) of the packed elements
-    std::size_t moment_offset = 0;  ///< ZeRO-1: where its moments start
+    std::size_t shard_offset = 0;   ///< ZeRO-1: where its owned chunk starts in the shard
     int last_layer = 0;             ///< the ready() call that completes it
-    buffer<device, grad_t> staging;     ///< size() * chunk
-    buffer<device, master_t> masters;   ///< ZeRO-1 all-gather buffer of the fp32 masters (16-bit storage)
+    buffer<device, grad_t> staging;    ///< size() * chunk
+    buffer<device, storage_t> params;  ///< ZeRO-1 all-gather buffer of the parameters (16-bit storage)
     request req;
   };
+  static storage_t* gather_buffer(bucket& b) noexcept {
+    if constexpr (gather_in_staging) return b.staging.data();
+    else return b.params.data();
+  }
 
   /// The slices the model's backward finishes with ready(layer): layer l's slice of every
   /// per-layer row, or the global rows whose nn::ready_event is `layer` (L or -1).
@@ -474,35 +451,6 @@ class data_parallel final : public grad_sync<G> {
   }
   void close(bucket&& b) {
     if (!b.segs.empty()) buckets_.push_back(std::move(b));
-  }
-
-  /// ZeRO-1 with fp32 master weights: AdamW on this rank's chunks of the masters (the
-  /// parameters' chunks follow as their rounding), all-gather the masters bucket by bucket, and
-  /// round every gathered master into the parameters.
-  void update_masters(context<device>& ctx, storage_t* params, master_t* masters, const optim::adamw_config& cfg,
-                      double lr, double grad_scale, long t) {
-    for (auto& b : buckets_) {
-      for (const auto& s : b.segs) {
-        const std::size_t a = std::max(b.lo, s.packed), e = std::min(b.hi, s.packed + s.length);
-        if (a >= e) continue;
-        const double wd = G::table[s.tensor].decay ? cfg.weight_decay : 0.0;
-        const std::size_t mo = b.moment_offset + (a - b.lo), po = s.offset + (a - s.packed);
-        G::ops::adamw_master(ctx, params + po, masters + po, m_.data() + mo, v_.data() + mo, b.staging.data() + a, e - a,
-                             master_t(lr), master_t(cfg.beta1), master_t(cfg.beta2), master_t(cfg.eps), master_t(wd),
-                             master_t(grad_scale), t);
-      }
-      pack_range(ctx, masters, b.masters.data(), b, b.lo, b.hi);
-      const std::span<const master_t> mine(b.masters.data() + std::size_t(rank()) * b.chunk, b.chunk);
-      const std::span<master_t> all(b.masters.data(), std::size_t(size()) * b.chunk);
-      if (opt_.overlap) b.req = comm_->all_gather_async(mine, all);
-      else comm_->all_gather(mine, all);
-    }
-    for (auto& b : buckets_) {
-      b.req.wait();
-      unpack(ctx, b.masters.data(), masters, b);
-      for (const auto& s : b.segs) G::ops::cast(ctx, params + s.offset, masters + s.offset, s.length);
-    }
-    ctx.synchronize();
   }
 
   template <class T>
@@ -536,7 +484,6 @@ class data_parallel final : public grad_sync<G> {
   C* comm_;
   ddp_options opt_;
   std::vector<bucket> buckets_;
-  buffer<device, master_t> m_, v_;  // ZeRO-1 moments of this rank's chunks, bucket by bucket
   std::array<bool, G::num_tensors> norm_mask_{};  // count_in_norm
   bool masked_ = false;
   int next_layer_ = L;
