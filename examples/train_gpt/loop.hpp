@@ -1,6 +1,6 @@
 #pragma once
-// Pieces of train_gpt's training loop shared by train_gpt.cpp (one layout, DDP over --ranks /
-// mpirun) and run_layout.hpp (--layout tpXppY). Not a library header: examples/ only.
+// Pieces of train_gpt's training loop (train_gpt/run.hpp, on every layout).
+// Not a library header: examples/ only.
 #include <algorithm>
 #include <chrono>
 #include <functional>

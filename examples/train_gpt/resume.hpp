@@ -1,6 +1,6 @@
 #pragma once
-// train_gpt's --resume, shared by train_gpt.cpp (one layout) and train_gpt/run_layout.hpp
-// (--layout tpXppY). Not a library header: examples/ only.
+// train_gpt's --resume, used by the run loop (train_gpt/run.hpp) on every layout.
+// Not a library header: examples/ only.
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>

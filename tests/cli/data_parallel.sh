@@ -31,7 +31,7 @@ OMP_NUM_THREADS=1 "$bin/train_gpt" "${common[@]}" --grad-accum 2 > "$work/one.tx
 OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --ranks 2 --zero1 --bucket-mb 0.01 > "$work/zero.txt"
 OMP_NUM_THREADS=2 "$bin/train_gpt" "${common[@]}" --ranks 2 --no-overlap > "$work/serial.txt"
 grep -q 'data parallel: 2 ranks (threads)' "$work/dp2.txt"
-grep -q 'ZeRO-1 saves' "$work/zero.txt"
+grep -q 'ZeRO-1 | per rank: buckets .* optimizer state' "$work/zero.txt"
 [[ $(grep -c '^model ' "$work/dp2.txt") == 1 ]] || { echo "more than one rank printed"; cat "$work/dp2.txt"; exit 1; }
 [[ $(grep -c '^final validation' "$work/dp2.txt") == 1 ]]
 a=$(losses "$work/dp2.txt"); b=$(losses "$work/one.txt"); z=$(losses "$work/zero.txt"); s=$(losses "$work/serial.txt")

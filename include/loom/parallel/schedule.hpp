@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <loom/core/error.hpp>
@@ -236,6 +237,185 @@ enum class send_semantics : std::uint8_t {
                ///< for messages above the eager limit)
 };
 
+namespace detail {
+
+/// simulate_schedule's state: every stage's action list, program counter, clock and
+/// per-micro-batch progress, and the messages in flight between neighbouring stages.
+class schedule_simulation {
+ public:
+  schedule_simulation(std::vector<std::vector<pipe_action>> lists, int micro_batches, double t_forward,
+                      double t_backward, send_semantics sends)
+      : lists_(std::move(lists)), p_(int(lists_.size())), m_(micro_batches), t_forward_(t_forward),
+        t_backward_(t_backward), sends_(sends) {
+    const auto P = std::size_t(p_), Mb = std::size_t(m_);
+    trace_.busy.assign(P, 0.0);
+    trace_.idle_fraction.assign(P, 0.0);
+    trace_.peak_in_flight.assign(P, 0);
+    down_.resize(P);
+    up_.resize(P);
+    down_taken_.assign(P, 0);
+    up_taken_.assign(P, 0);
+    pc_.assign(P, 0);
+    clock_.assign(P, 0.0);
+    input_in_.assign(P, std::vector<int>(Mb, 0));
+    grad_in_.assign(P, std::vector<int>(Mb, 0));
+    done_f_.assign(P, std::vector<int>(Mb, 0));
+    done_b_.assign(P, std::vector<int>(Mb, 0));
+    live_.assign(P, 0);
+  }
+
+  /// Runs every stage as far as it can, round after round, until none moves; then checks the
+  /// end state. Returns the trace (ok, or the first problem).
+  schedule_trace run() {
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (std::size_t s = 0; s < std::size_t(p_); ++s)
+        while (pc_[s] < lists_[s].size()) {
+          const pipe_action a = lists_[s][pc_[s]];
+          bool ran = true;
+          if (std::string why = act(s, a, ran); !why.empty()) return failed(s, a, why);
+          if (!ran) break;
+          ++pc_[s];
+          progress = true;
+        }
+    }
+    return finished();
+  }
+
+ private:
+  struct message {
+    int micro;
+    double time;
+  };
+
+  /// The first violated rule at stage s's current action a.
+  schedule_trace failed(std::size_t s, const pipe_action& a, const std::string& why) {
+    trace_.ok = false;
+    trace_.problem = "stage " + std::to_string(s) + " action " + std::to_string(pc_[s]) + " (" +
+                     std::string(to_string(a.op)) + " " + std::to_string(a.micro) + "): " + why;
+    return trace_;
+  }
+
+  /// Runs action a of stage s if it can (ran = false: it waits). Returns the violated rule, or "".
+  std::string act(std::size_t s, const pipe_action& a, bool& ran) {
+    if (a.micro < 0 || a.micro >= m_) return "micro-batch out of range";
+    const auto M = std::size_t(a.micro);
+    const bool first = s == 0, last = s + 1 == std::size_t(p_);
+    switch (a.op) {
+      case pipe_op::recv_forward:
+        if (first) return "the first stage has no previous stage";
+        return receive(s, down_[s - 1], down_taken_[s - 1], a.micro, input_in_[s][M], "activation", ran);
+      case pipe_op::recv_backward:
+        if (last) return "the last stage has no next stage";
+        return receive(s, up_[s], up_taken_[s], a.micro, grad_in_[s][M], "gradient", ran);
+      case pipe_op::forward:
+        if (done_f_[s][M]) return "forward runs twice";
+        if (!first && !input_in_[s][M]) return "forward before its input activation was received";
+        done_f_[s][M] = 1;
+        compute(s, t_forward_);
+        trace_.peak_in_flight[s] = std::max(trace_.peak_in_flight[s], ++live_[s]);
+        return {};
+      case pipe_op::backward:
+        if (!done_f_[s][M]) return "backward before its forward";
+        if (done_b_[s][M]) return "backward runs twice";
+        if (!last && !grad_in_[s][M]) return "backward before its output gradient was received";
+        done_b_[s][M] = 1;
+        compute(s, t_backward_);
+        --live_[s];
+        return {};
+      case pipe_op::send_forward:
+        if (last) return "the last stage has no next stage";
+        if (!done_f_[s][M]) return "sends an activation its forward has not produced";
+        ran = send(s, s + 1, pipe_op::recv_forward, a.micro, down_[s]);
+        return {};
+      case pipe_op::send_backward:
+        if (first) return "the first stage has no previous stage";
+        if (!done_b_[s][M]) return "sends a gradient its backward has not produced";
+        ran = send(s, s - 1, pipe_op::recv_backward, a.micro, up_[s - 1]);
+        return {};
+    }
+    return {};
+  }
+
+  void compute(std::size_t s, double t) {
+    clock_[s] += t;
+    trace_.busy[s] += t;
+  }
+
+  /// Takes the next message of queue q (taken: how many were) for micro-batch `micro`, marking
+  /// `arrived`; ran = false while q has none.
+  std::string receive(std::size_t s, const std::vector<message>& q, std::size_t& taken, int micro, int& arrived,
+                      const char* what, bool& ran) {
+    if (taken >= q.size()) {
+      ran = false;
+      return {};
+    }
+    const message msg = q[taken++];
+    if (msg.micro != micro)
+      return std::string("the next ") + what + " message is for micro-batch " + std::to_string(msg.micro);
+    arrived = 1;
+    clock_[s] = std::max(clock_[s], msg.time);
+    return {};
+  }
+
+  /// Sends micro-batch `micro` from stage `from` to `to` through q: at once when eager; when
+  /// rendezvous, only while `to` is blocked at the matching receive (recv_op), both then leaving
+  /// at the later of their two clocks (the receive itself completes when the receiver's turn
+  /// comes, taking the message pushed here). Returns false when the send must wait.
+  bool send(std::size_t from, std::size_t to, pipe_op recv_op, int micro, std::vector<message>& q) {
+    if (sends_ == send_semantics::rendezvous) {
+      if (pc_[to] >= lists_[to].size()) return false;
+      const pipe_action peer = lists_[to][pc_[to]];
+      if (peer.op != recv_op || peer.micro != micro) return false;  // not (yet) at the matching receive
+      clock_[from] = clock_[to] = std::max(clock_[from], clock_[to]);
+    }
+    q.push_back({micro, clock_[from]});
+    return true;
+  }
+
+  /// After no stage can move: a deadlock, a micro-batch never run, or a message never received;
+  /// else the makespan and idle fractions.
+  schedule_trace finished() {
+    for (std::size_t s = 0; s < std::size_t(p_); ++s) {
+      if (pc_[s] < lists_[s].size()) {
+        const pipe_action a = lists_[s][pc_[s]];
+        trace_.problem = "deadlock: stage " + std::to_string(s) + " waits forever at action " + std::to_string(pc_[s]) +
+                         " (" + std::string(to_string(a.op)) + " " + std::to_string(a.micro) + ")";
+        return trace_;
+      }
+      for (int i = 0; i < m_; ++i)
+        if (!done_f_[s][std::size_t(i)] || !done_b_[s][std::size_t(i)]) {
+          trace_.problem = "stage " + std::to_string(s) + " never ran forward and backward of micro-batch " + std::to_string(i);
+          return trace_;
+        }
+      if (down_taken_[s] != down_[s].size() || up_taken_[s] != up_[s].size()) {
+        trace_.problem = "messages between stages " + std::to_string(s) + " and " + std::to_string(s + 1) + " left unreceived";
+        return trace_;
+      }
+      trace_.makespan = std::max(trace_.makespan, clock_[s]);
+    }
+    for (std::size_t s = 0; s < std::size_t(p_); ++s)
+      trace_.idle_fraction[s] = trace_.makespan > 0 ? 1.0 - trace_.busy[s] / trace_.makespan : 0.0;
+    trace_.ok = true;
+    return trace_;
+  }
+
+  std::vector<std::vector<pipe_action>> lists_;
+  int p_, m_;
+  double t_forward_, t_backward_;
+  send_semantics sends_;
+  schedule_trace trace_;
+  // down_[s]: activations sent by stage s to s+1; up_[s]: gradients sent by stage s+1 to s.
+  std::vector<std::vector<message>> down_, up_;
+  std::vector<std::size_t> down_taken_, up_taken_, pc_;
+  std::vector<double> clock_;
+  // per stage, per micro-batch: input activation arrived, output gradient arrived, forwarded, backwarded
+  std::vector<std::vector<int>> input_in_, grad_in_, done_f_, done_b_;
+  std::vector<int> live_;  ///< per stage: micro-batches forwarded, not yet backwarded
+};
+
+}  // namespace detail
+
 /// Runs the schedules of all stages together as a discrete-event simulation: forward takes
 /// t_forward, backward t_backward, transfers take no time, a receive waits for its matching
 /// send, and a send either returns at once (eager) or waits for the matching receive
@@ -250,149 +430,9 @@ template <class ScheduleFn>
 schedule_trace simulate_schedule(int stages, int micro_batches, double t_forward, double t_backward,
                                  ScheduleFn&& schedule, send_semantics sends = send_semantics::eager) {
   detail::check_schedule_args(stages, micro_batches, 0, "simulate_schedule");
-  const int p = stages, m = micro_batches;
-  const auto P = std::size_t(p), Mb = std::size_t(m);
-  schedule_trace tr;
-  tr.busy.assign(P, 0.0);
-  tr.idle_fraction.assign(P, 0.0);
-  tr.peak_in_flight.assign(P, 0);
-  struct message {
-    int micro;
-    double time;
-  };
-  // down[s]: activations sent by stage s to s+1; up[s]: gradients sent by stage s+1 to s.
-  std::vector<std::vector<message>> down(P), up(P);
-  std::vector<std::size_t> down_taken(P, 0), up_taken(P, 0);
   std::vector<std::vector<pipe_action>> lists;
-  for (int s = 0; s < p; ++s) lists.push_back(schedule(p, m, s));
-  std::vector<std::size_t> pc(P, 0);
-  std::vector<double> clock(P, 0.0);
-  // per stage, per micro-batch: 0 nothing, 1 input arrived, 2 forwarded, 3 gradient arrived, 4 backwarded
-  std::vector<std::vector<int>> input_in(P, std::vector<int>(Mb, 0));
-  std::vector<std::vector<int>> grad_in(P, std::vector<int>(Mb, 0));
-  std::vector<std::vector<int>> done_f(P, std::vector<int>(Mb, 0));
-  std::vector<std::vector<int>> done_b(P, std::vector<int>(Mb, 0));
-  std::vector<int> live(P, 0);
-  auto fail = [&](int s, const pipe_action& a, const std::string& why) {
-    tr.ok = false;
-    tr.problem = "stage " + std::to_string(s) + " action " + std::to_string(pc[std::size_t(s)]) + " (" +
-                 std::string(to_string(a.op)) + " " + std::to_string(a.micro) + "): " + why;
-    return tr;
-  };
-  // Rendezvous: the send on stage `from` may complete only while stage `to` is blocked at a
-  // receive; both then leave at the later of their two clocks (the receive itself completes when
-  // the receiver's turn comes, taking the message pushed by the send).
-  auto rendezvous = [&](std::size_t from, std::size_t to, pipe_op recv_op, int micro) {
-    if (pc[to] >= lists[to].size()) return false;
-    const pipe_action peer = lists[to][pc[to]];
-    if (peer.op != recv_op || peer.micro != micro) return false;  // not (yet) at the matching receive
-    clock[from] = clock[to] = std::max(clock[from], clock[to]);
-    return true;
-  };
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int s = 0; s < p; ++s) {
-      const auto S = std::size_t(s);
-      while (pc[S] < lists[S].size()) {
-        const pipe_action a = lists[S][pc[S]];
-        if (a.micro < 0 || a.micro >= m) return fail(s, a, "micro-batch out of range");
-        const auto M = std::size_t(a.micro);
-        bool ran = true;
-        switch (a.op) {
-          case pipe_op::recv_forward: {
-            if (s == 0) return fail(s, a, "the first stage has no previous stage");
-            auto& q = down[S - 1];
-            if (down_taken[S - 1] >= q.size()) {
-              ran = false;
-              break;
-            }
-            const message msg = q[down_taken[S - 1]++];
-            if (msg.micro != a.micro)
-              return fail(s, a, "the next activation message is for micro-batch " + std::to_string(msg.micro));
-            input_in[S][M] = 1;
-            clock[S] = std::max(clock[S], msg.time);
-            break;
-          }
-          case pipe_op::recv_backward: {
-            if (s == p - 1) return fail(s, a, "the last stage has no next stage");
-            auto& q = up[S];
-            if (up_taken[S] >= q.size()) {
-              ran = false;
-              break;
-            }
-            const message msg = q[up_taken[S]++];
-            if (msg.micro != a.micro)
-              return fail(s, a, "the next gradient message is for micro-batch " + std::to_string(msg.micro));
-            grad_in[S][M] = 1;
-            clock[S] = std::max(clock[S], msg.time);
-            break;
-          }
-          case pipe_op::forward:
-            if (done_f[S][M]) return fail(s, a, "forward runs twice");
-            if (s > 0 && !input_in[S][M]) return fail(s, a, "forward before its input activation was received");
-            done_f[S][M] = 1;
-            clock[S] += t_forward;
-            tr.busy[S] += t_forward;
-            tr.peak_in_flight[S] = std::max(tr.peak_in_flight[S], ++live[S]);
-            break;
-          case pipe_op::backward:
-            if (!done_f[S][M]) return fail(s, a, "backward before its forward");
-            if (done_b[S][M]) return fail(s, a, "backward runs twice");
-            if (s < p - 1 && !grad_in[S][M]) return fail(s, a, "backward before its output gradient was received");
-            done_b[S][M] = 1;
-            clock[S] += t_backward;
-            tr.busy[S] += t_backward;
-            --live[S];
-            break;
-          case pipe_op::send_forward:
-            if (s == p - 1) return fail(s, a, "the last stage has no next stage");
-            if (!done_f[S][M]) return fail(s, a, "sends an activation its forward has not produced");
-            if (sends == send_semantics::rendezvous && !rendezvous(S, S + 1, pipe_op::recv_forward, a.micro)) {
-              ran = false;
-              break;
-            }
-            down[S].push_back({a.micro, clock[S]});
-            break;
-          case pipe_op::send_backward:
-            if (s == 0) return fail(s, a, "the first stage has no previous stage");
-            if (!done_b[S][M]) return fail(s, a, "sends a gradient its backward has not produced");
-            if (sends == send_semantics::rendezvous && !rendezvous(S, S - 1, pipe_op::recv_backward, a.micro)) {
-              ran = false;
-              break;
-            }
-            up[S - 1].push_back({a.micro, clock[S]});
-            break;
-        }
-        if (!ran) break;
-        ++pc[S];
-        progress = true;
-      }
-    }
-  }
-  for (int s = 0; s < p; ++s) {
-    const auto S = std::size_t(s);
-    if (pc[S] < lists[S].size()) {
-      const pipe_action a = lists[S][pc[S]];
-      tr.problem = "deadlock: stage " + std::to_string(s) + " waits forever at action " + std::to_string(pc[S]) +
-                   " (" + std::string(to_string(a.op)) + " " + std::to_string(a.micro) + ")";
-      return tr;
-    }
-    for (int i = 0; i < m; ++i)
-      if (!done_f[S][std::size_t(i)] || !done_b[S][std::size_t(i)]) {
-        tr.problem = "stage " + std::to_string(s) + " never ran forward and backward of micro-batch " + std::to_string(i);
-        return tr;
-      }
-    if (down_taken[S] != down[S].size() || up_taken[S] != up[S].size()) {
-      tr.problem = "messages between stages " + std::to_string(s) + " and " + std::to_string(s + 1) + " left unreceived";
-      return tr;
-    }
-    tr.makespan = std::max(tr.makespan, clock[S]);
-  }
-  for (int s = 0; s < p; ++s)
-    tr.idle_fraction[std::size_t(s)] = tr.makespan > 0 ? 1.0 - tr.busy[std::size_t(s)] / tr.makespan : 0.0;
-  tr.ok = true;
-  return tr;
+  for (int s = 0; s < stages; ++s) lists.push_back(schedule(stages, micro_batches, s));
+  return detail::schedule_simulation(std::move(lists), micro_batches, t_forward, t_backward, sends).run();
 }
 
 /// simulate_schedule over one_f_one_b(stages, m, stage, order).

@@ -160,6 +160,52 @@ std::string policy_name() {
   return std::string(Policy::device::name) + "/" + std::string(Policy::precision::name);
 }
 
+/// The non-ignored targets of batch x; throws loom::input_error for a batch of the wrong size,
+/// an id outside [0, Vocab), or no target at all.
+template <int Vocab, int B, int T>
+long checked_target_count(const batch<B, T>& x) {
+  const std::size_t BT = std::size_t(B) * T;
+  if (x.inputs.size() != BT || x.targets.size() != BT)
+    throw input_error("verify::compare: the batch needs " + std::to_string(BT) + " inputs and targets (B=" +
+                      std::to_string(B) + " x T=" + std::to_string(T) + "), got " +
+                      std::to_string(x.inputs.size()) + " and " + std::to_string(x.targets.size()));
+  long count = 0;
+  for (std::size_t i = 0; i < BT; ++i) {
+    if (x.inputs[i] < 0 || x.inputs[i] >= Vocab || x.targets[i] < kernels::ignore_index || x.targets[i] >= Vocab)
+      throw input_error("verify::compare: token id at position " + std::to_string(i) + " is outside the vocabulary [0, " +
+                        std::to_string(Vocab) + "); re-tokenize the batch for this model");
+    count += x.targets[i] != kernels::ignore_index;
+  }
+  if (count == 0) throw input_error("verify::compare: every target of the batch is ignored; give it real targets");
+  return count;
+}
+
+/// Rows for every layer's output after a forward of BT tokens, in forward order: the
+/// embedding, per layer ln1, qkv, attention, residual, ln2, fc, gelu, residual, then the final
+/// layernorm, the logits and the per-token loss. add(name, gradient, layer, a, b, n) compares.
+template <class M, std::size_t BT, class Add, class ActsA, class ActsB>
+void add_activation_rows(Add&& add, const ActsA& aa, const ActsB& ab) {
+  const auto pa = aa.ptrs();
+  const auto pb = ab.ptrs();
+  constexpr std::size_t C = M::d_model, L = M::n_layer;
+  add("embedding (token + position)", false, -1, pa.encoded, pb.encoded, BT * C);
+  for (std::size_t l = 0; l < L; ++l) {
+    const std::string p = "layer " + std::to_string(l) + " ";
+    const int li = int(l);
+    add(p + "ln1", false, li, pa.ln1 + l * BT * C, pb.ln1 + l * BT * C, BT * C);
+    add(p + "qkv", false, li, pa.qkv + l * BT * 3 * C, pb.qkv + l * BT * 3 * C, BT * 3 * C);
+    add(p + "attention", false, li, pa.atty + l * BT * C, pb.atty + l * BT * C, BT * C);
+    add(p + "residual after attention", false, li, pa.residual2 + l * BT * C, pb.residual2 + l * BT * C, BT * C);
+    add(p + "ln2", false, li, pa.ln2 + l * BT * C, pb.ln2 + l * BT * C, BT * C);
+    add(p + "fc", false, li, pa.fch + l * BT * 4 * C, pb.fch + l * BT * 4 * C, BT * 4 * C);
+    add(p + "gelu", false, li, pa.fch_gelu + l * BT * 4 * C, pb.fch_gelu + l * BT * 4 * C, BT * 4 * C);
+    add(p + "residual after mlp", false, li, pa.residual3 + l * BT * C, pb.residual3 + l * BT * C, BT * C);
+  }
+  add("final layernorm", false, -1, pa.lnf, pb.lnf, BT * C);
+  add("logits", false, -1, pa.logits, pb.logits, BT * M::vocab_padded);
+  add("per-token loss", false, -1, aa.losses(), ab.losses(), BT);
+}
+
 }  // namespace detail
 
 /// b's parameters (=) a's, each value rounded once to b's storage type, through the host
@@ -208,20 +254,7 @@ report compare(nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>
     using DA = typename PolicyA::device;
     using DB = typename PolicyB::device;
     constexpr std::size_t BT = std::size_t(B) * T;
-    if (x.inputs.size() != BT || x.targets.size() != BT)
-      throw input_error("verify::compare: the batch needs " + std::to_string(BT) + " inputs and targets (B=" +
-                        std::to_string(B) + " x T=" + std::to_string(T) + "), got " + std::to_string(x.inputs.size()) +
-                        " and " + std::to_string(x.targets.size()));
-    long count = 0;
-    for (std::size_t i = 0; i < BT; ++i) {
-      if (x.inputs[i] < 0 || x.inputs[i] >= MA::vocab || x.targets[i] < kernels::ignore_index ||
-          x.targets[i] >= MA::vocab)
-        throw input_error("verify::compare: token id at position " + std::to_string(i) +
-                          " is outside the vocabulary [0, " + std::to_string(MA::vocab) +
-                          "); re-tokenize the batch for this model");
-      count += x.targets[i] != kernels::ignore_index;
-    }
-    if (count == 0) throw input_error("verify::compare: every target of the batch is ignored; give it real targets");
+    const long count = detail::checked_target_count<MA::vocab>(x);
 
     report r;
     r.policy_a = detail::policy_name<PolicyA>();
@@ -259,25 +292,9 @@ report compare(nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>
     // forward without dlogits: every layer's output, and the logits
     r.loss_a = double(ma.forward(ca, aa, in_a.data(), tg_a.data(), B, T)) / double(count);
     r.loss_b = double(b.forward(cb, ab, in_b.data(), tg_b.data(), B, T)) / double(count);
+    detail::add_activation_rows<MA, BT>(add, aa, ab);
     const auto pa = aa.ptrs();
     const auto pb = ab.ptrs();
-    constexpr std::size_t C = MA::d_model;
-    add("embedding (token + position)", false, -1, pa.encoded, pb.encoded, BT * C);
-    for (std::size_t l = 0; l < L; ++l) {
-      const std::string p = "layer " + std::to_string(l) + " ";
-      const int li = int(l);
-      add(p + "ln1", false, li, pa.ln1 + l * BT * C, pb.ln1 + l * BT * C, BT * C);
-      add(p + "qkv", false, li, pa.qkv + l * BT * 3 * C, pb.qkv + l * BT * 3 * C, BT * 3 * C);
-      add(p + "attention", false, li, pa.atty + l * BT * C, pb.atty + l * BT * C, BT * C);
-      add(p + "residual after attention", false, li, pa.residual2 + l * BT * C, pb.residual2 + l * BT * C, BT * C);
-      add(p + "ln2", false, li, pa.ln2 + l * BT * C, pb.ln2 + l * BT * C, BT * C);
-      add(p + "fc", false, li, pa.fch + l * BT * 4 * C, pb.fch + l * BT * 4 * C, BT * 4 * C);
-      add(p + "gelu", false, li, pa.fch_gelu + l * BT * 4 * C, pb.fch_gelu + l * BT * 4 * C, BT * 4 * C);
-      add(p + "residual after mlp", false, li, pa.residual3 + l * BT * C, pb.residual3 + l * BT * C, BT * C);
-    }
-    add("final layernorm", false, -1, pa.lnf, pb.lnf, BT * C);
-    add("logits", false, -1, pa.logits, pb.logits, BT * MA::vocab_padded);
-    add("per-token loss", false, -1, aa.losses(), ab.losses(), BT);
 
     // forward writing dlogits (mean loss), then backward: every parameter gradient
     ma.zero_grad(ca);

@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -164,44 +165,34 @@ inline std::uint64_t total_bytes(const std::vector<std::string>& docs) {
 }
 }  // namespace detail
 
-/// Runs the pipeline (see the file comment). `log`, if given, receives one line per stage as
-/// it finishes. Throws loom::input_error on bad input or options, and if no document
-/// survives the filters (nothing to train on).
-inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr) {
-  using clock = std::chrono::steady_clock;
-  if (o.inputs.empty()) throw input_error("prepare: no input files; pass --input a.txt [b.jsonl ...]");
-  if (o.output_prefix.empty()) throw input_error("prepare: no output prefix; pass --output-prefix out/corpus");
-  prepare_report rep;
-  auto note_stage = [&](stage_report s) {
-    if (log)
-      std::fprintf(log, "%-9s %8llu -> %8llu docs  %12llu -> %12llu bytes  %7.2f s  %s\n", s.name.c_str(),
-                   (unsigned long long)s.documents_in, (unsigned long long)s.documents_out,
-                   (unsigned long long)s.bytes_in, (unsigned long long)s.bytes_out, s.seconds, s.note.c_str());
-    rep.stages.push_back(std::move(s));
-  };
-  const unsigned nt = detail::thread_count(o.threads);
+namespace detail {
 
-  // Read.
-  auto t0 = clock::now();
-  std::vector<std::string> docs;
+/// The stages of prepare(), in order. Each returns its report row; the document stages keep
+/// in `docs` the documents that survive them.
+
+/// Read: every input file's documents.
+inline stage_report read_stage(const prepare_options& o, std::vector<std::string>& docs) {
+  const auto t0 = std::chrono::steady_clock::now();
   std::uint64_t file_bytes = 0;
   for (const auto& p : o.inputs) {
     read_documents(p, o.split, o.json_key, docs);
     std::error_code ec;
     file_bytes += std::filesystem::file_size(p, ec);
   }
-  note_stage({"read", 0, docs.size(), file_bytes, detail::total_bytes(docs), detail::seconds_since(t0),
-              std::to_string(o.inputs.size()) + " file(s)"});
+  return {"read", 0, docs.size(), file_bytes, total_bytes(docs), seconds_since(t0),
+          std::to_string(o.inputs.size()) + " file(s)"};
+}
 
-  // Clean, in parallel over documents.
-  t0 = clock::now();
+/// Clean, in parallel over documents on `nt` threads.
+inline stage_report clean_stage(const clean_options& opt, unsigned nt, std::vector<std::string>& docs) {
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::optional<std::string>> cleaned(docs.size());
   std::vector<clean_stats> cstats(nt);
   {
     std::vector<std::thread> pool;
     for (unsigned t = 0; t < nt; ++t)
       pool.emplace_back([&, t] {
-        for (std::size_t i = t; i < docs.size(); i += nt) cleaned[i] = clean(docs[i], o.clean, cstats[t]);
+        for (std::size_t i = t; i < docs.size(); i += nt) cleaned[i] = clean(docs[i], opt, cstats[t]);
       });
     for (auto& th : pool) th.join();
   }
@@ -210,87 +201,99 @@ inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr
   docs.clear();
   for (auto& c : cleaned)
     if (c) docs.push_back(std::move(*c));
-  cleaned.clear();
-  note_stage({"clean", cs.documents_in, cs.documents_out, cs.bytes_in, cs.bytes_out, detail::seconds_since(t0),
-              "empty " + std::to_string(cs.dropped_empty) + ", invalid-utf8 docs " + std::to_string(cs.dropped_invalid) +
-                  "; fixed: invalid runs " + std::to_string(cs.invalid_sequences) + ", html tags " +
-                  std::to_string(cs.html_tags) + ", entities " + std::to_string(cs.html_entities) + ", invisible " +
-                  std::to_string(cs.invisible) + ", control " + std::to_string(cs.control) + ", width " +
-                  std::to_string(cs.width_folded)});
+  return {"clean", cs.documents_in, cs.documents_out, cs.bytes_in, cs.bytes_out, seconds_since(t0),
+          "empty " + std::to_string(cs.dropped_empty) + ", invalid-utf8 docs " + std::to_string(cs.dropped_invalid) +
+              "; fixed: invalid runs " + std::to_string(cs.invalid_sequences) + ", html tags " +
+              std::to_string(cs.html_tags) + ", entities " + std::to_string(cs.html_entities) + ", invisible " +
+              std::to_string(cs.invisible) + ", control " + std::to_string(cs.control) + ", width " +
+              std::to_string(cs.width_folded)};
+}
 
-  // Dedup.
-  if (o.dedup) {
-    t0 = clock::now();
-    auto dopt = o.dedup_settings;
-    if (dopt.threads == 0) dopt.threads = int(nt);
-    deduplicator dd(dopt);
-    std::vector<std::string_view> views(docs.begin(), docs.end());
-    const auto verdicts = dd.insert_batch(views);
-    std::vector<std::string> kept;
-    kept.reserve(docs.size());
-    for (std::size_t i = 0; i < docs.size(); ++i)
-      if (verdicts[i] == deduplicator::verdict::keep) kept.push_back(std::move(docs[i]));
-    docs = std::move(kept);
-    const auto& s = dd.stats();
-    const auto b = dd.bands();
-    note_stage({"dedup", s.documents_in, s.kept, s.bytes_in, s.bytes_kept, detail::seconds_since(t0),
-                "exact " + std::to_string(s.exact_duplicates) + ", near " + std::to_string(s.near_duplicates) +
-                    " (k=" + std::to_string(dopt.shingle) + " P=" + std::to_string(dopt.permutations) + " b=" +
-                    std::to_string(b.bands) + " r=" + std::to_string(b.rows) + " t=" + std::to_string(dopt.threshold).substr(0, 4) +
-                    "), too short for a shingle " + std::to_string(s.too_short)});
-  }
-
-  // Filter.
-  t0 = clock::now();
-  {
-    filter_stats fs;
-    std::vector<std::string> kept;
-    kept.reserve(docs.size());
-    for (auto& d : docs)
-      if (filter(d, o.filter, fs) == filter_reason::kept) kept.push_back(std::move(d));
-    docs = std::move(kept);
-    note_stage({"filter", fs.documents_in, fs.kept, fs.bytes_in, fs.bytes_kept, detail::seconds_since(t0),
-                "too short " + std::to_string(fs.too_short) + ", too long " + std::to_string(fs.too_long) +
-                    ", wrong script " + std::to_string(fs.wrong_script) + ", no letters " + std::to_string(fs.no_letters)});
-  }
-  if (docs.empty())
-    throw input_error("prepare: no document survived cleaning, deduplication and filtering; check --keep-scripts, "
-                      "--min-chars and the input files");
-  rep.documents = docs.size();
-  rep.text_bytes = detail::total_bytes(docs);
+/// Dedup: exact and near duplicates (MinHash LSH) removed, the first copy kept.
+inline stage_report dedup_stage(dedup_options dopt, unsigned nt, std::vector<std::string>& docs) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (dopt.threads == 0) dopt.threads = int(nt);
+  deduplicator dd(dopt);
   std::vector<std::string_view> views(docs.begin(), docs.end());
+  const auto verdicts = dd.insert_batch(views);
+  std::vector<std::string> kept;
+  kept.reserve(docs.size());
+  for (std::size_t i = 0; i < docs.size(); ++i)
+    if (verdicts[i] == deduplicator::verdict::keep) kept.push_back(std::move(docs[i]));
+  docs = std::move(kept);
+  const auto& s = dd.stats();
+  const auto b = dd.bands();
+  return {"dedup", s.documents_in, s.kept, s.bytes_in, s.bytes_kept, seconds_since(t0),
+          "exact " + std::to_string(s.exact_duplicates) + ", near " + std::to_string(s.near_duplicates) +
+              " (k=" + std::to_string(dopt.shingle) + " P=" + std::to_string(dopt.permutations) + " b=" +
+              std::to_string(b.bands) + " r=" + std::to_string(b.rows) + " t=" + std::to_string(dopt.threshold).substr(0, 4) +
+              "), too short for a shingle " + std::to_string(s.too_short)};
+}
 
-  // Tokenizer: train or load.
-  t0 = clock::now();
-  std::optional<tokenizer> tok;
+/// Filter: length, script and letter rules.
+inline stage_report filter_stage(const filter_options& opt, std::vector<std::string>& docs) {
+  const auto t0 = std::chrono::steady_clock::now();
+  filter_stats fs;
+  std::vector<std::string> kept;
+  kept.reserve(docs.size());
+  for (auto& d : docs)
+    if (filter(d, opt, fs) == filter_reason::kept) kept.push_back(std::move(d));
+  docs = std::move(kept);
+  return {"filter", fs.documents_in, fs.kept, fs.bytes_in, fs.bytes_kept, seconds_since(t0),
+          "too short " + std::to_string(fs.too_short) + ", too long " + std::to_string(fs.too_long) +
+              ", wrong script " + std::to_string(fs.wrong_script) + ", no letters " + std::to_string(fs.no_letters)};
+}
+
+/// Tokenizer: loads o.tokenizer_model, or trains one on `views`, into `tok`; sets rep.norm,
+/// vocab_size, eod_id and token_dtype (rep.documents and text_bytes are set).
+inline stage_report tokenizer_stage(const prepare_options& o, unsigned nt, std::span<const std::string_view> views,
+                                    prepare_report& rep, std::optional<tokenizer>& tok) {
+  const auto t0 = std::chrono::steady_clock::now();
   rep.norm = normalization_of(o.clean);  // the tokenizer encodes text in the form cleaning gave the documents
+  stage_report s{"", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, 0, ""};
   if (o.tokenizer_model) {
     tok = tokenizer::load(*o.tokenizer_model, rep.norm);
-    note_stage({"tokenizer", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, detail::seconds_since(t0),
-                "loaded " + o.tokenizer_model->string() + ", vocab " + std::to_string(tok->vocab_size())});
+    s.name = "tokenizer";
+    s.note = "loaded " + o.tokenizer_model->string() + ", vocab " + std::to_string(tok->vocab_size());
   } else {
     auto topt = o.tokenizer;
     if (topt.threads == 0) topt.threads = int(nt);
     topt.norm = rep.norm;
     tok = tokenizer::train(views, topt);
-    note_stage({"train-spm", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, detail::seconds_since(t0),
-                "BPE, byte fallback, vocab " + std::to_string(tok->vocab_size()) + " (asked " +
-                    std::to_string(o.tokenizer.vocab_size) + ")"});
+    s.name = "train-spm";
+    s.note = "BPE, byte fallback, vocab " + std::to_string(tok->vocab_size()) + " (asked " +
+             std::to_string(o.tokenizer.vocab_size) + ")";
   }
+  s.seconds = seconds_since(t0);
   rep.vocab_size = tok->vocab_size();
   rep.eod_id = tok->eod_id();
   rep.token_dtype = token_dtype_for(std::size_t(rep.vocab_size));
+  return s;
+}
 
-  // Encode on all cores.
-  t0 = clock::now();
-  const auto ids = tok->encode_all(views, int(nt));
-  for (const auto& v : ids) rep.tokens += v.size() + 1;  // + end of document
-  note_stage({"encode", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, detail::seconds_since(t0),
-              std::to_string(rep.tokens) + " tokens incl. eod, " +
-                  std::to_string(double(rep.text_bytes) / double(rep.tokens)).substr(0, 4) + " bytes/token"});
+/// P.json: the summary of `rep` (its stages so far included).
+inline void write_summary(const prepare_report& rep) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : rep.stages)
+    stages.push_back({{"stage", s.name}, {"documents_in", s.documents_in}, {"documents_out", s.documents_out},
+                      {"bytes_in", s.bytes_in}, {"bytes_out", s.bytes_out}, {"seconds", s.seconds}, {"note", s.note}});
+  const nlohmann::json summary = {
+      {"format", "megatron-mmap-indexed-dataset-v1"}, {"bin", rep.bin.filename().string()},
+      {"idx", rep.idx.filename().string()}, {"tokenizer", rep.model.filename().string()},
+      {"vocab_size", rep.vocab_size}, {"eod_id", rep.eod_id}, {"dtype", std::string(dtype_name(rep.token_dtype))},
+      {"documents", rep.documents}, {"tokens", rep.tokens}, {"text_bytes", rep.text_bytes},
+      {"normalization", rep.norm.to_json()}, {"stages", stages}};
+  data::detail::atomic_file f(rep.summary);
+  const std::string s = summary.dump(2) + "\n";
+  f.write(s.data(), s.size());
+  f.commit();
+}
 
-  // Write.
-  t0 = clock::now();
+/// Write: P.bin and P.idx (each document's `ids` and the end-of-document id), P.model (`tok`),
+/// P.json; sets rep's paths.
+inline stage_report write_stage(const prepare_options& o, const std::vector<std::vector<std::int32_t>>& ids,
+                                const tokenizer& tok, prepare_report& rep) {
+  const auto t0 = std::chrono::steady_clock::now();
   if (const auto dir = o.output_prefix.parent_path(); !dir.empty()) std::filesystem::create_directories(dir);
   rep.bin = bin_path(o.output_prefix);
   rep.idx = idx_path(o.output_prefix);
@@ -307,27 +310,53 @@ inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr
       w.add_document(doc);
     }
     w.finalize();
-    tok->save(rep.model);
+    tok.save(rep.model);
   }
-  nlohmann::json stages = nlohmann::json::array();
-  for (const auto& s : rep.stages)
-    stages.push_back({{"stage", s.name}, {"documents_in", s.documents_in}, {"documents_out", s.documents_out},
-                      {"bytes_in", s.bytes_in}, {"bytes_out", s.bytes_out}, {"seconds", s.seconds}, {"note", s.note}});
-  const nlohmann::json summary = {
-      {"format", "megatron-mmap-indexed-dataset-v1"}, {"bin", rep.bin.filename().string()},
-      {"idx", rep.idx.filename().string()}, {"tokenizer", rep.model.filename().string()},
-      {"vocab_size", rep.vocab_size}, {"eod_id", rep.eod_id}, {"dtype", std::string(dtype_name(rep.token_dtype))},
-      {"documents", rep.documents}, {"tokens", rep.tokens}, {"text_bytes", rep.text_bytes},
-      {"normalization", rep.norm.to_json()}, {"stages", stages}};
-  {
-    data::detail::atomic_file f(rep.summary);
-    const std::string s = summary.dump(2) + "\n";
-    f.write(s.data(), s.size());
-    f.commit();
-  }
+  write_summary(rep);
   const std::uint64_t written = std::filesystem::file_size(rep.bin) + std::filesystem::file_size(rep.idx);
-  note_stage({"write", rep.documents, rep.documents, rep.text_bytes, written, detail::seconds_since(t0),
-              std::string(dtype_name(rep.token_dtype)) + " tokens -> " + rep.bin.string() + " (+.idx .model .json)"});
+  return {"write", rep.documents, rep.documents, rep.text_bytes, written, seconds_since(t0),
+          std::string(dtype_name(rep.token_dtype)) + " tokens -> " + rep.bin.string() + " (+.idx .model .json)"};
+}
+
+}  // namespace detail
+
+/// Runs the pipeline (see the file comment). `log`, if given, receives one line per stage as
+/// it finishes. Throws loom::input_error on bad input or options, and if no document
+/// survives the filters (nothing to train on).
+inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr) {
+  if (o.inputs.empty()) throw input_error("prepare: no input files; pass --input a.txt [b.jsonl ...]");
+  if (o.output_prefix.empty()) throw input_error("prepare: no output prefix; pass --output-prefix out/corpus");
+  prepare_report rep;
+  auto note_stage = [&](stage_report s) {
+    if (log)
+      std::fprintf(log, "%-9s %8llu -> %8llu docs  %12llu -> %12llu bytes  %7.2f s  %s\n", s.name.c_str(),
+                   (unsigned long long)s.documents_in, (unsigned long long)s.documents_out,
+                   (unsigned long long)s.bytes_in, (unsigned long long)s.bytes_out, s.seconds, s.note.c_str());
+    rep.stages.push_back(std::move(s));
+  };
+  const unsigned nt = detail::thread_count(o.threads);
+  std::vector<std::string> docs;
+  note_stage(detail::read_stage(o, docs));
+  note_stage(detail::clean_stage(o.clean, nt, docs));
+  if (o.dedup) note_stage(detail::dedup_stage(o.dedup_settings, nt, docs));
+  note_stage(detail::filter_stage(o.filter, docs));
+  if (docs.empty())
+    throw input_error("prepare: no document survived cleaning, deduplication and filtering; check --keep-scripts, "
+                      "--min-chars and the input files");
+  rep.documents = docs.size();
+  rep.text_bytes = detail::total_bytes(docs);
+  std::vector<std::string_view> views(docs.begin(), docs.end());
+  std::optional<tokenizer> tok;
+  note_stage(detail::tokenizer_stage(o, nt, views, rep, tok));
+
+  // Encode on all cores.
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto ids = tok->encode_all(views, int(nt));
+  for (const auto& v : ids) rep.tokens += v.size() + 1;  // + end of document
+  note_stage({"encode", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, detail::seconds_since(t0),
+              std::to_string(rep.tokens) + " tokens incl. eod, " +
+                  std::to_string(double(rep.text_bytes) / double(rep.tokens)).substr(0, 4) + " bytes/token"});
+  note_stage(detail::write_stage(o, ids, *tok, rep));
   return rep;
 }
 
