@@ -250,6 +250,14 @@ int main(int argc, char** argv) {
     if (o.early_stop > 0 && o.eval_every <= 0)
       throw loom::input_error("--early-stop " + std::to_string(o.early_stop) + " watches the periodic validation loss, "
                               "but --eval-every is 0 (no periodic evaluations); pass e.g. --eval-every 100");
+    if (o.early_stop > 0 && o.eval_every >= o.steps)
+      throw loom::input_error("--early-stop " + std::to_string(o.early_stop) + " watches the periodic validation loss, "
+                              "but --eval-every " + std::to_string(o.eval_every) + " >= --steps " +
+                              std::to_string(o.steps) + " leaves no evaluation before the end; pass --eval-every < " +
+                              std::to_string(o.steps));
+    if (!o.out.empty() && (o.out.back() == '/' || std::filesystem::is_directory(o.out)))
+      throw loom::input_error("--out '" + o.out + "' is a directory; the trained weights are one file: pass a file "
+                              "name such as " + (std::filesystem::path(o.out) / "model.safetensors").string());
     const auto parsed_layout = train_gpt_cli::parse_layout(o.layout);
     const int tp = parsed_layout.first, pp = parsed_layout.second;
     if (tp * pp > 1) {  // tensor/pipeline parallel: train_gpt/layout_<model>.cpp

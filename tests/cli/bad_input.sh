@@ -51,6 +51,8 @@ expect_error "--early-stop" "$t" --data "$work/ok.txt" --model char_tiny --early
 expect_error "--eval-windows" "$t" --data "$work/ok.txt" --model char_tiny --eval-windows 0
 expect_error "--dropout 1 is not a dropout probability.*0 <= p < 1" "$t" --data "$work/ok.txt" --model char_tiny --dropout 1
 expect_error "--dropout -0.1 is not a dropout probability" "$t" --data "$work/ok.txt" --model char_tiny --dropout -0.1
+expect_error "--out '.*' is a directory.*model.safetensors" "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --out "$work/"
+expect_error "--eval-every 250 >= --steps 20 leaves no evaluation" "$t" --data "$work/ok.txt" --model char_tiny --steps 20 --early-stop 2
 expect_error "--out: cannot create files" "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --out /proc/nonexistent/w.safetensors
 
 # a good run writes weights; a later failing run must leave them intact
