@@ -32,6 +32,7 @@
 #endif
 
 #include "support.hpp"
+#include "../support/layout_matrix.hpp"
 
 using namespace loom_test;
 
@@ -163,19 +164,10 @@ using MP = loom::models::tiny_parallel;
 constexpr int LB = 2, LT = 8, lsteps = 3;
 constexpr int global_windows = 8;  // per step: dp * grad_accum * LB
 
-/// Rows [first, first + count) of step s's global batch of windows of LT+1 tokens (as
-/// tests/unit/train/test_layout_matrix.cpp: next token = 7 t + 3 mod vocab, every 4th random).
-std::vector<std::int32_t> windows(long s, int first, int count) {
-  std::vector<std::int32_t> out;
-  for (int w = first; w < first + count; ++w)
-    for (int i = 0; i <= LT; ++i) {
-      const auto noise = loom::random_below(4, 41, std::uint64_t(s), std::uint64_t(w * (LT + 1) + i));
-      out.push_back(i == 0 || noise == 0
-                        ? std::int32_t(loom::random_below(MP::vocab, 42, std::uint64_t(s), std::uint64_t(w * (LT + 1) + i)))
-                        : (7 * out.back() + 3) % MP::vocab);
-    }
-  return out;
-}
+// The windows of the CPU layout matrix (tests/support/layout_matrix.hpp: next token = 7 t + 3
+// mod vocab, every 4th random), so the emulated device trains on the same batches.
+static_assert(LB == loom_test::layout_matrix::B && LT == loom_test::layout_matrix::T);
+using loom_test::layout_matrix::windows;
 
 loom::train::trainer_config layout_config(int accum) {
   loom::train::trainer_config c;
