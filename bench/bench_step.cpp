@@ -1,20 +1,30 @@
-// bench_step — one whole training step (forward, backward, AdamW) on the CPU, for the
-// quickstart config and the comparison config bench_small (vocab 8192, seq 256, width 384, 6 layers,
-// 6 heads, micro-batch 8) in fp32, and that config again in bf16 (PyTorch 1.13 bf16
-// autocast runs it at about 4,400 tokens/s on these machines), with the bf16/fp32 ratio. Prints ms/step, tokens/s, MFU against the measured fp32 FMA peak,
-// and memory (loom's buffers and the process's peak RSS).
+// bench_step — one whole training step (forward, backward, clip, AdamW) on the CPU, loom beside
+// PyTorch in the same run: the quickstart config (fp32) and the comparison config bench_small
+// (vocab 8192, seq 256, width 384, 6 layers, 6 heads, micro-batch 8) in fp32 and bf16.
 //
-//   build/bench/bench_step [--steps N] [--peak-gflops G]
+//   build/bench/bench_step [--steps N] [--rounds R] [--no-torch] [--python /usr/bin/python3]
 //
-// MFU = (6 N + 12 L T d) * tokens/s / peak (N: parameters without position embeddings).
-// Reference figures on these 2-core machines: PyTorch 1.13 fp32, tuned, about
-// 2,900 tokens/s on the comparison config; llm.c's CPU trainer about 580 tokens/s.
+// Each round runs every row once with loom, then the same row with PyTorch
+// (bench/reference/torch_step.py: the same model and optimizer, bf16 through torch.autocast),
+// so the two share the machine's state; the table shows medians over the rounds and the
+// loom/PyTorch ratio (median of the per-round ratios). PyTorch rows are skipped when the python
+// has no torch (Debian: python3-torch). Both use every core (OpenMP / torch.set_num_threads).
+//
+// MFU = (6 N + 12 L T d) * tokens/s / peak, N = parameters without position embeddings, against
+// the peak of the unit the precision runs its GEMMs on (bench::peak_unit, measured at start-up):
+// fp32 FMA for fp32; for bf16, loom's kernel (VDPBF16PS when the CPU has AVX512-BF16, else fp32)
+// and PyTorch's oneDNN (AMX-BF16 when present, else VDPBF16PS, else fp32). Memory: loom's buffers
+// and the process's peak RSS (cumulative over rows).
 #include <CLI/CLI.hpp>
+#include <fmt/core.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -25,10 +35,43 @@
 #include <loom/kernels/cpu.hpp>
 #include <loom/train/trainer.hpp>
 
+#ifndef LOOM_BENCH_REFERENCE_DIR
+#define LOOM_BENCH_REFERENCE_DIR "bench/reference"
+#endif
+
 namespace {
 
-template <class M, int B, int T, class Prec = loom::precision::fp32>
-double run(int steps, double peak_flops) {
+using loom::bench::peak_unit;
+
+/// One loom measurement of a row.
+struct loom_result {
+  double tokens_per_s = 0, ms = 0;
+  double param_mib = 0, opt_mib = 0, act_mib = 0;
+};
+
+/// Shape of a row, for the PyTorch script and the MFU formula.
+struct row_shape {
+  std::string config, precision;
+  int vocab, seq, width, layers, heads, batch;
+  double params;  // without position embeddings
+  double flops_per_token() const { return 6 * params + 12.0 * layers * seq * width; }
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class M, int B, int T, class Prec>
+row_shape shape_of() {
+  return {std::string(M::name), std::string(Prec::name), M::vocab, T, M::d_model, M::n_layer, M::n_head, B,
+          double(loom::nn::parameter_count<M>(false))};
+}
+
+/// Trains `steps` steps after one warm-up step on random tokens; median step time.
+template <class M, int B, int T, class Prec>
+loom_result run_loom(int steps) {
   using namespace loom;
   using P = policy<device::cpu, Prec>;
   context<device::cpu> ctx;
@@ -45,43 +88,134 @@ double run(int steps, double peak_flops) {
     tr.step(ctx, w);
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
-  const double tok_s = double(B) * T / med * 1e3;
-  const double n = double(nn::parameter_count<M>(false));
-  const double fpt = 6 * n + 12.0 * M::n_layer * T * M::d_model;
-  const std::size_t param_bytes = tr.model().parameters().bytes() + tr.model().gradients().bytes();
+  loom_result r;
+  r.ms = median(ms);
+  r.tokens_per_s = double(B) * T / r.ms * 1e3;
+  r.param_mib = double(tr.model().parameters().bytes() + tr.model().gradients().bytes()) / 1048576.0;
   std::size_t opt_bytes = 2 * tr.optimizer().first_moment().bytes();  // moments (+ fp32 masters below fp32)
   if constexpr (std::remove_cvref_t<decltype(tr.optimizer())>::has_master) opt_bytes += tr.optimizer().master_weights().bytes();
-  const std::size_t act_bytes = tr.activation_bytes();
-  const auto mem = read_process_memory();
-  std::printf("| %-11s | %-4s | %2d x %4d | %10.1f | %8.1f | %8.0f | %5.1f %% | %7.1f | %7.1f | %7.1f | %8.1f |\n",
-              std::string(M::name).c_str(), std::string(Prec::name).c_str(), B, T, n / 1e6, med, tok_s, 100.0 * fpt * tok_s / peak_flops,
-              param_bytes / 1048576.0, opt_bytes / 1048576.0, act_bytes / 1048576.0, mem.peak_rss / 1048576.0);
-  std::fflush(stdout);
-  return tok_s;
+  r.opt_mib = double(opt_bytes) / 1048576.0;
+  r.act_mib = double(tr.activation_bytes()) / 1048576.0;
+  return r;
+}
+
+/// Runs the PyTorch reference for `s`; tokens/s, or nothing when it failed (message printed once).
+std::optional<double> run_torch(const std::string& python, const std::string& script, const row_shape& s, int steps,
+                                int threads) {
+  const std::string cmd = fmt::format(
+      "'{}' '{}' --vocab {} --seq {} --width {} --layers {} --heads {} --batch {} --precision {} --steps {} "
+      "--threads {} 2>&1",
+      python, script, s.vocab, s.seq, s.width, s.layers, s.heads, s.batch, s.precision, steps, threads);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return std::nullopt;
+  std::string out;
+  std::array<char, 512> buf{};
+  while (std::fgets(buf.data(), int(buf.size()), p)) out += buf.data();
+  const int rc = ::pclose(p);
+  const auto at = out.find("tokens_per_s=");
+  if (rc != 0 || at == std::string::npos) {
+    std::fprintf(stderr, "bench_step: the PyTorch reference failed (%s); its output:\n%s", cmd.c_str(), out.c_str());
+    return std::nullopt;
+  }
+  return std::strtod(out.c_str() + at + 13, nullptr);
+}
+
+bool python_has_torch(const std::string& python) {
+  const std::string cmd = "'" + python + "' -c 'import torch' >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
+
+/// Peak (GFLOP/s) of each unit this CPU has, measured once.
+std::map<peak_unit, double> measure_peaks(double fp32_override) {
+  std::map<peak_unit, double> peaks;
+  for (const peak_unit u : {peak_unit::fp32_fma, peak_unit::bf16_dot, peak_unit::amx_bf16})
+    if (loom::bench::peak_unit_available(u)) peaks[u] = loom::bench::measure_peak(u).gflops;
+  if (fp32_override > 0) peaks[peak_unit::fp32_fma] = fp32_override;
+  return peaks;
+}
+
+/// The unit a precision's GEMMs run on: loom's dispatch, or oneDNN's (which prefers AMX).
+peak_unit unit_for(const std::string& precision, bool torch, const std::map<peak_unit, double>& peaks) {
+  if (precision != "bf16") return peak_unit::fp32_fma;
+  if (torch && peaks.count(peak_unit::amx_bf16)) return peak_unit::amx_bf16;
+  if (peaks.count(peak_unit::bf16_dot) && (torch || loom::kernels::cpu::detail::cpu_has_avx512_bf16()))
+    return peak_unit::bf16_dot;
+  return peak_unit::fp32_fma;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   loom::device::configure_host_malloc_for_gemm();
-  int steps = 10;
+  int steps = 3, rounds = 3;
   double peak_gflops = 0;
-  CLI::App app{"bench_step: one whole training step (forward, backward, AdamW) on the CPU: ms/step, tokens/s, MFU, memory"};
-  app.add_option("--steps", steps, "timed steps per configuration")->check(CLI::Range(1, 1000000));
+  bool no_torch = false;
+  std::string python = "/usr/bin/python3", script = std::string(LOOM_BENCH_REFERENCE_DIR) + "/torch_step.py";
+  CLI::App app{"bench_step: one training step on the CPU, loom beside PyTorch in the same run: tokens/s, MFU, memory"};
+  app.add_option("--steps", steps, "timed steps per row and round (after one warm-up step)")
+      ->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_option("--rounds", rounds, "rounds of loom-then-PyTorch per row; medians are shown")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--peak-gflops", peak_gflops, "fp32 peak for MFU (default: measured at start-up)");
+  app.add_flag("--no-torch", no_torch, "skip the PyTorch reference");
+  app.add_option("--python", python, "interpreter with torch for the reference")->capture_default_str();
+  app.add_option("--torch-script", script, "the reference script")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  if (peak_gflops <= 0) peak_gflops = loom::bench::measure_fp32_peak().gflops;
-  const char* ct = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("fp32 peak %.0f GFLOP/s (measured unless --peak-gflops); OPENBLAS_CORETYPE=%s (loom's GEMM is Eigen, unaffected)\n",
-              peak_gflops, ct ? ct : "(unset)");
-  std::printf("| config      | prec | B  x  T   | params (M) | ms/step  | tokens/s | MFU     | p+g MiB | opt MiB | act MiB | peak RSS |\n");
-  std::printf("|-------------|------|-----------|------------|----------|----------|---------|---------|---------|---------|----------|\n");
-  run<loom::models::quickstart, 16, 128>(steps, peak_gflops * 1e9);
-  const double f32 = run<loom::models::bench_small, 8, 256>(steps, peak_gflops * 1e9);
-  const double b16 = run<loom::models::bench_small, 8, 256, loom::precision::bf16>(steps, peak_gflops * 1e9);
-  std::printf("peak RSS is cumulative over the rows (the process's high-water mark); MFU is against the fp32 peak.\n");
-  std::printf("bench_small bf16/fp32 throughput ratio %.2f; bf16 vs PyTorch 1.13 bf16 autocast (about 4,400 tokens/s): %.2f\n",
-              b16 / f32, b16 / 4400.0);
+
+  const auto peaks = measure_peaks(peak_gflops);
+  const bool torch = !no_torch && python_has_torch(python);
+  const int threads = loom::bench::measure_fp32_peak(0, 0.01, 1).threads;
+  std::string peak_line;
+  for (const auto& [u, g] : peaks) peak_line += fmt::format("{}{} {:.0f}", peak_line.empty() ? "" : ", ", loom::bench::unit_name(u), g);
+  fmt::print("peaks (GFLOP/s, {} threads): {}; PyTorch reference: {}\n", threads, peak_line,
+             torch ? python : no_torch ? "off (--no-torch)" : python + " has no torch (Debian: python3-torch)");
+
+  using loom::models::bench_small, loom::models::quickstart;
+  using loom::precision::bf16, loom::precision::fp32;
+  const std::vector<row_shape> shapes = {shape_of<quickstart, 16, 128, fp32>(), shape_of<bench_small, 8, 256, fp32>(),
+                                         shape_of<bench_small, 8, 256, bf16>()};
+  std::vector<std::vector<loom_result>> mine(shapes.size());
+  std::vector<std::vector<double>> theirs(shapes.size()), ratio(shapes.size());
+  for (int r = 0; r < rounds; ++r) {
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      mine[i].push_back(i == 0   ? run_loom<quickstart, 16, 128, fp32>(steps)
+                        : i == 1 ? run_loom<bench_small, 8, 256, fp32>(steps)
+                                 : run_loom<bench_small, 8, 256, bf16>(steps));
+      if (!torch) continue;
+      if (const auto t = run_torch(python, script, shapes[i], steps, threads)) {
+        theirs[i].push_back(*t);
+        ratio[i].push_back(mine[i].back().tokens_per_s / *t);
+      }
+    }
+    std::fprintf(stderr, "bench_step: round %d of %d done\n", r + 1, rounds);
+  }
+
+  fmt::print("| config      | prec | B  x  T   | params (M) | loom tok/s | MFU loom          | PyTorch tok/s | MFU PyTorch       "
+             "| loom/PyTorch | p+g MiB | opt MiB | act MiB |\n");
+  fmt::print("|-------------|------|-----------|------------|------------|-------------------|---------------|-------------------"
+             "|--------------|---------|---------|---------|\n");
+  std::vector<double> loom_tok(shapes.size()), torch_tok(shapes.size());
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const auto& s = shapes[i];
+    std::vector<double> tok;
+    for (const auto& m : mine[i]) tok.push_back(m.tokens_per_s);
+    loom_tok[i] = median(tok);
+    torch_tok[i] = median(theirs[i]);
+    auto mfu = [&](double tps, bool t) {
+      const peak_unit u = unit_for(s.precision, t, peaks);
+      return fmt::format("{:5.1f} % {:>9}", 100.0 * s.flops_per_token() * tps / (peaks.at(u) * 1e9), loom::bench::unit_name(u));
+    };
+    const auto& m = mine[i].back();
+    fmt::print("| {:<11} | {:<4} | {:2} x {:4} | {:10.1f} | {:10.0f} | {} | {:>13} | {:>17} | {:>12} | {:7.1f} | {:7.1f} | {:7.1f} |\n",
+               s.config, s.precision, s.batch, s.seq, s.params / 1e6, loom_tok[i], mfu(loom_tok[i], false),
+               theirs[i].empty() ? "-" : fmt::format("{:.0f}", torch_tok[i]),
+               theirs[i].empty() ? "-" : mfu(torch_tok[i], true),
+               ratio[i].empty() ? "-" : fmt::format("{:.2f}", median(ratio[i])), m.param_mib, m.opt_mib, m.act_mib);
+  }
+  const auto mem = loom::read_process_memory();
+  fmt::print("medians over {} rounds of {} steps; loom's peak RSS {:.1f} MiB (cumulative over the rows)\n", rounds, steps,
+             double(mem.peak_rss) / 1048576.0);
+  fmt::print("bench_small bf16/fp32 tokens/s: loom {:.2f}", loom_tok[2] / loom_tok[1]);
+  if (!theirs[1].empty() && !theirs[2].empty()) fmt::print(", PyTorch {:.2f}", torch_tok[2] / torch_tok[1]);
+  fmt::print("\n");
 }
