@@ -1,14 +1,15 @@
-// bench_matmul — the GEMMs of one training step: loom's Eigen kernel against OpenBLAS sgemm,
-// at the shapes of the quickstart and of the comparison config bench_small, forward (N x C x OC)
-// and the two backward products. Prints GFLOP/s and the OpenBLAS/Eigen ratio, measured in one
-// run, and the OPENBLAS_CORETYPE it ran under (Haswell on these machines: AVX2 kernels at
+// bench_matmul — the GEMMs of one training step: Eigen against oneDNN's sgemm (when loom is
+// built with it) and OpenBLAS sgemm, at the shapes of the quickstart and of the comparison config
+// bench_small, forward (N x C x OC) and the two backward products. Prints GFLOP/s, the
+// oneDNN/Eigen and OpenBLAS/Eigen ratios, measured in one run, the implementation
+// kernels::cpu::gemm's `automatic` picks on this machine, and the OPENBLAS_CORETYPE it ran under (Haswell on these machines: AVX2 kernels at
 // half speed; run `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE build/bench/bench_matmul`
 // for OpenBLAS's own choice).
 //
 // Second table: kernels::cpu::gemm with bf16 operands (AVX512-BF16 kernel when the CPU has it,
 // bf16 results for y and dx, fp32 dW as the model stores them) against the same call with fp32
-// operands (Eigen), at the model shapes N = 8*256 rows, (C, OC) in {(384,1152), (384,384),
-// (384,1536), (1536,384), (384,8192)}, plus the bf16 fp32-convert fallback; ratio in one run.
+// operands (`automatic`: oneDNN or Eigen), at the model shapes N = 8*256 rows, (C, OC) in {(384,1152), (384,384),
+// (384,1536), (1536,384), (384,8192)}, plus the bf16 fp32-convert paths (Eigen, and oneDNN when built with it); ratio in one run.
 //
 //   build/bench/bench_matmul [--reps N] [--table eigen|bf16|all] [--clock wall|cpu]
 // --clock cpu (bf16 table) times by process CPU time: with OMP_NUM_THREADS=1 it measures the
@@ -72,11 +73,12 @@ void bf16_table(int reps, bool cpu_clock) {
   using cpu::detail::gemm_impl;
   loom::device::configure_host_malloc_for_gemm();  // as train_gpt does: no mmap per GEMM buffer
   const bool fast = cpu::detail::cpu_has_avx512_bf16();
+  const bool dnnl = cpu::detail::gemm_has_onednn;
   std::printf("\nkernels::cpu::gemm, bf16 vs fp32 operands | AVX512-BF16 kernel: %s | best of %d | %s\n",
               fast ? "yes" : "no (bf16 column = fp32-convert fallback)", reps,
               cpu_clock ? "GFLOP per process CPU-second" : "GFLOP/s (wall)");
-  std::printf("| shape (N x C -> OC)      | product      | fp32 (Eigen) | bf16  | bf16 / fp32 | bf16 fallback |\n");
-  std::printf("|--------------------------|--------------|--------------|-------|-------------|---------------|\n");
+  std::printf("| shape (N x C -> OC)      | product      | fp32 (auto)  | bf16 VDPBF16PS | bf16 / fp32 | bf16 via Eigen | bf16 via oneDNN |\n");
+  std::printf("|--------------------------|--------------|--------------|----------------|-------------|----------------|-----------------|\n");
   const int N = 8 * 256;
   const int shapes[][2] = {{384, 1152}, {384, 384}, {384, 1536}, {1536, 384}, {384, 8192}};
   double sum_ratio_log = 0;
@@ -93,7 +95,7 @@ void bf16_table(int reps, bool cpu_clock) {
     std::vector<bf16> yh(y.size()), dxh(dx.size());
     const double flops = 2.0 * N * C * OC;
     auto rate = [&](auto&& f) { return flops / (cpu_clock ? best_cpu_seconds(reps, f) : best_seconds(reps, f)) / 1e9; };
-    struct row { const char* name; double f32, b16, fb; };
+    struct row { const char* name; double f32, b16, fb, fd; };
     const gemm_impl hi = fast ? gemm_impl::avx512_bf16 : gemm_impl::fp32_convert;
     auto fwd = [&](gemm_impl impl) {  // y (N,OC) = x (N,C) W (OC,C)^T
       return rate([&] { cpu::detail::gemm<bf16, bf16>(impl, false, true, N, OC, C, 1.f, xh.data(), C, wh.data(), C, 0.f, yh.data(), OC); });
@@ -106,15 +108,15 @@ void bf16_table(int reps, bool cpu_clock) {
     };
     row rows[3] = {
         {"y = x W^T", rate([&] { cpu::gemm(false, true, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); }),
-         fwd(hi), fwd(gemm_impl::fp32_convert)},
+         fwd(hi), fwd(gemm_impl::fp32_convert), dnnl ? fwd(gemm_impl::onednn) : 0.0},
         {"dx = dy W", rate([&] { cpu::gemm(false, false, N, C, OC, 1.f, dy.data(), OC, w.data(), C, 0.f, dx.data(), C); }),
-         bwd_data(hi), bwd_data(gemm_impl::fp32_convert)},
+         bwd_data(hi), bwd_data(gemm_impl::fp32_convert), dnnl ? bwd_data(gemm_impl::onednn) : 0.0},
         {"dW += dy^T x", rate([&] { cpu::gemm(true, false, OC, C, N, 1.f, dy.data(), OC, x.data(), C, 1.f, dw.data(), C); }),
-         bwd_weight(hi), bwd_weight(gemm_impl::fp32_convert)},
+         bwd_weight(hi), bwd_weight(gemm_impl::fp32_convert), dnnl ? bwd_weight(gemm_impl::onednn) : 0.0},
     };
     for (const auto& r : rows) {
-      std::printf("| %5d x %4d -> %5d      | %-12s | %12.1f | %5.1f | %11.2f | %13.1f |\n", N, C, OC, r.name, r.f32, r.b16,
-                  r.b16 / r.f32, r.fb);
+      std::printf("| %5d x %4d -> %5d      | %-12s | %12.1f | %14.1f | %11.2f | %14.1f | %15.1f |\n", N, C, OC, r.name,
+                  r.f32, r.b16, r.b16 / r.f32, r.fb, r.fd);
       sum_ratio_log += std::log(r.b16 / r.f32);
       ++n_ratio;
     }
@@ -138,8 +140,12 @@ int main(int argc, char** argv) {
   }
   const char* ct = std::getenv("OPENBLAS_CORETYPE");
   std::printf("OPENBLAS_CORETYPE=%s | best of %d | GFLOP/s\n", ct ? ct : "(unset)", reps);
-  std::printf("| shape (N x C -> OC)      | product      | Eigen (loom) | OpenBLAS | OpenBLAS / Eigen |\n");
-  std::printf("|--------------------------|--------------|--------------|----------|------------------|\n");
+  namespace cpu = loom::kernels::cpu;
+  std::printf("kernels::cpu::gemm automatic: fp32 -> %s, bf16 -> %s\n",
+              cpu::detail::gemm_impl_name(cpu::detail::gemm_default_impl<float>()),
+              cpu::detail::gemm_impl_name(cpu::detail::gemm_default_impl<Eigen::bfloat16>()));
+  std::printf("| shape (N x C -> OC)      | product      | Eigen (loom) | oneDNN | oneDNN / Eigen | OpenBLAS | OpenBLAS / Eigen |\n");
+  std::printf("|--------------------------|--------------|--------------|--------|----------------|----------|------------------|\n");
   const int shapes[][3] = {{2048, 192, 576}, {2048, 192, 768}, {2048, 768, 192}, {2048, 192, 256},
                            {2048, 384, 1152}, {2048, 384, 1536}, {2048, 1536, 384}, {2048, 384, 8192}};
   for (const auto& s : shapes) {
@@ -149,7 +155,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(loom::random_uniform(1, 1, i) - 0.5);
     for (std::size_t i = 0; i < y.size(); ++i) y[i] = float(loom::random_uniform(1, 2, i) - 0.5);
     const double flops = 2.0 * N * C * OC;
-    struct row { const char* name; double eigen, blas; };
+    struct row { const char* name; double eigen, blas, dnnl = 0; };
     std::vector<row> rows;
     // forward: y = x w^T
     rows.push_back({"y = x w^T",
@@ -164,14 +170,20 @@ int main(int argc, char** argv) {
                     flops / best_seconds(reps, [&] { loom::kernels::cpu::cmap<float> dy(y.data(), N, OC);
                                                      loom::kernels::cpu::map<float>(dw.data(), OC, C).noalias() += dy.transpose() * loom::kernels::cpu::cmap<float>(x.data(), N, C); }),
                     0});
+    if (cpu::detail::gemm_has_onednn) {
+      using cpu::detail::gemm_impl;
+      rows[0].dnnl = flops / best_seconds(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, false, true, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); });
+      rows[1].dnnl = flops / best_seconds(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, false, false, N, C, OC, 1.f, y.data(), OC, w.data(), C, 0.f, dx.data(), C); });
+      rows[2].dnnl = flops / best_seconds(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, true, false, OC, C, N, 1.f, y.data(), OC, x.data(), C, 1.f, dw.data(), C); });
+    }
 #if LOOM_BENCH_CBLAS
     rows[0].blas = flops / best_seconds(reps, [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); });
     rows[1].blas = flops / best_seconds(reps, [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.f, y.data(), OC, w.data(), C, 0.f, dx.data(), C); });
     rows[2].blas = flops / best_seconds(reps, [&] { cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.f, y.data(), OC, x.data(), C, 1.f, dw.data(), C); });
 #endif
     for (const auto& r : rows)
-      std::printf("| %5d x %4d -> %5d      | %-12s | %12.1f | %8.1f | %16.2f |\n", N, C, OC, r.name, r.eigen / 1e9, r.blas / 1e9,
-                  r.blas / r.eigen);
+      std::printf("| %5d x %4d -> %5d      | %-12s | %12.1f | %6.1f | %14.2f | %8.1f | %16.2f |\n", N, C, OC, r.name,
+                  r.eigen / 1e9, r.dnnl / 1e9, r.dnnl / r.eigen, r.blas / 1e9, r.blas / r.eigen);
   }
 #if !LOOM_BENCH_CBLAS
   std::printf("(built without cblas.h: OpenBLAS column is empty)\n");

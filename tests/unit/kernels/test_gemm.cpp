@@ -142,6 +142,32 @@ TEST_CASE("gemm avx512_bf16: bf16 operands, fp32 and bf16 results, all transpose
   check_all<bf16, bf16>(gemm_impl::avx512_bf16);
 }
 
+TEST_CASE("gemm onednn: oneDNN sgemm behind bf16, fp16, fp32 operands, all transposes, odd sizes") {
+  if (!loom::kernels::cpu::detail::gemm_has_onednn) {
+    std::vector<float> a(4, 1.0f), c(4);
+    CHECK_THROWS_WITH_AS((loom::kernels::cpu::detail::gemm<float, float>(gemm_impl::onednn, false, false, 2, 2, 2, 1.0f,
+                                                                         a.data(), 2, a.data(), 2, 0.0f, c.data(), 2)),
+                         doctest::Contains("without oneDNN"), loom::input_error);
+    MESSAGE("built without oneDNN (LOOM_WITH_ONEDNN): only the refusal is tested here");
+    return;
+  }
+  check_all<bf16, float>(gemm_impl::onednn);
+  check_all<bf16, bf16>(gemm_impl::onednn);
+  check_all<f16, float>(gemm_impl::onednn);
+  check_all<f16, f16>(gemm_impl::onednn);
+  check_all<float, float>(gemm_impl::onednn);
+}
+
+TEST_CASE("gemm automatic: the VDPBF16PS kernel only where that unit outruns fp32 FMA") {
+  namespace d = loom::kernels::cpu::detail;
+  const gemm_impl fallback = d::gemm_has_onednn ? gemm_impl::onednn : gemm_impl::fp32_convert;
+  CHECK(d::gemm_default_impl<float>() == fallback);
+  CHECK(d::gemm_default_impl<f16>() == fallback);
+  CHECK(d::gemm_default_impl<bf16>() == (d::bf16_unit_faster_than_fp32() ? gemm_impl::avx512_bf16 : fallback));
+  if (!d::cpu_has_avx512_bf16()) CHECK_FALSE(d::bf16_unit_faster_than_fp32());
+  MESSAGE("automatic on this CPU: bf16 -> " << std::string(d::gemm_impl_name(d::gemm_default_impl<bf16>())));
+}
+
 TEST_CASE("gemm T result is the fp32 result rounded once (round to nearest even)") {
   // Same implementation, same inputs, beta = 0: the bf16/fp16 store must equal T(fp32 store) bit for bit.
   auto run = [](auto tag, gemm_impl impl) {
@@ -164,6 +190,7 @@ TEST_CASE("gemm T result is the fp32 result rounded once (round to nearest even)
   run(bf16{}, gemm_impl::fp32_convert);
   run(f16{}, gemm_impl::fp32_convert);
   if (loom::kernels::cpu::detail::cpu_has_avx512_bf16()) run(bf16{}, gemm_impl::avx512_bf16);
+  if (loom::kernels::cpu::detail::gemm_has_onednn) run(bf16{}, gemm_impl::onednn), run(f16{}, gemm_impl::onednn);
 }
 
 TEST_CASE("gemm public overloads pick the implementation and agree with the fallback") {

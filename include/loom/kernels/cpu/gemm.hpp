@@ -6,18 +6,25 @@
 ///   backward, data   dx (N,C)  = dy (N,OC) * W (OC,C)    gemm(false, false, N, C, OC, ...)
 ///   backward, weight dW (OC,C) += dy^T * x               gemm(true,  false, OC, C, N, ..., beta=1, float* dW)
 ///
-/// Implementations (detail::gemm_impl), chosen at run time:
+/// Implementations (detail::gemm_impl), chosen at run time per machine (gemm_default_impl):
 ///   avx512_bf16   T = Eigen::bfloat16 on a CPU with AVX512-BF16: packed pair-interleaved panels
 ///                 and a 12x32 VDPBF16PS micro-kernel (detail/gemm_avx512_bf16.hpp). Compiled with
-///                 function-level target attributes, so the build never needs -mavx512*.
-///   fp32_convert  everything else: bf16/half operands converted to fp32, then Eigen's fp32 GEMM
-///                 (detail/gemm_convert.hpp).
+///                 function-level target attributes, so the build never needs -mavx512*. Chosen
+///                 only where VDPBF16PS outruns fp32 FMA (AMD Zen 4/5: about 2x; the Intel Xeons
+///                 without AMX this project ran on: 0.5x, so fp32 is faster there).
+///   onednn        bf16/half operands converted to fp32, then oneDNN's dnnl_sgemm (built with
+///                 LOOM_WITH_ONEDNN: the loom::onednn CMake target; oneDNN dispatches AVX-512 or
+///                 AVX2 itself). The default for float and for the converted paths when present.
+///   fp32_convert  the same conversion, then Eigen's fp32 GEMM (detail/gemm_convert.hpp): the
+///                 default without oneDNN.
+/// bench/bench_matmul prints every implementation per shape on the machine at hand.
 #include <cstddef>
 #include <string>
 #include <type_traits>
 
 #include <Eigen/Core>
 
+#include <loom/bench/peak.hpp>
 #include <loom/core/error.hpp>
 #include <loom/kernels/cpu/detail/gemm_avx512_bf16.hpp>
 #include <loom/kernels/cpu/detail/gemm_convert.hpp>
@@ -26,23 +33,50 @@ namespace loom::kernels::cpu {
 
 namespace detail {
 
-/// Which GEMM implementation to run; `automatic` picks the fastest one this CPU supports.
+/// Which GEMM implementation to run; `automatic` picks the fastest one on this machine.
 enum class gemm_impl {
-  automatic,     ///< avx512_bf16 for bf16 operands when the CPU has it, else fp32_convert
+  automatic,     ///< gemm_default_impl<T>()
   avx512_bf16,   ///< VDPBF16PS micro-kernel; bf16 operands only; throws on a CPU without it
   fp32_convert,  ///< convert to fp32 and run Eigen's fp32 GEMM; any T
+  onednn,        ///< convert to fp32 and run oneDNN's sgemm; any T; throws when built without oneDNN
 };
+
+/// "automatic", "avx512_bf16", "fp32_convert" (Eigen) or "onednn".
+constexpr const char* gemm_impl_name(gemm_impl i) noexcept {
+  return i == gemm_impl::automatic     ? "automatic"
+         : i == gemm_impl::avx512_bf16 ? "avx512_bf16"
+         : i == gemm_impl::onednn      ? "onednn"
+                                       : "fp32_convert";
+}
 
 /// True when this CPU executes AVX512-BF16 (and the compiler could build the kernel for it).
 inline bool cpu_has_avx512_bf16() noexcept { return gemm_avx512_bf16_supported(); }
 
-/// The implementation `automatic` resolves to for operand type T on this CPU.
+/// True when this CPU's VDPBF16PS unit outruns its fp32 FMA units by more than 20 % per core
+/// (bench::measure_peak on one thread, CPU time, about 10 ms, measured once per process: a
+/// property of the machine, immutable once read). False without AVX512-BF16.
+inline bool bf16_unit_faster_than_fp32() noexcept {
+  static const bool faster = [] {
+    if (!cpu_has_avx512_bf16() || !bench::peak_unit_available(bench::peak_unit::bf16_dot)) return false;
+    try {
+      const double f32 = bench::measure_peak(bench::peak_unit::fp32_fma, 1, 0.004, 1).gflops;
+      const double b16 = bench::measure_peak(bench::peak_unit::bf16_dot, 1, 0.004, 1).gflops;
+      return b16 > 1.2 * f32;
+    } catch (...) {
+      return true;  // could not measure: keep the bf16 kernel the CPU has
+    }
+  }();
+  return faster;
+}
+
+/// The implementation `automatic` resolves to for operand type T on this machine: the VDPBF16PS
+/// kernel for bf16 where that unit is faster than fp32 FMA, else oneDNN when built with it, else
+/// Eigen.
 template <class T>
 gemm_impl gemm_default_impl() noexcept {
   if constexpr (std::is_same_v<T, Eigen::bfloat16>)
-    return cpu_has_avx512_bf16() ? gemm_impl::avx512_bf16 : gemm_impl::fp32_convert;
-  else
-    return gemm_impl::fp32_convert;
+    if (bf16_unit_faster_than_fp32()) return gemm_impl::avx512_bf16;
+  return gemm_has_onednn ? gemm_impl::onednn : gemm_impl::fp32_convert;
 }
 
 inline void gemm_check(bool trans_a, bool trans_b, int M, int N, int K, const void* A, int lda, const void* B,
@@ -75,7 +109,7 @@ void gemm_scale(int M, int N, float beta, OutT* C, int ldc) {
 
 /// cpu::gemm with an explicit implementation (tests force each one). Same contract as
 /// cpu::gemm; additionally throws loom::input_error when `impl` is avx512_bf16 and T is not
-/// Eigen::bfloat16 or the CPU lacks AVX512-BF16.
+/// Eigen::bfloat16 or the CPU lacks AVX512-BF16, or `impl` is onednn in a build without it.
 template <class T, class OutT>
 void gemm(gemm_impl impl, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* A, int lda,
           const T* B, int ldb, float beta, OutT* C, int ldc) {
@@ -95,7 +129,7 @@ void gemm(gemm_impl impl, bool trans_a, bool trans_b, int M, int N, int K, float
     if (impl == gemm_impl::avx512_bf16)
       return gemm_avx512_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
-  gemm_convert(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_convert(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, impl == gemm_impl::onednn);
 }
 
 }  // namespace detail
@@ -112,7 +146,8 @@ void gemm(gemm_impl impl, bool trans_a, bool trans_b, int M, int N, int K, float
 /// overwritten); beta == 1 accumulates (+=), e.g. into an fp32 gradient buffer.
 /// K == 0 or alpha == 0 gives C = beta * C without reading A or B.
 /// Threads: omp_get_max_threads() OpenMP threads (bf16 kernel: products under 4e6 flops run on
-/// one; fallback: Eigen's own OpenMP GEMM). Inside a parallel region it runs on the calling thread.
+/// one; Eigen and oneDNN: their own OpenMP GEMMs). Inside a parallel region it runs on the
+/// calling thread.
 /// Numerics: the AVX512-BF16 path treats bf16 subnormal inputs (|x| < 2^-126) as zero (DAZ), as
 /// VDPBF16PS does; the fp32-convert path keeps them.
 /// Errors: loom::input_error for negative sizes, ld smaller than the stored row width, or null

@@ -1,9 +1,10 @@
 #pragma once
 /// \file Linear layer y = x W^T + b, forward and backward (CPU).
-/// W is stored (OC, C) like torch.nn.Linear. float and double go through Eigen's blocked GEMM,
-/// which uses AVX-512/AVX2 FMA when the translation unit is compiled for it and OpenMP threads
-/// when compiled with -fopenmp (bench/bench_matmul measures it against OpenBLAS). bfloat16 and
-/// half go through kernels::cpu::gemm (fp32 accumulation, one rounding on store).
+/// W is stored (OC, C) like torch.nn.Linear. bfloat16 and half go through kernels::cpu::gemm
+/// (fp32 accumulation, one rounding on store), and so does float when loom is built with oneDNN
+/// (its sgemm measured faster than Eigen's: bench/bench_matmul). double, and float without
+/// oneDNN, go through Eigen's blocked GEMM, which uses AVX-512/AVX2 FMA when the translation unit
+/// is compiled for it and OpenMP threads when compiled with -fopenmp.
 ///
 /// Note [gradient precision]: the parameter gradients dw, dbias have their own type G, which
 /// is fp32 for half storage (kernels::gradient_t): they accumulate over micro-batches, and a
@@ -21,12 +22,16 @@ namespace loom::kernels::cpu {
 template <class T>
 inline constexpr bool is_half_storage_v = std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, Eigen::half>;
 
+/// True for the storage types whose linear layers call kernels::cpu::gemm (else Eigen directly).
+template <class T>
+inline constexpr bool uses_cpu_gemm_v = is_half_storage_v<T> || (std::is_same_v<T, float> && detail::gemm_has_onednn);
+
 /// out (N,OC) = inp (N,C) * w(OC,C)^T + bias (OC); bias may be null. out is written (=).
 /// For 16-bit T the product and the bias are summed in fp32 and rounded once.
 /// Cost: 2 N C OC flops.
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
-  if constexpr (is_half_storage_v<T>) {
+  if constexpr (uses_cpu_gemm_v<T>) {
     if (bias) {
 #pragma omp parallel for schedule(static)
       for (int n = 0; n < N; ++n) std::copy(bias, bias + OC, out + std::size_t(n) * OC);
@@ -48,7 +53,7 @@ template <class T, class G = T>
 void matmul_backward(T* dinp, G* dw, G* dbias, const T* dout, const T* inp, const T* w, int N, int C, int OC,
                      bool accumulate_dinp = true) {
   using A = acc_t<T>;
-  if constexpr (is_half_storage_v<T>) {
+  if constexpr (uses_cpu_gemm_v<T>) {
     static_assert(std::is_same_v<G, float> || std::is_same_v<G, T>,
                   "matmul_backward: 16-bit storage takes fp32 or storage-type parameter gradients");
     if (dinp) gemm<T>(false, false, N, C, OC, 1.0f, dout, OC, w, C, accumulate_dinp ? 1.0f : 0.0f, dinp, C);

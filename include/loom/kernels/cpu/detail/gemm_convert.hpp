@@ -1,11 +1,18 @@
 #pragma once
 /// \file Private: the portable GEMM behind loom::kernels::cpu::gemm. Converts bf16/half operands
-/// to fp32 and runs Eigen's blocked fp32 GEMM (threaded by OpenMP when compiled with -fopenmp).
-/// Used for float, for Eigen::half, and for Eigen::bfloat16 on CPUs without AVX512-BF16.
+/// to fp32 and runs an fp32 GEMM: Eigen's blocked GEMM (threaded by OpenMP when compiled with
+/// -fopenmp), or oneDNN's dnnl_sgemm when loom is built with it (LOOM_WITH_ONEDNN; oneDNN picks
+/// AVX-512/AVX2 kernels at run time). Used for float and Eigen::half, and for Eigen::bfloat16
+/// where the VDPBF16PS kernel is missing or slower (gemm_default_impl).
 #include <Eigen/Core>
+#if defined(LOOM_WITH_ONEDNN)
+#include <oneapi/dnnl/dnnl.h>
+#endif
 #include <cstddef>
 #include <memory>
 #include <type_traits>
+
+#include <loom/core/error.hpp>
 
 namespace loom::kernels::cpu::detail {
 
@@ -34,12 +41,52 @@ void gemm_convert_rows(float* dst, const T* src, int rows, int cols, int ld) {
   }
 }
 
+/// C (M,N; row stride ldc) = round_OutT(t + beta * C), t (M,N) contiguous fp32; beta == 0 does
+/// not read C.
+template <class OutT>
+void gemm_round_into(int M, int N, float beta, const float* t, OutT* C, int ldc) {
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (std::size_t(M) * std::size_t(N) > (std::size_t(1) << 16))
+#endif
+  for (int i = 0; i < M; ++i) {
+    OutT* ci = C + std::size_t(i) * std::size_t(ldc);
+    const float* ti = t + std::size_t(i) * std::size_t(N);
+    if (beta == 0.0f)
+      for (int j = 0; j < N; ++j) ci[j] = OutT(ti[j]);
+    else
+      for (int j = 0; j < N; ++j) ci[j] = OutT(ti[j] + beta * gemm_to_float(ci[j]));
+  }
+}
+
+/// True when oneDNN's sgemm is compiled in (LOOM_WITH_ONEDNN).
+inline constexpr bool gemm_has_onednn =
+#if defined(LOOM_WITH_ONEDNN)
+    true;
+#else
+    false;
+#endif
+
+/// C (M,N) = alpha * op(A) op(B) + beta * C in fp32, row-major, through dnnl_sgemm (whose C API
+/// is row-major: oneDNN developer guide, "dnnl_sgemm"). Throws loom::device_error on a failed call.
+inline void gemm_onednn_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                            const float* B, int ldb, float beta, float* C, int ldc) {
+#if defined(LOOM_WITH_ONEDNN)
+  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta,
+                                      C, ldc);
+  if (st != dnnl_success) throw device_error(int(st), "dnnl_sgemm", "oneDNN sgemm failed");
+#else
+  (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb,
+      (void)beta, (void)C, (void)ldc;
+  throw input_error("loom::kernels::cpu::gemm: built without oneDNN (LOOM_WITH_ONEDNN); use gemm_impl::automatic");
+#endif
+}
+
 /// C (M,N) = alpha * op(A) op(B) + beta * C with fp32 accumulation (see cpu::gemm for the
 /// argument contract, which the caller has already checked). OutT is float or T; beta == 0
-/// means C is not read.
+/// means C is not read. onednn: the fp32 product runs in dnnl_sgemm instead of Eigen.
 template <class T, class OutT>
 void gemm_convert(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* A, int lda, const T* B,
-                  int ldb, float beta, OutT* C, int ldc) {
+                  int ldb, float beta, OutT* C, int ldc, bool onednn = false) {
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   // fp32 operands: the caller's memory for float, converted contiguous copies otherwise.
@@ -59,6 +106,15 @@ void gemm_convert(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
     pb = b32.get();
     la = a_cols;
     lb = b_cols;
+  }
+  if (onednn) {
+    if constexpr (std::is_same_v<OutT, float>) {
+      return gemm_onednn_f32(trans_a, trans_b, M, N, K, alpha, pa, la, pb, lb, beta, C, ldc);
+    } else {
+      std::unique_ptr<float[]> c32(new float[std::size_t(M) * std::size_t(N)]);
+      gemm_onednn_f32(trans_a, trans_b, M, N, K, alpha, pa, la, pb, lb, 0.0f, c32.get(), N);
+      return gemm_round_into(M, N, beta, c32.get(), C, ldc);
+    }
   }
   const gemm_cfmap a(pa, a_rows, a_cols, Eigen::OuterStride<>(la));
   const gemm_cfmap b(pb, b_rows, b_cols, Eigen::OuterStride<>(lb));
@@ -88,17 +144,7 @@ void gemm_convert(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
   } else {
     std::unique_ptr<float[]> c32(new float[std::size_t(M) * std::size_t(N)]);
     product_into(gemm_fmap(c32.get(), M, N, Eigen::OuterStride<>(N)), false);
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (std::size_t(M) * std::size_t(N) > (std::size_t(1) << 16))
-#endif
-    for (int i = 0; i < M; ++i) {
-      OutT* ci = C + std::size_t(i) * std::size_t(ldc);
-      const float* ti = c32.get() + std::size_t(i) * std::size_t(N);
-      if (beta == 0.0f)
-        for (int j = 0; j < N; ++j) ci[j] = OutT(ti[j]);
-      else
-        for (int j = 0; j < N; ++j) ci[j] = OutT(ti[j] + beta * gemm_to_float(ci[j]));
-    }
+    gemm_round_into(M, N, beta, c32.get(), C, ldc);
   }
 }
 
