@@ -19,6 +19,7 @@
 /// twice); the loader, not this step, handles datasets larger than RAM.
 /// Needs -lsentencepiece -lsentencepiece_train -lutf8proc -lxxhash (target loom::text).
 #include <nlohmann/json.hpp>
+#include <utf8proc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -58,14 +59,39 @@ inline split_mode parse_split_mode(std::string_view s) {
   throw input_error("unknown split mode '" + std::string(s) + "'; use blank-line, line or file");
 }
 
+/// Throws loom::input_error when `text`, the content of input file `path`, is not text: it
+/// holds a NUL byte (no UTF-8 or JSON text does; UTF-16 and binary files do), or more than a
+/// quarter of its first MiB is not UTF-8 (a legacy 8-bit encoding has a few percent: cleaning
+/// drops or replaces those, see --invalid-utf8). Cost: one pass over the file (memchr).
+inline void refuse_binary(const std::filesystem::path& path, std::string_view text) {
+  const auto fix = "prepare_data reads UTF-8 text (.txt) or JSON lines (.jsonl); convert the file to UTF-8 or "
+                   "drop it from --input";
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos)
+    throw input_error("input file '" + path.string() + "' is not text: it has a NUL byte at offset " +
+                      std::to_string(nul) + " (binary or UTF-16); " + fix);
+  const std::string_view head = text.substr(0, std::size_t(1) << 20);
+  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(head.data());
+  std::size_t invalid = 0;
+  for (std::size_t i = 0; i < head.size();) {
+    utf8proc_int32_t cp;
+    const auto n = utf8proc_iterate(p + i, static_cast<utf8proc_ssize_t>(head.size() - i), &cp);
+    if (n <= 0) ++invalid;
+    i += n <= 0 ? 1 : std::size_t(n);
+  }
+  if (invalid * 4 > head.size())
+    throw input_error("input file '" + path.string() + "' is not text: " + std::to_string(invalid) + " of its first " +
+                      std::to_string(head.size()) + " bytes are not UTF-8; " + fix);
+}
+
 /// Reads the documents of one input file and appends them to `out`. Splitting keeps the
 /// text inside a document byte-exact (cleaning trims it later). Throws loom::input_error for
-/// a missing file, malformed JSON (with file:line), or a JSON line whose `json_key` field is
-/// missing or not a string.
+/// a missing or binary file (refuse_binary), malformed JSON (with file:line), or a JSON line
+/// whose `json_key` field is missing or not a string.
 inline void read_documents(const std::filesystem::path& path, split_mode split, const std::string& json_key,
                            std::vector<std::string>& out) {
   const data::detail::mapped_file f(path, "input file", "check the --input path");
   const std::string_view text(reinterpret_cast<const char*>(f.data()), f.size());
+  refuse_binary(path, text);
   const auto ext = path.extension().string();
   if (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") {
     std::size_t at = 0, line_no = 0;
