@@ -12,7 +12,9 @@
 ///   P.json         summary: tokenizer, vocab_size, eod_id, dtype, documents, tokens,
 ///                  text_bytes (UTF-8 bytes of the documents, for bits-per-byte),
 ///                  normalization (the form cleaning gave the text, normalization::to_json();
-///                  tokenizer::load(P.model) applies it to every text it encodes), stages
+///                  tokenizer::load(P.model) applies it to every text it encodes), stages,
+///                  checksums (size and XXH3-64 of P.bin, P.idx, P.model: checked when the
+///                  dataset is opened and the tokenizer loaded), checksum (its own)
 /// Every file is written to a temporary name and renamed when complete.
 ///
 /// Memory: the documents that survive each stage are held in memory (about the corpus size
@@ -35,6 +37,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/data/detail/checksum.hpp>
 #include <loom/data/detail/mapped_file.hpp>
 #include <loom/data/indexed_dataset.hpp>
 #include <loom/data/text/clean.hpp>
@@ -278,6 +281,7 @@ inline stage_report tokenizer_stage(const prepare_options& o, unsigned nt, std::
   rep.norm = normalization_of(o.clean);  // the tokenizer encodes text in the form cleaning gave the documents
   stage_report s{"", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, 0, ""};
   if (o.tokenizer_model) {
+    (void)tokenizer::verify_against_sidecar(*o.tokenizer_model);  // a model prepare_data wrote: its recorded checksum
     tok = tokenizer::load(*o.tokenizer_model, rep.norm);
     s.name = "tokenizer";
     s.note = "loaded " + o.tokenizer_model->string() + ", vocab " + std::to_string(tok->vocab_size());
@@ -297,18 +301,22 @@ inline stage_report tokenizer_stage(const prepare_options& o, unsigned nt, std::
   return s;
 }
 
-/// P.json: the summary of `rep` (its stages so far included).
+/// P.json: the summary of `rep` (its stages so far included), with the size and XXH3-64 of
+/// P.bin, P.idx and P.model (already written) and its own checksum (data/detail/checksum.hpp).
 inline void write_summary(const prepare_report& rep) {
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& s : rep.stages)
     stages.push_back({{"stage", s.name}, {"documents_in", s.documents_in}, {"documents_out", s.documents_out},
                       {"bytes_in", s.bytes_in}, {"bytes_out", s.bytes_out}, {"seconds", s.seconds}, {"note", s.note}});
-  const nlohmann::json summary = {
+  nlohmann::json summary = {
       {"format", "megatron-mmap-indexed-dataset-v1"}, {"bin", rep.bin.filename().string()},
       {"idx", rep.idx.filename().string()}, {"tokenizer", rep.model.filename().string()},
       {"vocab_size", rep.vocab_size}, {"eod_id", rep.eod_id}, {"dtype", std::string(dtype_name(rep.token_dtype))},
       {"documents", rep.documents}, {"tokens", rep.tokens}, {"text_bytes", rep.text_bytes},
-      {"normalization", rep.norm.to_json()}, {"stages", stages}};
+      {"normalization", rep.norm.to_json()}, {"stages", stages},
+      {"checksums", {{"bin", data::detail::checksum_entry(rep.bin)}, {"idx", data::detail::checksum_entry(rep.idx)},
+                     {"tokenizer", data::detail::checksum_entry(rep.model)}}}};
+  summary["checksum"] = {{"xxh3_64", data::detail::json_xxh3(summary)}};
   data::detail::atomic_file f(rep.summary);
   const std::string s = summary.dump(2) + "\n";
   f.write(s.data(), s.size());
