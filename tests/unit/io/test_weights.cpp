@@ -1,7 +1,7 @@
-// Weights files (io/weights.hpp) carry a checksum: a byte flipped in a weight or in the
-// metadata is an error naming the file when it is loaded, not a different model; files without
-// a checksum are still read, but a NaN or infinite weight is refused.
-// (tests/cli/corrupt_sweep.py runs the same damage through the programs.)
+// Weights files (io/weights.hpp) and Hugging Face exports (io/hf_gpt2.hpp) carry a checksum: a
+// byte flipped in a weight or in the metadata is an error naming the file when it is loaded,
+// not a different model; files without a checksum are still read, but a NaN or infinite
+// weight is refused. (tests/cli/corrupt_sweep.py runs the same damage through the programs.)
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,7 +13,10 @@
 #include <limits>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include <loom/device/cpu.hpp>
+#include <loom/io/hf_gpt2.hpp>
 #include <loom/io/weights.hpp>
 #include <loom/kernels/cpu.hpp>
 #include <loom/nn/gpt.hpp>
@@ -103,4 +106,37 @@ TEST_CASE("weights: the checksum covers the tensors and the metadata; a NaN weig
   CHECK(error_of([&] { io::load_weights(c, path); }) ==
         "weights file '" + path.string() + "': tensor 'ln1_w' holds nan at element 3; the file is corrupt or was saved "
         "from a diverged run: use another file");
+}
+
+TEST_CASE("gpt2 export: config.json records the weights' checksum; import checks it and refuses NaN") {
+  context<device::cpu> ctx;
+  loom_test::temp_dir dir;
+  const G a(ctx, 21);
+  const fs::path hf = dir / "hf";
+  io::export_gpt2(ctx, a, hf);
+  const auto cfg = nlohmann::json::parse(read_bytes(hf / "config.json"));
+  CHECK(cfg["loom"]["model_safetensors_xxh3_64"] == io::detail::xxh3_file(hf / "model.safetensors").first);
+  G b(ctx, 22);
+  io::import_gpt2(ctx, b, hf);
+  io::export_gpt2(ctx, b, dir / "again");  // the same weights (loom's padding rows are not exported)
+  CHECK(read_bytes(dir / "again" / "model.safetensors") == read_bytes(hf / "model.safetensors"));
+
+  const std::string good = read_bytes(hf / "model.safetensors");
+  auto bytes = good;
+  const std::size_t at = data_offset(hf / "model.safetensors", "h.0.mlp.c_fc.weight") + 17;
+  bytes[at] = char(bytes[at] ^ 0x01);
+  write_bytes(hf / "model.safetensors", bytes);
+  CHECK(error_of([&] { io::import_gpt2(ctx, b, hf); })
+            .find("'" + (hf / "model.safetensors").string() + "' fails its checksum ('config.json' records XXH3-64 ") == 0);
+  // without the recorded checksum (an export by transformers), a NaN is still refused
+  auto plain = cfg;
+  plain["loom"].erase("model_safetensors_xxh3_64");
+  write_bytes(hf / "config.json", plain.dump(2));
+  bytes = good;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(bytes.data() + data_offset(hf / "model.safetensors", "ln_f.bias") + 4, &inf, 4);
+  write_bytes(hf / "model.safetensors", bytes);
+  CHECK(error_of([&] { io::import_gpt2(ctx, b, hf); }) ==
+        "tensor 'ln_f.bias' in '" + (hf / "model.safetensors").string() + "' holds inf at element 1; the file is "
+        "corrupt or the model diverged: use other weights");
 }
