@@ -14,6 +14,7 @@
 #include "cli.hpp"  // CLI11 and parse_or_exit
 
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,9 @@ int main(int argc, char** argv) {
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "prepare_data: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {  // I/O and library failures: one line, never an abort
+    std::fprintf(stderr, "prepare_data: failed: %s\n", e.what());
+    return 1;
   }
   return 0;
 }

@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
                               "); lower values (e.g. 0.5) make the text more predictable, 1 samples the model as trained");
     }
     const loom::io::safetensors_reader file(o.weights);
+    (void)loom::io::verify_weights_checksum(file);  // before trusting its metadata (model, tokenizer)
     const auto it = file.metadata().find("model");
     const std::string name = it == file.metadata().end() ? "" : it->second;
     // the tokenizer: --tokenizer, else the one train_gpt recorded (if it is still there)

@@ -183,6 +183,9 @@ int main(int argc, char** argv) {
   app.add_flag("--synthetic-data", o.synthetic_data,
                "isolation switch: train on 8 batches of random ids made once in memory (no loader, no data_wait); "
                "shows whether data loading limits the step");
+  app.add_flag("--no-data-checksum", o.no_data_checksum,
+               "do not check a dataset's .bin and .idx against the sizes and XXH3-64 checksums in PREFIX.json "
+               "(one read of both files at start-up; for datasets too large to read twice)");
   app.add_option("--summary-every", o.summary_every, "steps between breakdown tables (0: never)");
   app.add_option("--out", o.out, "where to save the weights (default out/<model>.safetensors)");
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training (bytes for a text file)");

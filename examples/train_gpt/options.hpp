@@ -28,6 +28,7 @@ struct options {
   std::string log_dir = "out/logs", profile_steps;
   double peak_gflops = 0;  // 0 = measure at start-up
   bool synthetic_data = false;  // isolation switch: train on in-memory random batches
+  bool no_data_checksum = false;  // --no-data-checksum: skip checking a dataset's .bin/.idx against PREFIX.json
   long summary_every = 500;
   // checkpoints (io/checkpoint.hpp, docs/checkpoint.md)
   std::string checkpoint_dir, resume, export_hf, init_from_hf;

@@ -210,7 +210,8 @@ int run(const options& o, World* world) {
     if (const auto s = data::read_dataset_summary(*prefix)) check_vocab(s->vocab_size, "dataset " + prefix->string());
   data::batch_source<> src(o.data, {.micro_batch = std::size_t(c.micro_batch), .seq_len = std::size_t(c.seq_len),
                                     .grad_accum = std::size_t(c.grad_accum), .valid_fraction = o.val_fraction,
-                                    .seed = o.seed, .vocab = M::vocab, .dp_rank = tr.dp_rank(), .dp_size = dp});
+                                    .seed = o.seed, .vocab = M::vocab, .dp_rank = tr.dp_rank(), .dp_size = dp,
+                                    .verify_checksums = !o.no_data_checksum});
 #if LOOM_WITH_TEXT
   std::optional<data::text::tokenizer> tok;  // encodes the prompt, decodes the sample, counts bytes exactly
   if (prefix) {

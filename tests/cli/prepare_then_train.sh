@@ -33,6 +33,7 @@ run_corpus() {
   local log="$work/$name.log"
   grep -q '^model quickstart_bpe:' "$log" || fail "$name: a dataset did not default to quickstart_bpe"
   grep -q "(indexed, uint16 ids, vocabulary $vocab)" "$log" || fail "$name: data line does not describe the dataset"
+  grep -q "; .bin and .idx checksums verified" "$log" || fail "$name: the dataset's checksums were not verified"
   local first last
   first=$(grep -oP '^step +0/30 \| loss \K[0-9.]+' "$log")
   last=$(grep -oP '^step +29/30 \| loss \K[0-9.]+' "$log")

@@ -47,6 +47,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/data/byte_dataset.hpp>
+#include <loom/data/detail/checksum.hpp>
 #include <loom/data/indexed_dataset.hpp>
 #include <loom/data/loader.hpp>
 #include <loom/data/sampler.hpp>
@@ -83,12 +84,14 @@ struct dataset_summary {
 };
 
 /// Reads PREFIX.json; nullopt when the file does not exist (datasets from other tools).
-/// Throws loom::input_error when it exists but is not valid JSON or not an object.
+/// Throws loom::input_error when it exists but is not valid JSON, not an object, or fails the
+/// checksum it records (detail::read_summary_json).
 inline std::optional<dataset_summary> read_dataset_summary(const std::filesystem::path& prefix) {
   std::filesystem::path file = prefix;
   file += ".json";
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) return std::nullopt;
+  (void)detail::read_summary_json(file);  // its recorded checksum
   std::ifstream in(file, std::ios::binary);
   nlohmann::json j;
   try {
@@ -112,6 +115,23 @@ inline std::optional<dataset_summary> read_dataset_summary(const std::filesystem
                       "); re-run prepare_data");
   }
   return s;
+}
+
+/// Checks PREFIX.bin and PREFIX.idx against the size and XXH3-64 that PREFIX.json records for
+/// them (data/detail/checksum.hpp). Returns false when there is no PREFIX.json or it records
+/// none (written before prepare_data recorded them): nothing is checked. Throws
+/// loom::input_error naming the file that differs (or PREFIX.json, when it fails its own
+/// checksum). Cost: one read of both files (XXH3 hashes faster than a disk reads; measured in
+/// docs/reliability.md).
+inline bool verify_dataset_files(const std::filesystem::path& prefix) {
+  std::filesystem::path file = prefix;
+  file += ".json";
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) return false;
+  const nlohmann::json j = detail::read_summary_json(file);
+  const bool idx = detail::check_recorded_file(j, "idx", idx_path(prefix), "index file", file);
+  const bool bin = detail::check_recorded_file(j, "bin", bin_path(prefix), "data file", file);
+  return idx && bin;
 }
 
 /// The SentencePiece model of the dataset at `prefix`: PREFIX.json's "tokenizer" (relative to
@@ -165,6 +185,14 @@ enum class bytes_method : std::uint8_t {
   unknown,           ///< indexed without a table or a PREFIX.json: bits per byte is NaN
 };
 
+/// Whether batch_source checked an indexed dataset's files against its PREFIX.json.
+enum class checksum_state : std::uint8_t {
+  verified,       ///< .bin and .idx match the recorded sizes and XXH3-64
+  skipped,        ///< source_options::verify_checksums was false
+  none_recorded,  ///< PREFIX.json records no checksums
+  no_summary,     ///< no PREFIX.json (or a text file)
+};
+
 /// A batch_source's position: what a checkpoint stores (four integers).
 struct source_state {
   source_kind kind = source_kind::bytes;
@@ -184,6 +212,7 @@ struct source_options {
   std::int64_t vocab = 0;       ///< the model's vocabulary: indexed ids >= vocab are a loom::input_error (0: unchecked)
   int workers = 1;              ///< indexed: loader prefetch threads (0: read on the caller)
   int dp_rank = 0, dp_size = 1; ///< data parallelism: ranks draw disjoint windows
+  bool verify_checksums = true; ///< indexed: check .bin and .idx against PREFIX.json (verify_dataset_files)
 };
 
 /// See the file comment. Move-only. D selects the host allocator for the loader's buffers.
@@ -191,7 +220,9 @@ template <device::device_policy D = device::cpu>
 class batch_source {
  public:
   /// Opens `path` (a text file or an indexed dataset, see indexed_dataset_prefix). Throws
-  /// loom::input_error for a missing, empty, binary or too-short file; a corrupt dataset; a
+  /// loom::input_error for a missing, empty, binary or too-short file; a corrupt dataset (a
+  /// .bin or .idx that fails the checksums of PREFIX.json, unless options.verify_checksums is
+  /// false, or breaks the format); a
   /// dataset whose vocabulary (PREFIX.json) exceeds options.vocab; or (indexed) a validation
   /// split with no document or shorter than one window.
   batch_source(const std::filesystem::path& path, const source_options& o) : path_(path), opt_(o) {
@@ -215,6 +246,8 @@ class batch_source {
   /// Tokens of the training / validation split (bytes for a text file).
   std::uint64_t train_tokens() const noexcept { return train_tokens_; }
   std::uint64_t validation_tokens() const noexcept { return valid_tokens_; }
+  /// Whether the files of an indexed dataset were checked against PREFIX.json.
+  checksum_state checksums() const noexcept { return checksums_; }
   /// PREFIX.json of an indexed dataset, if it has one.
   const std::optional<dataset_summary>& summary() const noexcept { return summary_; }
   /// The SentencePiece model of an indexed dataset: PREFIX.json's "tokenizer", else
@@ -238,6 +271,12 @@ class batch_source {
          std::to_string(valid_tokens_) + " validation tokens in " + std::to_string(valid_docs_) + " documents";
     if (summary_ && summary_->tokens > 0)
       s += ", " + std::to_string(double(summary_->text_bytes) / double(summary_->tokens)).substr(0, 4) + " bytes/token";
+    switch (checksums_) {
+      case checksum_state::verified: return s + "; .bin and .idx checksums verified";
+      case checksum_state::skipped: return s + "; checksums not checked (skipped)";
+      case checksum_state::none_recorded: return s + "; no checksums recorded (prepared by an older prepare_data)";
+      case checksum_state::no_summary: break;
+    }
     return s;
   }
 
@@ -390,6 +429,9 @@ class batch_source {
                         "; use a model with a vocabulary of at least " + std::to_string(summary_->vocab_size) +
                         " or prepare the data with --vocab-size <= " + std::to_string(opt_.vocab));
     bytes_method_ = summary_ && summary_->tokens > 0 && summary_->text_bytes > 0 ? bytes_method::average : bytes_method::unknown;
+    checksums_ = !summary_ ? checksum_state::no_summary
+                 : !opt_.verify_checksums ? checksum_state::skipped
+                 : verify_dataset_files(prefix) ? checksum_state::verified : checksum_state::none_recorded;
     indexed_dataset ds(prefix);
     const auto [train_docs, valid_docs] = split_train_valid(ds, opt_.valid_fraction);
     if (valid_docs.first == valid_docs.last)
@@ -439,6 +481,7 @@ class batch_source {
   std::vector<std::int32_t> batch_;
   // indexed dataset
   std::optional<dataset_summary> summary_;
+  checksum_state checksums_ = checksum_state::no_summary;
   std::unique_ptr<loader<D>> train_, valid_;
   std::vector<std::uint32_t> token_bytes_;
 };

@@ -109,7 +109,8 @@ std::size_t loom_offset(const gpt2_tensor& t) {
 
 /// Exports the parameters of `model` (a loom::gpt on layout<1,1>) as a Hugging Face GPT-2
 /// checkpoint: `<dir>/model.safetensors` (F32, GPT-2 names and Conv1D orientation, metadata
-/// {"format": "pt"} as transformers requires) and `<dir>/config.json`. Loads with
+/// {"format": "pt"} as transformers requires) and `<dir>/config.json` (recording the XXH3-64 of
+/// model.safetensors as "loom"."model_safetensors_xxh3_64", which import_gpt2 checks). Loads with
 /// transformers.GPT2LMHeadModel.from_pretrained(dir). Each file is written atomically.
 /// Errors: loom::input_error when `dir` cannot be created; loom::error when a write fails.
 template <class G>
@@ -145,8 +146,11 @@ void export_gpt2(context<typename G::device>& ctx, const G& model, const std::fi
     refs.push_back({tensors[i].name, "F32", tensors[i].shape,
                     std::as_bytes(std::span<const float>(all.data() + first[i], first[i + 1] - first[i]))});
   }
-  (void)detail::write_safetensors(dir / "model.safetensors", refs, {{"format", "pt"}, {"loom_model", std::string(M::name)}});
-  detail::write_file_atomic(dir / "config.json", gpt2_config<M>().dump(2) + "\n");
+  const std::string sum =
+      detail::write_safetensors(dir / "model.safetensors", refs, {{"format", "pt"}, {"loom_model", std::string(M::name)}});
+  auto cfg = gpt2_config<M>();
+  cfg["loom"]["model_safetensors_xxh3_64"] = sum;  // import_gpt2 checks the weights file against it
+  detail::write_file_atomic(dir / "config.json", cfg.dump(2) + "\n");
 }
 
 /// Loads Hugging Face GPT-2 weights from `dir` (config.json and model.safetensors, as written
@@ -154,7 +158,9 @@ void export_gpt2(context<typename G::device>& ctx, const G& model, const std::fi
 /// F32, F16 or BF16) into `model`. loom's padding rows of wte (vocab..vocab_padded) are set to 0.
 /// Extra tensors (attn.bias masks, a tied lm_head.weight) are ignored.
 /// All-or-nothing: every check runs before `model` is written.
-/// Errors (loom::input_error): a file is missing or corrupt; config.json describes another
+/// Errors (loom::input_error): a file is missing or corrupt (model.safetensors fails the
+/// checksum config.json records, when it records one, or holds a NaN or infinite weight);
+/// config.json describes another
 /// shape (naming the key and both values), another activation or LayerNorm epsilon; a tensor is
 /// missing or has the wrong shape; lm_head.weight differs from wte.weight (an untied head,
 /// which loom's GPT does not have).
@@ -195,6 +201,18 @@ void import_gpt2(context<typename G::device>& ctx, G& model, const std::filesyst
   if (cfg.contains("n_inner") && !cfg["n_inner"].is_null() && cfg["n_inner"] != 4 * M::d_model)
     throw input_error("'" + cpath.string() + "' has n_inner " + cfg["n_inner"].dump() + "; loom's MLP is 4*n_embd wide");
 
+  if (const auto lm = cfg.find("loom"); lm != cfg.end() && lm->is_object() && lm->contains("model_safetensors_xxh3_64")) {
+    const auto wpath = dir / "model.safetensors";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(wpath, ec)) {  // (a missing file: the reader's error below)
+      const std::string stored = detail::string_or(*lm, "model_safetensors_xxh3_64", "(not a string)");
+      const std::string computed = detail::xxh3_file(wpath).first;
+      if (stored != computed)
+        throw input_error("'" + wpath.string() + "' fails its checksum ('" + cpath.filename().string() +
+                          "' records XXH3-64 " + stored + ", the file has " + computed +
+                          "): it changed after the export; export the model again");
+    }
+  }
   const safetensors_reader r(dir / "model.safetensors");
   auto key_of = [&](const std::string& name) -> std::string {
     if (r.has(name)) return name;
@@ -222,6 +240,10 @@ void import_gpt2(context<typename G::device>& ctx, G& model, const std::filesyst
   for (const auto& t : tensors) {
     buf.resize(r.info(key_of(t.name)).numel());
     r.read_into(key_of(t.name), std::span<float>(buf));
+    if (const auto bad = std::find_if(buf.begin(), buf.end(), [](float x) { return !std::isfinite(x); }); bad != buf.end())
+      throw input_error("tensor '" + key_of(t.name) + "' in '" + r.path().string() + "' holds " + std::to_string(*bad) +
+                        " at element " + std::to_string(bad - buf.begin()) +
+                        "; the file is corrupt or the model diverged: use other weights");
     T* dst = host.data() + detail::loom_offset<G>(t);
     if (!t.transposed) {
       for (std::size_t i = 0; i < buf.size(); ++i) dst[i] = static_cast<T>(buf[i]);

@@ -594,6 +594,7 @@ TEST_CASE("gpt2 import: bad input is a clear input_error and leaves the model un
   const std::vector<float> before(b.parameters().begin(), b.parameters().end());
   CHECK(error_of([&] { io::import_gpt2(ctx, b, dir / "missing"); }).find("config.json") != std::string::npos);
   auto cfg = nlohmann::json::parse(read_bytes(dir / "hf" / "config.json"));
+  cfg["loom"].erase("model_safetensors_xxh3_64");  // the model files below are made by hand
   cfg["n_layer"] = 3;
   write_bytes(dir / "hf" / "config.json", cfg.dump());
   CHECK(error_of([&] { io::import_gpt2(ctx, b, dir / "hf"); }).find("n_layer = 3") != std::string::npos);

@@ -12,13 +12,16 @@
 ///   P.json         summary: tokenizer, vocab_size, eod_id, dtype, documents, tokens,
 ///                  text_bytes (UTF-8 bytes of the documents, for bits-per-byte),
 ///                  normalization (the form cleaning gave the text, normalization::to_json();
-///                  tokenizer::load(P.model) applies it to every text it encodes), stages
+///                  tokenizer::load(P.model) applies it to every text it encodes), stages,
+///                  checksums (size and XXH3-64 of P.bin, P.idx, P.model: checked when the
+///                  dataset is opened and the tokenizer loaded), checksum (its own)
 /// Every file is written to a temporary name and renamed when complete.
 ///
 /// Memory: the documents that survive each stage are held in memory (about the corpus size
 /// twice); the loader, not this step, handles datasets larger than RAM.
 /// Needs -lsentencepiece -lsentencepiece_train -lutf8proc -lxxhash (target loom::text).
 #include <nlohmann/json.hpp>
+#include <utf8proc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/data/detail/checksum.hpp>
 #include <loom/data/detail/mapped_file.hpp>
 #include <loom/data/indexed_dataset.hpp>
 #include <loom/data/text/clean.hpp>
@@ -58,14 +62,39 @@ inline split_mode parse_split_mode(std::string_view s) {
   throw input_error("unknown split mode '" + std::string(s) + "'; use blank-line, line or file");
 }
 
+/// Throws loom::input_error when `text`, the content of input file `path`, is not text: it
+/// holds a NUL byte (no UTF-8 or JSON text does; UTF-16 and binary files do), or more than a
+/// quarter of its first MiB is not UTF-8 (a legacy 8-bit encoding has a few percent: cleaning
+/// drops or replaces those, see --invalid-utf8). Cost: one pass over the file (memchr).
+inline void refuse_binary(const std::filesystem::path& path, std::string_view text) {
+  const auto fix = "prepare_data reads UTF-8 text (.txt) or JSON lines (.jsonl); convert the file to UTF-8 or "
+                   "drop it from --input";
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos)
+    throw input_error("input file '" + path.string() + "' is not text: it has a NUL byte at offset " +
+                      std::to_string(nul) + " (binary or UTF-16); " + fix);
+  const std::string_view head = text.substr(0, std::size_t(1) << 20);
+  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(head.data());
+  std::size_t invalid = 0;
+  for (std::size_t i = 0; i < head.size();) {
+    utf8proc_int32_t cp;
+    const auto n = utf8proc_iterate(p + i, static_cast<utf8proc_ssize_t>(head.size() - i), &cp);
+    if (n <= 0) ++invalid;
+    i += n <= 0 ? 1 : std::size_t(n);
+  }
+  if (invalid * 4 > head.size())
+    throw input_error("input file '" + path.string() + "' is not text: " + std::to_string(invalid) + " of its first " +
+                      std::to_string(head.size()) + " bytes are not UTF-8; " + fix);
+}
+
 /// Reads the documents of one input file and appends them to `out`. Splitting keeps the
 /// text inside a document byte-exact (cleaning trims it later). Throws loom::input_error for
-/// a missing file, malformed JSON (with file:line), or a JSON line whose `json_key` field is
-/// missing or not a string.
+/// a missing or binary file (refuse_binary), malformed JSON (with file:line), or a JSON line
+/// whose `json_key` field is missing or not a string.
 inline void read_documents(const std::filesystem::path& path, split_mode split, const std::string& json_key,
                            std::vector<std::string>& out) {
   const data::detail::mapped_file f(path, "input file", "check the --input path");
   const std::string_view text(reinterpret_cast<const char*>(f.data()), f.size());
+  refuse_binary(path, text);
   const auto ext = path.extension().string();
   if (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") {
     std::size_t at = 0, line_no = 0;
@@ -252,6 +281,7 @@ inline stage_report tokenizer_stage(const prepare_options& o, unsigned nt, std::
   rep.norm = normalization_of(o.clean);  // the tokenizer encodes text in the form cleaning gave the documents
   stage_report s{"", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, 0, ""};
   if (o.tokenizer_model) {
+    (void)tokenizer::verify_against_sidecar(*o.tokenizer_model);  // a model prepare_data wrote: its recorded checksum
     tok = tokenizer::load(*o.tokenizer_model, rep.norm);
     s.name = "tokenizer";
     s.note = "loaded " + o.tokenizer_model->string() + ", vocab " + std::to_string(tok->vocab_size());
@@ -271,18 +301,22 @@ inline stage_report tokenizer_stage(const prepare_options& o, unsigned nt, std::
   return s;
 }
 
-/// P.json: the summary of `rep` (its stages so far included).
+/// P.json: the summary of `rep` (its stages so far included), with the size and XXH3-64 of
+/// P.bin, P.idx and P.model (already written) and its own checksum (data/detail/checksum.hpp).
 inline void write_summary(const prepare_report& rep) {
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& s : rep.stages)
     stages.push_back({{"stage", s.name}, {"documents_in", s.documents_in}, {"documents_out", s.documents_out},
                       {"bytes_in", s.bytes_in}, {"bytes_out", s.bytes_out}, {"seconds", s.seconds}, {"note", s.note}});
-  const nlohmann::json summary = {
+  nlohmann::json summary = {
       {"format", "megatron-mmap-indexed-dataset-v1"}, {"bin", rep.bin.filename().string()},
       {"idx", rep.idx.filename().string()}, {"tokenizer", rep.model.filename().string()},
       {"vocab_size", rep.vocab_size}, {"eod_id", rep.eod_id}, {"dtype", std::string(dtype_name(rep.token_dtype))},
       {"documents", rep.documents}, {"tokens", rep.tokens}, {"text_bytes", rep.text_bytes},
-      {"normalization", rep.norm.to_json()}, {"stages", stages}};
+      {"normalization", rep.norm.to_json()}, {"stages", stages},
+      {"checksums", {{"bin", data::detail::checksum_entry(rep.bin)}, {"idx", data::detail::checksum_entry(rep.idx)},
+                     {"tokenizer", data::detail::checksum_entry(rep.model)}}}};
+  summary["checksum"] = {{"xxh3_64", data::detail::json_xxh3(summary)}};
   data::detail::atomic_file f(rep.summary);
   const std::string s = summary.dump(2) + "\n";
   f.write(s.data(), s.size());

@@ -45,6 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/data/detail/checksum.hpp>
 #include <loom/data/detail/mapped_file.hpp>
 #include <loom/data/text/clean.hpp>
 
@@ -65,13 +66,30 @@ struct tokenizer_options {
 class tokenizer {
  public:
   /// Loads a .model file with the normalization recorded beside it (sidecar_normalization:
-  /// see the file comment). Throws loom::input_error if the model is missing or not a
-  /// SentencePiece model, or the .json beside it is unreadable or has a malformed
-  /// "normalization".
+  /// see the file comment), after checking it against the checksum recorded there
+  /// (verify_against_sidecar). Throws loom::input_error if the model is missing, not a
+  /// SentencePiece model or fails that checksum, or the .json beside it is unreadable, fails
+  /// its own checksum or has a malformed "normalization".
   static tokenizer load(const std::filesystem::path& model) {
+    verify_against_sidecar(model);
     auto t = load(model, normalization::none());
     t.norm_ = sidecar_normalization(model);
     return t;
+  }
+
+  /// Checks `model` against the size and XXH3-64 that the .json beside it records for it
+  /// ("checksums"."tokenizer", written by prepare_data; data/detail/checksum.hpp), when that
+  /// .json exists, names this file as its "tokenizer" and records them; returns whether it did.
+  /// Throws loom::input_error naming the file when it differs or the .json is corrupt.
+  static bool verify_against_sidecar(const std::filesystem::path& model) {
+    auto sidecar = model;
+    sidecar.replace_extension(".json");
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(sidecar, ec)) return false;
+    const auto j = data::detail::read_summary_json(sidecar);
+    const auto name = j.find("tokenizer");
+    if (name == j.end() || !name->is_string() || name->get<std::string>() != model.filename().string()) return false;
+    return data::detail::check_recorded_file(j, "tokenizer", model, "tokenizer model", sidecar);
   }
 
   /// Loads a .model file that applies normalization `norm` (nothing is read beside it).
@@ -88,21 +106,15 @@ class tokenizer {
   /// The normalization recorded for `model` in the .json beside it (the model's path with the
   /// extension .json, e.g. PREFIX.json for PREFIX.model): its "normalization"; loom_v1() when
   /// the file has no such field (written before it was recorded); none() when there is no such
-  /// file. Throws loom::input_error for an unreadable file or a malformed field.
+  /// file. Throws loom::input_error for an unreadable or non-object file, one that fails its
+  /// recorded checksum, or a malformed field.
   static normalization sidecar_normalization(const std::filesystem::path& model) {
     auto sidecar = model;
     sidecar.replace_extension(".json");
     std::error_code ec;
     if (!std::filesystem::is_regular_file(sidecar, ec)) return normalization::none();
-    const data::detail::mapped_file f(sidecar, "dataset summary", "prepare the data again with prepare_data");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(std::string_view(reinterpret_cast<const char*>(f.data()), f.size()));
-    } catch (const nlohmann::json::parse_error& e) {
-      throw input_error("'" + sidecar.string() + "' beside the tokenizer is not valid JSON (" + e.what() +
-                        "); prepare the data again with prepare_data, or remove it");
-    }
-    if (!j.is_object() || !j.contains("normalization")) return normalization::loom_v1();
+    const nlohmann::json j = data::detail::read_summary_json(sidecar);
+    if (!j.contains("normalization")) return normalization::loom_v1();
     return normalization::from_json(j["normalization"], sidecar.string());
   }
 
