@@ -7,7 +7,8 @@ background saves) and is driven to its last step through kills: each attempt is 
 with --checkpoint-dir while the directory holds no step_* directory, else with --resume), killed
 with SIGKILL after a random delay, and started again, until an attempt reaches the end unkilled.
 Under threads (--ranks N, --layout) the ranks share one process, so a kill ends every rank; under
-MPI (mpiexec -n 4 ... --comm mpi) a kill hits one random rank's process or every rank's process.
+MPI (mpiexec -n 4 ... --comm mpi) a kill hits one random rank's process or every rank's process,
+and its delay counts from rank 0's first output line (--kill-during-mpi-init: from the launch).
 
 Checked, each a failure when it does not hold:
   * every attempt ends: a killed MPI rank makes the others exit, within --hang-timeout seconds;
