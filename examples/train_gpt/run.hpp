@@ -17,6 +17,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -75,11 +76,20 @@ inline std::string checkpoint_root_of(const std::string& resume) {
 }
 
 /// Creates `dir` if needed and checks that a file can be created in it; throws
-/// loom::input_error naming `flag` otherwise, so a long run never ends unable to save.
+/// loom::input_error naming `flag` otherwise, so a long run never ends unable to save. The
+/// probe is an unnamed O_TMPFILE file, so a process killed during the check leaves nothing
+/// behind; on a file system without O_TMPFILE, a named `.loom_write_test.<pid>`, removed at once.
 inline void ensure_writable_directory(const std::filesystem::path& dir, const char* flag) {
   const std::filesystem::path d = dir.empty() ? std::filesystem::path(".") : dir;
   std::error_code ec;
   std::filesystem::create_directories(d, ec);
+#ifdef O_TMPFILE
+  if (!ec)
+    if (const int fd = ::open(d.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600); fd >= 0) {
+      ::close(fd);
+      return;
+    }
+#endif
   const auto probe = d / (".loom_write_test." + std::to_string(::getpid()));
   std::FILE* f = ec ? nullptr : std::fopen(probe.c_str(), "wb");
   if (!f)

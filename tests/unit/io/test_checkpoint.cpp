@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -322,6 +323,24 @@ TEST_CASE("checkpoint: a process killed at any stage of a save leaves a resumabl
     io::save_checkpoint(f.ctx, f.root, f.tr, {});
     for (const auto& e : fs::directory_iterator(f.root)) CHECK(e.path().filename().string()[0] != '.');
   }
+}
+
+// A process killed while it replaces `latest` (temporary file written, not yet renamed) leaves
+// `latest.tmp.<pid>` beside it; tests/cli/kill_storm.py found such files piling up, one per
+// unlucky kill. The next save must remove it, and resume must ignore it.
+TEST_CASE("checkpoint: the next save removes the latest.tmp.<pid> a process killed while replacing latest left") {
+  fixture f;
+  step(f.ctx, f.tr, f.sampler, f.tokens);
+  const fs::path left = f.root / "latest.tmp.4194000";  // what atomic_replace leaves when killed before its rename
+  write_bytes(left, "step_00000003\n");
+  CHECK(io::find_checkpoint(f.root) == f.root / "step_00000002");  // `latest` still names step 2
+  io::save_checkpoint(f.ctx, f.root, f.tr, {});
+  CHECK_FALSE(fs::exists(left));
+  CHECK(latest_of(f.root) == "step_00000003\n");
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(f.root)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"latest", "step_00000001", "step_00000002", "step_00000003"});
 }
 
 TEST_CASE("checkpoint: damaged checkpoints are detected; resume falls back to the previous one with a warning") {

@@ -141,7 +141,8 @@ struct rank_file {
 };
 
 /// Step 2 of a save: creates `root`, removes leftovers of interrupted saves (".tmp-*",
-/// ".old-*"; one writer per root) and creates the empty temporary directory `tmp`.
+/// ".old-*", and "latest.tmp.<pid>", which a process killed while replacing `latest` leaves;
+/// one writer per root) and creates the empty temporary directory `tmp`.
 /// Throws loom::input_error when either cannot be created.
 inline void prepare_save(const std::filesystem::path& root, const std::filesystem::path& tmp) {
   std::error_code ec;
@@ -151,7 +152,8 @@ inline void prepare_save(const std::filesystem::path& root, const std::filesyste
                       "); check the path and its permissions");
   for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
     const std::string f = e.path().filename().string();
-    if (f.rfind(".tmp-", 0) == 0 || f.rfind(".old-", 0) == 0) remove_quietly(e.path());
+    if (f.rfind(".tmp-", 0) == 0 || f.rfind(".old-", 0) == 0 || f.rfind(std::string(latest_name) + ".tmp.", 0) == 0)
+      remove_quietly(e.path());
   }
   remove_quietly(tmp);
   if (!std::filesystem::create_directory(tmp, ec) || ec)
