@@ -54,6 +54,9 @@ function(_loom_emu_library target output)
     OUTPUT_NAME ${output}
     LIBRARY_OUTPUT_DIRECTORY "${LOOM_ASCEND_EMULATION_HOME}/lib64"
     BUILD_RPATH "$ORIGIN")
+  if(LOOM_SANITIZE AND COMMAND loom_sanitize)   # the test binaries that load it are sanitized too
+    loom_sanitize(${target} "${LOOM_SANITIZE}")
+  endif()
 endfunction()
 _loom_emu_library(loom_emu_ascendcl ascendcl "${_loom_emu_src}/runtime.cpp" "${_loom_emu_src}/elements.cpp")
 _loom_emu_library(loom_emu_nnopbase nnopbase "${_loom_emu_src}/meta.cpp")

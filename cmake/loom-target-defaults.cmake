@@ -5,11 +5,29 @@
 #   -Wno-maybe-uninitialized  GCC: GCC 12 flags its own AVX-512 intrinsics (`__m512 __Y = __Y;` in
 #                   avx512fintrin.h, inlined through Eigen) hundreds of times per build, which
 #                   buried every real warning
+#   -Wno-unknown-pragmas  when OpenMP is off (LOOM_SANITIZE=thread): the `#pragma omp` lines stay
+#   loom_sanitize(<target> ${LOOM_SANITIZE})  when LOOM_SANITIZE is set (scripts/sanitize.sh)
+#
+# loom_sanitize(<target> <sanitizers>): compiles and links <target> with
+#   -fsanitize=<sanitizers> -fno-omit-frame-pointer -O1 -g1, plus -fno-sanitize-recover=undefined
+#   when <sanitizers> has undefined (a UBSan report aborts the test instead of printing and
+#   continuing). -O1 (it overrides the build type's -O3) is the sanitizers' recommended level and
+#   compiles faster; -g1 (line tables only) gives reports file:line stack frames without the cost
+#   of full debug information. Used by LOOM_SANITIZE builds and by the sanitize CTest subset
+#   (tests/CMakeLists.txt), which sanitizes a few targets of an ordinary build.
 include_guard(GLOBAL)
 include(CheckCXXCompilerFlag)
 if(LOOM_NATIVE)
   check_cxx_compiler_flag(-march=native LOOM_COMPILER_HAS_MARCH_NATIVE)
 endif()
+
+function(loom_sanitize target sanitizers)
+  target_compile_options(${target} PRIVATE -fsanitize=${sanitizers} -fno-omit-frame-pointer -O1 -g1)
+  if(sanitizers MATCHES "undefined")
+    target_compile_options(${target} PRIVATE -fno-sanitize-recover=undefined)
+  endif()
+  target_link_options(${target} PRIVATE -fsanitize=${sanitizers})
+endfunction()
 
 function(loom_target_defaults target)
   if(LOOM_NATIVE AND LOOM_COMPILER_HAS_MARCH_NATIVE)
@@ -17,8 +35,14 @@ function(loom_target_defaults target)
   endif()
   if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
     target_compile_options(${target} PRIVATE -Wall -Wextra)
+    if(NOT LOOM_HAS_OPENMP)
+      target_compile_options(${target} PRIVATE -Wno-unknown-pragmas)
+    endif()
   endif()
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     target_compile_options(${target} PRIVATE -Wno-maybe-uninitialized)
+  endif()
+  if(LOOM_SANITIZE)
+    loom_sanitize(${target} "${LOOM_SANITIZE}")
   endif()
 endfunction()
