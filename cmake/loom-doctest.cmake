@@ -1,6 +1,7 @@
 # loom_doctest_discover_tests(<target> [WORKING_DIRECTORY <dir>] [ENVIRONMENT <VAR=value>...]
-#                             [LABELS <label>...] [TIMEOUT <seconds>])
-# Registers one CTest test per doctest TEST_CASE of <target>, named exactly like the TEST_CASE and
+#                             [LABELS <label>...] [TIMEOUT <seconds>] [NAME_PREFIX <word>])
+# Registers one CTest test per doctest TEST_CASE of <target>, named exactly like the TEST_CASE
+# ("<word>: <TEST_CASE>" with NAME_PREFIX, for a second binary compiling the same test files) and
 # running `<target> --test-case=<name>`. Same mechanism as doctest's doctest_discover_tests
 # (/usr/lib/cmake/doctest/doctest.cmake): after each build a POST_BUILD step lists the test cases
 # into a CTest include file, so adding a TEST_CASE needs no re-configure.
@@ -12,7 +13,7 @@ include_guard(GLOBAL)
 set(_LOOM_DOCTEST_ADD_TESTS_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/loom_doctest_add_tests.cmake")
 
 function(loom_doctest_discover_tests target)
-  cmake_parse_arguments(arg "" "WORKING_DIRECTORY;TIMEOUT" "ENVIRONMENT;LABELS" ${ARGN})
+  cmake_parse_arguments(arg "" "WORKING_DIRECTORY;TIMEOUT;NAME_PREFIX" "ENVIRONMENT;LABELS" ${ARGN})
   if(NOT arg_WORKING_DIRECTORY)
     set(arg_WORKING_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}")
   endif()
@@ -29,6 +30,7 @@ function(loom_doctest_discover_tests target)
             "-DTEST_ENVIRONMENT=${env}"
             "-DTEST_LABELS=${labels}"
             "-DTEST_TIMEOUT=${arg_TIMEOUT}"
+            "-DTEST_NAME_PREFIX=${arg_NAME_PREFIX}"
             "-DCTEST_FILE=${tests_file}"
             -P "${_LOOM_DOCTEST_ADD_TESTS_SCRIPT}"
     VERBATIM)

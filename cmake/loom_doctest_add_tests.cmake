@@ -1,6 +1,8 @@
 # cmake -DTEST_EXECUTABLE=<exe> -DTEST_WORKING_DIR=<dir> -DTEST_ENVIRONMENT=<A=1|B=2>
-#       -DTEST_LABELS=<l1|l2> -DTEST_TIMEOUT=<s> -DCTEST_FILE=<out> -P loom_doctest_add_tests.cmake
-# Writes CTEST_FILE with one add_test per TEST_CASE listed by `<exe> --list-test-cases`.
+#       -DTEST_LABELS=<l1|l2> -DTEST_TIMEOUT=<s> [-DTEST_NAME_PREFIX=<word>] -DCTEST_FILE=<out>
+#       -P loom_doctest_add_tests.cmake
+# Writes CTEST_FILE with one add_test per TEST_CASE listed by `<exe> --list-test-cases`, named
+# like the TEST_CASE, or "<TEST_NAME_PREFIX>: <TEST_CASE>".
 # See cmake/loom-doctest.cmake. Test names may contain any of [ ] ; , characters.
 execute_process(COMMAND "${TEST_EXECUTABLE}" --list-test-cases --no-colors=true
                 WORKING_DIRECTORY "${TEST_WORKING_DIR}"
@@ -30,9 +32,13 @@ foreach(line IN LISTS lines)
   string(REPLACE "@LOOM_SC@" ";" line "${line}")
   # doctest's --test-case filter splits at commas unless escaped; * and ? are wildcards (kept).
   string(REPLACE "," "\\," filter "${line}")
+  set(name "${line}")
+  if(TEST_NAME_PREFIX)
+    set(name "${TEST_NAME_PREFIX}: ${line}")
+  endif()
   string(APPEND script
-    "add_test([==[${line}]==] [==[${TEST_EXECUTABLE}]==] [==[--test-case=${filter}]==])\n"
-    "set_tests_properties([==[${line}]==] PROPERTIES WORKING_DIRECTORY [==[${TEST_WORKING_DIR}]==]")
+    "add_test([==[${name}]==] [==[${TEST_EXECUTABLE}]==] [==[--test-case=${filter}]==])\n"
+    "set_tests_properties([==[${name}]==] PROPERTIES WORKING_DIRECTORY [==[${TEST_WORKING_DIR}]==]")
   if(environment)
     string(APPEND script " ENVIRONMENT [==[${environment}]==]")
   endif()
