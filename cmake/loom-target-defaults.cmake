@@ -11,9 +11,9 @@
 # loom_sanitize(<target> <sanitizers>): compiles and links <target> with
 #   -fsanitize=<sanitizers> -fno-omit-frame-pointer -O1 -g1, plus -fno-sanitize-recover=undefined
 #   when <sanitizers> has undefined (a UBSan report aborts the test instead of printing and
-#   continuing). -O1 (it overrides the build type's -O3) is the sanitizers' recommended level and
-#   compiles faster; -g1 (line tables only) gives reports file:line stack frames without the cost
-#   of full debug information. Used by LOOM_SANITIZE builds and by the sanitize CTest subset
+#   continuing). -O1 (it overrides the build type's -O3) is the level the sanitizers' documentation
+#   recommends; -g1 (line tables only) gives reports file:line stack frames without the cost of
+#   full debug information. Used by LOOM_SANITIZE builds and by the sanitize CTest subset
 #   (tests/CMakeLists.txt), which sanitizes a few targets of an ordinary build.
 include_guard(GLOBAL)
 include(CheckCXXCompilerFlag)
