@@ -34,6 +34,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 #include <loom/data/detail/mapped_file.hpp>
 #include <loom/data/indexed_dataset.hpp>
 #include <loom/data/text/clean.hpp>
@@ -79,7 +80,7 @@ inline void read_documents(const std::filesystem::path& path, split_mode split, 
       const auto where = path.string() + ":" + std::to_string(line_no);
       nlohmann::json j;
       try {
-        j = nlohmann::json::parse(line);
+        j = parse_json(line, where, "write one JSON object per line");
       } catch (const nlohmann::json::parse_error& err) {
         throw input_error(where + ": not valid JSON (" + err.what() + "); write one JSON object per line");
       }

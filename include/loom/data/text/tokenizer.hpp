@@ -45,6 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 #include <loom/data/detail/mapped_file.hpp>
 #include <loom/data/text/clean.hpp>
 
@@ -97,7 +98,8 @@ class tokenizer {
     const data::detail::mapped_file f(sidecar, "dataset summary", "prepare the data again with prepare_data");
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(std::string_view(reinterpret_cast<const char*>(f.data()), f.size()));
+      j = parse_json(std::string_view(reinterpret_cast<const char*>(f.data()), f.size()),
+                     "'" + sidecar.string() + "' beside the tokenizer", "prepare the data again with prepare_data, or remove it");
     } catch (const nlohmann::json::parse_error& e) {
       throw input_error("'" + sidecar.string() + "' beside the tokenizer is not valid JSON (" + e.what() +
                         "); prepare the data again with prepare_data, or remove it");
