@@ -13,7 +13,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libsentencepiece-dev sentencepiece libutf8proc-dev libxxhash-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
-  clang libclang-rt-14-dev   # only for the fuzz_checkpoint test (libFuzzer + sanitizers)
+  clang libclang-rt-14-dev   # only for the fuzz_<target> tests (libFuzzer + sanitizers)
   chromium   # only for the cli_report test's headless screenshot: 115 MB download, ~30 s install
 )
 for arg in "$@"; do
