@@ -14,10 +14,10 @@
 ///     decoded. Text that only looks similar ("a < b", "<激楚>", "&c.") is left alone.
 ///  3. Invisible and control characters. Format characters (Unicode category Cf: zero-width
 ///     space U+200B, BOM U+FEFF, soft hyphen U+00AD, word joiner, bidi controls ...) are
-///     removed, except ZWJ/ZWNJ between two non-ASCII characters (emoji sequences, Indic and
-///     Persian scripts need them). Control characters (Cc) other than \n and \t are removed;
-///     \r\n and lone \r become \n; U+2028/U+2029 become \n. Private-use characters and
-///     noncharacters are removed.
+///     removed, except ZWJ/ZWNJ between two non-ASCII characters of the result (emoji sequences,
+///     Indic and Persian scripts need them; a neighbour removed or folded to ASCII does not
+///     count). Control characters (Cc) other than \n and \t are removed; \r\n and lone \r
+///     become \n; U+2028/U+2029 become \n. Private-use characters and noncharacters are removed.
 ///  4. Spaces and width. Unicode spaces (NBSP, en/em/thin spaces ...) become ' '.
 ///     Full-width ASCII letters and digits (U+FF10-FF19, U+FF21-FF3A, U+FF41-FF5A) become
 ///     ASCII (their compatibility decomposition; NFKC does the same). Full-width punctuation
