@@ -50,7 +50,7 @@ TEST_CASE("parse_json: parses as nlohmann does, refuses deep nesting with an inp
   CHECK_THROWS_AS(loom::parse_json("{", "t", "fix"), nlohmann::json::parse_error);
   const std::string ok = std::string(loom::json_max_depth, '[') + std::string(loom::json_max_depth, ']');
   CHECK(loom::parse_json(ok, "t", "fix").is_array());
-  // a million levels (2 MB): nlohmann parses it, but copying or dump() recurse once per level
+  // a million levels (2 MB): nlohmann's parse, copy and dump() recurse once per level (stack overflow)
   const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
   CHECK_THROWS_AS(loom::parse_json(deep, "t", "fix"), loom::input_error);
   CHECK_THROWS_AS(loom::parse_json("[" + ok + "]", "t", "fix"), loom::input_error);

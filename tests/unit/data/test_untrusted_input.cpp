@@ -84,7 +84,7 @@ TEST_CASE("dataset summary: integers are range-checked as the member they become
     write_bytes(json, bad);
     CHECK_THROWS_AS(loom::data::read_dataset_summary(prefix), loom::input_error);
   }
-  // a million levels: the error message printed the value (dump() recurses once per level)
+  // a million levels: nlohmann's parse recursed once per level (stack overflow)
   write_bytes(json, R"({"vocab_size": )" + std::string(1000000, '[') + std::string(1000000, ']') + "}");
   CHECK_THROWS_AS(loom::data::read_dataset_summary(prefix), loom::input_error);
 }

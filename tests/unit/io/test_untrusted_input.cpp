@@ -75,8 +75,8 @@ TEST_CASE("step_window::parse: a single step at the largest int64 is refused (it
 }
 
 TEST_CASE("safetensors and manifests nested a million levels deep are refused, not a stack overflow") {
-  // nlohmann parses deep nesting iteratively, but the reader's error message printed the shape
-  // (dump() recurses per level) and verify_checkpoint copies and dumps the whole manifest.
+  // nlohmann's parse recursed once per level (a stack overflow from ~80 000 levels), and the
+  // reader's error message printed the shape, verify_checkpoint copies the whole manifest.
   loom_test::temp_dir dir;
   const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
   std::string header = R"({"t":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})";
