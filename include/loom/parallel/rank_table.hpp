@@ -312,7 +312,7 @@ inline std::vector<rank_table_problem> check_rank_table_text(const std::string& 
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond double (1e400)
     c.problem(file + " is not JSON (" + e.what() + ")",
               "write the rank table as plain JSON (no comments: the // notes of the documentation's examples must "
               "be deleted), e.g. check it with `python3 -m json.tool " + file + "`");

@@ -81,7 +81,7 @@ inline void read_documents(const std::filesystem::path& path, split_mode split, 
       nlohmann::json j;
       try {
         j = parse_json(line, where, "write one JSON object per line");
-      } catch (const nlohmann::json::parse_error& err) {
+      } catch (const nlohmann::json::exception& err) {  // also out_of_range: 1e400
         throw input_error(where + ": not valid JSON (" + err.what() + "); write one JSON object per line");
       }
       if (!j.is_object() || !j.contains(json_key) || !j[json_key].is_string())

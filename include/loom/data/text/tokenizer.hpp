@@ -100,7 +100,7 @@ class tokenizer {
     try {
       j = parse_json(std::string_view(reinterpret_cast<const char*>(f.data()), f.size()),
                      "'" + sidecar.string() + "' beside the tokenizer", "prepare the data again with prepare_data, or remove it");
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e400
       throw input_error("'" + sidecar.string() + "' beside the tokenizer is not valid JSON (" + e.what() +
                         "); prepare the data again with prepare_data, or remove it");
     }
