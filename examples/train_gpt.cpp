@@ -79,6 +79,7 @@
 #include <loom/parallel/comm_mpi.hpp>  // --comm mpi: links loom::mpi
 #endif
 
+#include "train_gpt/flags.hpp"
 #include "train_gpt/options.hpp"
 #include "train_gpt/run.hpp"  // the run loop, on every layout
 
@@ -88,7 +89,7 @@ using train_gpt_cli::options;
 
 inline loom::parallel::comm_options comm_options_of(const options& o) {
   loom::parallel::comm_options c;
-  c.timeout = std::chrono::milliseconds(static_cast<long long>(o.comm_timeout * 1000));
+  c.timeout = train_gpt_cli::comm_timeout_ms(o);
   return c;
 }
 
@@ -143,94 +144,7 @@ int main(int argc, char** argv) {
   options o;
   CLI::App app{"train_gpt: train a GPT on a UTF-8 text file (byte tokens) or a prepare_data dataset (SentencePiece ids) "
                "(CPU; fp32, bf16 or fp16), then sample from it"};
-  app.add_option("--data", o.data, "UTF-8 text file (e.g. ../shared/data/tinyshakespeare.txt), or a dataset written by "
-                                   "prepare_data: its prefix or its .idx/.bin (e.g. out/shakespeare)")->required();
-  app.add_option("--model", o.model, "model config (default: quickstart for a text file, quickstart_bpe for a dataset)")
-      ->check(CLI::IsMember({"quickstart", "char_tiny", "quickstart_bpe"}));
-  app.add_option("--steps", o.steps, "optimizer steps (>= 1)")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            char* end = nullptr;
-            const long n = std::strtol(v.c_str(), &end, 10);
-            return end != v.c_str() && *end == '\0' && n >= 1 ? std::string() : std::string("--steps must be a whole number >= 1");
-          },
-          "INT>=1"));
-  app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch, 1..compiled capacity (0 or unset: the capacity)");
-  app.add_option("--seq-len", o.seq_len, "tokens per sequence (default: the model's maximum)");
-  app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");
-  app.add_option("--lr", o.lr, "peak learning rate");
-  app.add_option("--min-lr", o.min_lr, "learning-rate floor after the cosine decay");
-  app.add_option("--warmup", o.warmup, "linear warm-up steps");
-  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (matrices only)");
-  app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)");
-  app.add_option("--dropout", o.dropout,
-                 "dropout probability P, 0 <= P < 1, on the embedding, the attention probabilities and both residual "
-                 "branches while training (not in validation or sampling); 0 (default): off; CPU only");
-  app.add_option("--val-fraction", o.val_fraction, "held out for validation: a fraction of a text file's bytes, of a dataset's documents");
-  app.add_option("--eval-every", o.eval_every, "steps between validation evaluations (0: only at the end)");
-  app.add_option("--eval-windows", o.eval_windows,
-                 "validation windows per periodic evaluation: the first N of the validation split (all if it has fewer)")
-      ->check(CLI::Range(1, 1 << 30));
-  app.add_option("--early-stop", o.early_stop,
-                 "PATIENCE: end training when the validation loss has not improved for PATIENCE periodic evaluations "
-                 "(--eval-every); the saved weights, final validation and sample are then the best evaluation's (0: off)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling");
-  app.add_option("--time-budget", o.time_budget, "stop training after this many seconds (0: no limit)");
-  app.add_option("--log-dir", o.log_dir, "TensorBoard events, metrics.jsonl and trace.json go here ('' = none)");
-  app.add_option("--profile-steps", o.profile_steps, "record a Chrome/Perfetto timeline of steps A:B (half-open), off by default");
-  app.add_option("--peak-gflops", o.peak_gflops, "fp32 peak for MFU (default: measured at start-up)");
-  app.add_flag("--synthetic-data", o.synthetic_data,
-               "isolation switch: train on 8 batches of random ids made once in memory (no loader, no data_wait); "
-               "shows whether data loading limits the step");
-  app.add_flag("--no-data-checksum", o.no_data_checksum,
-               "do not check a dataset's .bin and .idx against the sizes and XXH3-64 checksums in PREFIX.json "
-               "(one read of both files at start-up; for datasets too large to read twice)");
-  app.add_option("--summary-every", o.summary_every, "steps between breakdown tables (0: never)");
-  app.add_option("--out", o.out, "where to save the weights (default out/<model>.safetensors)");
-  app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training (bytes for a text file)");
-  app.add_option("--prompt", o.prompt,
-                 "prompt for the sample (for a dataset: normalized as prepare_data normalized its text, see docs/data.md)");
-  app.add_option("--temperature", o.temperature, "sampling temperature");
-  app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)");
-  app.add_option("--precision", o.precision,
-                 "fp32, bf16 (16-bit weights/activations, fp32 masters) or fp16 (same, with dynamic loss scaling)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--checkpoint-dir", o.checkpoint_dir,
-                 "save checkpoints here (step_NNNNNNNN/ directories and a 'latest' pointer; off by default)");
-  app.add_option("--save-every", o.save_every, "steps between checkpoints (0: only at the end of the run)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--keep", o.keep, "newest checkpoints to keep (0: all)")->check(CLI::NonNegativeNumber);
-  auto* resume = app.add_option("--resume", o.resume,
-                                "continue from the newest valid checkpoint in DIR (a --checkpoint-dir) or from one "
-                                "step_NNNNNNNN directory, bit for bit; checkpoints keep going to DIR");
-  app.add_option("--stop-at-step", o.stop_at_step,
-                 "end this run after this many completed steps, saving a checkpoint; the schedule still spans --steps")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--export-hf", o.export_hf,
-                 "after training, write Hugging Face GPT-2 weights (model.safetensors, config.json) to this directory");
-  app.add_option("--ranks", o.ranks, "data-parallel ranks as threads of this process (--comm threads)")
-      ->check(CLI::Range(1, 1024));
-  app.add_option("--comm", o.comm, "communicator: threads (--ranks N) or mpi (run under mpirun -np N; needs a build with MPI)")
-      ->check(CLI::IsMember({"threads", "mpi"}));
-  app.add_option("--bucket-mb", o.bucket_mb, "data parallel: gradient bucket size in MiB (a layer never splits)")
-      ->check(CLI::PositiveNumber);
-  app.add_flag("--no-overlap", o.no_overlap,
-               "data parallel: run each bucket's all-reduce where it would start, blocking (communication not hidden)");
-  app.add_flag("--zero1", o.zero1, "data parallel: shard the AdamW moments across ranks (ZeRO stage 1)");
-  app.add_option("--comm-timeout", o.comm_timeout,
-                 "data parallel: seconds a collective may wait for the other ranks before the run stops with an "
-                 "error naming them (0: wait forever)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--replica-check-every", o.replica_check_every,
-                 "data parallel: compare a parameter checksum across ranks every N steps (0: never)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--layout", o.layout,
-                 "tensor x pipeline parallel degrees tp<TP>pp<PP> (tp1pp1, tp2pp1, tp1pp2, tp2pp2; fp32, --model "
-                 "char_tiny or quickstart_bpe); the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top");
-  app.add_option("--init-from-hf", o.init_from_hf,
-                 "start from the GPT-2 weights in this directory (config.json, model.safetensors)")
-      ->excludes(resume);
+  train_gpt_cli::add_flags(app, o);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -239,40 +153,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_gpt: error: %s; run train_gpt --help for the flags\n", e.what());
     return 2;
   }
-  if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
   try {
-    if (app.count("--model") == 0 && loom::data::indexed_dataset_prefix(o.data)) o.model = "quickstart_bpe";
-    loom::check_dropout_probability(o.dropout, "--dropout");  // before any data is read
-    if (!o.resume.empty() && !std::filesystem::exists(o.resume))  // before the model and data banner
-      throw loom::input_error("--resume '" + o.resume + "' does not exist; pass the --checkpoint-dir of an earlier run "
-                              "(e.g. out/ckpt) or one step_NNNNNNNN directory inside it");
-    if (const auto w = loom::io::step_window::parse(o.profile_steps); !w.empty() && w.first >= o.steps)
-      throw loom::input_error("--profile-steps " + o.profile_steps + " starts after the run's last step (--steps " +
-                              std::to_string(o.steps) + "): nothing would be recorded; choose a window inside 0:" +
-                              std::to_string(o.steps));
-    if (o.early_stop > 0 && o.eval_every <= 0)
-      throw loom::input_error("--early-stop " + std::to_string(o.early_stop) + " watches the periodic validation loss, "
-                              "but --eval-every is 0 (no periodic evaluations); pass e.g. --eval-every 100");
-    if (o.early_stop > 0 && o.eval_every >= o.steps)
-      throw loom::input_error("--early-stop " + std::to_string(o.early_stop) + " watches the periodic validation loss, "
-                              "but --eval-every " + std::to_string(o.eval_every) + " >= --steps " +
-                              std::to_string(o.steps) + " leaves no evaluation before the end; pass --eval-every < " +
-                              std::to_string(o.steps));
-    if (!o.out.empty() && (o.out.back() == '/' || std::filesystem::is_directory(o.out)))
-      throw loom::input_error("--out '" + o.out + "' is a directory; the trained weights are one file: pass a file "
-                              "name such as " + (std::filesystem::path(o.out) / "model.safetensors").string());
-    const auto parsed_layout = train_gpt_cli::parse_layout(o.layout);
-    const int tp = parsed_layout.first, pp = parsed_layout.second;
-    if (tp * pp > 1) {  // tensor/pipeline parallel: train_gpt/layout_<model>.cpp
-      if (o.model != "char_tiny" && o.model != "quickstart_bpe")
-        throw loom::input_error("--layout " + o.layout + " is compiled for --model char_tiny and quickstart_bpe only, not " +
-                                o.model + "; pass one of those, or --layout tp1pp1");
-      if (o.model == "char_tiny")  // the model first: a layout that cannot split it is the basic problem
-        train_gpt_cli::check_layout_fits<loom::models::char_tiny>(tp, pp);
-      else
-        train_gpt_cli::check_layout_fits<loom::models::quickstart_bpe>(tp, pp);
-      if (o.comm == "threads") train_gpt_cli::check_layout_run(o, tp, pp, o.ranks);  // before starting the ranks
-    }
+    const auto layout = train_gpt_cli::check_flags(o, app, loom::data::indexed_dataset_prefix(o.data).has_value());
+    const int tp = layout.first, pp = layout.second;
     if (o.zero1 && o.comm == "threads" && o.ranks / (tp * pp) < 2)
       std::fprintf(stderr,
                    "train_gpt: warning: --zero1 with one data-parallel rank (--ranks %d / TP*PP %d) shards nothing; "

@@ -14,7 +14,7 @@ packages=(
   libsentencepiece-dev sentencepiece libutf8proc-dev libxxhash-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
   libdnnl-dev   # oneDNN: the fp32 GEMM behind kernels::cpu::gemm (optional; Eigen without it)
-  clang libclang-rt-14-dev   # only for the fuzz_checkpoint test (libFuzzer + sanitizers)
+  clang libclang-rt-14-dev   # only for the fuzz_<target> tests (libFuzzer + sanitizers)
   chromium   # only for the cli_report test's headless screenshot: 115 MB download, ~30 s install
 )
 for arg in "$@"; do

@@ -4,11 +4,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 #include <loom/data/source.hpp>
 #include <loom/io/checkpoint.hpp>
 
@@ -30,16 +32,18 @@ resume_point resume_run(Ctx& ctx, const std::string& dir, Trainer& tr, Source& s
   const auto info = loom::io::resume_checkpoint(ctx, dir, tr, warn);
   for (const auto& w : info.warnings) warn(w);
   const nlohmann::json& d = info.state.data;
-  loom::data::source_state pos;
-  try {
-    pos = {loom::data::source_kind(d.at("kind").get<int>()), d.at("epoch").get<std::uint64_t>(),
-           d.at("index").get<std::uint64_t>(), d.at("seed").get<std::uint64_t>()};
-  } catch (const nlohmann::json::exception&) {
-    throw loom::input_error("checkpoint '" + info.dir.string() + "' has no data position (kind, epoch, index, seed); it "
-                            "was not written by train_gpt: start a new run, or load its weights with --init-from-hf "
-                            "after export");
-  }
-  src.restore(pos);
+  // Each field range-checked as the type it becomes (json_integer): a file's 1e63 is no uint64.
+  auto field = [&]<class T>(const char* key, T) -> std::optional<T> {
+    return d.is_object() && d.contains(key) ? loom::json_integer<T>(d[key]) : std::nullopt;
+  };
+  const auto kind = field("kind", std::uint8_t{});
+  const auto epoch = field("epoch", std::uint64_t{}), index = field("index", std::uint64_t{}),
+             seed = field("seed", std::uint64_t{});
+  if (!kind || *kind > std::uint8_t(loom::data::source_kind::indexed) || !epoch || !index || !seed)
+    throw loom::input_error("checkpoint '" + info.dir.string() + "' has no data position (kind 0 or 1, and unsigned "
+                            "integers epoch, index, seed); it was not written by train_gpt: start a new run, or load "
+                            "its weights with --init-from-hf after export");
+  src.restore({loom::data::source_kind(*kind), *epoch, *index, *seed});
   if (lead)
     std::printf("resumed from %s: step %ld, %llu tokens seen\n", info.dir.c_str(), info.step,
                 static_cast<unsigned long long>(info.state.tokens));

@@ -154,9 +154,13 @@ class indexed_dataset {
   }
 
   /// Copies tokens [first, first + out.size()) of the contiguous stream into `out` (=),
-  /// converted to int32. Throws loom::input_error if the range passes the end, if a value
-  /// does not fit int32, or (vocab > 0) if a token id is negative or >= vocab.
+  /// converted to int32. Throws loom::input_error if the data file is not one contiguous
+  /// stream (!contiguous(): token_count() then need not fit the file), if the range passes the
+  /// end, if a value does not fit int32, or (vocab > 0) if a token id is negative or >= vocab.
   void read_tokens(std::uint64_t first, std::span<std::int32_t> out, std::int64_t vocab = 0) const {
+    if (!contiguous_)
+      throw input_error("indexed dataset '" + prefix_.string() + "': the data file is not one contiguous token stream "
+                        "(sequence pointers have gaps or overlap), so it cannot be read as one; rewrite it with prepare_data");
     if (first > token_count_ || out.size() > token_count_ - first)
       throw input_error("indexed dataset '" + prefix_.string() + "': token range [" + std::to_string(first) +
                         ", " + std::to_string(first + out.size()) + ") passes the end (" +

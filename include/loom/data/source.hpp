@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <numbers>
 #include <optional>
@@ -46,6 +47,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 #include <loom/data/byte_dataset.hpp>
 #include <loom/data/detail/checksum.hpp>
 #include <loom/data/indexed_dataset.hpp>
@@ -84,8 +86,10 @@ struct dataset_summary {
 };
 
 /// Reads PREFIX.json; nullopt when the file does not exist (datasets from other tools).
-/// Throws loom::input_error when it exists but is not valid JSON, not an object, or fails the
-/// checksum it records (detail::read_summary_json).
+/// Throws loom::input_error when it exists but is not valid JSON or not an object, fails the
+/// checksum it records (detail::read_summary_json), when an integer field is not an integer of
+/// its member's type (a float, a negative count), or when "tokenizer" is not a string. Missing
+/// fields keep dataset_summary's defaults.
 inline std::optional<dataset_summary> read_dataset_summary(const std::filesystem::path& prefix) {
   std::filesystem::path file = prefix;
   file += ".json";
@@ -95,25 +99,34 @@ inline std::optional<dataset_summary> read_dataset_summary(const std::filesystem
   std::ifstream in(file, std::ios::binary);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+    j = parse_json(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()),
+                   "dataset summary '" + file.string() + "'", "re-run prepare_data or delete the file");
   } catch (const nlohmann::json::exception& e) {
     throw input_error("dataset summary '" + file.string() + "' is not valid JSON (" + e.what() +
                       "); re-run prepare_data or delete the file");
   }
   if (!j.is_object())
     throw input_error("dataset summary '" + file.string() + "' is not a JSON object; re-run prepare_data or delete the file");
+  // Each integer range-checked as the type it becomes (a float 1e63 or -1 tokens is an error).
+  auto integer = [&]<class T>(const char* key, T otherwise) -> T {
+    const auto it = j.find(key);
+    if (it == j.end()) return otherwise;
+    if (const auto v = json_integer<T>(*it)) return *v;
+    throw input_error("dataset summary '" + file.string() + "': \"" + key + "\" is " + it->dump().substr(0, 40) +
+                      ", not an integer in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+                      std::to_string(std::numeric_limits<T>::max()) + "]; re-run prepare_data or delete the file");
+  };
   dataset_summary s;
-  try {
-    s.vocab_size = j.value("vocab_size", std::int64_t(0));
-    s.eod_id = j.value("eod_id", std::int64_t(-1));
-    s.documents = j.value("documents", std::uint64_t(0));
-    s.tokens = j.value("tokens", std::uint64_t(0));
-    s.text_bytes = j.value("text_bytes", std::uint64_t(0));
-    s.tokenizer = prefix.parent_path() / j.value("tokenizer", prefix.filename().string() + ".model");
-  } catch (const nlohmann::json::exception& e) {
-    throw input_error("dataset summary '" + file.string() + "' has a field of the wrong type (" + e.what() +
-                      "); re-run prepare_data");
-  }
+  s.vocab_size = integer("vocab_size", std::int64_t(0));
+  s.eod_id = integer("eod_id", std::int64_t(-1));
+  s.documents = integer("documents", std::uint64_t(0));
+  s.tokens = integer("tokens", std::uint64_t(0));
+  s.text_bytes = integer("text_bytes", std::uint64_t(0));
+  const auto tok = j.find("tokenizer");
+  if (tok != j.end() && !tok->is_string())
+    throw input_error("dataset summary '" + file.string() + "': \"tokenizer\" is a JSON " + tok->type_name() +
+                      ", not a file name; re-run prepare_data or delete the file");
+  s.tokenizer = prefix.parent_path() / (tok != j.end() ? tok->get<std::string>() : prefix.filename().string() + ".model");
   return s;
 }
 

@@ -15,6 +15,7 @@
 
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 #include <loom/device/policy.hpp>
 #include <loom/io/checkpoint/manifest.hpp>
 #include <loom/io/detail/checkpoint_fs.hpp>
@@ -170,13 +171,17 @@ void import_gpt2(context<typename G::device>& ctx, G& model, const std::filesyst
   using T = typename G::storage_t;
   static_assert(G::layout::tp == 1 && G::layout::pp == 1, "import_gpt2: import into one rank holding the whole model");
   const auto cpath = dir / "config.json";
-  nlohmann::json cfg;
+  std::string text;
   try {
-    cfg = nlohmann::json::parse(detail::read_small_file(cpath));
-  } catch (const nlohmann::json::exception& e) {
-    throw input_error("'" + cpath.string() + "' is not valid JSON (" + e.what() + "); export the model again");
+    text = detail::read_small_file(cpath);
   } catch (const input_error& e) {
     throw input_error(std::string(e.what()) + "; pass a directory with a GPT-2 config.json and model.safetensors");
+  }
+  nlohmann::json cfg;
+  try {
+    cfg = parse_json(text, "'" + cpath.string() + "'", "export the model again");
+  } catch (const nlohmann::json::exception& e) {
+    throw input_error("'" + cpath.string() + "' is not valid JSON (" + e.what() + "); export the model again");
   }
   if (!cfg.is_object()) throw input_error("'" + cpath.string() + "' is not a JSON object; export the model again");
   if (cfg.contains("model_type") && cfg["model_type"] != "gpt2")
@@ -188,7 +193,7 @@ void import_gpt2(context<typename G::device>& ctx, G& model, const std::filesyst
     const auto f = cfg.find(key);
     if (f == cfg.end() || !f->is_number_integer())
       throw input_error("'" + cpath.string() + "' has no integer \"" + key + "\"; it is not a GPT-2 config.json");
-    if (f->template get<long>() != ours)
+    if (json_integer<long>(*f) != ours)  // range-checked: nullopt (out of range) never equals
       throw input_error("'" + cpath.string() + "' has " + key + " = " + f->dump() + " but model " + std::string(M::name) +
                         " has " + std::to_string(ours) + "; choose the matching --model");
   }

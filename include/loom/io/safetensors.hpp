@@ -40,6 +40,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 #include <loom/io/detail/dtype.hpp>
 
 namespace loom::io {
@@ -299,7 +300,8 @@ void atomic_replace(const std::filesystem::path& path, Fill&& fill) {
 ///
 /// Errors (all loom::input_error naming the file, the problem and the fix): the file cannot be
 /// opened or is not a regular file; it is shorter than 8 bytes; the header length exceeds the
-/// file or 100 MB; the header is not valid UTF-8 JSON or not an object, or repeats a key; an
+/// file or 100 MB; the header is not valid UTF-8 JSON, nests deeper than json_max_depth, is not
+/// an object, or repeats a key; an
 /// entry lacks dtype/shape/data_offsets or has them of the wrong JSON type; a dtype is
 /// unknown; a shape has a negative dimension; data_offsets are reversed, out of the data
 /// section, overlap, leave a hole or trailing bytes, or do not span dtype size * numel bytes;
@@ -442,7 +444,11 @@ class safetensors_reader {
     data_ = file_.data() + 8 + n;
     const std::size_t data_size = size - 8 - static_cast<std::size_t>(n);
 
-    // Parse, rejecting repeated top-level keys (nlohmann would keep the last one silently).
+    // Parse, rejecting repeated top-level keys (nlohmann would keep the last one silently) and
+    // deep nesting (printing it in an error message would overflow the stack; core/json.hpp).
+    if (json_nesting_depth(std::string_view(h, n), json_max_depth) > json_max_depth)
+      throw bad("the header nests arrays and objects deeper than " + std::to_string(json_max_depth) +
+                " levels (a safetensors header nests 3)", corrupt);
     nlohmann::json header;
     std::string repeated;
     {

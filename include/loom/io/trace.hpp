@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <new>
@@ -62,7 +63,8 @@ struct step_window {
 
   /// Parses a --profile-steps value: "A:B" = steps A..B-1 (half-open, like a Python slice and
   /// Megatron's --profile-step-start/--profile-step-end); "A" = step A only; "" = off.
-  /// Throws loom::input_error for anything else (negative, B <= A, not a number).
+  /// Throws loom::input_error for anything else (negative, B <= A, not a number, a single step
+  /// at the largest int64, whose window end would not be representable).
   static step_window parse(std::string_view spec) {
     if (spec.empty()) return {};
     auto number = [&](std::string_view s) {
@@ -74,6 +76,7 @@ struct step_window {
     const auto colon = spec.find(':');
     if (colon == std::string_view::npos) {
       const auto a = number(spec);
+      if (a == std::numeric_limits<std::int64_t>::max()) bad(spec);  // a + 1 would overflow
       return {a, a + 1};
     }
     const step_window w{number(spec.substr(0, colon)), number(spec.substr(colon + 1))};

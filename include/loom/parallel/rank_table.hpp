@@ -47,6 +47,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 
 namespace loom::parallel {
 
@@ -303,10 +304,15 @@ inline std::vector<rank_table_problem> check_rank_table_text(const std::string& 
   using json = nlohmann::json;
   detail::rank_table_checker c(path.string());
   const std::string& file = c.file;
+  if (json_nesting_depth(text, json_max_depth) > json_max_depth) {  // printing it would overflow the stack
+    c.problem(file + " nests arrays and objects deeper than " + std::to_string(json_max_depth) + " levels",
+              "the rank table nests 4: {\"server_list\": [{\"device\": [{...}]}]}; write it from the template");
+    return c.problems;
+  }
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond double (1e400)
     c.problem(file + " is not JSON (" + e.what() + ")",
               "write the rank table as plain JSON (no comments: the // notes of the documentation's examples must "
               "be deleted), e.g. check it with `python3 -m json.tool " + file + "`");

@@ -41,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 #include <loom/data/detail/mapped_file.hpp>
 
 namespace loom::data::detail {
@@ -65,8 +66,9 @@ inline nlohmann::json read_summary_json(const std::filesystem::path& file) {
   const mapped_file f(file, "dataset summary", "re-run prepare_data");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(std::string_view(reinterpret_cast<const char*>(f.data()), f.size()));
-  } catch (const nlohmann::json::exception& e) {
+    j = parse_json(std::string_view(reinterpret_cast<const char*>(f.data()), f.size()),
+                   "dataset summary '" + file.string() + "'", "re-run prepare_data or delete the file");
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e400
     throw input_error("dataset summary '" + file.string() + "' is not valid JSON (" + e.what() +
                       "); re-run prepare_data or delete the file");
   }

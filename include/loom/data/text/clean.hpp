@@ -14,10 +14,10 @@
 ///     decoded. Text that only looks similar ("a < b", "<激楚>", "&c.") is left alone.
 ///  3. Invisible and control characters. Format characters (Unicode category Cf: zero-width
 ///     space U+200B, BOM U+FEFF, soft hyphen U+00AD, word joiner, bidi controls ...) are
-///     removed, except ZWJ/ZWNJ between two non-ASCII characters (emoji sequences, Indic and
-///     Persian scripts need them). Control characters (Cc) other than \n and \t are removed;
-///     \r\n and lone \r become \n; U+2028/U+2029 become \n. Private-use characters and
-///     noncharacters are removed.
+///     removed, except ZWJ/ZWNJ between two non-ASCII characters of the result (emoji sequences,
+///     Indic and Persian scripts need them; a neighbour removed or folded to ASCII does not
+///     count). Control characters (Cc) other than \n and \t are removed; \r\n and lone \r
+///     become \n; U+2028/U+2029 become \n. Private-use characters and noncharacters are removed.
 ///  4. Spaces and width. Unicode spaces (NBSP, en/em/thin spaces ...) become ' '.
 ///     Full-width ASCII letters and digits (U+FF10-FF19, U+FF21-FF3A, U+FF41-FF5A) become
 ///     ASCII (their compatibility decomposition; NFKC does the same). Full-width punctuation
@@ -55,6 +55,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 
 namespace loom::data::text {
 
@@ -211,6 +212,13 @@ inline bool starts_with_ci(std::string_view s, std::size_t at, std::string_view 
   return true;
 }
 
+/// The first position >= from where `lower_word` starts, ignoring ASCII case, or npos. O(n * word).
+inline std::size_t find_ci(std::string_view s, std::size_t from, std::string_view lower_word) noexcept {
+  for (std::size_t m = from; m + lower_word.size() <= s.size(); ++m)
+    if (s[m] == lower_word[0] && starts_with_ci(s, m, lower_word)) return m;
+  return std::string_view::npos;
+}
+
 /// 0: not an HTML element name; 1: inline (removed); 2: block (line break); 3: cell (space).
 inline int html_tag_kind(std::string_view name) noexcept {
   static constexpr std::array<std::string_view, 44> block = {
@@ -310,11 +318,18 @@ inline std::string strip_html(std::string_view s, clean_stats& st) {
   };
   std::size_t i = 0;
   const std::size_t n = s.size();
+  // The first "</script", "</style" and "-->" at or after the position of the last search for
+  // it: i only grows, so a cached hit at or after the new start is still the first one, and a
+  // miss stays a miss. Without this, many unclosed <script> tags or "<!--" would each rescan the
+  // rest of the document (quadratic time on a long line).
+  constexpr std::size_t unsearched = std::string_view::npos - 1;
+  std::size_t next_end[3] = {unsearched, unsearched, unsearched};
   while (i < n) {
     const char c = s[i];
     if (c == '<') {
       if (starts_with_ci(s, i, "<!--")) {
-        const auto e = s.find("-->", i + 4);
+        std::size_t& e = next_end[2];
+        if (e == unsearched || (e != std::string_view::npos && e < i + 4)) e = s.find("-->", i + 4);
         if (e != std::string_view::npos) {
           ++st.html_tags;
           i = e + 3;
@@ -344,14 +359,13 @@ inline std::string strip_html(std::string_view s, clean_stats& st) {
           if (!closing && !self_closing && (name == "script" || name == "style")) {
             // Drop everything up to and including the matching end tag (if any).
             const std::string end_tag = "</" + name;
-            for (std::size_t m = i; m + end_tag.size() <= n; ++m) {
-              if (s[m] == '<' && starts_with_ci(s, m, end_tag)) {
-                const auto e2 = tag_end(s, m + end_tag.size());
-                if (e2 != std::string_view::npos) {
-                  ++st.html_tags;
-                  i = e2;
-                }
-                break;
+            std::size_t& m = next_end[name == "style"];
+            if (m == unsearched || (m != std::string_view::npos && m < i)) m = find_ci(s, i, end_tag);
+            if (m != std::string_view::npos) {
+              const auto e2 = tag_end(s, m + end_tag.size());
+              if (e2 != std::string_view::npos) {
+                ++st.html_tags;
+                i = e2;
               }
             }
           }
@@ -436,7 +450,23 @@ inline std::string clean_code_points(std::string_view s, const clean_options& o,
   std::string out;
   out.reserve(s.size());
   std::int32_t prev_out = 0;
+  // ZWJ/ZWNJ stay only between two non-ASCII characters of the *output*: a joiner run after a
+  // non-ASCII character is appended tentatively and cut again when the next character emitted
+  // is ASCII (also one folded to ASCII) or nothing follows. Judging by the input instead (the
+  // next code point, perhaps removed or folded) left joiners a second pass removes.
+  std::size_t joiners_at = std::string::npos;  // out.size() before the tentative joiner run
+  std::uint64_t joiners = 0;
+  auto settle_joiners = [&](bool keep) {
+    if (joiners_at == std::string::npos) return;
+    if (!keep) {
+      out.resize(joiners_at);
+      st.invisible += joiners;
+    }
+    joiners_at = std::string::npos;
+    joiners = 0;
+  };
   auto emit = [&](std::int32_t cp) {
+    settle_joiners(cp >= 0x80);
     if (cp < 0x80) out.push_back(static_cast<char>(cp));
     else append_utf8(out, cp);
     prev_out = cp;
@@ -458,8 +488,12 @@ inline std::string clean_code_points(std::string_view s, const clean_options& o,
     } else if (cat == UTF8PROC_CATEGORY_CF) {
       if (o.remove_invisible) {
         const bool joiner = cp == 0x200C || cp == 0x200D;
-        const bool between_non_ascii = prev_out >= 0x80 && i + 1 < cps.size() && cps[i + 1] >= 0x80;
-        if (!(joiner && between_non_ascii)) { ++st.invisible; continue; }
+        if (!joiner || prev_out < 0x80) { ++st.invisible; continue; }
+        if (joiners_at == std::string::npos) joiners_at = out.size();
+        ++joiners;
+        append_utf8(out, cp);  // tentatively: settled by the next emit() or the end
+        prev_out = cp;
+        continue;
       }
     } else if (cat == UTF8PROC_CATEGORY_CO || is_noncharacter(cp)) {
       if (o.remove_invisible) { ++st.unusable; continue; }
@@ -480,6 +514,7 @@ inline std::string clean_code_points(std::string_view s, const clean_options& o,
     }
     emit(cp);
   }
+  settle_joiners(false);  // a joiner at the end has no non-ASCII character after it
   return out;
 }
 
@@ -516,10 +551,11 @@ inline normalization normalization::from_json(const nlohmann::json& j, const std
   normalization n;
   n.version = 1;
   if (j.contains("version")) {
-    if (!j["version"].is_number_integer() || (j["version"].get<int>() != 1 && j["version"].get<int>() != 2))
+    const auto v = json_integer<int>(j["version"]);  // range-checked: 4294967297 must not read as 1
+    if (!v || (*v != 1 && *v != 2))
       throw input_error(where + ": \"normalization\".version " + j["version"].dump() +
                         " is not 1 or 2 (written by a newer loom?); use a loom that knows it, or prepare the data again");
-    n.version = j["version"].get<int>();
+    n.version = *v;
   }
   auto flag = [&](const char* key, bool& out) {
     if (!j.contains(key)) return;

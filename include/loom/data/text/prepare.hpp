@@ -37,6 +37,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 #include <loom/data/detail/checksum.hpp>
 #include <loom/data/detail/mapped_file.hpp>
 #include <loom/data/indexed_dataset.hpp>
@@ -108,8 +109,8 @@ inline void read_documents(const std::filesystem::path& path, split_mode split, 
       const auto where = path.string() + ":" + std::to_string(line_no);
       nlohmann::json j;
       try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& err) {
+        j = parse_json(line, where, "write one JSON object per line");
+      } catch (const nlohmann::json::exception& err) {  // also out_of_range: 1e400
         throw input_error(where + ": not valid JSON (" + err.what() + "); write one JSON object per line");
       }
       if (!j.is_object() || !j.contains(json_key) || !j[json_key].is_string())

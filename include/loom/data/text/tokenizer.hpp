@@ -45,6 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 #include <loom/data/detail/checksum.hpp>
 #include <loom/data/detail/mapped_file.hpp>
 #include <loom/data/text/clean.hpp>
@@ -114,7 +115,7 @@ class tokenizer {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(sidecar, ec)) return normalization::none();
     const nlohmann::json j = data::detail::read_summary_json(sidecar);
-    if (!j.contains("normalization")) return normalization::loom_v1();
+    if (!j.is_object() || !j.contains("normalization")) return normalization::loom_v1();
     return normalization::from_json(j["normalization"], sidecar.string());
   }
 

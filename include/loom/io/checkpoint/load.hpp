@@ -21,6 +21,7 @@
 
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 #include <loom/io/checkpoint/manifest.hpp>
 #include <loom/io/checkpoint/reshard.hpp>
 #include <loom/io/checkpoint/save.hpp>
@@ -223,6 +224,8 @@ class saved_state {
 /// The scalar state of manifest `j` (steps, the caller's run_state, the loss scaler), and
 /// warnings for the running view's settings that differ from the checkpoint's (schedule,
 /// optimizer, batch shape, layout, dp size), which break bitwise resumption but not loading.
+/// Throws bad_checkpoint (loom::input_error) when a step count, the layout's dp or the loss
+/// scaler's fields are missing where required, of the wrong JSON type or out of range.
 inline checkpoint_info read_scalars(const nlohmann::json& j, const state_view& v, const std::filesystem::path& dir,
                                     const saved_layout& saved) {
   checkpoint_info out;
@@ -253,19 +256,26 @@ inline checkpoint_info read_scalars(const nlohmann::json& j, const state_view& v
                            std::to_string(saved.pp) + " and is resharded onto tp = " + std::to_string(v.tp) + ", pp = " +
                            std::to_string(v.pp) + ": the run continues within fp32 tolerance, not bit for bit (another "
                            "summation order)");
-  if (const int dp_then = j.value("layout", nlohmann::json::object()).value("dp", 1); dp_then != v.dp)
+  const auto& layout_j = field<nlohmann::json>(j, "layout", dir);
+  const int dp_then = layout_j.contains("dp") ? field<int>(layout_j, "dp", dir) : 1;  // range-checked, not get<int>
+  if (dp_then < 1) throw bad_checkpoint(dir, "its layout has dp = " + std::to_string(dp_then) + " (at least 1)");
+  if (dp_then != v.dp)
     out.warnings.push_back("the data-parallel size is " + std::to_string(v.dp) + " now but " + std::to_string(dp_then) +
                            " in the checkpoint (optimizer state resharded): the run continues, but not bit for bit as "
                            "the original would have (another global batch or summation order)");
   if (v.scaler_enabled) {
     const auto ls = j.value("loss_scaler", nlohmann::json::object());
-    if (ls.value("enabled", false)) {
-      precision::loss_scaler_state st;
-      try {
-        st = {ls.at("scale").get<double>(), ls.at("growth_tracker").get<long>()};
-      } catch (const nlohmann::json::exception&) {
-        throw bad_checkpoint(dir, "its loss_scaler section has no numeric scale and growth_tracker");
-      }
+    if (!ls.is_object())
+      throw bad_checkpoint(dir, std::string("its loss_scaler is a JSON ") + ls.type_name() + ", not an object");
+    const auto enabled = ls.find("enabled");
+    if (enabled != ls.end() && !enabled->is_boolean())
+      throw bad_checkpoint(dir, "its loss_scaler.enabled is " + enabled->dump().substr(0, 40) + ", not true or false");
+    if (enabled != ls.end() && enabled->get<bool>()) {
+      const auto scale = ls.find("scale");
+      const auto good = ls.contains("growth_tracker") ? json_integer<long>(ls["growth_tracker"]) : std::nullopt;
+      if (scale == ls.end() || !scale->is_number() || !good)
+        throw bad_checkpoint(dir, "its loss_scaler section has no numeric scale and integer growth_tracker");
+      const precision::loss_scaler_state st{scale->get<double>(), *good};
       if (!(st.scale > 0) || !std::isfinite(st.scale) || st.good_steps < 0)
         throw bad_checkpoint(dir, "its loss scale " + std::to_string(st.scale) + " is not positive and finite");
       out.loss_scaler = st;

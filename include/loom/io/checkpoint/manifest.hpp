@@ -18,6 +18,7 @@
 #include <Eigen/Core>
 
 #include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
 #include <loom/io/detail/checkpoint_fs.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/nn/params.hpp>
@@ -237,7 +238,8 @@ inline nlohmann::json verify_checkpoint(const std::filesystem::path& dir) {
   const std::string text = detail::read_small_file(mpath);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = parse_json(text, "checkpoint '" + dir.string() + "': manifest.json",
+                   "resume from an earlier checkpoint (pass its directory to --resume) or start a new run");
   } catch (const nlohmann::json::exception& e) {
     throw detail::bad_checkpoint(dir, std::string("manifest.json is not valid JSON (") + e.what() + ")");
   }

@@ -1,0 +1,190 @@
+#pragma once
+// train_gpt's flags: their CLI11 definitions (add_flags) and the checks that run after parsing,
+// before any file is opened or thread started (check_flags). Split from train_gpt.cpp's main()
+// so that tests/fuzz/fuzz_cli.cpp parses argument vectors exactly as train_gpt does without
+// training. Not a library header: examples/ only.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <initializer_list>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include <loom/core/dropout.hpp>
+#include <loom/core/error.hpp>
+#include <loom/io/trace.hpp>
+#include <loom/models/configs.hpp>
+
+#include "options.hpp"
+
+namespace train_gpt_cli {
+
+/// Registers every flag of train_gpt on `app`; parsing writes them into `o`, which must
+/// outlive `app`. The flags' help strings are train_gpt's --help.
+inline void add_flags(CLI::App& app, options& o) {
+  app.add_option("--data", o.data, "UTF-8 text file (e.g. ../shared/data/tinyshakespeare.txt), or a dataset written by "
+                                   "prepare_data: its prefix or its .idx/.bin (e.g. out/shakespeare)")->required();
+  app.add_option("--model", o.model, "model config (default: quickstart for a text file, quickstart_bpe for a dataset)")
+      ->check(CLI::IsMember({"quickstart", "char_tiny", "quickstart_bpe"}));
+  app.add_option("--steps", o.steps, "optimizer steps (>= 1)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            char* end = nullptr;
+            const long n = std::strtol(v.c_str(), &end, 10);
+            return end != v.c_str() && *end == '\0' && n >= 1 ? std::string() : std::string("--steps must be a whole number >= 1");
+          },
+          "INT>=1"));
+  app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch, 1..compiled capacity (0 or unset: the capacity)");
+  app.add_option("--seq-len", o.seq_len, "tokens per sequence (default: the model's maximum)");
+  app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");
+  app.add_option("--lr", o.lr, "peak learning rate");
+  app.add_option("--min-lr", o.min_lr, "learning-rate floor after the cosine decay");
+  app.add_option("--warmup", o.warmup, "linear warm-up steps");
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (matrices only)");
+  app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)");
+  app.add_option("--dropout", o.dropout,
+                 "dropout probability P, 0 <= P < 1, on the embedding, the attention probabilities and both residual "
+                 "branches while training (not in validation or sampling); 0 (default): off; CPU only");
+  app.add_option("--val-fraction", o.val_fraction, "held out for validation: a fraction of a text file's bytes, of a dataset's documents");
+  app.add_option("--eval-every", o.eval_every, "steps between validation evaluations (0: only at the end)");
+  app.add_option("--eval-windows", o.eval_windows,
+                 "validation windows per periodic evaluation: the first N of the validation split (all if it has fewer)")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--early-stop", o.early_stop,
+                 "PATIENCE: end training when the validation loss has not improved for PATIENCE periodic evaluations "
+                 "(--eval-every); the saved weights, final validation and sample are then the best evaluation's (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling");
+  app.add_option("--time-budget", o.time_budget, "stop training after this many seconds (0: no limit)");
+  app.add_option("--log-dir", o.log_dir, "TensorBoard events, metrics.jsonl and trace.json go here ('' = none)");
+  app.add_option("--profile-steps", o.profile_steps, "record a Chrome/Perfetto timeline of steps A:B (half-open), off by default");
+  app.add_option("--peak-gflops", o.peak_gflops, "fp32 peak for MFU (default: measured at start-up)");
+  app.add_flag("--synthetic-data", o.synthetic_data,
+               "isolation switch: train on 8 batches of random ids made once in memory (no loader, no data_wait); "
+               "shows whether data loading limits the step");
+  app.add_flag("--no-data-checksum", o.no_data_checksum,
+               "do not check a dataset's .bin and .idx against the sizes and XXH3-64 checksums in PREFIX.json "
+               "(one read of both files at start-up; for datasets too large to read twice)");
+  app.add_option("--summary-every", o.summary_every, "steps between breakdown tables (0: never)");
+  app.add_option("--out", o.out, "where to save the weights (default out/<model>.safetensors)");
+  app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training (bytes for a text file)");
+  app.add_option("--prompt", o.prompt,
+                 "prompt for the sample (for a dataset: normalized as prepare_data normalized its text, see docs/data.md)");
+  app.add_option("--temperature", o.temperature, "sampling temperature");
+  app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)");
+  app.add_option("--precision", o.precision,
+                 "fp32, bf16 (16-bit weights/activations, fp32 masters) or fp16 (same, with dynamic loss scaling)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "save checkpoints here (step_NNNNNNNN/ directories and a 'latest' pointer; off by default)");
+  app.add_option("--save-every", o.save_every, "steps between checkpoints (0: only at the end of the run)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", o.keep, "newest checkpoints to keep (0: all)")->check(CLI::NonNegativeNumber);
+  auto* resume = app.add_option("--resume", o.resume,
+                                "continue from the newest valid checkpoint in DIR (a --checkpoint-dir) or from one "
+                                "step_NNNNNNNN directory, bit for bit; checkpoints keep going to DIR");
+  app.add_option("--stop-at-step", o.stop_at_step,
+                 "end this run after this many completed steps, saving a checkpoint; the schedule still spans --steps")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--export-hf", o.export_hf,
+                 "after training, write Hugging Face GPT-2 weights (model.safetensors, config.json) to this directory");
+  app.add_option("--ranks", o.ranks, "data-parallel ranks as threads of this process (--comm threads)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--comm", o.comm, "communicator: threads (--ranks N) or mpi (run under mpirun -np N; needs a build with MPI)")
+      ->check(CLI::IsMember({"threads", "mpi"}));
+  app.add_option("--bucket-mb", o.bucket_mb, "data parallel: gradient bucket size in MiB (a layer never splits)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--no-overlap", o.no_overlap,
+               "data parallel: run each bucket's all-reduce where it would start, blocking (communication not hidden)");
+  app.add_flag("--zero1", o.zero1, "data parallel: shard the AdamW moments across ranks (ZeRO stage 1)");
+  app.add_option("--comm-timeout", o.comm_timeout,
+                 "data parallel: seconds a collective may wait for the other ranks before the run stops with an "
+                 "error naming them (0: wait forever)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--replica-check-every", o.replica_check_every,
+                 "data parallel: compare a parameter checksum across ranks every N steps (0: never)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--layout", o.layout,
+                 "tensor x pipeline parallel degrees tp<TP>pp<PP> (tp1pp1, tp2pp1, tp1pp2, tp2pp2; fp32, --model "
+                 "char_tiny or quickstart_bpe); the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top");
+  app.add_option("--init-from-hf", o.init_from_hf,
+                 "start from the GPT-2 weights in this directory (config.json, model.safetensors)")
+      ->excludes(resume);
+}
+
+/// The largest --comm-timeout (seconds, about 31 years) and --bucket-mb (1 TiB) check_flags
+/// accepts: beyond them the conversions to milliseconds and to bucket elements overflow.
+inline constexpr double max_comm_timeout_s = 1e9, max_bucket_mb = 1 << 20;
+
+/// --comm-timeout in milliseconds (0: wait forever). Requires check_flags to have passed.
+inline std::chrono::milliseconds comm_timeout_ms(const options& o) {
+  return std::chrono::milliseconds(static_cast<long long>(o.comm_timeout * 1000));
+}
+
+/// The checks and defaults that follow parsing `app` into `o` (=: fills --warmup and --model
+/// when they were not given; `data_is_dataset`: --data names a prepare_data dataset, whose
+/// default model is quickstart_bpe). Returns the --layout degrees {TP, PP}. Reads nothing but
+/// the existence of --resume and --out. Throws loom::input_error naming the flag and the fix
+/// for: a number that is not finite, --comm-timeout or --bucket-mb beyond the limits above, a
+/// dropout outside [0, 1), a missing --resume, a --profile-steps window outside the run, an
+/// --early-stop without periodic evaluations, an --out naming a directory, a --layout that is
+/// malformed, does not divide the model, is not compiled for it, or does not fit --ranks.
+inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool data_is_dataset) {
+  if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
+  if (app.count("--model") == 0 && data_is_dataset) o.model = "quickstart_bpe";
+  using flag_value = std::pair<const char*, double>;
+  for (const auto& [flag, v] : std::initializer_list<flag_value>{
+           {"--lr", o.lr}, {"--min-lr", o.min_lr}, {"--weight-decay", o.weight_decay},
+           {"--max-grad-norm", o.max_grad_norm}, {"--val-fraction", o.val_fraction}, {"--dropout", o.dropout},
+           {"--temperature", o.temperature}, {"--time-budget", o.time_budget}, {"--peak-gflops", o.peak_gflops},
+           {"--bucket-mb", o.bucket_mb}, {"--comm-timeout", o.comm_timeout}})
+    if (!std::isfinite(v))
+      throw loom::input_error(std::string(flag) + " " + std::to_string(v) + " is not a finite number; pass a decimal "
+                              "number (see train_gpt --help)");
+  if (o.comm_timeout > max_comm_timeout_s)
+    throw loom::input_error("--comm-timeout " + std::to_string(o.comm_timeout) + " s is beyond the " +
+                            std::to_string(long(max_comm_timeout_s)) + " s limit; pass 0 to wait forever");
+  if (o.bucket_mb > max_bucket_mb)
+    throw loom::input_error("--bucket-mb " + std::to_string(o.bucket_mb) + " is beyond the " +
+                            std::to_string(long(max_bucket_mb)) + " MiB limit; pass e.g. 1 (a layer never splits)");
+  loom::check_dropout_probability(o.dropout, "--dropout");  // before any data is read
+  std::error_code ec;  // the non-throwing forms: a name too long for the file system is just "not there"
+  if (!o.resume.empty() && !std::filesystem::exists(o.resume, ec))  // before the model and data banner
+    throw loom::input_error("--resume '" + o.resume + "' does not exist; pass the --checkpoint-dir of an earlier run "
+                            "(e.g. out/ckpt) or one step_NNNNNNNN directory inside it");
+  if (const auto w = loom::io::step_window::parse(o.profile_steps); !w.empty() && w.first >= o.steps)
+    throw loom::input_error("--profile-steps " + o.profile_steps + " starts after the run's last step (--steps " +
+                            std::to_string(o.steps) + "): nothing would be recorded; choose a window inside 0:" +
+                            std::to_string(o.steps));
+  if (o.early_stop > 0 && o.eval_every <= 0)
+    throw loom::input_error("--early-stop " + std::to_string(o.early_stop) + " watches the periodic validation loss, "
+                            "but --eval-every is 0 (no periodic evaluations); pass e.g. --eval-every 100");
+  if (o.early_stop > 0 && o.eval_every >= o.steps)
+    throw loom::input_error("--early-stop " + std::to_string(o.early_stop) + " watches the periodic validation loss, "
+                            "but --eval-every " + std::to_string(o.eval_every) + " >= --steps " +
+                            std::to_string(o.steps) + " leaves no evaluation before the end; pass --eval-every < " +
+                            std::to_string(o.steps));
+  if (!o.out.empty() && (o.out.back() == '/' || std::filesystem::is_directory(o.out, ec)))
+    throw loom::input_error("--out '" + o.out + "' is a directory; the trained weights are one file: pass a file "
+                            "name such as " + (std::filesystem::path(o.out) / "model.safetensors").string());
+  const auto [tp, pp] = parse_layout(o.layout);
+  if (tp * pp > 1) {  // tensor/pipeline parallel: train_gpt/layout_<model>.cpp
+    if (o.model != "char_tiny" && o.model != "quickstart_bpe")
+      throw loom::input_error("--layout " + o.layout + " is compiled for --model char_tiny and quickstart_bpe only, not " +
+                              o.model + "; pass one of those, or --layout tp1pp1");
+    if (o.model == "char_tiny")  // the model first: a layout that cannot split it is the basic problem
+      check_layout_fits<loom::models::char_tiny>(tp, pp);
+    else
+      check_layout_fits<loom::models::quickstart_bpe>(tp, pp);
+    if (o.comm == "threads") check_layout_run(o, tp, pp, o.ranks);  // before starting the ranks
+  }
+  return {tp, pp};
+}
+
+}  // namespace train_gpt_cli

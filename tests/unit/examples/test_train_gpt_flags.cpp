@@ -1,0 +1,73 @@
+// train_gpt's flags (examples/train_gpt/flags.hpp), parsed as main() parses them: the cases the
+// CLI fuzz target (tests/fuzz/fuzz_cli.cpp) feeds that used to reach undefined behaviour or an
+// exception other than loom::input_error, and the defaults check_flags fills in.
+#include <doctest/doctest.h>
+
+#if __has_include(<CLI/CLI.hpp>)
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+
+#include "../../../examples/train_gpt/flags.hpp"
+
+namespace {
+
+struct parsed {
+  train_gpt_cli::options o;
+  CLI::App app{"train_gpt"};
+  std::pair<int, int> layout;
+};
+
+// Parses `args` (after argv[0]) and runs check_flags; CLI11 errors propagate.
+void parse(parsed& p, std::vector<std::string> args, bool dataset = false) {
+  args.insert(args.begin(), "train_gpt");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  train_gpt_cli::add_flags(p.app, p.o);
+  p.app.parse(int(argv.size()), argv.data());
+  p.layout = train_gpt_cli::check_flags(p.o, p.app, dataset);
+}
+
+}  // namespace
+
+TEST_CASE("train_gpt flags: defaults, the dataset model and the layout") {
+  parsed a;
+  parse(a, {"--data", "x.txt", "--steps", "300"});
+  CHECK(a.o.warmup == 30);
+  CHECK(a.o.model == "quickstart");
+  CHECK(a.layout == std::pair{1, 1});
+  parsed b;
+  parse(b, {"--data", "out/c", "--layout", "tp2pp2", "--ranks", "4"}, true);
+  CHECK(b.o.model == "quickstart_bpe");
+  CHECK(b.layout == std::pair{2, 2});
+  CHECK(train_gpt_cli::comm_timeout_ms(b.o).count() == 600000);
+}
+
+TEST_CASE("train_gpt flags: non-finite and oversized numbers are input errors, not undefined conversions") {
+  // --comm-timeout nan or 1e300 became static_cast<long long>(...) milliseconds, --bucket-mb nan
+  // or 1e300 a size_t(...) bucket capacity: both undefined. NaN passes CLI11's range checks
+  // (which refuse inf themselves); flags without a check took inf too.
+  const std::vector<std::vector<std::string>> cases = {{"--comm-timeout", "nan"}, {"--comm-timeout", "1e300"},
+                                                        {"--bucket-mb", "nan"},     {"--bucket-mb", "1e300"},
+                                                        {"--lr", "nan"},            {"--temperature", "inf"},
+                                                        {"--time-budget", "-inf"}};
+  for (const auto& args : cases) {
+    CAPTURE(args[0] + " " + args[1]);
+    parsed p;
+    auto full = args;
+    full.insert(full.end(), {"--data", "x.txt"});
+    CHECK_THROWS_AS(parse(p, full), loom::input_error);
+  }
+}
+
+TEST_CASE("train_gpt flags: a path too long for the file system is an input error, not a filesystem_error") {
+  const std::string long_name(5000, 'a');  // ENAMETOOLONG: std::filesystem::exists(path) threw
+  parsed a;
+  CHECK_THROWS_AS(parse(a, {"--data", "x.txt", "--resume", long_name}), loom::input_error);
+  parsed b;
+  CHECK_NOTHROW(parse(b, {"--data", "x.txt", "--out", long_name}));
+  parsed c;  // --profile-steps N at the largest int64: N + 1 overflowed
+  CHECK_THROWS_AS(parse(c, {"--data", "x.txt", "--profile-steps", "9223372036854775807"}), loom::input_error);
+}
+#endif
