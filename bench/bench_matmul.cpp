@@ -138,8 +138,10 @@ int main(int argc, char** argv) {
     bf16_table(reps, clock == "cpu");
     return 0;
   }
+  auto timed = [&](int r, auto&& f) { return clock == "cpu" ? best_cpu_seconds(r, f) : best_seconds(r, f); };
   const char* ct = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("OPENBLAS_CORETYPE=%s | best of %d | GFLOP/s\n", ct ? ct : "(unset)", reps);
+  std::printf("OPENBLAS_CORETYPE=%s | best of %d | %s\n", ct ? ct : "(unset)", reps,
+              clock == "cpu" ? "GFLOP per process CPU-second" : "GFLOP/s (wall)");
   namespace cpu = loom::kernels::cpu;
   std::printf("kernels::cpu::gemm automatic: fp32 -> %s, bf16 -> %s\n",
               cpu::detail::gemm_impl_name(cpu::detail::gemm_default_impl<float>()),
@@ -159,27 +161,28 @@ int main(int argc, char** argv) {
     std::vector<row> rows;
     // forward: y = x w^T
     rows.push_back({"y = x w^T",
-                    flops / best_seconds(reps, [&] { loom::kernels::cpu::matmul_forward(y.data(), x.data(), w.data(), (float*)nullptr, N, C, OC); }),
+                    flops / timed(reps, [&] { loom::kernels::cpu::map<float>(y.data(), N, OC).noalias() =
+                                                         loom::kernels::cpu::cmap<float>(x.data(), N, C) * loom::kernels::cpu::cmap<float>(w.data(), OC, C).transpose(); }),
                     0});
     // backward: dx = dy w ; dw += dy^T x
     rows.push_back({"dx = dy w",
-                    flops / best_seconds(reps, [&] { loom::kernels::cpu::cmap<float> dy(y.data(), N, OC);
+                    flops / timed(reps, [&] { loom::kernels::cpu::cmap<float> dy(y.data(), N, OC);
                                                      loom::kernels::cpu::map<float>(dx.data(), N, C).noalias() = dy * loom::kernels::cpu::cmap<float>(w.data(), OC, C); }),
                     0});
     rows.push_back({"dw += dy^T x",
-                    flops / best_seconds(reps, [&] { loom::kernels::cpu::cmap<float> dy(y.data(), N, OC);
+                    flops / timed(reps, [&] { loom::kernels::cpu::cmap<float> dy(y.data(), N, OC);
                                                      loom::kernels::cpu::map<float>(dw.data(), OC, C).noalias() += dy.transpose() * loom::kernels::cpu::cmap<float>(x.data(), N, C); }),
                     0});
     if (cpu::detail::gemm_has_onednn) {
       using cpu::detail::gemm_impl;
-      rows[0].dnnl = flops / best_seconds(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, false, true, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); });
-      rows[1].dnnl = flops / best_seconds(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, false, false, N, C, OC, 1.f, y.data(), OC, w.data(), C, 0.f, dx.data(), C); });
-      rows[2].dnnl = flops / best_seconds(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, true, false, OC, C, N, 1.f, y.data(), OC, x.data(), C, 1.f, dw.data(), C); });
+      rows[0].dnnl = flops / timed(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, false, true, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); });
+      rows[1].dnnl = flops / timed(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, false, false, N, C, OC, 1.f, y.data(), OC, w.data(), C, 0.f, dx.data(), C); });
+      rows[2].dnnl = flops / timed(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, true, false, OC, C, N, 1.f, y.data(), OC, x.data(), C, 1.f, dw.data(), C); });
     }
 #if LOOM_BENCH_CBLAS
-    rows[0].blas = flops / best_seconds(reps, [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); });
-    rows[1].blas = flops / best_seconds(reps, [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.f, y.data(), OC, w.data(), C, 0.f, dx.data(), C); });
-    rows[2].blas = flops / best_seconds(reps, [&] { cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.f, y.data(), OC, x.data(), C, 1.f, dw.data(), C); });
+    rows[0].blas = flops / timed(reps, [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); });
+    rows[1].blas = flops / timed(reps, [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.f, y.data(), OC, w.data(), C, 0.f, dx.data(), C); });
+    rows[2].blas = flops / timed(reps, [&] { cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.f, y.data(), OC, x.data(), C, 1.f, dw.data(), C); });
 #endif
     for (const auto& r : rows)
       std::printf("| %5d x %4d -> %5d      | %-12s | %12.1f | %6.1f | %14.2f | %8.1f | %16.2f |\n", N, C, OC, r.name,
