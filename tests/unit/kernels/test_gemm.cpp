@@ -158,14 +158,15 @@ TEST_CASE("gemm onednn: oneDNN sgemm behind bf16, fp16, fp32 operands, all trans
   check_all<float, float>(gemm_impl::onednn);
 }
 
-TEST_CASE("gemm automatic: the VDPBF16PS kernel only where that unit outruns fp32 FMA") {
+TEST_CASE("gemm automatic: the VDPBF16PS kernel where the CPU has it, else oneDNN or Eigen") {
   namespace d = loom::kernels::cpu::detail;
   const gemm_impl fallback = d::gemm_has_onednn ? gemm_impl::onednn : gemm_impl::fp32_convert;
   CHECK(d::gemm_default_impl<float>() == fallback);
   CHECK(d::gemm_default_impl<f16>() == fallback);
-  CHECK(d::gemm_default_impl<bf16>() == (d::bf16_unit_faster_than_fp32() ? gemm_impl::avx512_bf16 : fallback));
+  CHECK(d::gemm_default_impl<bf16>() == (d::cpu_has_avx512_bf16() ? gemm_impl::avx512_bf16 : fallback));
   if (!d::cpu_has_avx512_bf16()) CHECK_FALSE(d::bf16_unit_faster_than_fp32());
-  MESSAGE("automatic on this CPU: bf16 -> " << std::string(d::gemm_impl_name(d::gemm_default_impl<bf16>())));
+  MESSAGE("automatic on this CPU: bf16 -> " << std::string(d::gemm_impl_name(d::gemm_default_impl<bf16>()))
+                                             << "; VDPBF16PS faster than fp32 FMA: " << d::bf16_unit_faster_than_fp32());
 }
 
 TEST_CASE("gemm T result is the fp32 result rounded once (round to nearest even)") {
