@@ -125,11 +125,15 @@ bool python_has_torch(const std::string& python) {
   return std::system(cmd.c_str()) == 0;
 }
 
-/// Peak (GFLOP/s) of each unit this CPU has, measured once.
-std::map<peak_unit, double> measure_peaks(double fp32_override) {
+/// Peak (GFLOP/s) of each unit this CPU has, measured once; `threads` gets the team size.
+std::map<peak_unit, double> measure_peaks(double fp32_override, int& threads) {
   std::map<peak_unit, double> peaks;
   for (const peak_unit u : {peak_unit::fp32_fma, peak_unit::bf16_dot, peak_unit::amx_bf16})
-    if (loom::bench::peak_unit_available(u)) peaks[u] = loom::bench::measure_peak(u).gflops;
+    if (loom::bench::peak_unit_available(u)) {
+      const auto r = loom::bench::measure_peak(u);
+      peaks[u] = r.gflops;
+      threads = r.threads;
+    }
   if (fp32_override > 0) peaks[peak_unit::fp32_fma] = fp32_override;
   return peaks;
 }
@@ -162,9 +166,9 @@ int main(int argc, char** argv) {
   app.add_option("--torch-script", script, "the reference script")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  const auto peaks = measure_peaks(peak_gflops);
+  int threads = 1;
+  const auto peaks = measure_peaks(peak_gflops, threads);
   const bool torch = !no_torch && python_has_torch(python);
-  const int threads = loom::bench::measure_fp32_peak(0, 0.01, 1).threads;
   std::string peak_line;
   for (const auto& [u, g] : peaks) peak_line += fmt::format("{}{} {:.0f}", peak_line.empty() ? "" : ", ", loom::bench::unit_name(u), g);
   fmt::print("peaks (GFLOP/s, {} threads): {}; PyTorch reference: {}\n", threads, peak_line,

@@ -24,7 +24,8 @@
 #include <Eigen/Core>
 
 #include <loom/core/error.hpp>
-#include <loom/io/detail/checkpoint_fs.hpp>  // XXH3 (inlined xxHash)
+#include <loom/core/checksum.hpp>
+#include <loom/io/detail/checkpoint_fs.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/nn/params.hpp>
 
@@ -51,13 +52,8 @@ struct checksummed_tensor {
 /// weights_checksum of `meta` and `tensors` (any order; sorted here by name).
 inline std::string weights_checksum(const std::map<std::string, std::string>& meta,
                                     std::vector<checksummed_tensor> tensors) {
-  XXH3_state_t* state = XXH3_createState();
-  if (state == nullptr || XXH3_64bits_reset(state) == XXH_ERROR) {
-    XXH3_freeState(state);
-    throw error("weights_checksum: cannot start an XXH3 hash (out of memory)");
-  }
-  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> owned(state, &XXH3_freeState);
-  auto put = [&](const void* p, std::size_t n) { (void)XXH3_64bits_update(state, p, n); };
+  xxh3_stream sum;
+  auto put = [&](const void* p, std::size_t n) { sum.update(p, n); };
   auto put_string = [&](std::string_view v) {  // with a NUL after it: the fields stay unambiguous
     put(v.data(), v.size());
     put("", 1);
@@ -76,9 +72,7 @@ inline std::string weights_checksum(const std::map<std::string, std::string>& me
     put(t.shape->data(), t.shape->size() * sizeof(std::int64_t));
     put(t.bytes.data(), t.bytes.size());
   }
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(XXH3_64bits_digest(state)));
-  return buf;
+  return sum.hex();
 }
 }  // namespace detail
 

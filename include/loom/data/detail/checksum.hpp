@@ -12,25 +12,7 @@
 /// form), so the sum does not depend on the file's whitespace, only on its values. It is the
 /// scheme of the checkpoint manifest (io/checkpoint/manifest.hpp).
 ///
-/// xxHash is inlined (header only, no -lxxhash), as in io/detail/checkpoint_fs.hpp, whose
-/// comment explains the macros; the two coexist in one translation unit.
-#ifndef XXH_INLINE_ALL
-#define XXH_INLINE_ALL
-#define LOOM_DATA_UNDEF_XXH_INLINE_ALL
-#endif
-#if defined(__AVX512F__) && defined(__AVX2__) && !defined(XXH_VECTOR)
-#define XXH_VECTOR 2  // XXH_AVX2
-#define LOOM_DATA_UNDEF_XXH_VECTOR
-#endif
-#include <xxhash.h>
-#ifdef LOOM_DATA_UNDEF_XXH_INLINE_ALL
-#undef XXH_INLINE_ALL
-#undef LOOM_DATA_UNDEF_XXH_INLINE_ALL
-#endif
-#ifdef LOOM_DATA_UNDEF_XXH_VECTOR
-#undef XXH_VECTOR
-#undef LOOM_DATA_UNDEF_XXH_VECTOR
-#endif
+/// XXH3-64 itself is core/checksum.hpp's, shared with the checkpoint code.
 
 #include <cstdint>
 #include <cstdio>
@@ -40,25 +22,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <loom/core/checksum.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/json.hpp>
 #include <loom/data/detail/mapped_file.hpp>
 
 namespace loom::data::detail {
 
-/// XXH3-64 (seed 0) of [data, data + n), as 16 lower-case hex digits.
-inline std::string xxh3_hex(const void* data, std::size_t n) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(XXH3_64bits(data, n)));
-  return buf;
-}
-
-/// XXH3-64 of the compact dump of `j` (an object) without its "checksum" key.
-inline std::string json_xxh3(nlohmann::json j) {
-  j.erase("checksum");
-  const std::string text = j.dump();
-  return xxh3_hex(text.data(), text.size());
-}
+using loom::json_xxh3;  // core/checksum.hpp
+using loom::xxh3_hex;
 
 /// Reads the dataset summary `file` (PREFIX.json): valid JSON, an object, and, when it records
 /// "checksum", matching json_xxh3. Throws loom::input_error naming the file otherwise.

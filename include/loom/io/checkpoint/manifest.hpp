@@ -147,11 +147,7 @@ constexpr std::string_view tensor_dtype() {
 }
 
 /// The manifest's own checksum: XXH3-64 of its compact dump without the "checksum" key.
-inline std::string manifest_checksum(nlohmann::json j) {
-  j.erase("checksum");
-  const std::string text = j.dump();
-  return xxh3_hex(text.data(), text.size());
-}
+inline std::string manifest_checksum(nlohmann::json j) { return json_xxh3(std::move(j)); }
 
 inline input_error bad_checkpoint(const std::filesystem::path& dir, const std::string& problem) {
   return input_error("checkpoint '" + dir.string() + "' is unusable: " + problem +

@@ -24,42 +24,13 @@
 #include <system_error>
 #include <vector>
 
+#include <loom/core/checksum.hpp>
 #include <loom/core/error.hpp>
 #include <loom/io/safetensors.hpp>  // detail::mapped_file, write_all, dtype_size, checked_nbytes
 
-// xxHash, inlined (header only, no -lxxhash): https://github.com/Cyan4973/xxHash.
-// XXH_INLINE_ALL renames the functions (XXH_INLINE_ prefix), so this coexists with a plain
-// #include <xxhash.h> elsewhere in the same translation unit.
-// On AVX-512 builds (-march=native) the AVX2 kernel is used: GCC 12 warns (falsely, from its
-// own avx512fintrin.h) in xxHash's AVX-512 kernel, and AVX2 already hashes far faster than a
-// disk writes.
-#ifndef XXH_INLINE_ALL
-#define XXH_INLINE_ALL
-#define LOOM_UNDEF_XXH_INLINE_ALL
-#endif
-#if defined(__AVX512F__) && defined(__AVX2__) && !defined(XXH_VECTOR)
-#define XXH_VECTOR 2  // XXH_AVX2
-#define LOOM_UNDEF_XXH_VECTOR
-#endif
-#include <xxhash.h>
-#ifdef LOOM_UNDEF_XXH_INLINE_ALL
-#undef XXH_INLINE_ALL
-#undef LOOM_UNDEF_XXH_INLINE_ALL
-#endif
-#ifdef LOOM_UNDEF_XXH_VECTOR
-#undef XXH_VECTOR
-#undef LOOM_UNDEF_XXH_VECTOR
-#endif
-
 namespace loom::io::detail {
 
-/// XXH3-64 (seed 0) of `bytes`, as 16 lower-case hex digits.
-inline std::string xxh3_hex(const void* data, std::size_t n) {
-  const XXH64_hash_t h = XXH3_64bits(data, n);
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
+using loom::xxh3_hex;  // core/checksum.hpp
 
 /// XXH3-64 of a whole file (memory-mapped) and its size. Throws loom::input_error when the
 /// file cannot be opened or mapped.
@@ -136,15 +107,10 @@ inline std::string write_safetensors(const std::filesystem::path& path, const st
       tensors.size(), [&](std::size_t i) -> const tensor_ref& { return tensors[i]; },
       [&](std::size_t i) { return tensors[i].bytes.size(); }, metadata);
 
-  XXH3_state_t* state = XXH3_createState();
-  if (state == nullptr || XXH3_64bits_reset(state) == XXH_ERROR) {
-    XXH3_freeState(state);
-    throw error("write_safetensors: cannot start the XXH3 hash of '" + path.string() + "' (out of memory)");
-  }
-  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> owned(state, &XXH3_freeState);
+  xxh3_stream sum;
   atomic_replace(path, [&](int fd) {
     auto put = [&](const std::byte* p, std::size_t k) {
-      (void)XXH3_64bits_update(state, p, k);
+      sum.update(p, k);
       return write_all(fd, p, k);
     };
     bool ok = put(reinterpret_cast<const std::byte*>(head.head.data()), head.head.size());
@@ -152,10 +118,7 @@ inline std::string write_safetensors(const std::filesystem::path& path, const st
       if (ok) ok = put(tensors[i].bytes.data(), tensors[i].bytes.size());
     return ok;
   });
-  const XXH64_hash_t h = XXH3_64bits_digest(state);
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
+  return sum.hex();
 }
 
 /// Removes `p` recursively, ignoring errors (cleanup after a failure must not mask it).
