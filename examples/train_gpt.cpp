@@ -36,15 +36,19 @@
 //   mpirun -np 2 train_gpt --data ../shared/data/tinyshakespeare.txt --comm mpi --zero1
 //
 // Tensor and pipeline parallel (docs/tensor_pipeline.md): --layout tp2pp2 splits the model over
-// TP*PP ranks (Megatron-LM's layout; models char_tiny and quickstart_bpe, fp32; bf16/fp16 on
-// tp2pp2 for char_tiny over threads: train_gpt/layout_char_tiny_16bit.cpp); the world is
-// TP*PP*DP ranks, data parallel on top. --grad-accum is the pipeline's micro-batch count.
+// TP*PP ranks (Megatron-LM's layout); the world is TP*PP*DP ranks, data parallel on top.
+// --grad-accum is the pipeline's micro-batch count.
+//
+// Every (model, precision, layout, device, attention) train_gpt accepts is a compiled instance of
+// train::session (cmake/LoomSessions.cmake; --list-instances prints them); the loop here and in
+// train_gpt/run.cpp is compiled once. A combination that is not compiled is refused with the
+// CMake setting that adds it.
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --model char_tiny --layout tp2pp2 --ranks 4 --grad-accum 4
 //
 // Precision (docs/precision.md): --precision bf16 stores weights and activations in bfloat16 with
 // fp32 accumulation, fp32 gradients and fp32 master weights; fp16 adds dynamic loss scaling
-// (logged as train/loss_scale; on the console whenever it changes). One rank, or --layout tp2pp2
-// with --model char_tiny (any DP on top); not yet data parallel on the one-layout path.
+// (--loss-scale: the initial scale, 512; logged as train/loss_scale; on the console whenever it
+// changes).
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --precision bf16
 //
 // Dropout (docs/model.md): --dropout P drops with probability P on the embedding, the attention
@@ -62,30 +66,26 @@
 #endif
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
-#include <type_traits>
 
-#include <loom/core/dropout.hpp>
-#include <loom/core/memory.hpp>
 #include <loom/data/source.hpp>
 #include <loom/device/cpu.hpp>
-#include <loom/io/trace.hpp>
 #include <loom/parallel/comm_threads.hpp>
+#include <loom/train/session.hpp>
 #if LOOM_WITH_MPI
 #include <loom/parallel/comm_mpi.hpp>  // --comm mpi: links loom::mpi
 #endif
 
 #include "train_gpt/flags.hpp"
 #include "train_gpt/options.hpp"
-#include "train_gpt/run.hpp"  // the run loop, on every layout
+#include "train_gpt/run.hpp"  // the run loop, compiled once (train_gpt/run.cpp)
 
 namespace {
 
 using train_gpt_cli::options;
+using loom::train::world_ref;
 
 inline loom::parallel::comm_options comm_options_of(const options& o) {
   loom::parallel::comm_options c;
@@ -93,11 +93,11 @@ inline loom::parallel::comm_options comm_options_of(const options& o) {
   return c;
 }
 
-/// Runs by_model(world) on every rank: a single rank without a communicator, --ranks N threads
+/// Runs by_world(world) on every rank: a single rank without a communicator (kind none), --ranks N threads
 /// (each with its share of the OpenMP threads), or one MPI process per rank. Returns rank 0's
 /// exit status; an exception on any rank ends the run (the others are released) and is rethrown.
 template <class F>
-int run_ranks(const options& o, int& argc, char**& argv, F&& by_model) {
+int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv, F&& by_world) {
   if (o.comm == "mpi") {
 #if LOOM_WITH_MPI
     if (o.ranks != 1)
@@ -110,7 +110,7 @@ int run_ranks(const options& o, int& argc, char**& argv, F&& by_model) {
         omp_set_num_threads(std::max(1, omp_get_max_threads() / std::max(1, std::atoi(local))));
 #endif
     auto world = env.world(comm_options_of(o));
-    return by_model(&world);
+    return by_world(world_ref::of(world));
 #else
     (void)argc;
     (void)argv;
@@ -118,7 +118,7 @@ int run_ranks(const options& o, int& argc, char**& argv, F&& by_model) {
                             "rebuild (LOOM_WITH_MPI), or use --ranks N (threads)");
 #endif
   }
-  if (o.ranks == 1) return by_model(static_cast<std::nullptr_t*>(nullptr));
+  if (kind == world_ref::kind::none) return by_world(world_ref::none());
   int status = 0;
 #ifdef _OPENMP
   const int threads = std::max(1, omp_get_max_threads() / o.ranks);
@@ -129,11 +129,34 @@ int run_ranks(const options& o, int& argc, char**& argv, F&& by_model) {
 #ifdef _OPENMP
         omp_set_num_threads(threads);  // per rank thread: the ranks share the cores
 #endif
-        const int s = by_model(&world);
+        const int s = by_world(world_ref::of(world));
         if (world.rank() == 0) status = s;
       },
       comm_options_of(o));
   return status;
+}
+
+/// The compiled instances, one per line, for --list-instances.
+void list_instances() {
+  std::printf("compiled instances (model precision layout device attention; each runs on one rank, --ranks N threads "
+              "or mpirun, with data parallelism on top):\n");
+  for (const auto& i : loom::train::compiled_sessions())
+    std::printf("  %s  (micro-batch <= %d, seq <= %d)\n", i.describe().c_str(), i.micro_batch, i.seq_len);
+}
+
+/// The compiled instance for the flags; throws loom::input_error naming the CMake setting that
+/// adds it when there is none.
+const loom::train::session_instance& choose_instance(const options& o, int tp, int pp) {
+  const auto all = loom::train::compiled_sessions();
+  if (const auto* i = loom::train::find_session(all, o.model, o.precision, tp, pp, o.device, o.attention)) return *i;
+  if (o.device != "cpu")
+    throw loom::input_error("--device " + o.device + ": train_gpt runs on the CPU only so far (the Ascend policy is "
+                            "exercised by the tests on the emulation); pass --device cpu");
+  const std::string entry = o.model + "/" + o.precision + "/" + o.layout + "/" + o.device + "/" + o.attention;
+  throw loom::input_error("--model " + o.model + " --precision " + o.precision + " --layout " + o.layout +
+                          " --attention " + o.attention +
+                          " is not compiled into this train_gpt (train_gpt --list-instances shows what is); add it "
+                          "with cmake -DLOOM_EXTRA_SESSIONS=" + entry + " and rebuild");
 }
 
 }  // namespace
@@ -143,7 +166,7 @@ int main(int argc, char** argv) {
   loom::device::configure_host_malloc_for_gemm();  // Eigen's GEMM buffers: reuse, don't re-fault (3x on big vocabularies)
   options o;
   CLI::App app{"train_gpt: train a GPT on a UTF-8 text file (byte tokens) or a prepare_data dataset (SentencePiece ids) "
-               "(CPU; fp32, bf16 or fp16), then sample from it"};
+               "(any compiled model, precision and layout), then sample from it"};
   train_gpt_cli::add_flags(app, o);
   try {
     app.parse(argc, argv);
@@ -153,32 +176,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_gpt: error: %s; run train_gpt --help for the flags\n", e.what());
     return 2;
   }
+  if (o.list_instances) {
+    list_instances();
+    return 0;
+  }
   try {
-    const auto layout = train_gpt_cli::check_flags(o, app, loom::data::indexed_dataset_prefix(o.data).has_value());
-    const int tp = layout.first, pp = layout.second;
+    const auto [tp, pp] = train_gpt_cli::check_flags(o, app, loom::data::indexed_dataset_prefix(o.data).has_value());
+    const auto kind = o.comm == "mpi" ? world_ref::kind::mpi : o.ranks > 1 || tp * pp > 1 ? world_ref::kind::threads
+                                                                                          : world_ref::kind::none;
+    const auto& inst = choose_instance(o, tp, pp);  // before any rank starts
     if (o.zero1 && o.comm == "threads" && o.ranks / (tp * pp) < 2)
       std::fprintf(stderr,
                    "train_gpt: warning: --zero1 with one data-parallel rank (--ranks %d / TP*PP %d) shards nothing; "
                    "pass --ranks %d for DP = 2\n",
                    o.ranks, tp * pp, 2 * tp * pp);
-    auto by_model = [&](auto* world) {
-      using W = std::remove_pointer_t<decltype(world)>;
-      if constexpr (!std::is_same_v<W, std::nullptr_t>) {
-        if (tp * pp > 1) {
-          if (o.model == "char_tiny") return train_gpt_cli::run_layout<loom::models::char_tiny>(o, tp, pp, *world);
-          return train_gpt_cli::run_layout<loom::models::quickstart_bpe>(o, tp, pp, *world);
-        }
-      }
-      auto go = [&]<class M, int B, int T>() {
-        if (o.precision == "bf16") return train_gpt_cli::run<M, B, T, 1, 1, W, loom::precision::bf16>(o, world);
-        if (o.precision == "fp16") return train_gpt_cli::run<M, B, T, 1, 1, W, loom::precision::fp16>(o, world);
-        return train_gpt_cli::run<M, B, T, 1, 1, W>(o, world);
-      };
-      if (o.model == "char_tiny") return go.template operator()<loom::models::char_tiny, 8, 32>();
-      if (o.model == "quickstart_bpe") return go.template operator()<loom::models::quickstart_bpe, 16, 128>();
-      return go.template operator()<loom::models::quickstart, 16, 128>();
-    };
-    return run_ranks(o, argc, argv, by_model);
+    return run_ranks(o, kind, argc, argv, [&](world_ref world) {
+#if LOOM_WITH_MPI
+      if (world.type == world_ref::kind::mpi && tp * pp > 1)
+        train_gpt_cli::check_world_size(tp, pp, static_cast<loom::comm::mpi*>(world.comm)->size());
+#endif
+      return train_gpt_cli::run(o, inst, world);
+    });
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
     return 2;

@@ -13,7 +13,8 @@ packages=(
   libopenmpi-dev openmpi-bin
   libsentencepiece-dev sentencepiece libutf8proc-dev libxxhash-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
-  libdnnl-dev   # oneDNN: the fp32 GEMM behind kernels::cpu::gemm (optional; Eigen without it)
+  libdnnl-dev ocl-icd-opencl-dev   # oneDNN: the fp32 GEMM behind kernels::cpu::gemm (optional;
+                                   # Eigen without it); its CMake config needs the OpenCL headers
   clang libclang-rt-14-dev   # only for the fuzz_<target> tests (libFuzzer + sanitizers)
   chromium   # only for the cli_report test's headless screenshot: 115 MB download, ~30 s install
 )

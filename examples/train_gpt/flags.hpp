@@ -15,11 +15,12 @@
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include <loom/core/dropout.hpp>
 #include <loom/core/error.hpp>
 #include <loom/io/trace.hpp>
-#include <loom/models/configs.hpp>
+#include <loom/models/registry.hpp>
 
 #include "options.hpp"
 
@@ -29,9 +30,13 @@ namespace train_gpt_cli {
 /// outlive `app`. The flags' help strings are train_gpt's --help.
 inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--data", o.data, "UTF-8 text file (e.g. ../shared/data/tinyshakespeare.txt), or a dataset written by "
-                                   "prepare_data: its prefix or its .idx/.bin (e.g. out/shakespeare)")->required();
-  app.add_option("--model", o.model, "model config (default: quickstart for a text file, quickstart_bpe for a dataset)")
-      ->check(CLI::IsMember({"quickstart", "char_tiny", "quickstart_bpe"}));
+                                   "prepare_data: its prefix or its .idx/.bin (e.g. out/shakespeare); required");
+  std::vector<std::string> models;
+  for (const auto& m : loom::models::named_models) models.emplace_back(m.name);
+  app.add_option("--model", o.model,
+                 "model config: " + loom::models::model_names() +
+                     " (default: quickstart for a text file, quickstart_bpe for a dataset)")
+      ->check(CLI::IsMember(models));
   app.add_option("--steps", o.steps, "optimizer steps (>= 1)")
       ->check(CLI::Validator(
           [](std::string& v) {
@@ -111,8 +116,20 @@ inline void add_flags(CLI::App& app, options& o) {
                  "data parallel: compare a parameter checksum across ranks every N steps (0: never)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--layout", o.layout,
-                 "tensor x pipeline parallel degrees tp<TP>pp<PP> (tp1pp1, tp2pp1, tp1pp2, tp2pp2; fp32, --model "
-                 "char_tiny or quickstart_bpe); the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top");
+                 "tensor x pipeline parallel degrees tp<TP>pp<PP> (those compiled for the model: --list-instances); "
+                 "the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top");
+  app.add_option("--device", o.device, "where to train: cpu")->check(CLI::IsMember({"cpu", "ascend"}));
+  app.add_option("--attention", o.attention,
+                 "attention kernel: fused (flash-style, online softmax) or reference (materialises the probabilities)")
+      ->check(CLI::IsMember({"fused", "reference"}));
+  app.add_option("--loss-scale", o.loss_scale, "fp16: the dynamic loss scaler's initial scale (> 0)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--log-every", o.log_every, "console: one line every N steps, plus the first and the last (>= 1)")
+      ->check(CLI::Range(1L, 1L << 40));
+  app.add_option("--workers", o.workers, "loader prefetch threads for a prepare_data dataset (0: read on the training thread)")
+      ->check(CLI::Range(0, 64));
+  app.add_flag("--list-instances", o.list_instances,
+               "print the compiled (model, precision, layout, device, attention) instances and exit");
   app.add_option("--init-from-hf", o.init_from_hf,
                  "start from the GPT-2 weights in this directory (config.json, model.safetensors)")
       ->excludes(resume);
@@ -134,8 +151,10 @@ inline std::chrono::milliseconds comm_timeout_ms(const options& o) {
 /// for: a number that is not finite, --comm-timeout or --bucket-mb beyond the limits above, a
 /// dropout outside [0, 1), a missing --resume, a --profile-steps window outside the run, an
 /// --early-stop without periodic evaluations, an --out naming a directory, a --layout that is
-/// malformed, does not divide the model, is not compiled for it, or does not fit --ranks.
+/// malformed, does not divide the model or does not fit --ranks, a missing --data. Whether the
+/// combination is compiled is train_gpt's main() question (train::compiled_sessions()).
 inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool data_is_dataset) {
+  if (o.data.empty()) throw loom::input_error("--data is required: pass a UTF-8 text file or a prepare_data dataset");
   if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
   if (app.count("--model") == 0 && data_is_dataset) o.model = "quickstart_bpe";
   using flag_value = std::pair<const char*, double>;
@@ -174,16 +193,10 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
     throw loom::input_error("--out '" + o.out + "' is a directory; the trained weights are one file: pass a file "
                             "name such as " + (std::filesystem::path(o.out) / "model.safetensors").string());
   const auto [tp, pp] = parse_layout(o.layout);
-  if (tp * pp > 1) {  // tensor/pipeline parallel: train_gpt/layout_<model>.cpp
-    if (o.model != "char_tiny" && o.model != "quickstart_bpe")
-      throw loom::input_error("--layout " + o.layout + " is compiled for --model char_tiny and quickstart_bpe only, not " +
-                              o.model + "; pass one of those, or --layout tp1pp1");
-    if (o.model == "char_tiny")  // the model first: a layout that cannot split it is the basic problem
-      check_layout_fits<loom::models::char_tiny>(tp, pp);
-    else
-      check_layout_fits<loom::models::quickstart_bpe>(tp, pp);
-    if (o.comm == "threads") check_layout_run(o, tp, pp, o.ranks);  // before starting the ranks
-  }
+  const auto* m = loom::models::find_model(o.model);  // CLI11 checked the name
+  if (const auto problem = m ? m->layout_problem(tp, pp) : std::string(); !problem.empty())
+    throw loom::input_error(problem);  // the model first: a layout that cannot split it is the basic problem
+  if (o.comm == "threads" && tp * pp > 1) check_world_size(tp, pp, o.ranks);  // before starting the ranks
   return {tp, pp};
 }
 

@@ -17,6 +17,7 @@
 
 #include <loom/core/context.hpp>
 #include <loom/io/trace.hpp>
+#include <loom/train/session.hpp>
 
 #include "options.hpp"
 
@@ -38,14 +39,16 @@ class rank_profile {
 
   bool enabled() const noexcept { return !trace_.options().window.empty(); }
 
-  /// Call before the trainer is built (it splits the world into groups, which inherit the
-  /// observer). World is a communicator, or std::nullptr_t for a single rank (world == nullptr).
-  template <class D, class World>
-  void attach(loom::context<D>& ctx, World* world) {
-    if (!enabled()) return;
-    ctx.hook = &observer_;
-    if constexpr (!std::is_same_v<World, std::nullptr_t>) world->set_observer(&observer_);
-    trace_.name_this_thread("trainer");
+  /// The kernel hook and communication observer to build the session with
+  /// (train::session_args::hook, observer): null without --profile-steps.
+  loom::kernel_hook* hook() noexcept { return enabled() ? &observer_ : nullptr; }
+  loom::parallel::comm_observer* observer() noexcept { return enabled() ? &observer_ : nullptr; }
+
+  /// Once the session knows this rank: its world rank (the trace's pid) and track label.
+  void set_rank(int rank, std::string process_name) {
+    rank_ = rank;
+    trace_.set_process(rank, std::move(process_name));
+    if (enabled()) trace_.name_this_thread("trainer");
   }
 
   /// The recorder, for the step's phase zones and the data-loader wait.
@@ -53,32 +56,24 @@ class rank_profile {
 
   /// At the start of every step, on every rank. When the window has just closed, collects the
   /// ranks' traces into trace.json (collective) and returns a line for the console, else "".
-  template <class World>
-  std::string begin_step(long step, World* world) {
+  std::string begin_step(long step, loom::train::session& s) {
     if (!enabled()) return {};
     trace_.begin_step(step);
-    return trace_.stats().finished && !written_ ? collect(world) : std::string();
+    return trace_.stats().finished && !written_ ? collect(s) : std::string();
   }
 
   /// After the training loop, on every rank: closes a window the run ended inside and collects.
-  template <class World>
-  std::string finish(World* world) {
+  std::string finish(loom::train::session& s) {
     if (!enabled()) return {};
     trace_.stop();
-    return trace_.stats().finished && !written_ ? collect(world) : std::string();
+    return trace_.stats().finished && !written_ ? collect(s) : std::string();
   }
 
  private:
-  template <class World>
-  std::string collect(World* world) {
+  std::string collect(loom::train::session& session) {
     written_ = true;
-    int ranks = 1;
-    if constexpr (std::is_same_v<World, std::nullptr_t>) {
-      trace_.write(file_);
-    } else {
-      loom::io::gather_trace(trace_, *world, file_);
-      ranks = world->size();
-    }
+    session.gather_trace(trace_, file_);
+    const int ranks = session.rank().world_size;
     if (rank_ != 0) return {};
     const auto s = trace_.stats();
     const auto& w = trace_.options().window;

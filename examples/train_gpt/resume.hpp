@@ -13,6 +13,7 @@
 #include <loom/core/json.hpp>
 #include <loom/data/source.hpp>
 #include <loom/io/checkpoint.hpp>
+#include <loom/train/session.hpp>
 
 namespace train_gpt_cli {
 
@@ -22,14 +23,14 @@ struct resume_point {
   std::uint64_t tokens = 0;   ///< training tokens already consumed
 };
 
-/// Loads the newest valid checkpoint under `dir` into `tr` (io::resume_checkpoint: parameters,
+/// Loads the newest valid checkpoint under `dir` into `s` (io::resume_checkpoint: parameters,
 /// optimizer state, step, loss scaler; resharded when it was saved under another layout), moves
 /// `src` to the saved data position, passes every warning to `warn` and, on the lead rank, prints
 /// where the run resumes. Throws loom::input_error when nothing valid is found or the checkpoint
 /// has no data position (it was not written by train_gpt).
-template <class Ctx, class Trainer, class Source, class Warn>
-resume_point resume_run(Ctx& ctx, const std::string& dir, Trainer& tr, Source& src, Warn&& warn, bool lead) {
-  const auto info = loom::io::resume_checkpoint(ctx, dir, tr, warn);
+template <class Source, class Warn>
+resume_point resume_run(loom::train::session& s, const std::string& dir, Source& src, Warn&& warn, bool lead) {
+  const auto info = s.resume(dir, warn);
   for (const auto& w : info.warnings) warn(w);
   const nlohmann::json& d = info.state.data;
   // Each field range-checked as the type it becomes (json_integer): a file's 1e63 is no uint64.

@@ -277,6 +277,13 @@ class trace_recorder {
     return {events_.size(), dropped_, overhead_us_ * 1e-6, state_.load() == st_finished};
   }
   const trace_options& options() const noexcept { return opt_; }
+  /// Sets the track this recorder writes to (trace_options::pid and process_name; an empty name
+  /// becomes "rank <pid>"), e.g. once the rank is known. Call before recording starts.
+  void set_process(int pid, std::string process_name) {
+    std::lock_guard lock(mutex_);
+    opt_.pid = pid;
+    opt_.process_name = process_name.empty() ? "rank " + std::to_string(pid) : std::move(process_name);
+  }
 
   /// Writes everything recorded so far as a trace-event JSON object to `file` (temporary file,
   /// then rename: an existing trace is never left half-written). Throws loom::input_error.

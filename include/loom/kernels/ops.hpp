@@ -8,6 +8,7 @@
 /// Write modes follow Note [grad accumulation]: parameter gradients +=, activation gradients =,
 /// residual-stream gradients +=.
 #include <cstdint>
+#include <string_view>
 
 #include <loom/core/context.hpp>
 
@@ -21,8 +22,14 @@ inline constexpr bool dependent_false = false;
 inline constexpr std::int32_t ignore_index = -1;
 
 /// Attention implementations, chosen by tag (STYLE §3.8).
-struct reference {};  ///< materialises the (T,T) probabilities; O(B·NH·T²) saved memory
-struct fused {};      ///< flash-style, online softmax; O(B·NH·T) saved memory
+/// Materialises the (T,T) probabilities; O(B·NH·T²) saved memory.
+struct reference {
+  static constexpr std::string_view name = "reference";
+};
+/// Flash-style, online softmax; O(B·NH·T) saved memory.
+struct fused {
+  static constexpr std::string_view name = "fused";
+};
 
 /// Element type of the parameter-gradient buffer for precision P on Device. The primary gives
 /// P::master: fp32 gradients for 16-bit storage, so accumulation over micro-batches and the

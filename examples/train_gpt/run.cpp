@@ -1,0 +1,507 @@
+// train_gpt's run loop: one rank of a run on any model, precision, layout and communicator,
+// written once against the non-template train::session (include/loom/train/session.hpp) and
+// compiled once; the session behind it is one of the compiled instances (loom::sessions).
+//
+// What TP*PP > 1 changes:
+// - validation runs on the ranks of dp replica 0 (evaluate() is collective over tp and pp; on
+//   tp1pp1 dp replica 0 is rank 0); world rank 0 prints and logs;
+// - checkpoints are saved collectively (every rank takes part; docs/checkpoint.md "Multi-rank
+//   save"), as on tp1pp1 with --zero1 only; --resume accepts a checkpoint of any layout
+//   (resharded on load);
+// - the banner names the layout and rank 0's memory.
+// --init-from-hf loads into the whole fp32 model (train::whole_model) and each rank takes its
+// slices; at the end the parameters are gathered to the whole model and rank 0 saves, exports
+// and samples with it (fp32: bf16/fp16 weights widened, exact).
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <loom/bench/peak.hpp>
+#include <loom/core/memory.hpp>
+#include <loom/data/source.hpp>
+#if LOOM_WITH_TEXT
+#include <loom/data/text/tokenizer.hpp>  // SentencePiece: links loom::text
+#endif
+#include <loom/io/checkpoint.hpp>
+#include <loom/io/jsonl.hpp>
+#include <loom/io/tensorboard.hpp>
+#include <loom/io/trace.hpp>
+#include <loom/models/configs.hpp>
+#include <loom/parallel/schedule.hpp>
+#include <loom/train/console.hpp>
+#include <loom/train/metrics.hpp>
+#include <loom/train/session.hpp>
+
+#include "loop.hpp"
+#include "options.hpp"
+#include "profile.hpp"
+#include "resume.hpp"
+#include "run.hpp"
+
+namespace train_gpt_cli {
+
+/// x with two decimals ("0.07").
+inline std::string fixed2(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f", x);
+  return b;
+}
+
+/// Where a run resumed from `resume` keeps saving: the run's root (the parent of a
+/// step_NNNNNNNN directory given directly).
+inline std::string checkpoint_root_of(const std::string& resume) {
+  const std::filesystem::path p(resume);
+  return std::filesystem::exists(p / "manifest.json") ? p.parent_path().string() : resume;
+}
+
+/// Creates `dir` if needed and checks that a file can be created in it; throws
+/// loom::input_error naming `flag` otherwise, so a long run never ends unable to save. The
+/// probe is an unnamed O_TMPFILE file, so a process killed during the check leaves nothing
+/// behind; on a file system without O_TMPFILE, a named `.loom_write_test.<pid>`, removed at once.
+inline void ensure_writable_directory(const std::filesystem::path& dir, const char* flag) {
+  const std::filesystem::path d = dir.empty() ? std::filesystem::path(".") : dir;
+  std::error_code ec;
+  std::filesystem::create_directories(d, ec);
+#ifdef O_TMPFILE
+  if (!ec)
+    if (const int fd = ::open(d.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600); fd >= 0) {
+      ::close(fd);
+      return;
+    }
+#endif
+  const auto probe = d / (".loom_write_test." + std::to_string(::getpid()));
+  std::FILE* f = ec ? nullptr : std::fopen(probe.c_str(), "wb");
+  if (!f)
+    throw loom::input_error(std::string(flag) + ": cannot create files in '" + d.string() +
+                            "'; choose a directory you can write to");
+  std::fclose(f);
+  std::filesystem::remove(probe, ec);
+}
+
+
+namespace {
+
+using loom::train::session;
+
+/// The end of a run on rank 0: saves `model` (the whole fp32 model) to `out` with `meta`,
+/// exports it with --export-hf, then prints a sample (bytes for a text file; SentencePiece ids
+/// for a dataset: prompt encoded, ids decoded with `tok`, a blank line for each end of
+/// document). `saved`: the console line's "saved weights ..." words. No sample with
+/// --sample-tokens 0.
+template <class Tokenizer>
+void save_and_sample(const options& o, loom::train::whole_model& model, const std::string& out,
+                     const std::map<std::string, std::string>& meta, const std::string& saved,
+                     const loom::data::batch_source<>& src, const Tokenizer* tok) {
+  using namespace loom;
+  (void)src;  // for the note without LOOM_WITH_TEXT
+  const auto parent = std::filesystem::path(out).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  model.save_weights(out, meta);
+  std::printf("%s to %s\n", saved.c_str(), out.c_str());
+  if (!o.export_hf.empty()) {
+    model.export_hf(o.export_hf);
+    std::printf("exported Hugging Face GPT-2 weights to %s (model.safetensors, config.json)\n", o.export_hf.c_str());
+  }
+  if (o.sample_tokens <= 0) return;
+  std::vector<std::int32_t> tokens(o.prompt.begin(), o.prompt.end());
+  for (auto& t : tokens) t = std::int32_t(std::uint8_t(t));
+  int sample_vocab = model.model().vocab;  // ids that have text: the tokenizer's pieces (quickstart_bpe has more rows)
+#if LOOM_WITH_TEXT
+  if (tok) {
+    tokens = tok->encode(o.prompt);
+    sample_vocab = tok->vocab_size();
+  }
+#else
+  (void)tok;
+  if (src.kind() == data::source_kind::indexed) {
+    std::printf("(no sample: this train_gpt was built without LOOM_WITH_TEXT, so it cannot decode SentencePiece ids)\n");
+    return;
+  }
+#endif
+  model.generate(tokens, o.sample_tokens, {o.temperature, o.top_k, o.seed}, sample_vocab);
+  std::string text(tokens.begin(), tokens.end());
+#if LOOM_WITH_TEXT
+  if (tok) text = data::decode_documents(*tok, tokens, tok->eod_id());
+#endif
+  std::printf("---- sample (temperature %.2f) ----\n%s\n----\n", o.temperature, text.c_str());
+}
+
+/// Throws loom::input_error when a vocabulary of `n` ids (of `what`) does not fit model `m`.
+void check_vocab(const loom::models::model_facts& m, std::int64_t n, const std::string& what) {
+  using loom::input_error;
+  if (n <= m.vocab) return;
+  constexpr int bpe = loom::models::quickstart_bpe::vocab;
+  throw input_error(what + " has a vocabulary of " + std::to_string(n) + " tokens, more than the " +
+                    std::to_string(m.vocab) + " of model " + std::string(m.name) + "; " +
+                    (n <= bpe ? std::string("train it with --model quickstart_bpe (vocabulary 8192)")
+                              : "prepare the data again with --vocab-size <= " + std::to_string(bpe) +
+                                    " and train it with --model quickstart_bpe"));
+}
+
+/// The trainer settings of the flags.
+loom::train::session_args session_args_of(const options& o, rank_profile& prof) {
+  loom::train::session_args a;
+  auto& cfg = a.cfg;
+  cfg.micro_batch = o.micro_batch;
+  cfg.seq_len = o.seq_len;
+  cfg.grad_accum = o.grad_accum;
+  cfg.schedule = {o.lr, o.min_lr, o.warmup, o.steps};
+  cfg.adamw.weight_decay = o.weight_decay;
+  cfg.adamw.max_grad_norm = o.max_grad_norm;
+  cfg.seed = o.seed;
+  cfg.dropout = o.dropout;
+  cfg.loss_scaler.initial_scale = o.loss_scale;
+  a.ddp = {.bucket_mb = o.bucket_mb, .overlap = !o.no_overlap, .zero1 = o.zero1, .check_every = o.replica_check_every};
+  a.hook = prof.hook();
+  a.observer = prof.observer();
+  return a;
+}
+
+/// The banner: model, batch, data, layout or data parallelism, memory of rank 0.
+void print_banner(const options& o, const session& s, const loom::data::batch_source<>& src, std::size_t synthetic,
+                  double peak) {
+  const auto& m = s.model();
+  const auto& c = s.config();
+  const auto r = s.rank();
+  const bool layered = r.tp * r.pp > 1;
+  std::printf("model %s: %d layers, %d heads, width %d, %zu parameters | %s %s, %s attention | micro-batch %d x seq %d "
+              "x accum %d%s = %zu tokens/step\n",
+              std::string(m.name).c_str(), m.n_layer, m.n_head, m.d_model, s.parameter_count(),
+              std::string(s.device()).c_str(), std::string(s.precision()).c_str(), std::string(s.attention()).c_str(),
+              c.micro_batch, c.seq_len, c.grad_accum,
+              r.dp > 1 ? (" x " + std::to_string(r.dp) + (layered ? " replicas" : " ranks")).c_str() : "",
+              s.tokens_per_step() * std::size_t(r.dp));
+  std::printf("data %s | %ld steps, lr %.1e -> %.1e, warm-up %ld\n", src.describe().c_str(), o.steps, o.lr, o.min_lr,
+              o.warmup);
+  if (synthetic)
+    std::printf("--synthetic-data: training on %zu in-memory batches of random ids, cycled (validation still uses the data)\n",
+                synthetic);
+  const auto mem = s.memory();
+  if (layered) {
+    std::printf("layout tp%dpp%d x dp %d = %d ranks (%s): tensor parallel %d, pipeline %d stages of %d layers, 1F1B "
+                "over %d micro-batches (ideal bubble %.0f %%), data parallel %d%s\n",
+                r.tp, r.pp, r.dp, r.world_size, o.comm.c_str(), r.tp, r.pp, m.n_layer / r.pp, c.grad_accum,
+                100 * loom::parallel::bubble_fraction(r.pp, c.grad_accum), r.dp,
+                o.zero1 ? " with ZeRO-1 (AdamW moments sharded)" : "");
+  } else if (s.bucket_count() > 0) {
+    std::printf("data parallel: %d ranks (%s), %zu buckets of <= %.2f MiB, overlap %s%s | per rank: buckets %.1f MiB, "
+                "optimizer state %.1f MiB\n",
+                r.dp, o.comm.c_str(), s.bucket_count(), o.bucket_mb, o.no_overlap ? "off" : "on", o.zero1 ? ", ZeRO-1" : "",
+                mem.dp_buffers / 1048576.0, mem.optimizer / 1048576.0);
+  }
+  const std::string staging = layered && mem.dp_buffers ? ", dp buckets " + fixed2(mem.dp_buffers / 1048576.0) + " MiB" : "";
+  std::printf("fp32 peak %.0f GFLOP/s (%s) | memory%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB%s, "
+              "activations %.2f MiB\n",
+              peak, o.peak_gflops > 0 ? "--peak-gflops" : "measured", layered ? " of rank 0 (tp 0, stage 0)" : "",
+              mem.parameters / 1048576.0, mem.gradients / 1048576.0, mem.optimizer / 1048576.0, staging.c_str(),
+              mem.activations / 1048576.0);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run(const options& o, const loom::train::session_instance& inst, loom::train::world_ref world) {
+  using namespace loom;
+  rank_profile prof(o, 0, "rank 0");  // renamed below, once the session knows the rank
+  const auto args = session_args_of(o, prof);
+  if (args.cfg.seq_len > 0) {
+    const auto* m = models::find_model(inst.model);
+    if (m && args.cfg.seq_len > m->max_seq)
+      throw input_error("--seq-len " + std::to_string(o.seq_len) + " exceeds the maximum sequence length " +
+                        std::to_string(m->max_seq) + " of model " + std::string(m->name) + "; pass --seq-len <= " +
+                        std::to_string(m->max_seq));
+  }
+  if (o.micro_batch > inst.micro_batch || o.seq_len > inst.seq_len)
+    throw input_error("--micro-batch " + std::to_string(o.micro_batch) + " --seq-len " + std::to_string(o.seq_len) +
+                      " exceed the compiled capacity " + std::to_string(inst.micro_batch) + " x " +
+                      std::to_string(inst.seq_len) + " of model " + std::string(inst.model) +
+                      "; pass smaller values, or raise LOOM_SESSION_CAPACITY_" + std::string(inst.model) +
+                      " when configuring the build");
+  const auto session_ptr = inst.make(args, world);
+  session& s = *session_ptr;
+  const auto r = s.rank();
+  const bool lead = r.world_rank == 0, layered = r.tp * r.pp > 1;
+  {
+    std::string name = "rank " + std::to_string(r.world_rank);
+    if (layered)
+      name += " (tp " + std::to_string(r.tp_rank) + ", dp " + std::to_string(r.dp_rank) + ", pp " + std::to_string(r.stage) + ")";
+    else if (world.type != train::world_ref::kind::none)
+      name += " (dp " + std::to_string(r.world_rank) + ")";
+    prof.set_rank(r.world_rank, name);
+  }
+  const auto& m = s.model();
+  const int dp = r.dp;
+  const auto& c = s.config();
+  if (c.grad_accum < r.pp && lead)
+    std::fprintf(stderr, "train_gpt: warning: --grad-accum %d < PP=%d: the 1F1B pipeline never fills (bubble %.0f %%); "
+                 "pass --grad-accum >= %d (the bubble shrinks as (PP-1)/(m+PP-1))\n", c.grad_accum, r.pp,
+                 100 * parallel::bubble_fraction(r.pp, c.grad_accum), r.pp);
+  // Training data: a text file (byte tokens) or a prepare_data dataset (data/source.hpp), this dp
+  // replica's share of every global batch (the same on every rank of a tp x pp group). The
+  // data's vocabulary must fit the model's: an id >= vocab has no embedding row.
+  const auto prefix = data::indexed_dataset_prefix(o.data);
+  if (prefix)
+    if (const auto d = data::read_dataset_summary(*prefix)) check_vocab(m, d->vocab_size, "dataset " + prefix->string());
+  data::batch_source<> src(o.data, {.micro_batch = std::size_t(c.micro_batch), .seq_len = std::size_t(c.seq_len),
+                                    .grad_accum = std::size_t(c.grad_accum), .valid_fraction = o.val_fraction,
+                                    .seed = o.seed, .vocab = m.vocab, .workers = o.workers, .dp_rank = r.dp_rank,
+                                    .dp_size = dp, .verify_checksums = !o.no_data_checksum});
+#if LOOM_WITH_TEXT
+  std::optional<data::text::tokenizer> tok;  // encodes the prompt, decodes the sample, counts bytes exactly
+  if (prefix) {
+    tok = data::text::tokenizer::load(src.tokenizer_path());
+    check_vocab(m, tok->vocab_size(), "tokenizer " + src.tokenizer_path().string());
+    src.set_token_bytes(data::token_byte_lengths(*tok));
+  }
+  const data::text::tokenizer* sample_tok = tok ? &*tok : nullptr;
+#else
+  const std::nullptr_t* sample_tok = nullptr;
+#endif
+  // fail before training, not after it, when the weights cannot be written
+  const std::string out = o.out.empty() ? "out/" + std::string(m.name) + ".safetensors" : o.out;
+  ensure_writable_directory(std::filesystem::path(out).parent_path(), "--out");
+  // periodic evaluations: the first --eval-windows windows of the validation split (all of them
+  // if it has fewer; a last partial micro-batch is evaluated too, no window twice)
+  const std::size_t val_rows = std::min<std::size_t>(std::size_t(o.eval_windows), src.validation_rows());
+  std::span<const std::int32_t> batch;
+  const std::vector<std::int32_t> val = src.validation_batch(val_rows);
+  if (o.early_stop > 0 && val.empty())
+    throw input_error("--early-stop " + std::to_string(o.early_stop) + ": the validation part of " + o.data +
+                      " is shorter than one window of " + std::to_string(c.seq_len + 1) +
+                      " tokens, so there is no validation loss to watch; raise --val-fraction or drop --early-stop");
+  // --synthetic-data: a few batches of uniform random ids made once and cycled, so a step never
+  // waits for the loader and the breakdown has no data_wait phase (docs/observability.md)
+  std::vector<std::vector<std::int32_t>> synthetic(o.synthetic_data ? 8 : 0);
+  for (std::size_t k = 0; k < synthetic.size(); ++k) {  // per dp replica, the same on its tp x pp ranks
+    const std::int64_t v = src.data_vocab() > 0 ? std::min<std::int64_t>(src.data_vocab(), m.vocab) : m.vocab;
+    std::mt19937_64 rng(o.seed + 1000003 * std::uint64_t(r.dp_rank) + k);
+    std::uniform_int_distribution<std::int32_t> id(0, std::int32_t(v - 1));
+    synthetic[k].resize(s.windows_per_step() * s.window());
+    for (auto& t : synthetic[k]) t = id(rng);
+  }
+  // per rank, times the ranks: each rank measures with its share of the cores (only rank 0 prints)
+  const double peak =
+      r.world_size * (o.peak_gflops > 0 ? o.peak_gflops : lead ? bench::measure_fp32_peak().gflops : 1.0);
+  if (lead) print_banner(o, s, src, synthetic.size(), peak);
+
+  // checkpoints: resume (model, optimizer, step, data position; every rank loads its part,
+  // resharded when the checkpoint has another layout), or a fresh run, optionally from Hugging
+  // Face GPT-2 weights; a fresh run never writes into another run's checkpoints
+  const std::string ckpt_dir = !o.checkpoint_dir.empty() ? o.checkpoint_dir
+                               : o.resume.empty()         ? std::string()
+                                                          : checkpoint_root_of(o.resume);
+  long start = 0;
+  std::uint64_t tokens_seen = 0;
+  auto warn = [lead](const std::string& w) {
+    if (lead) std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str());
+  };
+  if (!o.resume.empty()) {
+    const auto at = resume_run(s, o.resume, src, warn, lead);
+    start = at.step;
+    tokens_seen = at.tokens;
+  } else {
+    if (!o.init_from_hf.empty()) {  // into the whole model, then each rank takes its slices
+      const auto whole = inst.whole(o.seed);
+      whole->import_hf(o.init_from_hf);
+      s.load_global_parameters(whole->parameters());
+      if (lead) std::printf("initialised from the GPT-2 weights in %s\n", o.init_from_hf.c_str());
+    }
+    if (const auto old = io::list_checkpoints(ckpt_dir); !ckpt_dir.empty() && !old.empty())
+      throw input_error("checkpoint directory '" + ckpt_dir + "' already holds checkpoints of an earlier run (newest " +
+                        old.back().dir.filename().string() + "); pass --resume " + ckpt_dir +
+                        " to continue it, or choose another --checkpoint-dir");
+  }
+  if (!ckpt_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(ckpt_dir, ec);
+    if (ec) throw input_error("cannot create --checkpoint-dir '" + ckpt_dir + "': " + ec.message() + "; check the path");
+  }
+  std::fflush(stdout);
+
+  // observability: step breakdown, MFU, memory, console, TensorBoard, JSON lines, trace window
+  memory_counter mem;  // this rank's (rank 0's on the console): its shards, its stage's activations
+  {
+    const auto sm = s.memory();
+    mem.add(memory_kind::parameters, sm.parameters);
+    mem.add(memory_kind::gradients, sm.gradients);
+    mem.add(memory_kind::optimizer, sm.optimizer);  // moments (+ fp32 masters below fp32); 1/dp with ZeRO-1
+    mem.add(memory_kind::activations, sm.activations);
+    if (layered) mem.add(memory_kind::other, sm.dp_buffers);  // the dp buckets (about one gradient buffer)
+  }
+  const double fpt = 6.0 * double(s.parameter_count(false)) + 12.0 * m.n_layer * c.seq_len * m.d_model;
+  train::step_metrics metrics({.flops_per_token = fpt, .peak_flops = peak * 1e9, .total_steps = o.steps});
+  train::step_timer timer;
+  train::console con({.total_steps = o.steps, .print_every = o.log_every, .summary_every = lead ? o.summary_every : 0});
+  std::optional<io::tensorboard_writer> tb;
+  std::optional<io::jsonl_writer> jsonl;
+  if (!o.log_dir.empty() && lead) {
+    std::filesystem::create_directories(o.log_dir);
+    const auto log_file = std::filesystem::path(o.log_dir) / "metrics.jsonl";
+    if (o.resume.empty() && std::filesystem::exists(log_file)) {
+      // A new run starts a new log (a resumed run continues its own); the old one is kept.
+      auto kept = log_file;
+      for (int k = 1; std::filesystem::exists(kept); ++k)
+        kept = std::filesystem::path(o.log_dir) / ("metrics.previous-" + std::to_string(k) + ".jsonl");
+      std::filesystem::rename(log_file, kept);
+      con.message("log: the previous run's " + log_file.string() + " is kept as " + kept.string());
+    }
+    tb.emplace(o.log_dir);
+    jsonl.emplace(log_file);
+  }
+  // the trace shows every rank's phases (on a layout, each pipeline action as forward / backward /
+  // exposed_comm: waiting for the neighbouring stage or the tp/dp reductions), kernels and
+  // communication: one trace.json (profile.hpp)
+  io::trace_recorder& trace = prof.recorder();
+  std::array<double, train::phase_count> began{};
+  s.set_phase_callback([&](train::phase p, bool begin) {
+    if (begin) {
+      timer.enter(p);
+      if (trace.recording()) began[std::size_t(p)] = io::trace_recorder::now_us();  // no clock read outside the window
+    } else {
+      timer.leave();
+      if (trace.recording())
+        trace.complete(train::phase_name(p), "step", began[std::size_t(p)], io::trace_recorder::now_us() - began[std::size_t(p)]);
+    }
+  });
+
+  const bool evaluator = r.dp_rank == 0;  // dp replica 0's tp x pp ranks evaluate together
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto report_val = [&](long step) {
+    if (!evaluator || val.empty()) return std::nan("");  // a validation part shorter than one window
+    const double nats = s.evaluate(val), bpb = src.bits_per_byte(nats, val);
+    if (!lead) return nats;
+    con.message("step " + std::to_string(step) + " | val loss " + std::to_string(nats).substr(0, 6) + " nats/token | " +
+                std::to_string(bpb).substr(0, 6) + " bits/byte | " +
+                std::to_string(long(std::chrono::duration<double>(clock::now() - t0).count())) + " s");
+    const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};
+    if (tb) tb->add_scalars(step, sc);
+    if (jsonl) jsonl->write_scalars(step, sc);
+    return nats;
+  };
+  // Checkpoints written in the background. The save is collective (every rank writes its files;
+  // latest moves only when all ranks succeeded) when every rank holds a part of the state: on a
+  // layout, or with --zero1 (each rank's shard of the optimizer state); else rank 0 saves.
+  const bool collective = world.type != train::world_ref::kind::none && (layered || o.zero1);
+  checkpoint_saver saver(s, ckpt_dir, o.keep, start, collective, r.world_size, lead, con, warn);
+  const std::string layout_name = inst.layout();
+  auto save_checkpoint = [&] {
+    const auto st = src.state();
+    io::run_state rs;
+    rs.tokens = tokens_seen;
+    rs.data = {{"kind", int(st.kind)}, {"epoch", st.epoch}, {"index", st.index}, {"seed", st.seed}};
+    rs.extra = {{"program", "train_gpt"}, {"data_path", o.data}, {"precision", std::string(s.precision())}};
+    if (layered) rs.extra["layout"] = layout_name;
+    saver.save(rs);
+  };
+  // --early-stop: the ranks of dp replica 0 follow the validation loss (the same on each of them)
+  // and keep a copy of their part of the parameters at the best evaluation; world rank 0 decides
+  early_stopper stopper(evaluator ? o.early_stop : 0);
+  long step = start;
+  for (; step < o.steps; ++step) {
+    int out_of_time = o.time_budget > 0 && std::chrono::duration<double>(clock::now() - t0).count() > o.time_budget;
+    if (o.time_budget > 0) out_of_time = s.broadcast_from_lead(out_of_time);  // every rank stops together
+    if (out_of_time) {
+      if (lead) con.message("time budget of " + std::to_string(long(o.time_budget)) + " s reached after " + std::to_string(step) + " steps");
+      break;
+    }
+    if (o.stop_at_step > 0 && step >= o.stop_at_step) {
+      if (lead) con.message("stopping at step " + std::to_string(step) + " (--stop-at-step); continue with --resume");
+      break;
+    }
+    if (const auto msg = prof.begin_step(step, s); !msg.empty() && lead) con.message(msg);
+    timer.begin_step();
+    if (o.synthetic_data) {
+      batch = synthetic[std::size_t(step) % synthetic.size()];
+    } else {
+      auto d = timer.scope(train::phase::data_wait);
+      const auto z = trace.zone("data_wait", "data");
+      batch = src.next();  // valid until the next call
+    }
+    const auto res = s.step(batch);
+    if (s.loss_scaling())  // the loss scale: in the logs every step, on the console when it changes
+      report_loss_scale(step, res, s.loss_scale(), lead, con, warn, tb, jsonl);
+    const auto rec = metrics.record({.step = step, .tokens = res.tokens, .loss = res.loss, .lr = res.lr,
+                                     .grad_norm = res.grad_norm, .skipped = res.skipped},
+                                    timer.end_step());
+    if (lead) {
+      const auto snap = mem.snapshot();
+      const auto os = read_process_memory();
+      con.step(rec, metrics, &snap, &os);
+      if (tb || jsonl) {
+        const auto sc = train::step_metrics::scalars(rec, &snap, &os);
+        if (tb) tb->add_scalars(step, sc);
+        if (jsonl) jsonl->write_scalars(step, sc);
+      }
+    }
+    int stop_early = 0;
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) {
+      const double nats = report_val(step + 1);
+      if (stopper.enabled()) stop_early = stopper.observe(step + 1, nats, [&] { return s.parameter_bytes(); });
+      if (o.early_stop > 0) stop_early = s.broadcast_from_lead(stop_early);  // world rank 0 decides; every rank stops together
+    }
+    tokens_seen += std::uint64_t(res.tokens);
+    if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_checkpoint();
+    if (stop_early) {
+      if (lead) con.message(stopper.stop_message(step + 1));
+      ++step;
+      break;
+    }
+  }
+  save_checkpoint();  // the last step, also after --stop-at-step or the time budget
+  saver.finish();
+  if (const auto msg = prof.finish(s); !msg.empty() && lead) con.message(msg);
+  if (!evaluator) return 0;  // the other dp replicas are done: replica 0 validates, rank 0 saves and samples
+  if (lead) con.finish();
+  // --early-stop: the final validation, the weights and the sample are those of the best evaluation
+  // (the checkpoints above hold the last state, to resume from)
+  if (stopper.enabled() && stopper.best_step() >= 0 && stopper.best_step() != step) {
+    s.restore_parameter_bytes(stopper.best());
+    if (lead) std::printf("%s\n", stopper.keep_message().c_str());
+  }
+  // final validation over the whole validation split
+  if (const auto all_val = src.validation_batch(src.validation_rows()); !all_val.empty()) {
+    const double nats = s.evaluate(all_val), bpb = src.bits_per_byte(nats, all_val);
+    if (lead) {
+      const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};  // the run's final word in the logs
+      if (tb) tb->add_scalars(step, sc);
+      if (jsonl) jsonl->write_scalars(step, sc);
+      const std::string how = src.kind() == data::source_kind::indexed ? " (" + src.byte_counting_note() + ")" : "";
+      std::printf("final validation (%zu windows) | val loss %.4f nats/token | %.4f bits/byte | trained %ld steps in %.0f s%s\n",
+                  all_val.size() / s.window(), nats, bpb, step,
+                  std::chrono::duration<double>(clock::now() - t0).count(), how.c_str());
+    }
+  }
+  std::map<std::string, std::string> meta = {{"steps", std::to_string(step)}, {"data", o.data},
+                                             {"precision", std::string(s.precision())}};
+  if (layered) meta["layout"] = layout_name;
+  if (stopper.enabled() && stopper.best_step() >= 0) meta["best_step"] = std::to_string(stopper.best_step());
+  if (src.kind() == data::source_kind::indexed)  // sample finds the tokenizer from any directory
+    meta["tokenizer"] = std::filesystem::absolute(src.tokenizer_path()).lexically_normal().string();
+  const auto global = s.gather_parameters();  // the whole model's parameters, gathered over tp and pp
+  if (!lead) return 0;
+  const auto whole = inst.whole(o.seed);
+  std::copy(global.begin(), global.end(), whole->parameters().begin());
+  save_and_sample(o, *whole, out, meta,
+                  layered ? "saved weights (gathered from " + std::to_string(r.tp) + " x " + std::to_string(r.pp) + " shards)"
+                          : std::string("saved weights"),
+                  src, sample_tok);
+  return 0;
+}
+
+}  // namespace train_gpt_cli
