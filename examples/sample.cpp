@@ -3,7 +3,8 @@
 //   sample --weights out/quickstart.safetensors --prompt "ROMEO:" --tokens 500 --temperature 0.8 --top-k 40
 //   sample --weights out/quickstart_bpe.safetensors --tokenizer out/shakespeare.model --prompt "ROMEO:"
 //
-// The model config is read from the file's metadata. Byte-level models (vocabulary 256) read
+// The model config is read from the file's metadata (any named config: char_tiny, quickstart,
+// quickstart_bpe, bench_small, gpt2_small). Byte-level models (vocabulary 256) read
 // and write bytes; a model trained on a prepare_data dataset (quickstart_bpe) needs that
 // data's SentencePiece model: --tokenizer, else the "tokenizer" path train_gpt recorded in the
 // weights' metadata (a build with LOOM_WITH_TEXT). The prompt is normalized as the training
@@ -25,9 +26,8 @@
 #endif
 #include <loom/device/cpu.hpp>
 #include <loom/io/weights.hpp>
-#include <loom/kernels/cpu.hpp>
-#include <loom/nn/generate_in_vocab.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/models/registry.hpp>
+#include <loom/train/session.hpp>  // the whole models of loom::sessions: one per named config
 
 namespace {
 
@@ -38,30 +38,27 @@ struct options {
   std::uint64_t seed = 42;
 };
 
-template <class M>
-int run(const options& o) {
+/// Samples from the weights in o.weights with the whole model `model` (its config).
+int run(const options& o, loom::train::whole_model& model) {
   using namespace loom;
-  using P = policy<device::cpu, precision::fp32>;
-  context<device::cpu> ctx;
-  nn::gpt<M, P> model(ctx, 0);
-  io::load_weights(model, o.weights);
-  typename nn::gpt<M, P>::template activations<1, M::max_seq> acts(ctx);
+  model.load_weights(o.weights);
+  const auto& m = model.model();
   std::vector<std::int32_t> tokens;
   for (unsigned char ch : o.prompt) tokens.push_back(ch);
-  int vocab = M::vocab;  // ids that have text: the tokenizer's pieces (quickstart_bpe has more rows)
+  int vocab = m.vocab;  // ids that have text: the tokenizer's pieces (quickstart_bpe has more rows)
 #if LOOM_WITH_TEXT
   std::optional<data::text::tokenizer> tok;
   if (!o.tokenizer.empty()) {
     tok = data::text::tokenizer::load(o.tokenizer);
-    if (tok->vocab_size() > M::vocab)
+    if (tok->vocab_size() > m.vocab)
       throw input_error("tokenizer '" + o.tokenizer + "' has a vocabulary of " + std::to_string(tok->vocab_size()) +
-                        " tokens, more than the " + std::to_string(M::vocab) + " of model " + std::string(M::name) +
+                        " tokens, more than the " + std::to_string(m.vocab) + " of model " + std::string(m.name) +
                         "; pass the tokenizer of the data these weights were trained on");
     tokens = tok->encode(o.prompt);
     vocab = tok->vocab_size();
   }
 #endif
-  nn::generate_in_vocab(model, ctx, acts, tokens, o.tokens, {o.temperature, o.top_k, o.seed}, vocab);
+  model.generate(tokens, o.tokens, {o.temperature, o.top_k, o.seed}, vocab);
   std::string text(tokens.begin(), tokens.end());
 #if LOOM_WITH_TEXT
   if (tok) text = data::decode_documents(*tok, tokens, tok->eod_id());
@@ -117,16 +114,15 @@ int main(int argc, char** argv) {
       throw loom::input_error("this sample was built without LOOM_WITH_TEXT, so it cannot use the SentencePiece tokenizer '" +
                               o.tokenizer + "'; rebuild loom with SentencePiece (scripts/setup.sh)");
 #endif
-    if (name == loom::models::quickstart_bpe::name) {
-      if (o.tokenizer.empty())
-        throw loom::input_error("weights file '" + o.weights + "' is for model quickstart_bpe, whose ids are SentencePiece "
-                                "tokens; pass --tokenizer PREFIX.model, the tokenizer of the data it was trained on");
-      return run<loom::models::quickstart_bpe>(o);
-    }
-    if (name == loom::models::quickstart::name) return run<loom::models::quickstart>(o);
-    if (name == loom::models::char_tiny::name) return run<loom::models::char_tiny>(o);
-    throw loom::input_error("weights file '" + o.weights + "' is for model '" + name +
-                            "', which this sample program does not know; use weights written by train_gpt");
+    if (name == "quickstart_bpe" && o.tokenizer.empty())  // other models without a tokenizer: bytes
+      throw loom::input_error("weights file '" + o.weights + "' is for model quickstart_bpe, whose ids are SentencePiece "
+                              "tokens; pass --tokenizer PREFIX.model, the tokenizer of the data it was trained on");
+    const auto whole = loom::train::find_whole_model(loom::train::compiled_sessions(), name);
+    if (!whole)
+      throw loom::input_error("weights file '" + o.weights + "' is for model '" + name +
+                              "', which this sample program does not know (it knows " + loom::models::model_names() +
+                              "); use weights written by train_gpt");
+    return run(o, *whole(o.seed));
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "sample: error: %s\n", e.what());
     return 2;

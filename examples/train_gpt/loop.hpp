@@ -1,5 +1,5 @@
 #pragma once
-// Pieces of train_gpt's training loop (train_gpt/run.hpp, on every layout).
+// Pieces of train_gpt's training loop (train_gpt/run.cpp, on every layout).
 // Not a library header: examples/ only.
 #include <algorithm>
 #include <chrono>

@@ -1,6 +1,6 @@
 #pragma once
 // train_gpt --profile-steps A:B: one rank's timeline profiler, used by the run loop
-// (train_gpt/run.hpp) on every layout. Not a library header.
+// (train_gpt/run.cpp) on every layout. Not a library header.
 //
 // Every rank records its own track (pid = world rank, process_name e.g. "rank 3 (tp 1, dp 1,
 // pp 0)"): the step and its phases (recorded by the caller through recorder()), every kernel

@@ -1,5 +1,5 @@
 #pragma once
-// train_gpt's --resume, used by the run loop (train_gpt/run.hpp) on every layout.
+// train_gpt's --resume, used by the run loop (train_gpt/run.cpp) on every layout.
 // Not a library header: examples/ only.
 #include <cstdint>
 #include <cstdio>

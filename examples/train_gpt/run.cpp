@@ -226,12 +226,15 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
                         std::to_string(m->max_seq) + " of model " + std::string(m->name) + "; pass --seq-len <= " +
                         std::to_string(m->max_seq));
   }
-  if (o.micro_batch > inst.micro_batch || o.seq_len > inst.seq_len)
-    throw input_error("--micro-batch " + std::to_string(o.micro_batch) + " --seq-len " + std::to_string(o.seq_len) +
-                      " exceed the compiled capacity " + std::to_string(inst.micro_batch) + " x " +
-                      std::to_string(inst.seq_len) + " of model " + std::string(inst.model) +
-                      "; pass smaller values, or raise LOOM_SESSION_CAPACITY_" + std::string(inst.model) +
-                      " when configuring the build");
+  auto capacity = [&](const char* flag, int v, int cap, const char* what) {
+    if (v < 0 || v > cap)
+      throw input_error(std::string(flag) + " " + std::to_string(v) + " is outside [1, " + std::to_string(cap) +
+                        "], the compiled " + what + " capacity of model " + std::string(inst.model) + " (0: all of it); " +
+                        "pass a value in that range, or raise LOOM_SESSION_CAPACITY_" + std::string(inst.model) +
+                        " when configuring the build");
+  };
+  capacity("--micro-batch", o.micro_batch, inst.micro_batch, "micro-batch");
+  capacity("--seq-len", o.seq_len, inst.seq_len, "sequence");
   const auto session_ptr = inst.make(args, world);
   session& s = *session_ptr;
   const auto r = s.rank();

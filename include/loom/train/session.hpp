@@ -167,6 +167,9 @@ class whole_model {
   virtual std::span<float> parameters() noexcept = 0;
   /// io::save_weights to `path` with `meta`.
   virtual void save_weights(const std::filesystem::path& path, const std::map<std::string, std::string>& meta) const = 0;
+  /// io::load_weights from `path` (throws loom::input_error for a missing, corrupt or other
+  /// model's file).
+  virtual void load_weights(const std::filesystem::path& path) = 0;
   /// io::export_gpt2 / io::import_gpt2 (Hugging Face GPT-2 safetensors + config.json).
   virtual void export_hf(const std::filesystem::path& dir) const = 0;
   virtual void import_hf(const std::filesystem::path& dir) = 0;
@@ -232,6 +235,14 @@ class session_io {
 /// The instances compiled into the program: defined by the generated registry of the
 /// loom::sessions library (cmake/LoomSessions.cmake), which a program using it links.
 std::span<const session_instance> compiled_sessions() noexcept;
+
+/// The whole_model factory of model `name` among `instances` (any instance of it), or null.
+inline auto find_whole_model(std::span<const session_instance> instances, std::string_view name) noexcept
+    -> std::unique_ptr<whole_model> (*)(std::uint64_t) {
+  for (const auto& i : instances)
+    if (i.model == name) return i.whole;
+  return nullptr;
+}
 
 /// The instance of `instances` serving the request, or null.
 inline const session_instance* find_session(std::span<const session_instance> instances, std::string_view model,

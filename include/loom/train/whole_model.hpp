@@ -35,6 +35,7 @@ class gpt_whole_model final : public whole_model {
   void save_weights(const std::filesystem::path& path, const std::map<std::string, std::string>& meta) const override {
     io::save_weights(model_, path, meta);
   }
+  void load_weights(const std::filesystem::path& path) override { io::load_weights(model_, path); }
   void export_hf(const std::filesystem::path& dir) const override { io::export_gpt2(ctx_, model_, dir); }
   void import_hf(const std::filesystem::path& dir) override { io::import_gpt2(ctx_, model_, dir); }
   void generate(std::vector<std::int32_t>& tokens, int count, const nn::sampling& s, int vocab) const override {

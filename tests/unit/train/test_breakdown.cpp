@@ -48,6 +48,7 @@ TEST_CASE("step breakdown: phases of real trainer steps sum to the step time fro
   // (an enclosing clock never measures less) hold on every step.
   constexpr std::array hooked{train::phase::h2d_copy, train::phase::forward, train::phase::backward, train::phase::optimizer};
   double best_outside_gap = 1;  // seconds by which the gap exceeds 3 %, best step
+  double best_covered = 0;      // largest share of forward + backward + optimizer in a step
   std::array<double, hooked.size()> best_phase_gap;
   best_phase_gap.fill(1);
   for (int s = 0; s < 5; ++s) {
@@ -79,13 +80,16 @@ TEST_CASE("step breakdown: phases of real trainer steps sum to the step time fro
       const double own = independent[std::size_t(p)];
       best_phase_gap[i] = std::min(best_phase_gap[i], (own - b[p]) - 0.03 * own);
     }
-    // the hooks cover the step: forward + backward + optimizer are most of it
-    CHECK(b[train::phase::forward] + b[train::phase::backward] + b[train::phase::optimizer] > 0.8 * b.total);
+    // the hooks cover the step: forward + backward + optimizer are most of it (best step: a
+    // preemption inside another phase of one step is not the hooks' fault)
+    best_covered = std::max(best_covered, (b[train::phase::forward] + b[train::phase::backward] +
+                                           b[train::phase::optimizer]) / b.total);
     CHECK(b[train::phase::exposed_comm] == 0);
   }
   // the phases sum to the step time seen from outside, and each phase to its own clock, within
   // 3 % + 20 µs (the absolute part covers the clock reads and hook calls of the short h2d_copy)
   CHECK(best_outside_gap <= 20e-6);
+  CHECK(best_covered > 0.8);
   for (double g : best_phase_gap) CHECK(g <= 20e-6);
 }
 

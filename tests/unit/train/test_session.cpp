@@ -4,6 +4,7 @@
 // layout as one rank does, resume a checkpoint bit for bit, and honour the initial loss scale.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -140,6 +141,7 @@ TEST_CASE("session char_tiny: tp2pp2 over 4 threads (any_communicator) gives one
   const auto& one = instance("char_tiny", "fp32", 1, 1);
   const auto& layered = instance("char_tiny", "fp32", 2, 2);
   auto s1 = one.make(args_for(accum), lt::world_ref::none());
+  const auto w0 = s1->gather_parameters();
   std::vector<std::vector<std::int32_t>> batches;
   std::vector<double> losses;
   for (int k = 0; k < steps; ++k) {
@@ -147,6 +149,8 @@ TEST_CASE("session char_tiny: tp2pp2 over 4 threads (any_communicator) gives one
     losses.push_back(s1->step(batches.back()).loss);
   }
   const auto w1 = s1->gather_parameters();
+  double moved = 0;  // the largest change of a parameter over the steps
+  for (std::size_t i = 0; i < w1.size(); ++i) moved = std::max(moved, double(std::abs(w1[i] - w0[i])));
   CHECK(s1->rank().world_size == 1);
   loom::comm::run_threads(4, [&](loom::comm::threads& world) {
     auto s = layered.make(args_for(accum), lt::world_ref::of(world));
@@ -160,9 +164,12 @@ TEST_CASE("session char_tiny: tp2pp2 over 4 threads (any_communicator) gives one
     }
     const auto w = s->gather_parameters();
     REQUIRE(w.size() == w1.size());
+    // AdamW divides by sqrt(v): a gradient that differs in the last fp32 bits (another
+    // summation order) moves a near-zero-gradient weight by up to lr per step, so compare with
+    // the update, not with the weights (measured: 6.4e-5 of a largest move of 9e-3)
     double worst = 0;
     for (std::size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - w1[i])));
-    CHECK(worst < 1e-5);
+    CHECK(worst < 0.02 * moved);
   });
 }
 
