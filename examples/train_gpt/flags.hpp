@@ -118,7 +118,8 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--layout", o.layout,
                  "tensor x pipeline parallel degrees tp<TP>pp<PP> (those compiled for the model: --list-instances); "
                  "the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top");
-  app.add_option("--device", o.device, "where to train: cpu")->check(CLI::IsMember({"cpu", "ascend"}));
+  app.add_option("--device", o.device, "where to train: cpu (ascend: not compiled into train_gpt yet)")
+      ->check(CLI::IsMember({"cpu", "ascend"}));
   app.add_option("--attention", o.attention,
                  "attention kernel: fused (flash-style, online softmax) or reference (materialises the probabilities)")
       ->check(CLI::IsMember({"fused", "reference"}));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every compiled train_gpt instance as a user runs it (train_gpt --list-instances): for each one
-# of char_tiny and quickstart (every precision and layout compiled for them), 2 steps with a
-# checkpoint every step, a profile window, a Hugging Face export and a sample; the run must end
+# of char_tiny, quickstart and quickstart_bpe (every precision and layout compiled for them; byte
+# ids for quickstart_bpe too), 2 steps with a checkpoint every step, a profile window, a Hugging
+# Face export and a sample; the run must end
 # with "final validation", write its trace and export, then a resumed run continues the
 # checkpoint on one rank (tp1pp1, resharded from the instance's layout) for one more step.
 # bench_small: one short bf16 run on tp1pp1 and tp2pp2 (micro-batch 1, 32-token windows, no
@@ -59,10 +60,10 @@ run_instance() {  # model precision layout attention dp [extra flags...]
 while read -r model prec layout device attn _; do
   [[ "$device" == cpu ]] || continue
   case "$model" in
-    char_tiny|quickstart) run_instance "$model" "$prec" "$layout" "$attn" 1 ;;
+    char_tiny|quickstart|quickstart_bpe) run_instance "$model" "$prec" "$layout" "$attn" 1 ;;
     bench_small) [[ "$prec" == bf16 ]] && run_instance "$model" "$prec" "$layout" "$attn" 1 ;;
   esac
 done < <("$t" --list-instances | tail -n +2)
 run_instance char_tiny fp32 tp2pp2 fused 2 --zero1    # DP 2 on top, ZeRO-1
 echo "$pass passed, $fail failed"
-[[ $fail == 0 && $pass -ge 10 ]]
+[[ $fail == 0 && $pass -ge 20 ]]

@@ -149,6 +149,8 @@ class any_communicator {
   /// Forwards to the backend's set_observer (groups split afterwards inherit it).
   void set_observer(comm_observer* o) noexcept { b_->set_observer(o); }
 
+  // The collectives and point-to-point calls of the communicator concept (parallel/comm.hpp:
+  // shapes, aliasing, matching and errors as documented there), forwarded to the backend.
   template <reducible T>
   void all_reduce(std::span<T> x, reduce_op op = reduce_op::sum) {
     b_->all_reduce(reduce_type_of<T>(), x.data(), x.size(), op);

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include <loom/core/context.hpp>
-#include <loom/device/cpu.hpp>
 #include <loom/core/error.hpp>
+#include <loom/device/cpu.hpp>
 #include <loom/io/checkpoint/state.hpp>
 #include <loom/io/trace.hpp>
 #include <loom/kernels/cpu.hpp>  // the cpu instances' kernels
@@ -35,8 +35,8 @@ inline const model_facts& facts_ref() noexcept {
   return f;
 }
 
-/// The name precision::name_of gives a policy's precision ("fp32", "bf16", "fp16"; the Ascend
-/// fp32 opt-in "fp32_ascend_matmul").
+/// Precision Prec as train_gpt's --precision spells it ("fp32", "bf16", "fp16"; the Ascend fp32
+/// opt-in "fp32_ascend_matmul").
 template <class Prec>
 constexpr std::string_view precision_name() noexcept {
   if constexpr (std::is_same_v<Prec, precision::bf16>) return "bf16";
