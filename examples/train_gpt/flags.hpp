@@ -42,7 +42,7 @@ inline void add_flags(CLI::App& app, options& o) {
           [](std::string& v) {
             char* end = nullptr;
             const long n = std::strtol(v.c_str(), &end, 10);
-            return end != v.c_str() && *end == '\0' && n >= 1 ? std::string() : std::string("--steps must be a whole number >= 1");
+            return end != v.c_str() && *end == '\0' && n >= 1 ? std::string() : std::string("must be a whole number >= 1");
           },
           "INT>=1"));
   app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch, 1..compiled capacity (0 or unset: the capacity)");
@@ -123,8 +123,7 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--attention", o.attention,
                  "attention kernel: fused (flash-style, online softmax) or reference (materialises the probabilities)")
       ->check(CLI::IsMember({"fused", "reference"}));
-  app.add_option("--loss-scale", o.loss_scale, "fp16: the dynamic loss scaler's initial scale (> 0)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--loss-scale", o.loss_scale, "fp16: the dynamic loss scaler's initial scale (> 0)");
   app.add_option("--log-every", o.log_every, "console: one line every N steps, plus the first and the last (>= 1)")
       ->check(CLI::Range(1L, 1L << 40));
   app.add_option("--workers", o.workers, "loader prefetch threads for a prepare_data dataset (0: read on the training thread)")
@@ -182,6 +181,18 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
     throw loom::input_error("--profile-steps " + o.profile_steps + " starts after the run's last step (--steps " +
                             std::to_string(o.steps) + "): nothing would be recorded; choose a window inside 0:" +
                             std::to_string(o.steps));
+  if (!(o.loss_scale > 0))
+    throw loom::input_error("--loss-scale " + std::to_string(o.loss_scale) + " must be > 0 (the fp16 loss scaler's "
+                            "first scale); pass e.g. --loss-scale 512");
+  if (!(o.temperature > 0))  // checked before training, not after it
+    throw loom::input_error("--temperature " + std::to_string(o.temperature) + " must be > 0; pass e.g. --temperature 0.8");
+  if (o.top_k < 0)
+    throw loom::input_error("--top-k " + std::to_string(o.top_k) + " is negative; pass 0 to sample from all tokens, or k >= 1");
+  if (o.sample_tokens < 0)
+    throw loom::input_error("--sample-tokens " + std::to_string(o.sample_tokens) + " is negative; pass 0 for no sample");
+  if (!o.export_hf.empty() && std::filesystem::exists(o.export_hf, ec) && !std::filesystem::is_directory(o.export_hf, ec))
+    throw loom::input_error("--export-hf '" + o.export_hf + "' is a file; the export is a directory (model.safetensors, "
+                            "config.json): pass a directory name");
   if (o.early_stop > 0 && o.eval_every <= 0)
     throw loom::input_error("--early-stop " + std::to_string(o.early_stop) + " watches the periodic validation loss, "
                             "but --eval-every is 0 (no periodic evaluations); pass e.g. --eval-every 100");

@@ -278,6 +278,7 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   // fail before training, not after it, when the weights cannot be written
   const std::string out = o.out.empty() ? "out/" + std::string(m.name) + ".safetensors" : o.out;
   ensure_writable_directory(std::filesystem::path(out).parent_path(), "--out");
+  if (lead && !o.log_dir.empty()) ensure_writable_directory(o.log_dir, "--log-dir");
   // periodic evaluations: the first --eval-windows windows of the validation split (all of them
   // if it has fewer; a last partial micro-batch is evaluated too, no window twice)
   const std::size_t val_rows = std::min<std::size_t>(std::size_t(o.eval_windows), src.validation_rows());

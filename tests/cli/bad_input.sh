@@ -45,7 +45,7 @@ expect_error "--steps" "$t" --data "$work/ok.txt" --steps abc
 expect_error "--model" "$t" --data "$work/ok.txt" --model gpt5
 expect_error "required" "$t"
 expect_error "learning rate" "$t" --data "$work/ok.txt" --model char_tiny --lr -1
-expect_error "steps must be a whole number >= 1" "$t" --data "$work/ok.txt" --model char_tiny --steps 0
+expect_error "--steps: must be a whole number >= 1" "$t" --data "$work/ok.txt" --model char_tiny --steps 0
 expect_error "--early-stop 3 .*--eval-every is 0.*pass e.g. --eval-every" "$t" --data "$work/ok.txt" --model char_tiny --early-stop 3 --eval-every 0
 expect_error "--early-stop" "$t" --data "$work/ok.txt" --model char_tiny --early-stop -2
 expect_error "--eval-windows" "$t" --data "$work/ok.txt" --model char_tiny --eval-windows 0
