@@ -13,6 +13,7 @@
 // line for each end-of-document id; the printed prompt is its normalized form. Errors (missing/corrupt file, unknown
 // model, missing tokenizer, bad flag) exit with status 2 and one line naming the problem and the fix.
 #include "cli.hpp"  // CLI11 and parse_or_exit
+#include "generate_text.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -43,9 +44,6 @@ int run(const options& o, loom::train::whole_model& model) {
   using namespace loom;
   model.load_weights(o.weights);
   const auto& m = model.model();
-  std::vector<std::int32_t> tokens;
-  for (unsigned char ch : o.prompt) tokens.push_back(ch);
-  int vocab = m.vocab;  // ids that have text: the tokenizer's pieces (quickstart_bpe has more rows)
 #if LOOM_WITH_TEXT
   std::optional<data::text::tokenizer> tok;
   if (!o.tokenizer.empty()) {
@@ -54,15 +52,13 @@ int run(const options& o, loom::train::whole_model& model) {
       throw input_error("tokenizer '" + o.tokenizer + "' has a vocabulary of " + std::to_string(tok->vocab_size()) +
                         " tokens, more than the " + std::to_string(m.vocab) + " of model " + std::string(m.name) +
                         "; pass the tokenizer of the data these weights were trained on");
-    tokens = tok->encode(o.prompt);
-    vocab = tok->vocab_size();
   }
+  const auto* sample_tok = tok ? &*tok : nullptr;
+#else
+  const loom_examples::sample_tokenizer* sample_tok = nullptr;
 #endif
-  model.generate(tokens, o.tokens, {o.temperature, o.top_k, o.seed}, vocab);
-  std::string text(tokens.begin(), tokens.end());
-#if LOOM_WITH_TEXT
-  if (tok) text = data::decode_documents(*tok, tokens, tok->eod_id());
-#endif
+  const std::string text =
+      loom_examples::generate_text(model, o.prompt, o.tokens, {o.temperature, o.top_k, o.seed}, sample_tok);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
   return 0;

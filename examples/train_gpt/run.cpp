@@ -47,6 +47,7 @@
 #include <loom/train/metrics.hpp>
 #include <loom/train/session.hpp>
 
+#include "../generate_text.hpp"
 #include "loop.hpp"
 #include "options.hpp"
 #include "profile.hpp"
@@ -103,10 +104,9 @@ using loom::train::session;
 /// for a dataset: prompt encoded, ids decoded with `tok`, a blank line for each end of
 /// document). `saved`: the console line's "saved weights ..." words. No sample with
 /// --sample-tokens 0.
-template <class Tokenizer>
 void save_and_sample(const options& o, loom::train::whole_model& model, const std::string& out,
                      const std::map<std::string, std::string>& meta, const std::string& saved,
-                     const loom::data::batch_source<>& src, const Tokenizer* tok) {
+                     const loom::data::batch_source<>& src, const loom_examples::sample_tokenizer* tok) {
   using namespace loom;
   (void)src;  // for the note without LOOM_WITH_TEXT
   const auto parent = std::filesystem::path(out).parent_path();
@@ -118,26 +118,14 @@ void save_and_sample(const options& o, loom::train::whole_model& model, const st
     std::printf("exported Hugging Face GPT-2 weights to %s (model.safetensors, config.json)\n", o.export_hf.c_str());
   }
   if (o.sample_tokens <= 0) return;
-  std::vector<std::int32_t> tokens(o.prompt.begin(), o.prompt.end());
-  for (auto& t : tokens) t = std::int32_t(std::uint8_t(t));
-  int sample_vocab = model.model().vocab;  // ids that have text: the tokenizer's pieces (quickstart_bpe has more rows)
-#if LOOM_WITH_TEXT
-  if (tok) {
-    tokens = tok->encode(o.prompt);
-    sample_vocab = tok->vocab_size();
-  }
-#else
-  (void)tok;
+#if !LOOM_WITH_TEXT
   if (src.kind() == data::source_kind::indexed) {
     std::printf("(no sample: this train_gpt was built without LOOM_WITH_TEXT, so it cannot decode SentencePiece ids)\n");
     return;
   }
 #endif
-  model.generate(tokens, o.sample_tokens, {o.temperature, o.top_k, o.seed}, sample_vocab);
-  std::string text(tokens.begin(), tokens.end());
-#if LOOM_WITH_TEXT
-  if (tok) text = data::decode_documents(*tok, tokens, tok->eod_id());
-#endif
+  const std::string text =
+      loom_examples::generate_text(model, o.prompt, o.sample_tokens, {o.temperature, o.top_k, o.seed}, tok);
   std::printf("---- sample (temperature %.2f) ----\n%s\n----\n", o.temperature, text.c_str());
 }
 
@@ -273,7 +261,7 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   }
   const data::text::tokenizer* sample_tok = tok ? &*tok : nullptr;
 #else
-  const std::nullptr_t* sample_tok = nullptr;
+  const loom_examples::sample_tokenizer* sample_tok = nullptr;
 #endif
   // fail before training, not after it, when the weights cannot be written
   const std::string out = o.out.empty() ? "out/" + std::string(m.name) + ".safetensors" : o.out;

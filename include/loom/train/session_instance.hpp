@@ -35,16 +35,6 @@ inline const model_facts& facts_ref() noexcept {
   return f;
 }
 
-/// Precision Prec as train_gpt's --precision spells it ("fp32", "bf16", "fp16"; the Ascend fp32
-/// opt-in "fp32_ascend_matmul").
-template <class Prec>
-constexpr std::string_view precision_name() noexcept {
-  if constexpr (std::is_same_v<Prec, precision::bf16>) return "bf16";
-  else if constexpr (std::is_same_v<Prec, precision::fp16>) return "fp16";
-  else if constexpr (std::is_same_v<Prec, precision::fp32>) return "fp32";
-  else return "fp32_ascend_matmul";
-}
-
 /// One rank of a run of M under Policy (device, precision, layout<TP,PP>), capacities B x T,
 /// attention Attn, on World: parallel::any_communicator (the world, whatever its backend), or
 /// std::nullptr_t (one rank without data parallelism; layout<1,1> only). fp16 runs with
@@ -82,7 +72,7 @@ class trainer_session final : public session {
   std::size_t parameter_count(bool with_embeddings) const noexcept override {
     return with_embeddings ? nn::parameter_count<M>() : nn::parameter_count<M>(false);
   }
-  std::string_view precision() const noexcept override { return precision_name<typename Policy::precision>(); }
+  std::string_view precision() const noexcept override { return Policy::precision::name; }
   std::string_view device() const noexcept override { return device_t::name; }
   std::string_view attention() const noexcept override { return Attn::name; }
   int micro_batch_capacity() const noexcept override { return B; }
