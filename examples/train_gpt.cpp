@@ -71,6 +71,7 @@
 #include <string>
 
 #include <loom/data/source.hpp>
+#include <loom/device/ascend_runtime.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/parallel/comm_threads.hpp>
 #include <loom/train/session.hpp>
@@ -149,14 +150,26 @@ void list_instances() {
 const loom::train::session_instance& choose_instance(const options& o, int tp, int pp) {
   const auto all = loom::train::compiled_sessions();
   if (const auto* i = loom::train::find_session(all, o.model, o.precision, tp, pp, o.device, o.attention)) return *i;
-  if (o.device != "cpu")
-    throw loom::input_error("--device " + o.device + ": train_gpt runs on the CPU only so far (the Ascend policy is "
-                            "exercised by the tests on the emulation); pass --device cpu");
+  if (o.device == "ascend" && o.attention != "fused")
+    throw loom::input_error("--device ascend --attention " + o.attention + ": on the NPU attention is the fused "
+                            "aclnnFlashAttentionScore only; pass --attention fused");
   const std::string entry = o.model + "/" + o.precision + "/" + o.layout + "/" + o.device + "/" + o.attention;
   throw loom::input_error("--model " + o.model + " --precision " + o.precision + " --layout " + o.layout +
-                          " --attention " + o.attention +
+                          " --device " + o.device + " --attention " + o.attention +
                           " is not compiled into this train_gpt (train_gpt --list-instances shows what is); add it "
                           "with cmake -DLOOM_EXTRA_SESSIONS=" + entry + " and rebuild");
+}
+
+/// The CANN runtime for --device ascend (device::ascend_runtime::load: ASCEND_HOME_PATH, the
+/// toolkit's usual places, the loader path), loaded before any rank starts or any model is built.
+/// Without one, throws loom::input_error with what doctor prints: where it looked and the fix.
+std::shared_ptr<const loom::device::ascend_runtime> load_npu_runtime() {
+  try {
+    return loom::device::ascend_runtime::load();
+  } catch (const loom::device::runtime_not_found& e) {
+    throw loom::input_error(std::string("--device ascend: ") + e.what() +
+                            "\n(examples/doctor checks the whole environment; --device cpu trains without an NPU)");
+  }
 }
 
 }  // namespace
@@ -185,6 +198,7 @@ int main(int argc, char** argv) {
     const auto kind = o.comm == "mpi" ? world_ref::kind::mpi : o.ranks > 1 || tp * pp > 1 ? world_ref::kind::threads
                                                                                           : world_ref::kind::none;
     const auto& inst = choose_instance(o, tp, pp);  // before any rank starts
+    const auto npu = o.device == "ascend" ? load_npu_runtime() : nullptr;
     if (o.zero1 && o.comm == "threads" && o.ranks / (tp * pp) < 2)
       std::fprintf(stderr,
                    "train_gpt: warning: --zero1 with one data-parallel rank (--ranks %d / TP*PP %d) shards nothing; "
@@ -195,7 +209,7 @@ int main(int argc, char** argv) {
       if (world.type == world_ref::kind::mpi && tp * pp > 1)
         train_gpt_cli::check_world_size(tp, pp, static_cast<loom::comm::mpi*>(world.comm)->size());
 #endif
-      return train_gpt_cli::run(o, inst, world);
+      return train_gpt_cli::run(o, inst, world, npu);
     });
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "train_gpt: error: %s\n", e.what());

@@ -118,8 +118,16 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--layout", o.layout,
                  "tensor x pipeline parallel degrees tp<TP>pp<PP> (those compiled for the model: --list-instances); "
                  "the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top");
-  app.add_option("--device", o.device, "where to train: cpu (ascend: not compiled into train_gpt yet)")
+  app.add_option("--device", o.device,
+                 "where to train: cpu, or ascend (one NPU per rank through CANN from ASCEND_HOME_PATH, HCCL between "
+                 "ranks; docs/ascend.md)")
       ->check(CLI::IsMember({"cpu", "ascend"}));
+  app.add_flag("--allow-fp32-matmul", o.allow_fp32_matmul,
+               "--device ascend --precision fp32: run the matmuls in fp32 on the cube unit, deliberately (a fraction "
+               "of its bf16/fp16 rate; precision::fp32_ascend_matmul)");
+  app.add_option("--npu", o.npu, "--device ascend: the NPU ordinal of this process (default: the rank, modulo the "
+                                 "visible NPUs)")
+      ->check(CLI::Range(0, 1023));
   app.add_option("--attention", o.attention,
                  "attention kernel: fused (flash-style, online softmax) or reference (materialises the probabilities)")
       ->check(CLI::IsMember({"fused", "reference"}));
@@ -204,6 +212,13 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
   if (!o.out.empty() && (o.out.back() == '/' || std::filesystem::is_directory(o.out, ec)))
     throw loom::input_error("--out '" + o.out + "' is a directory; the trained weights are one file: pass a file "
                             "name such as " + (std::filesystem::path(o.out) / "model.safetensors").string());
+  if (o.device == "ascend" && o.precision == "fp32" && !o.allow_fp32_matmul)
+    throw loom::input_error("--device ascend --precision fp32 runs every matmul in fp32 on the NPU's cube unit, a "
+                            "fraction of its bf16/fp16 rate; pass --precision bf16, or --allow-fp32-matmul to choose "
+                            "fp32 deliberately");
+  if (o.device != "ascend" && (o.allow_fp32_matmul || o.npu >= 0))
+    throw loom::input_error(std::string(o.npu >= 0 ? "--npu" : "--allow-fp32-matmul") +
+                            " is for --device ascend; drop it or pass --device ascend");
   const auto [tp, pp] = parse_layout(o.layout);
   const auto* m = loom::models::find_model(o.model);  // CLI11 checked the name
   if (const auto problem = m ? m->layout_problem(tp, pp) : std::string(); !problem.empty())

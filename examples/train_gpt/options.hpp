@@ -42,7 +42,9 @@ struct options {
   double comm_timeout = 600;  // seconds a collective may take before the run ends with an error naming it
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (docs/precision.md)
   std::string layout = "tp1pp1";   // tensor x pipeline parallel degrees, tp<T>pp<P> (docs/tensor_pipeline.md)
-  std::string device = "cpu";      // cpu (device::ascend is not compiled into train_gpt yet)
+  std::string device = "cpu";      // cpu | ascend (an NPU per rank, HCCL; docs/ascend.md)
+  bool allow_fp32_matmul = false;  // --device ascend --precision fp32: the deliberate fp32-matmul opt-in
+  int npu = -1;                    // --device ascend: this rank's NPU ordinal (-1: the world rank)
   std::string attention = "fused"; // fused | reference (kernels::fused, kernels::reference)
   double loss_scale = 512;         // fp16: the dynamic loss scaler's initial scale
   long log_every = 10;             // console: one line every N steps (plus the first and the last)

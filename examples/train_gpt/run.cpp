@@ -24,14 +24,17 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <loom/bench/peak.hpp>
+#include <loom/device/ascend_peak.hpp>
 #include <loom/core/memory.hpp>
 #include <loom/data/source.hpp>
 #if LOOM_WITH_TEXT
@@ -142,8 +145,11 @@ void check_vocab(const loom::models::model_facts& m, std::int64_t n, const std::
 }
 
 /// The trainer settings of the flags.
-loom::train::session_args session_args_of(const options& o, rank_profile& prof) {
+loom::train::session_args session_args_of(const options& o, rank_profile& prof,
+                                          std::shared_ptr<const loom::device::ascend_runtime> npu) {
   loom::train::session_args a;
+  a.ascend = std::move(npu);
+  a.ordinal = o.npu;
   auto& cfg = a.cfg;
   cfg.micro_batch = o.micro_batch;
   cfg.seq_len = o.seq_len;
@@ -162,7 +168,7 @@ loom::train::session_args session_args_of(const options& o, rank_profile& prof) 
 
 /// The banner: model, batch, data, layout or data parallelism, memory of rank 0.
 void print_banner(const options& o, const session& s, const loom::data::batch_source<>& src, std::size_t synthetic,
-                  double peak) {
+                  double peak, const std::string& peak_source) {
   const auto& m = s.model();
   const auto& c = s.config();
   const auto r = s.rank();
@@ -193,20 +199,38 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
                 mem.dp_buffers / 1048576.0, mem.optimizer / 1048576.0);
   }
   const std::string staging = layered && mem.dp_buffers ? ", dp buckets " + fixed2(mem.dp_buffers / 1048576.0) + " MiB" : "";
-  std::printf("fp32 peak %.0f GFLOP/s (%s) | memory%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB%s, "
+  std::printf("peak %.0f GFLOP/s (%s) | memory%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB%s, "
               "activations %.2f MiB\n",
-              peak, o.peak_gflops > 0 ? "--peak-gflops" : "measured", layered ? " of rank 0 (tp 0, stage 0)" : "",
-              mem.parameters / 1048576.0, mem.gradients / 1048576.0, mem.optimizer / 1048576.0, staging.c_str(),
-              mem.activations / 1048576.0);
+              peak, peak_source.c_str(), layered ? " of rank 0 (tp 0, stage 0)" : "", mem.parameters / 1048576.0,
+              mem.gradients / 1048576.0, mem.optimizer / 1048576.0, staging.c_str(), mem.activations / 1048576.0);
+  if (mem.device_reserved > 0)
+    std::printf("NPU memory of rank 0 (caching allocator): %.2f MiB in use, %.2f MiB peak, %.2f MiB reserved\n",
+                mem.device_allocated / 1048576.0, mem.device_peak / 1048576.0, mem.device_reserved / 1048576.0);
   std::fflush(stdout);
 }
 
 }  // namespace
 
-int run(const options& o, const loom::train::session_instance& inst, loom::train::world_ref world) {
+/// Per-rank peak GFLOP/s for MFU and where it came from: --peak-gflops; on an NPU the SoC's row
+/// of device::ascend_peak_table for the precision (NaN when the table has none); on the CPU the
+/// measured fp32 peak (measured by the lead rank only: the others print nothing).
+std::pair<double, std::string> peak_of(const options& o, const loom::train::session& s,
+                                       const loom::device::ascend_runtime* npu, bool lead) {
+  if (o.peak_gflops > 0) return {o.peak_gflops, "--peak-gflops"};
+  if (npu) {
+    const auto row = loom::device::ascend_peak_of(*npu);
+    if (!row) return {std::numeric_limits<double>::quiet_NaN(), "NPU not in loom's peak table: no MFU"};
+    return {row->flops(s.precision()) / 1e9, std::string(s.precision()) + ", " + std::string(row->soc_prefix) +
+                                                  (row->confirmed ? "" : " (unconfirmed table row)")};
+  }
+  return {lead ? loom::bench::measure_fp32_peak().gflops : 1.0, "fp32, measured"};
+}
+
+int run(const options& o, const loom::train::session_instance& inst, loom::train::world_ref world,
+        std::shared_ptr<const loom::device::ascend_runtime> npu) {
   using namespace loom;
   rank_profile prof(o, 0, "rank 0");  // renamed below, once the session knows the rank
-  const auto args = session_args_of(o, prof);
+  const auto args = session_args_of(o, prof, npu);
   if (args.cfg.seq_len > 0) {
     const auto* m = models::find_model(inst.model);
     if (m && args.cfg.seq_len > m->max_seq)
@@ -287,9 +311,9 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
     for (auto& t : synthetic[k]) t = id(rng);
   }
   // per rank, times the ranks: each rank measures with its share of the cores (only rank 0 prints)
-  const double peak =
-      r.world_size * (o.peak_gflops > 0 ? o.peak_gflops : lead ? bench::measure_fp32_peak().gflops : 1.0);
-  if (lead) print_banner(o, s, src, synthetic.size(), peak);
+  const auto [rank_peak, peak_source] = peak_of(o, s, npu.get(), lead);
+  const double peak = r.world_size * rank_peak;
+  if (lead) print_banner(o, s, src, synthetic.size(), peak, peak_source);
 
   // checkpoints: resume (model, optimizer, step, data position; every rank loads its part,
   // resharded when the checkpoint has another layout), or a fresh run, optionally from Hugging

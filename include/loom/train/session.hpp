@@ -41,6 +41,9 @@ namespace loom::parallel::comm {
 class threads_communicator;
 class mpi_communicator;
 }  // namespace loom::parallel::comm
+namespace loom::device {
+class ascend_runtime;
+}  // namespace loom::device
 
 namespace loom::train {
 
@@ -65,18 +68,25 @@ struct world_ref {
 /// (cfg.loss_scaler.initial_scale is the fp16 starting scale); `ddp` for data parallelism
 /// (ignored without a world); `hook` and `observer`: the profiler's kernel hook and
 /// communication observer (attached before the world is split into groups; null: none).
+/// Device "ascend" instances need `ascend` (device::ascend_runtime::load()) and run on NPU
+/// `ordinal` (-1: the world rank modulo the visible NPUs); the cpu instances ignore both.
 struct session_args {
   trainer_config cfg;
   parallel::ddp_options ddp;
   kernel_hook* hook = nullptr;
   parallel::comm_observer* observer = nullptr;
+  std::shared_ptr<const device::ascend_runtime> ascend;
+  int ordinal = -1;
 };
 
 /// Per-rank memory in bytes, as the trainer allocated it (train/trainer.hpp): this rank's shard
 /// of the parameters and gradients, its optimizer state (moments, fp32 masters below fp32; 1/dp
-/// with ZeRO-1), its activation ring and the data-parallel buckets (0 on one dp rank).
+/// with ZeRO-1), its activation ring and the data-parallel buckets (0 on one dp rank). On an NPU
+/// also the device's caching allocator (device::caching_allocator's statistics: bytes handed
+/// out now, their peak, bytes held from the device); 0 on the CPU.
 struct session_memory {
   std::size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, dp_buffers = 0;
+  std::size_t device_allocated = 0, device_peak = 0, device_reserved = 0;
   std::size_t total() const noexcept { return parameters + gradients + optimizer + activations + dp_buffers; }
 };
 

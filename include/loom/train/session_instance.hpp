@@ -35,6 +35,26 @@ inline const model_facts& facts_ref() noexcept {
   return f;
 }
 
+/// The device side of a trainer_session on device D: the context the trainer runs on, the
+/// communicator its groups use, and the device's memory statistics. Defined here for
+/// device::cpu (the world itself carries the collectives) and in train/ascend_session.hpp for
+/// device::ascend (an NPU per rank, HCCL bootstrapped over the world).
+template <class D>
+class session_device;
+
+template <>
+class session_device<device::cpu> {
+ public:
+  session_device(const session_args&, int /*world_rank*/) noexcept {}
+  context<device::cpu>& ctx() noexcept { return ctx_; }
+  /// The communicator the trainer's groups are split from: the world.
+  parallel::any_communicator& collectives(parallel::any_communicator& world) noexcept { return world; }
+  void add_memory(session_memory&) const noexcept {}
+
+ private:
+  context<device::cpu> ctx_;
+};
+
 /// One rank of a run of M under Policy (device, precision, layout<TP,PP>), capacities B x T,
 /// attention Attn, on World: parallel::any_communicator (the world, whatever its backend), or
 /// std::nullptr_t (one rank without data parallelism; layout<1,1> only). fp16 runs with
@@ -56,13 +76,14 @@ class trainer_session final : public session {
 
   /// Builds the trainer on `world`. Throws loom::input_error for invalid settings
   /// (trainer_config, a world size that is not a multiple of TP*PP).
-  trainer_session(const session_args& a, World world) : world_(std::move(world)) {
+  trainer_session(const session_args& a, World world) : world_(std::move(world)), dev_(a, world_rank()) {
     ctx_.hook = a.hook;
     if constexpr (parallel_world) {
-      if (a.observer) world_.set_observer(a.observer);  // before the trainer splits the world
+      auto& c = dev_.collectives(world_);
+      if (a.observer) c.set_observer(a.observer);  // before the trainer splits it
       parallel::ddp_options ddp = a.ddp;
       if constexpr (layered) ddp.check_every = 0;
-      tr_.emplace(ctx_, a.cfg, world_, ddp);
+      tr_.emplace(ctx_, a.cfg, c, ddp);
     } else {
       tr_.emplace(ctx_, a.cfg);
     }
@@ -93,6 +114,7 @@ class trainer_session final : public session {
     m.optimizer = tr_->optimizer_bytes();
     m.activations = tr_->activation_bytes();
     m.dp_buffers = tr_->data_parallel() ? tr_->data_parallel()->memory().buckets : 0;
+    dev_.add_memory(m);
     return m;
   }
   bool loss_scaling() const noexcept override { return scaler_t::enabled; }
@@ -166,9 +188,14 @@ class trainer_session final : public session {
     if constexpr (parallel_world) return &world_;
     else return nullptr;
   }
+  int world_rank() const noexcept {
+    if constexpr (parallel_world) return world_.rank();
+    else return 0;
+  }
 
-  mutable context<device_t> ctx_;
-  World world_;
+  World world_;  ///< host memory: checkpoints, traces, broadcast_from_lead (and HCCL's bootstrap)
+  mutable session_device<device_t> dev_;
+  context<device_t>& ctx_ = dev_.ctx();
   std::optional<trainer_t> tr_;
   session_io io_;  ///< destroyed first: waits for a save in flight
 };

@@ -1,0 +1,65 @@
+#pragma once
+/// \file The device::ascend side of train::trainer_session (train/session_instance.hpp): each
+/// rank drives one NPU (device::ascend_device on its own thread or process) and its trainer's
+/// groups are split from an HCCL communicator bootstrapped over the session's world (the root
+/// info travels over comm::threads or comm::mpi, as torch_npu's and MindSpore's MPI launches
+/// do). Checkpoints, traces and broadcast_from_lead stay on the host world. Included by the
+/// generated translation units of device "ascend" instances (cmake/LoomSessions.cmake).
+///
+///   train::session_args a;
+///   a.ascend = device::ascend_runtime::load();  // CANN (or the emulation) from ASCEND_HOME_PATH
+///   auto s = train::make_session<models::quickstart, policy<device::ascend, precision::bf16>, 16, 128,
+///                                kernels::fused>(a, world);
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <loom/device/ascend.hpp>
+#include <loom/device/ascend_runtime.hpp>
+#include <loom/kernels/ascend.hpp>
+#include <loom/parallel/comm_hccl.hpp>
+#include <loom/train/session_instance.hpp>
+
+namespace loom::train {
+
+/// One rank's NPU: device::ascend_device on NPU a.ordinal (or world_rank modulo the visible
+/// NPUs when a.ordinal < 0) of runtime a.ascend. Throws loom::input_error without a runtime,
+/// loom::device_error when the NPU cannot be opened (ACL's code and message).
+template <>
+class session_device<device::ascend> {
+ public:
+  session_device(const session_args& a, int world_rank) : dev_(runtime_of(a), ordinal_of(a, world_rank)) {}
+  context<device::ascend>& ctx() noexcept { return dev_.context(); }
+  /// An HCCL communicator over the same ranks as `world` (collective over it; comm::hccl::create:
+  /// rank 0's root info broadcast over `world`), owned here, type-erased for the trainer.
+  parallel::any_communicator& collectives(parallel::any_communicator& world) {
+    auto hc = comm::hccl::create(world, dev_.context());
+    hccl_.emplace(std::make_unique<parallel::detail::any_comm_model<comm::hccl>>(std::move(hc)));
+    return *hccl_;
+  }
+  void add_memory(session_memory& m) const {
+    const auto s = dev_.memory().stats();
+    m.device_allocated = s.allocated;
+    m.device_peak = s.peak_allocated;
+    m.device_reserved = s.reserved;
+  }
+
+ private:
+  static std::shared_ptr<const device::ascend_runtime> runtime_of(const session_args& a) {
+    if (!a.ascend)
+      throw input_error("an ascend session needs the CANN runtime: set session_args::ascend = "
+                        "loom::device::ascend_runtime::load()");
+    return a.ascend;
+  }
+  static int ordinal_of(const session_args& a, int world_rank) {
+    if (a.ordinal >= 0) return a.ordinal;
+    const int n = device::ascend_device::count(*a.ascend);
+    if (n <= 0) throw input_error("no NPU is visible (aclrtGetDeviceCount = 0); check ASCEND_RT_VISIBLE_DEVICES");
+    return world_rank % n;
+  }
+
+  device::ascend_device dev_;
+  std::optional<parallel::any_communicator> hccl_;  ///< destroyed before the device
+};
+
+}  // namespace loom::train
