@@ -34,8 +34,8 @@ set(_loom_default_sessions
   gpt2_small/fp32/tp2pp2/cpu/fused gpt2_small/bf16/tp2pp2/cpu/fused)
 if(LOOM_WITH_ASCEND)  # the main job on an NPU (CI: on the emulation)
   list(APPEND _loom_default_sessions
-    char_tiny/fp32/tp1pp1/ascend/fused char_tiny/bf16/tp1pp1/ascend/fused
     quickstart/fp32/tp1pp1/ascend/fused quickstart/bf16/tp1pp1/ascend/fused
+    quickstart_bpe/fp32/tp1pp1/ascend/fused quickstart_bpe/bf16/tp1pp1/ascend/fused
     bench_small/bf16/tp1pp1/ascend/fused)
 endif()
 set(LOOM_SESSIONS "${_loom_default_sessions}" CACHE STRING

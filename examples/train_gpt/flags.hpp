@@ -125,6 +125,8 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_flag("--allow-fp32-matmul", o.allow_fp32_matmul,
                "--device ascend --precision fp32: run the matmuls in fp32 on the cube unit, deliberately (a fraction "
                "of its bf16/fp16 rate; precision::fp32_ascend_matmul)");
+  app.add_flag("--no-device-timing", o.no_device_timing,
+               "--device ascend: no step breakdown in device time (stream events; saves one host wait per step)");
   app.add_option("--npu", o.npu, "--device ascend: the NPU ordinal of this process (default: the rank, modulo the "
                                  "visible NPUs)")
       ->check(CLI::Range(0, 1023));
@@ -216,8 +218,8 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
     throw loom::input_error("--device ascend --precision fp32 runs every matmul in fp32 on the NPU's cube unit, a "
                             "fraction of its bf16/fp16 rate; pass --precision bf16, or --allow-fp32-matmul to choose "
                             "fp32 deliberately");
-  if (o.device != "ascend" && (o.allow_fp32_matmul || o.npu >= 0))
-    throw loom::input_error(std::string(o.npu >= 0 ? "--npu" : "--allow-fp32-matmul") +
+  if (o.device != "ascend" && (o.allow_fp32_matmul || o.npu >= 0 || o.no_device_timing))
+    throw loom::input_error(std::string(o.npu >= 0 ? "--npu" : o.no_device_timing ? "--no-device-timing" : "--allow-fp32-matmul") +
                             " is for --device ascend; drop it or pass --device ascend");
   const auto [tp, pp] = parse_layout(o.layout);
   const auto* m = loom::models::find_model(o.model);  // CLI11 checked the name

@@ -9,7 +9,9 @@
 // hand their events to rank 0 over the world communicator (io::gather_trace), which writes ONE
 // trace.json into --log-dir ("out" when --log-dir is ''): no per-rank files, also across hosts
 // under mpirun. Without --profile-steps nothing is attached (context::hook and the observers stay
-// null: one branch per kernel and per collective).
+// null: one branch per kernel and per collective). On an NPU the same window also runs the CANN
+// profiler (aclprof*: msprof data under <log-dir>/cann_profile) on the ranks that own a process
+// (every MPI rank; rank 0 of --ranks threads: the profiler is per process).
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -32,10 +34,14 @@ class rank_profile {
   /// rank: the world rank (the trace's pid); process_name: the track's label.
   rank_profile(const options& o, int rank, std::string process_name)
       : trace_({.window = loom::io::step_window::parse(o.profile_steps), .pid = rank,
-                .process_name = std::move(process_name)}),
+                .process_name = std::move(process_name), .on_start = [this] { start_device(); },
+                .on_stop = [this] { stop_device(); }}),
         observer_(trace_),
         file_(std::filesystem::path(o.log_dir.empty() ? "out" : o.log_dir) / "trace.json"),
+        device_dir_(file_.parent_path() / "cann_profile"),
         rank_(rank) {}
+  rank_profile(const rank_profile&) = delete;  // the recorder's callbacks point here
+  rank_profile& operator=(const rank_profile&) = delete;
 
   bool enabled() const noexcept { return !trace_.options().window.empty(); }
 
@@ -44,9 +50,11 @@ class rank_profile {
   loom::kernel_hook* hook() noexcept { return enabled() ? &observer_ : nullptr; }
   loom::parallel::comm_observer* observer() noexcept { return enabled() ? &observer_ : nullptr; }
 
-  /// Once the session knows this rank: its world rank (the trace's pid) and track label.
-  void set_rank(int rank, std::string process_name) {
+  /// Once the session knows this rank: its world rank (the trace's pid), track label, and
+  /// whether it runs the device's own profiler in the window (one rank per process).
+  void set_rank(int rank, std::string process_name, bool device_profiler) {
     rank_ = rank;
+    device_profiler_ = device_profiler;
     trace_.set_process(rank, std::move(process_name));
     if (enabled()) trace_.name_this_thread("trainer");
   }
@@ -58,6 +66,7 @@ class rank_profile {
   /// ranks' traces into trace.json (collective) and returns a line for the console, else "".
   std::string begin_step(long step, loom::train::session& s) {
     if (!enabled()) return {};
+    session_ = &s;  // for the device profiler, started by the recorder
     trace_.begin_step(step);
     return trace_.stats().finished && !written_ ? collect(s) : std::string();
   }
@@ -65,6 +74,7 @@ class rank_profile {
   /// After the training loop, on every rank: closes a window the run ended inside and collects.
   std::string finish(loom::train::session& s) {
     if (!enabled()) return {};
+    session_ = &s;
     trace_.stop();
     return trace_.stats().finished && !written_ ? collect(s) : std::string();
   }
@@ -80,14 +90,23 @@ class rank_profile {
     return "trace of steps " + std::to_string(w.first) + ":" + std::to_string(w.last) + " (" + std::to_string(ranks) +
            (ranks > 1 ? " ranks" : " rank") + ") written to " + file_.string() + " | " + std::to_string(s.events) +
            " events on rank 0, recorder overhead " + std::to_string(s.recorder_seconds * 1e3).substr(0, 6) +
-           " ms" + (s.dropped ? ", " + std::to_string(s.dropped) + " events dropped (max_events)" : "");
+           " ms" + (s.dropped ? ", " + std::to_string(s.dropped) + " events dropped (max_events)" : "") +
+           (device_started_ ? " | CANN profiler data under " + device_dir_.string() : "");
+  }
+
+  void start_device() {
+    if (device_profiler_ && session_) device_started_ = session_->start_device_profiler(device_dir_);
+  }
+  void stop_device() {
+    if (device_started_ && session_) session_->stop_device_profiler();
   }
 
   loom::io::trace_recorder trace_;
   loom::io::trace_observer observer_;
-  std::filesystem::path file_;
+  std::filesystem::path file_, device_dir_;
   int rank_ = 0;
-  bool written_ = false;
+  bool written_ = false, device_profiler_ = false, device_started_ = false;
+  loom::train::session* session_ = nullptr;
 };
 
 }  // namespace train_gpt_cli

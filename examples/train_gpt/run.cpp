@@ -150,6 +150,7 @@ loom::train::session_args session_args_of(const options& o, rank_profile& prof,
   loom::train::session_args a;
   a.ascend = std::move(npu);
   a.ordinal = o.npu;
+  a.device_timing = !o.no_device_timing;
   auto& cfg = a.cfg;
   cfg.micro_batch = o.micro_batch;
   cfg.seq_len = o.seq_len;
@@ -211,6 +212,23 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
 
 }  // namespace
 
+/// The step's breakdown for the metrics: the host's (train::step_timer), or on a device with its
+/// own clock the device-time phases (session::device_breakdown) with the host's data_wait and
+/// wall time; `other` is then the wall time no device phase covers (host work, idle device).
+loom::train::step_breakdown on_device_time(loom::train::step_breakdown host,
+                                           const std::optional<loom::train::step_breakdown>& device) {
+  using loom::train::phase;
+  if (!device) return host;
+  loom::train::step_breakdown b = *device;
+  b.seconds[std::size_t(phase::data_wait)] = host[phase::data_wait];
+  b.seconds[std::size_t(phase::other)] = 0;
+  double covered = 0;
+  for (const double x : b.seconds) covered += x;
+  b.seconds[std::size_t(phase::other)] = std::max(0.0, host.total - covered);
+  b.total = std::max(host.total, covered);
+  return b;
+}
+
 /// Per-rank peak GFLOP/s for MFU and where it came from: --peak-gflops; on an NPU the SoC's row
 /// of device::ascend_peak_table for the precision (NaN when the table has none); on the CPU the
 /// measured fp32 peak (measured by the lead rank only: the others print nothing).
@@ -257,7 +275,7 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
       name += " (tp " + std::to_string(r.tp_rank) + ", dp " + std::to_string(r.dp_rank) + ", pp " + std::to_string(r.stage) + ")";
     else if (world.type != train::world_ref::kind::none)
       name += " (dp " + std::to_string(r.world_rank) + ")";
-    prof.set_rank(r.world_rank, name);
+    prof.set_rank(r.world_rank, name, world.type != train::world_ref::kind::threads || lead);
   }
   const auto& m = s.model();
   const int dp = r.dp;
@@ -454,13 +472,18 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
       report_loss_scale(step, res, s.loss_scale(), lead, con, warn, tb, jsonl);
     const auto rec = metrics.record({.step = step, .tokens = res.tokens, .loss = res.loss, .lr = res.lr,
                                      .grad_norm = res.grad_norm, .skipped = res.skipped},
-                                    timer.end_step());
+                                    on_device_time(timer.end_step(), s.device_breakdown()));
     if (lead) {
       const auto snap = mem.snapshot();
       const auto os = read_process_memory();
       con.step(rec, metrics, &snap, &os);
       if (tb || jsonl) {
-        const auto sc = train::step_metrics::scalars(rec, &snap, &os);
+        auto sc = train::step_metrics::scalars(rec, &snap, &os);
+        if (const auto dm = s.memory(); dm.device_reserved > 0) {  // the NPU's caching allocator
+          sc.push("memory/npu_allocated_mib", dm.device_allocated / 1048576.0);
+          sc.push("memory/npu_peak_mib", dm.device_peak / 1048576.0);
+          sc.push("memory/npu_reserved_mib", dm.device_reserved / 1048576.0);
+        }
         if (tb) tb->add_scalars(step, sc);
         if (jsonl) jsonl->write_scalars(step, sc);
       }

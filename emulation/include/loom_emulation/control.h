@@ -49,6 +49,8 @@ typedef struct {
   uint64_t checks_failed;       /* API calls rejected by a validation check */
   uint64_t async_copies;        /* aclrtMemcpyAsync calls accepted */
   uint64_t sync_copies;         /* aclrtMemcpy calls accepted */
+  uint64_t host_waits;          /* aclrtSynchronize{Stream,Event,Device}[WithTimeout] calls: the host
+                                   waits for the device */
 } loomemu_counters;
 loomemu_counters loomemu_get_counters(void);
 

@@ -41,13 +41,23 @@ using gpt_parallel = transformer<M, Policy, Attn>;
 /// communicator's send must not wait for its receiver (comm::threads: eager). See
 /// parallel/schedule.hpp.
 /// `observe(action, seconds)` is called after every action with its wall time (including the
-/// wait of a receive), after synchronizing the stream; the default does nothing and costs nothing.
+/// wait of a receive), after synchronizing the stream (not for a device_clock_observer); the
+/// default does nothing and costs nothing.
 /// `ready` is passed to the backward of the last micro-batch (m-1), whose ready(layer) events
 /// tell data parallelism which gradients are final (transformer::backward).
 /// `drop`: training dropout; micro-batch i runs forward with drop.at(i) (nn/dropout.hpp) and its
 /// backward regenerates those masks. Default: off.
 struct no_observer {
   void operator()(const parallel::pipe_action&, double) const noexcept {}
+};
+/// An observer for a device with its own clock (stream events: train::ascend_phase_timer): `f`
+/// is called after each action is enqueued, without synchronizing the stream, and its seconds
+/// are the host's enqueue time.
+template <class F>
+struct device_clock_observer {
+  static constexpr bool device_clock = true;
+  F f;
+  void operator()(const parallel::pipe_action& a, double s) { f(a, s); }
 };
 template <class Model, int B, int T, class Comm, class Observer = no_observer, class Ready = no_ready_hook>
 double pipeline_forward_backward(context<typename Model::device>& ctx, Model& model,
@@ -57,6 +67,7 @@ double pipeline_forward_backward(context<typename Model::device>& ctx, Model& mo
                                                 typename Model::acc_t grad_scale, Observer&& observe = {},
                                                 Ready&& ready = {}, const dropout_plan& drop = {}) {
   constexpr bool timed = !std::is_same_v<std::remove_cvref_t<Observer>, no_observer>;
+  constexpr bool host_clock = timed && !requires { std::remove_cvref_t<Observer>::device_clock; };
   using S = typename Model::storage_t;
   constexpr int PP = Model::PP;
   const int stage = model.stage();
@@ -92,7 +103,7 @@ double pipeline_forward_backward(context<typename Model::device>& ctx, Model& mo
         break;
     }
     if constexpr (timed) {
-      ctx.synchronize();
+      if constexpr (host_clock) ctx.synchronize();  // the action's device work is in its time
       observe(a, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
   }

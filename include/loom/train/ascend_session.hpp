@@ -10,25 +10,34 @@
 ///   a.ascend = device::ascend_runtime::load();  // CANN (or the emulation) from ASCEND_HOME_PATH
 ///   auto s = train::make_session<models::quickstart, policy<device::ascend, precision::bf16>, 16, 128,
 ///                                kernels::fused>(a, world);
+#include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include <loom/device/ascend.hpp>
+#include <loom/device/ascend_profiler.hpp>
 #include <loom/device/ascend_runtime.hpp>
 #include <loom/kernels/ascend.hpp>
 #include <loom/parallel/comm_hccl.hpp>
+#include <loom/train/ascend_phase_timer.hpp>
 #include <loom/train/session_instance.hpp>
 
 namespace loom::train {
 
 /// One rank's NPU: device::ascend_device on NPU a.ordinal (or world_rank modulo the visible
-/// NPUs when a.ordinal < 0) of runtime a.ascend. Throws loom::input_error without a runtime,
-/// loom::device_error when the NPU cannot be opened (ACL's code and message).
+/// NPUs when a.ordinal < 0) of runtime a.ascend; with a.device_timing, the step's phases in
+/// device time (train::ascend_phase_timer on the compute stream); the CANN profiler on demand.
+/// Throws loom::input_error without a runtime, loom::device_error when the NPU cannot be opened
+/// (ACL's code and message).
 template <>
 class session_device<device::ascend> {
  public:
-  session_device(const session_args& a, int world_rank) : dev_(runtime_of(a), ordinal_of(a, world_rank)) {}
+  session_device(const session_args& a, int world_rank)
+      : rt_(runtime_of(a)), dev_(rt_, ordinal_of(a, world_rank)) {
+    if (a.device_timing) timer_.emplace(*rt_, dev_.context().stream);
+  }
   context<device::ascend>& ctx() noexcept { return dev_.context(); }
   /// An HCCL communicator over the same ranks as `world` (collective over it; comm::hccl::create:
   /// rank 0's root info broadcast over `world`), owned here, type-erased for the trainer.
@@ -42,6 +51,26 @@ class session_device<device::ascend> {
     m.device_allocated = s.allocated;
     m.device_peak = s.peak_allocated;
     m.device_reserved = s.reserved;
+  }
+  void begin_step() {
+    if (timer_) timer_->begin_step();
+  }
+  void end_step() {
+    if (timer_) last_ = timer_->end_step();  // waits for the step's last event
+  }
+  void on_phase(phase p, bool begin) {
+    if (timer_) begin ? timer_->enter(p) : timer_->leave();
+  }
+  std::optional<step_breakdown> breakdown() const { return last_; }
+  /// The CANN profiler on this rank's NPU, writing under `dir` (device::ascend_profiler).
+  bool start_profiler(const std::filesystem::path& dir) {
+    if (prof_) throw input_error("the CANN profiler runs one window per session; it was started already");
+    prof_.emplace(rt_, device::ascend_profiler_options{.output_dir = dir, .devices = {std::uint32_t(dev_.ordinal())}});
+    prof_->start();
+    return true;
+  }
+  void stop_profiler() {
+    if (prof_ && prof_->running()) prof_->stop();
   }
 
  private:
@@ -58,8 +87,12 @@ class session_device<device::ascend> {
     return world_rank % n;
   }
 
+  std::shared_ptr<const device::ascend_runtime> rt_;
   device::ascend_device dev_;
   std::optional<parallel::any_communicator> hccl_;  ///< destroyed before the device
+  std::optional<ascend_phase_timer> timer_;
+  std::optional<step_breakdown> last_;
+  std::optional<device::ascend_profiler> prof_;
 };
 
 }  // namespace loom::train

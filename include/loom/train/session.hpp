@@ -69,7 +69,9 @@ struct world_ref {
 /// (ignored without a world); `hook` and `observer`: the profiler's kernel hook and
 /// communication observer (attached before the world is split into groups; null: none).
 /// Device "ascend" instances need `ascend` (device::ascend_runtime::load()) and run on NPU
-/// `ordinal` (-1: the world rank modulo the visible NPUs); the cpu instances ignore both.
+/// `ordinal` (-1: the world rank modulo the visible NPUs); with `device_timing` they time every
+/// step's phases on the device (device_breakdown(); one more host wait per step). The cpu
+/// instances ignore all three.
 struct session_args {
   trainer_config cfg;
   parallel::ddp_options ddp;
@@ -77,6 +79,7 @@ struct session_args {
   parallel::comm_observer* observer = nullptr;
   std::shared_ptr<const device::ascend_runtime> ascend;
   int ordinal = -1;
+  bool device_timing = true;
 };
 
 /// Per-rank memory in bytes, as the trainer allocated it (train/trainer.hpp): this rank's shard
@@ -160,6 +163,17 @@ class session {
   /// This rank's parameters as bytes (a copy), and their restore (same size).
   virtual std::vector<std::byte> parameter_bytes() const = 0;
   virtual void restore_parameter_bytes(std::span<const std::byte> bytes) = 0;
+
+  /// The last step's breakdown in device time (stream events around each phase:
+  /// train/ascend_phase_timer.hpp; data_wait is 0, the host's), or nullopt when the host's
+  /// clock is the device's (cpu) or session_args::device_timing is off.
+  virtual std::optional<step_breakdown> device_breakdown() const { return std::nullopt; }
+  /// Opens the device's own profiler for a --profile-steps window, writing under `dir` (the CANN
+  /// profiler, aclprof*: device/ascend_profiler.hpp); false when the device has none (cpu). One
+  /// window per session; the profiler is per process, so one rank per process calls it.
+  /// stop_device_profiler() closes it (no-op when none is open).
+  virtual bool start_device_profiler(const std::filesystem::path& /*dir*/) { return false; }
+  virtual void stop_device_profiler() {}
 
   /// `value` of world rank 0, on every rank (collective; identity without a world).
   virtual int broadcast_from_lead(int value) = 0;

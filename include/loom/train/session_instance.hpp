@@ -50,6 +50,13 @@ class session_device<device::cpu> {
   /// The communicator the trainer's groups are split from: the world.
   parallel::any_communicator& collectives(parallel::any_communicator& world) noexcept { return world; }
   void add_memory(session_memory&) const noexcept {}
+  // device time and the device's profiler: the host's clock is the CPU's (session's defaults)
+  void begin_step() noexcept {}
+  void end_step() noexcept {}
+  void on_phase(phase, bool) noexcept {}
+  std::optional<step_breakdown> breakdown() const noexcept { return std::nullopt; }
+  bool start_profiler(const std::filesystem::path&) noexcept { return false; }
+  void stop_profiler() noexcept {}
 
  private:
   context<device::cpu> ctx_;
@@ -87,6 +94,8 @@ class trainer_session final : public session {
     } else {
       tr_.emplace(ctx_, a.cfg);
     }
+    tr_->device_clock = !std::is_same_v<device_t, device::cpu>;  // an NPU's phases: its own clock, if any
+    set_phase_callback(nullptr);  // the device's phase timer, if any
   }
 
   const model_facts& model() const noexcept override { return facts_ref<M>(); }
@@ -126,8 +135,21 @@ class trainer_session final : public session {
     return tr_->data_parallel() ? tr_->data_parallel()->bucket_count() : 0;
   }
 
-  void set_phase_callback(std::function<void(phase, bool)> f) override { tr_->on_phase = std::move(f); }
-  step_result step(std::span<const std::int32_t> windows) override { return tr_->step(ctx_, windows); }
+  void set_phase_callback(std::function<void(phase, bool)> f) override {
+    tr_->on_phase = [this, f = std::move(f)](phase p, bool begin) {
+      dev_.on_phase(p, begin);
+      if (f) f(p, begin);
+    };
+  }
+  step_result step(std::span<const std::int32_t> windows) override {
+    dev_.begin_step();
+    const auto r = tr_->step(ctx_, windows);
+    dev_.end_step();
+    return r;
+  }
+  std::optional<step_breakdown> device_breakdown() const override { return dev_.breakdown(); }
+  bool start_device_profiler(const std::filesystem::path& dir) override { return dev_.start_profiler(dir); }
+  void stop_device_profiler() override { dev_.stop_profiler(); }
   double evaluate(std::span<const std::int32_t> windows) override { return tr_->evaluate(ctx_, windows); }
   long step_count() const noexcept override { return tr_->step_count(); }
 

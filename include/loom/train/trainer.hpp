@@ -238,6 +238,10 @@ class basic_trainer {
   /// optimizer. Phases never nest.
   /// Empty by default (then the executor is not timed at all).
   std::function<void(phase, bool begin)> on_phase;
+  /// Set when on_phase drives a device clock (stream events: train::ascend_phase_timer): the
+  /// pipeline's actions and the optimizer are then reported as enqueued, without a stream
+  /// synchronize after each (what a host clock needs to charge the device work to its phase).
+  bool device_clock = false;
 
   /// Windows per step on this dp rank (grad_accum * micro_batch).
   std::size_t windows_per_step() const noexcept { return std::size_t(cfg_.grad_accum) * cfg_.micro_batch; }
@@ -259,7 +263,7 @@ class basic_trainer {
                         std::to_string(windows_per_step() * window()) + " ids) per data-parallel rank, got " +
                         std::to_string(windows.size()));
     validate_tokens(windows, M::vocab, "training batch");
-    const std::span<std::int32_t> in(host_in_.data(), tokens_per_step()), tg(host_tg_.data(), tokens_per_step());
+    const std::span<std::int32_t> in(host_in_.get(), tokens_per_step()), tg(host_tg_.get(), tokens_per_step());
     split_windows(windows, in, tg);
     return step(ctx, in, tg);
   }
@@ -328,10 +332,10 @@ class basic_trainer {
       });
       zero_->set_step(t);
       opt_.set_step(t);
-      ctx.synchronize();
+      if (on_phase && !device_clock) ctx.synchronize();
     } else {
       opt_.update(ctx, model_, r.lr, coef);
-      ctx.synchronize();
+      if (on_phase && !device_clock) ctx.synchronize();  // the host clock's optimizer phase
     }
     mark(phase::optimizer, false);
     if (sync_) sync_->check_replicas(ctx, model_, step_);
@@ -360,7 +364,7 @@ class basic_trainer {
     for (std::size_t first = 0; first < rows; first += std::size_t(cfg_.micro_batch)) {
       const int b = int(std::min<std::size_t>(std::size_t(cfg_.micro_batch), rows - first));
       const std::size_t bt = std::size_t(b) * t, NC = bt * std::size_t(M::d_model);
-      const std::span<std::int32_t> in(host_in_.data(), bt), tg(host_tg_.data(), bt);
+      const std::span<std::int32_t> in(host_in_.get(), bt), tg(host_tg_.get(), bt);
       split_windows(windows.subspan(first * w, std::size_t(b) * w), in, tg);
       device::copy_to_device(inputs_.data(), in.data(), in.size_bytes(), ctx.stream);
       device::copy_to_device(targets_.data(), tg.data(), tg.size_bytes(), ctx.stream);
@@ -381,7 +385,7 @@ class basic_trainer {
   basic_trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm>&& groups, int)
       : cfg_(checked(cfg)), g_(std::move(groups)), model_(ctx, g_.tp.rank(), g_.pp.rank(), cfg_.seed),
         opt_(ctx, cfg_.adamw, model_), scaler_(cfg_.loss_scaler), inputs_(std::size_t(cfg_.grad_accum) * B * T, ctx.stream),
-        targets_(inputs_.size(), ctx.stream), host_in_(inputs_.size()), host_tg_(inputs_.size()),
+        targets_(inputs_.size(), ctx.stream), host_in_(pinned(inputs_.size())), host_tg_(pinned(inputs_.size())),
         plan_(parallel::one_f_one_b(PP, cfg_.grad_accum, g_.pp.rank())) {
     const int ring = parallel::max_in_flight(PP, cfg_.grad_accum, g_.pp.rank());
     acts_.reserve(std::size_t(ring));
@@ -421,6 +425,12 @@ class basic_trainer {
       mark(phase_of(a.op), false);
       if (++next < plan_.size()) mark(phase_of(plan_[next].op), true);
     };
+    if constexpr (!std::is_same_v<device, loom::device::cpu>)  // the CPU's clock is the host's
+      if (device_clock)
+        return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
+                                                            inputs_.data(), targets_.data(), b, t, grad_scale,
+                                                            nn::device_clock_observer<decltype(observe)>{observe},
+                                                            ready, drop);
     return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                         inputs_.data(), targets_.data(), b, t, grad_scale, observe, ready,
                                                         drop);
@@ -463,7 +473,17 @@ class basic_trainer {
   std::unique_ptr<parallel::grad_sync<model_t>> sync_;  // the dp reduction (data_parallel), or null on one dp rank
   std::vector<acts_t> acts_;
   buffer<device, std::int32_t> inputs_, targets_;
-  std::vector<std::int32_t> host_in_, host_tg_;
+  /// The step's inputs and targets on the host, in the device's pinned memory
+  /// (D::allocate_host: aclrtMallocHost on an NPU), so their copies to the device are
+  /// asynchronous on the stream instead of a stream synchronize plus a synchronous copy.
+  struct host_deleter {
+    void operator()(std::int32_t* p) const noexcept { device::deallocate_host(p); }
+  };
+  using host_ids = std::unique_ptr<std::int32_t[], host_deleter>;
+  static host_ids pinned(std::size_t n) {
+    return host_ids(static_cast<std::int32_t*>(device::allocate_host(n * sizeof(std::int32_t))));
+  }
+  host_ids host_in_, host_tg_;
   std::vector<parallel::pipe_action> plan_;
   long step_ = 0;
 };

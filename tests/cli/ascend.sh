@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The main job with --device ascend, end to end, on loom's host emulation of CANN (ASCEND_HOME_PATH
+# is <build>/ascend_emulation, set by CTest: nothing here runs on an NPU). prepare_data writes a
+# SentencePiece dataset; for fp32 (--allow-fp32-matmul) and bf16, on one rank and on two
+# (--ranks 2: data parallel over HCCL, bootstrapped over the threads communicator):
+#   - train_gpt --device ascend trains quickstart_bpe 20 steps with a checkpoint every 10 and
+#     samples; its loss at every step tracks the same run with --device cpu (relative 1e-3 for
+#     fp32, 2e-2 for bf16: the bf16 tolerance of verify::tolerance_for);
+#   - a run resumed from step 10 repeats steps 10..19 of the first run exactly (printed losses);
+#   - sample reads the trained weights on the CPU.
+# Then: host waits per step (the emulation's counters of aclrtSynchronize*, LOOMEMU_COUNTERS_FILE)
+# for the record, and bad input: --precision fp32 without the opt-in, no runtime, a layout not
+# compiled for the NPU.
+#   tests/cli/ascend.sh <dir with prepare_data, train_gpt and sample> <emulation home>
+set -u
+bin="$1"
+home="$2"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1
+export ASCEND_HOME_PATH="$home"
+fail=0
+bad() { echo "FAILED: $*"; fail=$((fail + 1)); }
+losses() { grep -oP '^step +\d+/\d+ \| loss \K[0-9.]+' "$1" | tr '\n' ' '; }
+
+head -n 2000 "${LOOM_DATA_DIR:-../shared/data}/tinyshakespeare.txt" > "$work/text.txt"
+"$bin/prepare_data" --input "$work/text.txt" --output-prefix "$work/ds" --vocab-size 500 --threads 2 \
+  > "$work/prep.txt" 2>&1 || { cat "$work/prep.txt"; echo "FAILED: prepare_data"; exit 1; }
+
+common=(--data "$work/ds" --model quickstart_bpe --micro-batch 2 --seq-len 16 --log-every 1 --val-fraction 0.02
+        --eval-windows 4 --log-dir '' --peak-gflops 1 --summary-every 0)
+for prec in fp32 bf16; do
+  tol=$([[ $prec == fp32 ]] && echo 1e-3 || echo 2e-2)
+  opt=$([[ $prec == fp32 ]] && echo --allow-fp32-matmul || true)
+  for ranks in 1 2; do
+    name="$prec-ranks$ranks"
+    d="$work/$name"
+    mkdir -p "$d"
+    if ! "$bin/train_gpt" "${common[@]}" --steps 20 --eval-every 10 --precision "$prec" --ranks "$ranks" --device ascend $opt \
+         --checkpoint-dir "$d/ckpt" --save-every 10 --out "$d/w.safetensors" --sample-tokens 16 \
+         > "$d/npu.txt" 2>&1; then
+      bad "$name: $(tail -3 "$d/npu.txt")"; continue
+    fi
+    "$bin/train_gpt" "${common[@]}" --steps 20 --eval-every 10 --precision "$prec" --ranks "$ranks" --device cpu --out "$d/cpu.safetensors" \
+      --sample-tokens 0 > "$d/cpu.txt" 2>&1 || { bad "$name on cpu: $(tail -3 "$d/cpu.txt")"; continue; }
+    grep -q "| ascend $prec, fused attention |" "$d/npu.txt" || bad "$name: the banner does not say ascend $prec"
+    grep -q "^NPU memory of rank 0 (caching allocator): " "$d/npu.txt" || bad "$name: no NPU memory line"
+    grep -q -- "---- sample" "$d/npu.txt" || bad "$name: no sample"
+    [[ -d "$d/ckpt/step_00000010" && -d "$d/ckpt/step_00000020" ]] || bad "$name: checkpoints 10 and 20 missing"
+    read -r -a a <<< "$(losses "$d/npu.txt")"
+    read -r -a c <<< "$(losses "$d/cpu.txt")"
+    [[ ${#a[@]} == 20 && ${#c[@]} == 20 ]] || { bad "$name: ${#a[@]} and ${#c[@]} step lines, not 20"; continue; }
+    worst=$(for i in $(seq 0 19); do echo "${a[$i]} ${c[$i]}"; done |
+            awk '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > w) w = d } END { printf "%.2e", w }')
+    echo "$name: losses ${a[0]} -> ${a[19]} (cpu ${c[0]} -> ${c[19]}), worst relative difference $worst (bound $tol)"
+    awk -v w="$worst" -v t="$tol" 'BEGIN { exit !(w <= t) }' || bad "$name: NPU loss differs from cpu by $worst > $tol"
+    awk -v a="${a[0]}" -v b="${a[19]}" 'BEGIN { exit !(b < a - 0.5) }' || bad "$name: loss did not fall: ${a[0]} -> ${a[19]}"
+    # resume from step 10 (checkpoints go to a copy): steps 10..19 again, the same losses
+    cp -r "$d/ckpt" "$d/ckpt2"
+    if ! "$bin/train_gpt" "${common[@]}" --steps 20 --eval-every 10 --precision "$prec" --ranks "$ranks" --device ascend $opt \
+         --resume "$d/ckpt2/step_00000010" --out "$d/w2.safetensors" --sample-tokens 0 > "$d/resume.txt" 2>&1; then
+      bad "$name resumed: $(tail -3 "$d/resume.txt")"; continue
+    fi
+    grep -q "resumed from .*step_00000010: step 10" "$d/resume.txt" || bad "$name: no resume line"
+    read -r -a r <<< "$(losses "$d/resume.txt")"
+    [[ "${r[*]}" == "${a[*]:10}" ]] || bad "$name: resumed losses '${r[*]}' != '${a[*]:10}'"
+    "$bin/sample" --weights "$d/w.safetensors" --tokenizer "$work/ds.model" --prompt "ROMEO:" --tokens 16 \
+      > "$d/sample.txt" 2>&1 || bad "$name: sample failed: $(tail -2 "$d/sample.txt")"
+  done
+done
+
+# host waits (aclrtSynchronize*) and synchronous copies per step of one rank: the difference of a
+# 12- and a 2-step run (LOOMEMU_COUNTERS_FILE), with the device-time breakdown and without
+for timing in on off; do
+  flag=$([[ $timing == off ]] && echo --no-device-timing || true)
+  for steps in 2 12; do
+    LOOMEMU_COUNTERS_FILE="$work/counters-$timing-$steps.txt" "$bin/train_gpt" "${common[@]}" --steps "$steps" \
+      --eval-every 0 --precision bf16 --device ascend $flag --out "$work/c.safetensors" --sample-tokens 0 \
+      > "$work/c$steps.txt" 2>&1 || bad "counted run: $(tail -2 "$work/c$steps.txt")"
+  done
+  count() { grep -oP "\b$1 \K\d+" "$work/counters-$timing-$2.txt" 2>/dev/null || echo 0; }
+  waits=$(( ($(count host_waits 12) - $(count host_waits 2)) / 10 ))
+  copies=$(( ($(count sync_copies 12) - $(count sync_copies 2)) / 10 ))
+  echo "per step on one NPU, device timing $timing: $waits host waits, $copies synchronous copies"
+  (( $(count host_waits 12) > 0 )) || bad "no counters written (LOOMEMU_COUNTERS_FILE)"
+  # the loss and the gradient norm are read back (2), plus the step's last event with timing
+  limit=$([[ $timing == on ]] && echo 3 || echo 2)
+  (( waits <= limit )) || bad "device timing $timing: $waits host waits per step > $limit"
+  (( copies <= 2 )) || bad "device timing $timing: $copies synchronous copies per step > 2 (the batch is pageable?)"
+done
+
+# bad input
+"$bin/train_gpt" --data "$work/ds" --model quickstart_bpe --device ascend --steps 1 > "$work/b1.txt" 2>&1
+[[ $? == 2 ]] && grep -q -- "--allow-fp32-matmul" "$work/b1.txt" || bad "fp32 without the opt-in: $(cat "$work/b1.txt")"
+ASCEND_HOME_PATH="$work/none" LD_LIBRARY_PATH='' "$bin/train_gpt" --data "$work/ds" --model quickstart_bpe \
+  --device ascend --precision bf16 --steps 1 > "$work/b2.txt" 2>&1
+[[ $? == 2 ]] && grep -q "examples/doctor" "$work/b2.txt" && ! grep -q "^model " "$work/b2.txt" ||
+  bad "no runtime: $(cat "$work/b2.txt")"
+"$bin/train_gpt" --data "$work/ds" --model quickstart_bpe --device ascend --precision bf16 --layout tp2pp2 --ranks 4 \
+  --steps 1 > "$work/b3.txt" 2>&1
+[[ $? == 2 ]] && grep -q "LOOM_EXTRA_SESSIONS=quickstart_bpe/bf16/tp2pp2/ascend/fused" "$work/b3.txt" ||
+  bad "uncompiled layout: $(cat "$work/b3.txt")"
+[[ $fail == 0 ]] && echo "all passed" || { echo "$fail failed"; exit 1; }
