@@ -90,6 +90,8 @@ stream* resolve_stream(aclrtStream s, bool allow_null, int* err);
 int stream_device(const stream* s);
 /// Appends a task; it runs after every task enqueued before it on the same stream.
 void enqueue(stream* s, std::function<void()> task);
+/// enqueue for an aclnn launch (phase 2): counted as pending operator work until it has run.
+void enqueue_op(stream* s, std::function<void()> task);
 
 // --- counters
 void count_executor_created();

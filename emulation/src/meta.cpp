@@ -180,7 +180,7 @@ aclnnStatus launch(const char* name, void* workspace, uint64_t workspaceSize, ac
     delete ex;
   }
   count_executor_run();
-  enqueue(st, [run, ranges, workspace, ws_bytes, dev, op] {
+  enqueue_op(st, [run, ranges, workspace, ws_bytes, dev, op] {
     for (const auto& [p, bytes] : ranges) {
       std::string why;
       if (!check_device_range(p, bytes, dev, &why))

@@ -48,7 +48,7 @@ struct device_state {
 
 struct counters {
   std::atomic<uint64_t> device_mallocs{0}, device_frees{0}, host_pinned{0}, executors_created{0},
-      executors_run{0}, tasks{0}, checks_failed{0}, async_copies{0}, sync_copies{0}, host_waits{0};
+      executors_run{0}, tasks{0}, checks_failed{0}, async_copies{0}, sync_copies{0}, host_waits{0}, h2d_behind_work{0};
 };
 
 struct global_state {
@@ -161,6 +161,7 @@ struct stream {
   bool stop = false;
   int error = 0;
   std::string error_message;
+  std::atomic<int> ops_pending{0};  ///< aclnn launches enqueued and not finished (enqueue_op)
   std::thread worker;
 
   explicit stream(int dev) : device(dev) { worker = std::thread([this] { loop(); }); }
@@ -268,6 +269,17 @@ stream* resolve_stream(aclrtStream s, bool allow_null, int* err) {
 
 int stream_device(const stream* s) { return s->device; }
 void enqueue(stream* s, std::function<void()> task) { s->push(std::move(task)); }
+
+void enqueue_op(stream* s, std::function<void()> task) {
+  s->ops_pending++;
+  s->push([s, task = std::move(task)] {
+    struct done {
+      stream* s;
+      ~done() { s->ops_pending--; }
+    } d{s};
+    task();
+  });
+}
 
 void count_executor_created() { g().c.executors_created++; }
 void count_executor_run() { g().c.executors_run++; }
@@ -740,6 +752,7 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src, size_t cou
   const int dev = thread_device;
   const bool src_dev = kind == ACL_MEMCPY_DEVICE_TO_HOST || kind == ACL_MEMCPY_DEVICE_TO_DEVICE;
   const bool dst_dev = kind == ACL_MEMCPY_HOST_TO_DEVICE || kind == ACL_MEMCPY_DEVICE_TO_DEVICE;
+  if (kind == ACL_MEMCPY_HOST_TO_DEVICE && st->ops_pending > 0) g().c.h2d_behind_work++;  // operators still to run
   enqueue(st, [=] {
     std::string why;
     if ((src_dev && !check_device_range(src, count, dev, &why)) || (dst_dev && !check_device_range(dst, count, dev, &why)))
@@ -947,7 +960,8 @@ void loomemu_set_device_count(int count) {
 
 namespace {
 /// LOOMEMU_COUNTERS_FILE=<path>: at process exit, append one line of this process's counters
-/// ("pid P host_waits N sync_copies N async_copies N executors_run N tasks N") — how a test
+/// ("pid P host_waits N sync_copies N async_copies N h2d_copies_behind_work N executors_run N
+/// tasks N") — how a test
 /// reads what a whole program (train_gpt) asked of the runtime.
 struct counters_at_exit {
   ~counters_at_exit() {
@@ -955,10 +969,12 @@ struct counters_at_exit {
     if (!path || !*path) return;
     if (std::FILE* f = std::fopen(path, "a")) {
       const loomemu_counters c = loomemu_get_counters();
-      std::fprintf(f, "pid %ld host_waits %llu sync_copies %llu async_copies %llu executors_run %llu tasks %llu\n",
+      std::fprintf(f,
+                   "pid %ld host_waits %llu sync_copies %llu async_copies %llu h2d_copies_behind_work %llu "
+                   "executors_run %llu tasks %llu\n",
                    long(::getpid()), (unsigned long long)c.host_waits, (unsigned long long)c.sync_copies,
-                   (unsigned long long)c.async_copies, (unsigned long long)c.executors_run,
-                   (unsigned long long)c.tasks_executed);
+                   (unsigned long long)c.async_copies, (unsigned long long)c.h2d_copies_behind_work,
+                   (unsigned long long)c.executors_run, (unsigned long long)c.tasks_executed);
       std::fclose(f);
     }
   }
@@ -980,6 +996,7 @@ loomemu_counters loomemu_get_counters(void) {
   c.async_copies = s.c.async_copies;
   c.sync_copies = s.c.sync_copies;
   c.host_waits = s.c.host_waits;
+  c.h2d_copies_behind_work = s.c.h2d_behind_work;
   std::lock_guard lock(s.m);
   for (const auto& [base, a] : s.allocs)
     if (a.kind == mem_kind::device) {

@@ -51,6 +51,9 @@ typedef struct {
   uint64_t sync_copies;         /* aclrtMemcpy calls accepted */
   uint64_t host_waits;          /* aclrtSynchronize{Stream,Event,Device}[WithTimeout] calls: the host
                                    waits for the device */
+  uint64_t h2d_copies_behind_work; /* host-to-device aclrtMemcpyAsync calls enqueued while their
+                                      stream still had aclnn operators queued or running: the
+                                      host prepared the data while the device computed */
 } loomemu_counters;
 loomemu_counters loomemu_get_counters(void);
 
