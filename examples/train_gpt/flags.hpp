@@ -50,14 +50,16 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");
   app.add_option("--lr", o.lr, "peak learning rate");
   app.add_option("--min-lr", o.min_lr, "learning-rate floor after the cosine decay");
-  app.add_option("--warmup", o.warmup, "linear warm-up steps");
+  app.add_option("--warmup", o.warmup, "linear warm-up steps (<= --steps)")->check(CLI::NonNegativeNumber);
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (matrices only)");
-  app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)");
+  app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--dropout", o.dropout,
                  "dropout probability P, 0 <= P < 1, on the embedding, the attention probabilities and both residual "
                  "branches while training (not in validation or sampling); 0 (default): off; CPU only");
   app.add_option("--val-fraction", o.val_fraction, "held out for validation: a fraction of a text file's bytes, of a dataset's documents");
-  app.add_option("--eval-every", o.eval_every, "steps between validation evaluations (0: only at the end)");
+  app.add_option("--eval-every", o.eval_every, "steps between validation evaluations (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--eval-windows", o.eval_windows,
                  "validation windows per periodic evaluation: the first N of the validation split (all if it has fewer)")
       ->check(CLI::Range(1, 1 << 30));
@@ -65,11 +67,15 @@ inline void add_flags(CLI::App& app, options& o) {
                  "PATIENCE: end training when the validation loss has not improved for PATIENCE periodic evaluations "
                  "(--eval-every); the saved weights, final validation and sample are then the best evaluation's (0: off)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling");
-  app.add_option("--time-budget", o.time_budget, "stop training after this many seconds (0: no limit)");
+  app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling (>= 0)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--time-budget", o.time_budget, "stop training after this many seconds (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--log-dir", o.log_dir, "TensorBoard events, metrics.jsonl and trace.json go here ('' = none)");
   app.add_option("--profile-steps", o.profile_steps, "record a Chrome/Perfetto timeline of steps A:B (half-open), off by default");
-  app.add_option("--peak-gflops", o.peak_gflops, "fp32 peak for MFU (default: measured at start-up)");
+  app.add_option("--peak-gflops", o.peak_gflops,
+                 "peak GFLOP/s per rank for MFU (default: the fp32 peak measured at start-up on the CPU, the SoC's "
+                 "table row on an NPU)");
   app.add_flag("--synthetic-data", o.synthetic_data,
                "isolation switch: train on 8 batches of random ids made once in memory (no loader, no data_wait); "
                "shows whether data loading limits the step");
@@ -166,6 +172,10 @@ inline std::chrono::milliseconds comm_timeout_ms(const options& o) {
 inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool data_is_dataset) {
   if (o.data.empty()) throw loom::input_error("--data is required: pass a UTF-8 text file or a prepare_data dataset");
   if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
+  if (o.warmup > o.steps)
+    throw loom::input_error("--warmup " + std::to_string(o.warmup) + " exceeds --steps " + std::to_string(o.steps) +
+                            ": the learning rate would never leave its warm-up; pass --warmup <= " +
+                            std::to_string(o.steps));
   if (app.count("--model") == 0 && data_is_dataset) o.model = "quickstart_bpe";
   using flag_value = std::pair<const char*, double>;
   for (const auto& [flag, v] : std::initializer_list<flag_value>{

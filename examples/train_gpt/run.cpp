@@ -348,6 +348,10 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
     const auto at = resume_run(s, o.resume, src, warn, lead);
     start = at.step;
     tokens_seen = at.tokens;
+    if (start >= o.steps)
+      warn("the checkpoint is at step " + std::to_string(start) + ", and --steps is " + std::to_string(o.steps) +
+           ": no step is left to train (only the validation, the weights and the sample); pass --steps > " +
+           std::to_string(start) + " to continue");
   } else {
     if (!o.init_from_hf.empty()) {  // into the whole model, then each rank takes its slices
       const auto whole = inst.whole(o.seed);

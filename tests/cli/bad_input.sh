@@ -49,6 +49,12 @@ expect_error "--steps: must be a whole number >= 1" "$t" --data "$work/ok.txt" -
 expect_error "--early-stop 3 .*--eval-every is 0.*pass e.g. --eval-every" "$t" --data "$work/ok.txt" --model char_tiny --early-stop 3 --eval-every 0
 expect_error "--early-stop" "$t" --data "$work/ok.txt" --model char_tiny --early-stop -2
 expect_error "--eval-windows" "$t" --data "$work/ok.txt" --model char_tiny --eval-windows 0
+expect_error "--warmup 50 exceeds --steps 10" "$t" --data "$work/ok.txt" --model char_tiny --steps 10 --warmup 50
+expect_error "--eval-every" "$t" --data "$work/ok.txt" --model char_tiny --eval-every -1
+expect_error "--seed" "$t" --data "$work/ok.txt" --model char_tiny --seed -1
+expect_error "--max-grad-norm" "$t" --data "$work/ok.txt" --model char_tiny --max-grad-norm -1
+expect_error "--time-budget" "$t" --data "$work/ok.txt" --model char_tiny --time-budget -5
+expect_error "--allow-fp32-matmul is for --device ascend" "$t" --data "$work/ok.txt" --model char_tiny --allow-fp32-matmul
 expect_error "--dropout 1 is not a dropout probability.*0 <= p < 1" "$t" --data "$work/ok.txt" --model char_tiny --dropout 1
 expect_error "--dropout -0.1 is not a dropout probability" "$t" --data "$work/ok.txt" --model char_tiny --dropout -0.1
 expect_error "--out '.*' is a directory.*model.safetensors" "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --out "$work/"
