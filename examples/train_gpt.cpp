@@ -71,6 +71,7 @@
 #include <string>
 
 #include <loom/data/source.hpp>
+#include <loom/device/ascend.hpp>
 #include <loom/device/ascend_runtime.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/parallel/comm_threads.hpp>
@@ -172,6 +173,23 @@ std::shared_ptr<const loom::device::ascend_runtime> load_npu_runtime() {
   }
 }
 
+/// The NPUs the flags ask for exist: --npu among the visible ones, and with --ranks threads one
+/// NPU per rank. Throws loom::input_error naming the count and the fix.
+void check_npus(const options& o, const loom::device::ascend_runtime& rt) {
+  const int n = loom::device::ascend_device::count(rt);
+  const std::string visible = std::to_string(n) + " NPU" + (n == 1 ? " is" : "s are") + " visible";
+  if (n == 0)
+    throw loom::input_error("--device ascend: no NPU is visible (aclrtGetDeviceCount = 0); check the driver "
+                            "(npu-smi info) and ASCEND_RT_VISIBLE_DEVICES");
+  if (o.npu >= n)
+    throw loom::input_error("--npu " + std::to_string(o.npu) + ": only " + visible + " (0.." + std::to_string(n - 1) +
+                            "); pass one of them, and check ASCEND_RT_VISIBLE_DEVICES");
+  if (o.comm == "threads" && o.ranks > n)
+    throw loom::input_error("--ranks " + std::to_string(o.ranks) + " with --device ascend: " + visible +
+                            " and each rank needs its own; pass --ranks <= " + std::to_string(n) +
+                            ", or one process per NPU on more machines (mpirun ... --comm mpi)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -199,6 +217,7 @@ int main(int argc, char** argv) {
                                                                                           : world_ref::kind::none;
     const auto& inst = choose_instance(o, tp, pp);  // before any rank starts
     const auto npu = o.device == "ascend" ? load_npu_runtime() : nullptr;
+    if (npu) check_npus(o, *npu);
     if (o.zero1 && o.comm == "threads" && o.ranks / (tp * pp) < 2)
       std::fprintf(stderr,
                    "train_gpt: warning: --zero1 with one data-parallel rank (--ranks %d / TP*PP %d) shards nothing; "

@@ -26,6 +26,13 @@
 
 namespace train_gpt_cli {
 
+/// `v` in %g form, for messages ("0.1", not "0.100000").
+inline std::string shortest(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 /// Registers every flag of train_gpt on `app`; parsing writes them into `o`, which must
 /// outlive `app`. The flags' help strings are train_gpt's --help.
 inline void add_flags(CLI::App& app, options& o) {
@@ -132,7 +139,8 @@ inline void add_flags(CLI::App& app, options& o) {
                "--device ascend --precision fp32: run the matmuls in fp32 on the cube unit, deliberately (a fraction "
                "of its bf16/fp16 rate; precision::fp32_ascend_matmul)");
   app.add_flag("--no-device-timing", o.no_device_timing,
-               "--device ascend: no step breakdown in device time (stream events; saves one host wait per step)");
+               "--device ascend: no step breakdown in device time (no stream events; the breakdown is then the host's "
+               "enqueue time)");
   app.add_option("--npu", o.npu, "--device ascend: the NPU ordinal of this process (default: the rank, modulo the "
                                  "visible NPUs)")
       ->check(CLI::Range(0, 1023));
@@ -228,6 +236,16 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
     throw loom::input_error("--device ascend --precision fp32 runs every matmul in fp32 on the NPU's cube unit, a "
                             "fraction of its bf16/fp16 rate; pass --precision bf16, or --allow-fp32-matmul to choose "
                             "fp32 deliberately");
+  if (o.allow_fp32_matmul && o.precision != "fp32")
+    throw loom::input_error("--allow-fp32-matmul is for --precision fp32 (it opts into fp32 matmuls on the NPU); drop "
+                            "it with --precision " + o.precision);
+  if (o.device == "ascend" && o.dropout > 0)
+    throw loom::input_error("--dropout " + shortest(o.dropout) + " with --device ascend: dropout runs on the CPU only so "
+                            "far (loom has no NPU dropout kernels); pass --dropout 0, or --device cpu");
+  if (o.device == "ascend" && o.npu >= 0 && o.comm == "threads" && o.ranks > 1)
+    throw loom::input_error("--npu " + std::to_string(o.npu) + " with --ranks " + std::to_string(o.ranks) +
+                            ": --npu puts this process on one NPU, but each of the ranks needs its own; drop --npu "
+                            "(rank r takes NPU r)");
   if (o.device != "ascend" && (o.allow_fp32_matmul || o.npu >= 0 || o.no_device_timing))
     throw loom::input_error(std::string(o.npu >= 0 ? "--npu" : o.no_device_timing ? "--no-device-timing" : "--allow-fp32-matmul") +
                             " is for --device ascend; drop it or pass --device ascend");

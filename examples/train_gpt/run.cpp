@@ -200,9 +200,10 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
                 mem.dp_buffers / 1048576.0, mem.optimizer / 1048576.0);
   }
   const std::string staging = layered && mem.dp_buffers ? ", dp buckets " + fixed2(mem.dp_buffers / 1048576.0) + " MiB" : "";
-  std::printf("peak %.0f GFLOP/s (%s) | memory%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB%s, "
+  const std::string peak_text = std::isfinite(peak) ? std::to_string(std::llround(peak)) + " GFLOP/s" : "unknown";
+  std::printf("peak %s (%s) | memory%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB%s, "
               "activations %.2f MiB\n",
-              peak, peak_source.c_str(), layered ? " of rank 0 (tp 0, stage 0)" : "", mem.parameters / 1048576.0,
+              peak_text.c_str(), peak_source.c_str(), layered ? " of rank 0 (tp 0, stage 0)" : "", mem.parameters / 1048576.0,
               mem.gradients / 1048576.0, mem.optimizer / 1048576.0, staging.c_str(), mem.activations / 1048576.0);
   if (mem.device_reserved > 0)
     std::printf("NPU memory of rank 0 (caching allocator): %.2f MiB in use, %.2f MiB peak, %.2f MiB reserved\n",
@@ -213,8 +214,9 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
 }  // namespace
 
 /// The step's breakdown for the metrics: the host's (train::step_timer), or on a device with its
-/// own clock the device-time phases (session::device_breakdown) with the host's data_wait and
-/// wall time; `other` is then the wall time no device phase covers (host work, idle device).
+/// own clock the device-time phases (session::device_breakdown: the step before, read without a
+/// wait) with this step's host data_wait and wall time; `other` is then the wall time no device
+/// phase covers (host work, idle device).
 loom::train::step_breakdown on_device_time(loom::train::step_breakdown host,
                                            const std::optional<loom::train::step_breakdown>& device) {
   using loom::train::phase;
@@ -238,8 +240,10 @@ std::pair<double, std::string> peak_of(const options& o, const loom::train::sess
   if (npu) {
     const auto row = loom::device::ascend_peak_of(*npu);
     if (!row) return {std::numeric_limits<double>::quiet_NaN(), "NPU not in loom's peak table: no MFU"};
-    return {row->flops(s.precision()) / 1e9, std::string(s.precision()) + ", " + std::string(row->soc_prefix) +
-                                                  (row->confirmed ? "" : " (unconfirmed table row)")};
+    const double flops = row->flops(s.precision());
+    return {flops / 1e9, std::string(s.precision()) + ", " + std::string(row->soc_prefix) +
+                             (std::isnan(flops) ? ": no figure in loom's table row, no MFU"
+                                                : row->confirmed ? "" : " (unconfirmed table row)")};
   }
   return {lead ? loom::bench::measure_fp32_peak().gflops : 1.0, "fp32, measured"};
 }
@@ -331,6 +335,11 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   // per rank, times the ranks: each rank measures with its share of the cores (only rank 0 prints)
   const auto [rank_peak, peak_source] = peak_of(o, s, npu.get(), lead);
   const double peak = r.world_size * rank_peak;
+  if (lead && npu) {  // which NPU and which CANN: an emulation says so in its SoC name
+    const char* soc = npu->api().aclrtGetSocName ? npu->api().aclrtGetSocName() : nullptr;
+    std::printf("NPU %s | CANN runtime from %s\n", soc ? soc : "(no SoC name: aclrtGetSocName missing)",
+                npu->home().empty() ? "the loader path" : npu->home().c_str());
+  }
   if (lead) print_banner(o, s, src, synthetic.size(), peak, peak_source);
 
   // checkpoints: resume (model, optimizer, step, data position; every rank loads its part,

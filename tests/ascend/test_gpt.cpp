@@ -327,4 +327,19 @@ TEST_CASE("ascend_phase_timer (emulated): device-time breakdown of trainer steps
     CHECK(b.total > 0);
     CHECK(b.total <= host);
   }
+  // without waiting: finish_step records the last event; try_read gives the same kind of
+  // breakdown once the stream has passed it (here after a synchronize; in a session, after the
+  // next step's loss readback)
+  transitions = 0;
+  dt.begin_step();
+  nt.step(ctx, windows);
+  dt.finish_step();
+  ctx.synchronize();
+  const auto late = dt.try_read();
+  REQUIRE(late.has_value());
+  double sum = 0;
+  for (double x : late->seconds) sum += x;
+  CHECK(sum == doctest::Approx(late->total).epsilon(1e-12));
+  CHECK((*late)[phase::forward] > 0);
+  CHECK((*late)[phase::optimizer] > 0);
 }

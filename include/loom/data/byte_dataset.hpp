@@ -23,7 +23,8 @@ class byte_dataset {
     namespace fs = std::filesystem;
     std::error_code ec;
     if (!fs::exists(path, ec))
-      throw input_error("data file '" + path.string() + "' does not exist; pass an existing UTF-8 text file with --data");
+      throw input_error("data file '" + path.string() + "' does not exist; pass an existing UTF-8 text file, or the PREFIX of a "
+                        "prepare_data dataset (PREFIX.bin and PREFIX.idx), with --data");
     if (fs::is_directory(path, ec))
       throw input_error("data path '" + path.string() + "' is a directory; pass a UTF-8 text file with --data");
     std::ifstream in(path, std::ios::binary);

@@ -19,7 +19,7 @@
 /// is the device time from begin_step's event to end_step's (sum of the phases exactly). Work on
 /// other streams (HCCL on a communication stream) is not seen, only this stream's waits on it.
 /// Cost: one aclrtRecordEvent per transition and one aclrtSynchronizeEvent per step (end_step
-/// blocks until the stream reaches its event); events are created once and reused (one per
+/// blocks until the stream reaches its event; finish_step + try_read never block); events are created once and reused (one per
 /// transition of the longest step so far). Timestamp resolution and the cost of TIME_LINE
 /// events on hardware are not known (unconfirmed); tested only against the host emulation.
 /// Thread: the thread that issues the step's work (bound to the NPU).
@@ -27,6 +27,7 @@
 #include <array>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <loom/device/ascend.hpp>
@@ -66,6 +67,22 @@ class ascend_phase_timer {
   step_breakdown end_step() {
     mark();
     events_[marks_.size() - 1]->synchronize();
+    return breakdown();
+  }
+  /// Ends the step without waiting: records the last event. try_read() gives the breakdown once
+  /// the stream has passed it — e.g. after the next step's first host wait, so a caller that
+  /// alternates two timers reads each step one step late and never waits for the timer.
+  void finish_step() { mark(); }
+  /// The finished step's breakdown when its last event has completed (aclrtQueryEventStatus: no
+  /// wait), else nullopt.
+  std::optional<step_breakdown> try_read() const {
+    if (marks_.empty() || !events_[marks_.size() - 1]->query()) return std::nullopt;
+    return breakdown();
+  }
+
+ private:
+  static constexpr int max_depth = 16;
+  step_breakdown breakdown() const {
     step_breakdown b{};
     for (std::size_t i = 1; i < marks_.size(); ++i) {
       const double s = 1e-3 * double(device::ascend_event::elapsed_ms(*events_[i - 1], *events_[i]));
@@ -74,9 +91,6 @@ class ascend_phase_timer {
     }
     return b;
   }
-
- private:
-  static constexpr int max_depth = 16;
   /// Records event #marks_.size() on the stream (creating it the first time) and appends the
   /// open phase; enter()/leave() then replace it by the phase open after their change.
   void mark() {

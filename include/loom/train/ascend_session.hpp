@@ -10,6 +10,7 @@
 ///   a.ascend = device::ascend_runtime::load();  // CANN (or the emulation) from ASCEND_HOME_PATH
 ///   auto s = train::make_session<models::quickstart, policy<device::ascend, precision::bf16>, 16, 128,
 ///                                kernels::fused>(a, world);
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -28,7 +29,8 @@ namespace loom::train {
 
 /// One rank's NPU: device::ascend_device on NPU a.ordinal (or world_rank modulo the visible
 /// NPUs when a.ordinal < 0) of runtime a.ascend; with a.device_timing, the step's phases in
-/// device time (train::ascend_phase_timer on the compute stream); the CANN profiler on demand.
+/// device time (train::ascend_phase_timer on the compute stream, read one step late so that
+/// timing adds no host wait); the CANN profiler on demand.
 /// Throws loom::input_error without a runtime, loom::device_error when the NPU cannot be opened
 /// (ACL's code and message).
 template <>
@@ -36,7 +38,8 @@ class session_device<device::ascend> {
  public:
   session_device(const session_args& a, int world_rank)
       : rt_(runtime_of(a)), dev_(rt_, ordinal_of(a, world_rank)) {
-    if (a.device_timing) timer_.emplace(*rt_, dev_.context().stream);
+    if (a.device_timing)
+      for (auto& t : timers_) t.emplace(*rt_, dev_.context().stream);
   }
   context<device::ascend>& ctx() noexcept { return dev_.context(); }
   /// An HCCL communicator over the same ranks as `world` (collective over it; comm::hccl::create:
@@ -52,15 +55,23 @@ class session_device<device::ascend> {
     m.device_peak = s.peak_allocated;
     m.device_reserved = s.reserved;
   }
+  // Two timers take turns, so the step's events are read one step late, when the next step's
+  // first host wait (the loss) has drained the stream past them: the timer never waits itself.
   void begin_step() {
-    if (timer_) timer_->begin_step();
+    if (timers_[cur_]) timers_[cur_]->begin_step();
   }
   void end_step() {
-    if (timer_) last_ = timer_->end_step();  // waits for the step's last event
+    if (!timers_[cur_]) return;
+    timers_[cur_]->finish_step();
+    cur_ ^= 1;
+    if (ended_ && timers_[cur_])
+      if (auto b = timers_[cur_]->try_read()) last_ = *b;  // the previous step's
+    ended_ = true;
   }
   void on_phase(phase p, bool begin) {
-    if (timer_) begin ? timer_->enter(p) : timer_->leave();
+    if (timers_[cur_]) begin ? timers_[cur_]->enter(p) : timers_[cur_]->leave();
   }
+  /// The previous step's device-time breakdown (nullopt until two steps have run).
   std::optional<step_breakdown> breakdown() const { return last_; }
   /// The CANN profiler on this rank's NPU, writing under `dir` (device::ascend_profiler).
   bool start_profiler(const std::filesystem::path& dir) {
@@ -90,7 +101,9 @@ class session_device<device::ascend> {
   std::shared_ptr<const device::ascend_runtime> rt_;
   device::ascend_device dev_;
   std::optional<parallel::any_communicator> hccl_;  ///< destroyed before the device
-  std::optional<ascend_phase_timer> timer_;
+  std::array<std::optional<ascend_phase_timer>, 2> timers_;
+  int cur_ = 0;
+  bool ended_ = false;
   std::optional<step_breakdown> last_;
   std::optional<device::ascend_profiler> prof_;
 };

@@ -70,7 +70,7 @@ struct world_ref {
 /// communication observer (attached before the world is split into groups; null: none).
 /// Device "ascend" instances need `ascend` (device::ascend_runtime::load()) and run on NPU
 /// `ordinal` (-1: the world rank modulo the visible NPUs); with `device_timing` they time every
-/// step's phases on the device (device_breakdown(); one more host wait per step). The cpu
+/// step's phases on the device (device_breakdown(); stream events, no host wait). The cpu
 /// instances ignore all three.
 struct session_args {
   trainer_config cfg;
@@ -164,9 +164,10 @@ class session {
   virtual std::vector<std::byte> parameter_bytes() const = 0;
   virtual void restore_parameter_bytes(std::span<const std::byte> bytes) = 0;
 
-  /// The last step's breakdown in device time (stream events around each phase:
-  /// train/ascend_phase_timer.hpp; data_wait is 0, the host's), or nullopt when the host's
-  /// clock is the device's (cpu) or session_args::device_timing is off.
+  /// A recent step's breakdown in device time (stream events around each phase:
+  /// train/ascend_phase_timer.hpp; data_wait is 0, the host's): on an NPU the step before the
+  /// last (read one step late, without a wait), nullopt before that, on the cpu (whose host
+  /// clock is the device's) and when session_args::device_timing is off.
   virtual std::optional<step_breakdown> device_breakdown() const { return std::nullopt; }
   /// Opens the device's own profiler for a --profile-steps window, writing under `dir` (the CANN
   /// profiler, aclprof*: device/ascend_profiler.hpp); false when the device has none (cpu). One
