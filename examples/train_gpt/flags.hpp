@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,21 @@
 
 namespace train_gpt_cli {
 
+/// A CLI11 check: the value is a whole number >= `least` in decimal digits (no sign, nothing
+/// after it; "-1" is refused, not wrapped into an unsigned flag).
+inline CLI::Validator whole_number(long least) {
+  return CLI::Validator(
+      [least](std::string& v) {
+        const bool digits = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+        errno = 0;
+        const unsigned long long n = digits ? std::strtoull(v.c_str(), nullptr, 10) : 0;
+        return digits && errno == 0 && n >= (unsigned long long)least
+                   ? std::string()
+                   : "must be a whole number >= " + std::to_string(least);
+      },
+      "INT>=" + std::to_string(least));
+}
+
 /// `v` in %g form, for messages ("0.1", not "0.100000").
 inline std::string shortest(double v) {
   char buf[32];
@@ -44,29 +60,21 @@ inline void add_flags(CLI::App& app, options& o) {
                  "model config: " + loom::models::model_names() +
                      " (default: quickstart for a text file, quickstart_bpe for a dataset)")
       ->check(CLI::IsMember(models));
-  app.add_option("--steps", o.steps, "optimizer steps (>= 1)")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            char* end = nullptr;
-            const long n = std::strtol(v.c_str(), &end, 10);
-            return end != v.c_str() && *end == '\0' && n >= 1 ? std::string() : std::string("must be a whole number >= 1");
-          },
-          "INT>=1"));
+  app.add_option("--steps", o.steps, "optimizer steps (>= 1)")->check(whole_number(1));
   app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch, 1..compiled capacity (0 or unset: the capacity)");
   app.add_option("--seq-len", o.seq_len, "tokens per sequence (default: the model's maximum)");
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");
   app.add_option("--lr", o.lr, "peak learning rate");
   app.add_option("--min-lr", o.min_lr, "learning-rate floor after the cosine decay");
-  app.add_option("--warmup", o.warmup, "linear warm-up steps (<= --steps)")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", o.warmup, "linear warm-up steps (<= --steps)")->check(whole_number(0));
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (matrices only)");
-  app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)");
   app.add_option("--dropout", o.dropout,
                  "dropout probability P, 0 <= P < 1, on the embedding, the attention probabilities and both residual "
                  "branches while training (not in validation or sampling); 0 (default): off; CPU only");
   app.add_option("--val-fraction", o.val_fraction, "held out for validation: a fraction of a text file's bytes, of a dataset's documents");
   app.add_option("--eval-every", o.eval_every, "steps between validation evaluations (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   app.add_option("--eval-windows", o.eval_windows,
                  "validation windows per periodic evaluation: the first N of the validation split (all if it has fewer)")
       ->check(CLI::Range(1, 1 << 30));
@@ -74,10 +82,8 @@ inline void add_flags(CLI::App& app, options& o) {
                  "PATIENCE: end training when the validation loss has not improved for PATIENCE periodic evaluations "
                  "(--eval-every); the saved weights, final validation and sample are then the best evaluation's (0: off)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling (>= 0)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--time-budget", o.time_budget, "stop training after this many seconds (0: no limit)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling (>= 0)")->check(whole_number(0));
+  app.add_option("--time-budget", o.time_budget, "stop training after this many seconds (0: no limit)");
   app.add_option("--log-dir", o.log_dir, "TensorBoard events, metrics.jsonl and trace.json go here ('' = none)");
   app.add_option("--profile-steps", o.profile_steps, "record a Chrome/Perfetto timeline of steps A:B (half-open), off by default");
   app.add_option("--peak-gflops", o.peak_gflops,
@@ -194,6 +200,10 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
     if (!std::isfinite(v))
       throw loom::input_error(std::string(flag) + " " + std::to_string(v) + " is not a finite number; pass a decimal "
                               "number (see train_gpt --help)");
+  for (const auto& [flag, v] : std::initializer_list<flag_value>{{"--max-grad-norm", o.max_grad_norm},
+                                                                   {"--time-budget", o.time_budget}})
+    if (v < 0)
+      throw loom::input_error(std::string(flag) + " " + shortest(v) + " is negative; pass 0 (off) or a positive number");
   if (o.comm_timeout > max_comm_timeout_s)
     throw loom::input_error("--comm-timeout " + std::to_string(o.comm_timeout) + " s is beyond the " +
                             std::to_string(long(max_comm_timeout_s)) + " s limit; pass 0 to wait forever");

@@ -16,6 +16,7 @@
 ///
 /// Both assume a little-endian host (x86-64, AArch64), as the format is little-endian.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -248,12 +250,35 @@ inline void fsync_dir(const std::filesystem::path& dir, std::string_view what) {
   (void)::close(fd);
 }
 
+/// Removes the `<path>.tmp.<pid>` files that processes no longer alive left beside `path` (a
+/// writer killed between creating its temporary file and the rename). A pid that is alive,
+/// or this process's, is left alone. Never throws.
+inline void remove_dead_temporaries(const std::filesystem::path& path) noexcept {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  const std::string prefix = path.filename().string() + ".tmp.";
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string f = it->path().filename().string();
+    if (f.size() <= prefix.size() || f.compare(0, prefix.size(), prefix) != 0 || f.size() - prefix.size() > 9) continue;
+    const std::string_view digits = std::string_view(f).substr(prefix.size());
+    if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    const long pid = std::strtol(std::string(digits).c_str(), nullptr, 10);
+    if (pid <= 0 || pid == long(::getpid())) continue;
+    if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      fs::remove(it->path(), rm);
+    }
+  }
+}
+
 /// Replaces `path` by the file that `fill(fd)` writes, atomically and durably (POSIX; ext4/xfs
 /// semantics, LWN "Ensuring data reaches disk"): `fill` writes `path.tmp.<pid>` (returns false
 /// with errno set when a write fails), then fsync, close, rename(2) over `path`, fsync of the
 /// directory. rename is atomic: a reader sees the old file or the new one, never a mix. On
 /// failure (or when `fill` throws) the temporary file is removed and `path` is left as it was.
 /// Not safe for two threads of one process replacing the same path at once (same temp name).
+/// First removes the temporary files of writers that were killed (remove_dead_temporaries).
 /// Throws loom::input_error when the temporary file cannot be created (missing directory, no
 /// permission), loom::error when writing, fsync, close or rename fails (disk full, I/O error)
 /// or when the directory cannot be synced; each carries the errno text.
@@ -261,6 +286,7 @@ template <class Fill>
 void atomic_replace(const std::filesystem::path& path, Fill&& fill) {
   const std::string target = path.string();
   const std::string tmp = target + ".tmp." + std::to_string(::getpid());
+  remove_dead_temporaries(path);
   std::filesystem::path dir = path.parent_path();
   if (dir.empty()) dir = ".";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

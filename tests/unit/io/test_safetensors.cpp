@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -372,6 +373,32 @@ TEST_CASE("safetensors: writer rejects bad tensors before writing anything") {
   CHECK_THROWS_WITH_AS(w.add("bad\xff", {6}, six), doctest::Contains("not valid UTF-8"), loom::input_error);
   CHECK_THROWS_WITH_AS(w.set_metadata("k", "\xc3"), doctest::Contains("not valid UTF-8"), loom::input_error);
   CHECK(w.size() == 1);
+}
+
+TEST_CASE("safetensors: a write removes the temp files of killed writers, not of live ones") {
+  temp_dir dir;
+  const fs::path p = dir / "w.safetensors";
+  // a writer that died between creating its temp file and the rename (a child that has exited
+  // and been reaped: its pid is free), and one that is alive (our parent)
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  REQUIRE(dead > 0);
+  int status = 0;
+  ::waitpid(dead, &status, 0);
+  const fs::path stale = p.string() + ".tmp." + std::to_string(dead);
+  const fs::path live = p.string() + ".tmp." + std::to_string(::getppid());
+  const fs::path other = dir / "x.safetensors.tmp.1";  // another file's: not ours to touch
+  write_bytes(stale, "half a file");
+  write_bytes(live, "being written");
+  write_bytes(other, "x");
+  safetensors_writer w;
+  const std::vector<float> v = {1.5f, -2.f};
+  w.add("x", {2}, v);
+  w.write(p);
+  CHECK_FALSE(fs::exists(stale));
+  CHECK(fs::exists(live));
+  CHECK(fs::exists(other));
+  CHECK(safetensors_reader(p).info("x").shape == std::vector<std::int64_t>{2});
 }
 
 TEST_CASE("safetensors: a failed write leaves the existing file intact and no temp file") {

@@ -80,7 +80,7 @@ TEST_CASE("rank table: two servers, ranks listed out of order, device ids repeat
 TEST_CASE("rank table: a number beyond double or nesting beyond 64 levels is a problem, not an exception") {
   // nlohmann throws out_of_range for 1e400, which the parse_error handler did not catch; deep
   // nesting overflowed the stack in nlohmann's recursive parse.
-  for (const std::string text : {std::string(R"({"status": "completed", "server_count": 1e400})"),
+  for (const std::string& text : {std::string(R"({"status": "completed", "server_count": 1e400})"),
                                  std::string(100000, '[') + std::string(100000, ']')}) {
     std::vector<loom::parallel::rank_table_problem> problems;
     CHECK_NOTHROW(problems = loom::parallel::check_rank_table_text(text, "hccl.json"));
