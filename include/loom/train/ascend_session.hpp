@@ -64,9 +64,7 @@ class session_device<device::ascend> {
     if (!timers_[cur_]) return;
     timers_[cur_]->finish_step();
     cur_ ^= 1;
-    if (ended_ && timers_[cur_])
-      if (auto b = timers_[cur_]->try_read()) last_ = *b;  // the previous step's
-    ended_ = true;
+    if (auto b = timers_[cur_]->try_read()) last_ = *b;  // the previous step's (none before it ran)
   }
   void on_phase(phase p, bool begin) {
     if (timers_[cur_]) begin ? timers_[cur_]->enter(p) : timers_[cur_]->leave();
@@ -103,7 +101,6 @@ class session_device<device::ascend> {
   std::optional<parallel::any_communicator> hccl_;  ///< destroyed before the device
   std::array<std::optional<ascend_phase_timer>, 2> timers_;
   int cur_ = 0;
-  bool ended_ = false;
   std::optional<step_breakdown> last_;
   std::optional<device::ascend_profiler> prof_;
 };

@@ -136,10 +136,14 @@ class trainer_session final : public session {
   }
 
   void set_phase_callback(std::function<void(phase, bool)> f) override {
-    tr_->on_phase = [this, f = std::move(f)](phase p, bool begin) {
-      dev_.on_phase(p, begin);
-      if (f) f(p, begin);
-    };
+    if constexpr (std::is_same_v<device_t, device::cpu>) {
+      tr_->on_phase = std::move(f);  // the host's clock is the device's: nothing to add
+    } else {
+      tr_->on_phase = [this, f = std::move(f)](phase p, bool begin) {
+        dev_.on_phase(p, begin);
+        if (f) f(p, begin);
+      };
+    }
   }
   step_result step(std::span<const std::int32_t> windows) override {
     dev_.begin_step();
