@@ -48,7 +48,8 @@ struct device_state {
 
 struct counters {
   std::atomic<uint64_t> device_mallocs{0}, device_frees{0}, host_pinned{0}, executors_created{0},
-      executors_run{0}, tasks{0}, checks_failed{0}, async_copies{0}, sync_copies{0}, host_waits{0}, h2d_behind_work{0};
+      executors_run{0}, tasks{0}, checks_failed{0}, async_copies{0}, sync_copies{0}, host_waits{0}, h2d_behind_work{0},
+      h2d_beside_work{0};
 };
 
 struct global_state {
@@ -268,6 +269,15 @@ stream* resolve_stream(aclrtStream s, bool allow_null, int* err) {
 }
 
 int stream_device(const stream* s) { return s->device; }
+
+/// True when another stream of s's NPU has aclnn operators queued or running (enqueue_op): a copy
+/// executing now overlaps computation.
+bool other_stream_computing(const stream* s) {
+  std::lock_guard lock(g().m);
+  for (const stream* o : g().streams)
+    if (o != s && o->device == s->device && o->ops_pending > 0) return true;
+  return false;
+}
 void enqueue(stream* s, std::function<void()> task) { s->push(std::move(task)); }
 
 void enqueue_op(stream* s, std::function<void()> task) {
@@ -761,6 +771,7 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src, size_t cou
       throw task_error{ACL_ERROR_RT_DEVICE_MEM_ERROR,
                        "aclrtMemcpyAsync executed after its pinned host buffer was freed (aclrtFreeHost before the "
                        "stream was synchronized)"};
+    if (kind == ACL_MEMCPY_HOST_TO_DEVICE && other_stream_computing(st)) g().c.h2d_beside_work++;
     if (count) std::memmove(dst, src, count);
   });
   g().c.async_copies++;
@@ -960,8 +971,8 @@ void loomemu_set_device_count(int count) {
 
 namespace {
 /// LOOMEMU_COUNTERS_FILE=<path>: at process exit, append one line of this process's counters
-/// ("pid P host_waits N sync_copies N async_copies N h2d_copies_behind_work N executors_run N
-/// tasks N") — how a test
+/// ("pid P host_waits N sync_copies N async_copies N h2d_copies_behind_work N
+/// h2d_copies_beside_work N executors_run N tasks N") — how a test
 /// reads what a whole program (train_gpt) asked of the runtime.
 struct counters_at_exit {
   ~counters_at_exit() {
@@ -971,10 +982,10 @@ struct counters_at_exit {
       const loomemu_counters c = loomemu_get_counters();
       std::fprintf(f,
                    "pid %ld host_waits %llu sync_copies %llu async_copies %llu h2d_copies_behind_work %llu "
-                   "executors_run %llu tasks %llu\n",
+                   "h2d_copies_beside_work %llu executors_run %llu tasks %llu\n",
                    long(::getpid()), (unsigned long long)c.host_waits, (unsigned long long)c.sync_copies,
                    (unsigned long long)c.async_copies, (unsigned long long)c.h2d_copies_behind_work,
-                   (unsigned long long)c.executors_run, (unsigned long long)c.tasks_executed);
+                   (unsigned long long)c.h2d_copies_beside_work, (unsigned long long)c.executors_run, (unsigned long long)c.tasks_executed);
       std::fclose(f);
     }
   }
@@ -997,6 +1008,7 @@ loomemu_counters loomemu_get_counters(void) {
   c.sync_copies = s.c.sync_copies;
   c.host_waits = s.c.host_waits;
   c.h2d_copies_behind_work = s.c.h2d_behind_work;
+  c.h2d_copies_beside_work = s.c.h2d_beside_work;
   std::lock_guard lock(s.m);
   for (const auto& [base, a] : s.allocs)
     if (a.kind == mem_kind::device) {

@@ -297,7 +297,8 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   data::batch_source<> src(o.data, {.micro_batch = std::size_t(c.micro_batch), .seq_len = std::size_t(c.seq_len),
                                     .grad_accum = std::size_t(c.grad_accum), .valid_fraction = o.val_fraction,
                                     .seed = o.seed, .vocab = m.vocab, .workers = o.workers, .dp_rank = r.dp_rank,
-                                    .dp_size = dp, .verify_checksums = !o.no_data_checksum});
+                                    .dp_size = dp, .verify_checksums = !o.no_data_checksum,
+                                    .host_memory = s.host_memory()});  // pinned on an NPU: copied from as is
 #if LOOM_WITH_TEXT
   std::optional<data::text::tokenizer> tok;  // encodes the prompt, decodes the sample, counts bytes exactly
   if (prefix) {

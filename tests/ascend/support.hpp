@@ -61,7 +61,7 @@ struct loomemu_counters {
   std::uint64_t device_mallocs, device_frees, live_device_allocs;
   std::size_t live_device_bytes;
   std::uint64_t host_pinned_allocs, executors_created, executors_run, tasks_executed, checks_failed, async_copies,
-      sync_copies, host_waits, h2d_copies_behind_work;
+      sync_copies, host_waits, h2d_copies_behind_work, h2d_copies_beside_work;
 };
 /// Mirrors loomemu_prof_event / loomemu_prof_kind of control.h (keep in sync).
 enum { LOOMEMU_PROF_INIT, LOOMEMU_PROF_START, LOOMEMU_PROF_STOP, LOOMEMU_PROF_FINALIZE };

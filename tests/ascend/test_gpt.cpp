@@ -1,15 +1,19 @@
 // The whole loom::gpt forward, backward and AdamW step on device::ascend (through loom's host
 // emulation of ACL/aclnn) against the same model on device::cpu, from identical parameters
 // (fp32 against fp32; bf16 with fp32 gradients against cpu/bf16); the trainer; the consistency
-// checker (verify::compare) with an ascend/bf16 side; and the profile window driving the CANN
-// profiler (aclprof*) around exactly the window's steps.
+// checker (verify::compare) with an ascend/bf16 side; the profile window driving the CANN
+// profiler (aclprof*) around exactly the window's steps; the copy stream that brings the batches
+// and the step's single host wait.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
+#include <random>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include <unistd.h>
 
@@ -342,4 +346,86 @@ TEST_CASE("ascend_phase_timer (emulated): device-time breakdown of trainer steps
   CHECK(sum == doctest::Approx(late->total).epsilon(1e-12));
   CHECK((*late)[phase::forward] > 0);
   CHECK((*late)[phase::optimizer] > 0);
+}
+
+TEST_CASE("ascend_copy_engine (emulated): a copy beside the compute stream's work, ordered before its next kernel") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  const std::size_t big = std::size_t(1) << 23, n = 1000;  // 8 Mi adds keep the compute stream busy
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  dbuf<float> a(big, ctx.stream), sum(big, ctx.stream), dst(n, ctx.stream), out(n, ctx.stream);
+  auto* src = static_cast<float*>(npu::allocate_host(n * sizeof(float)));
+  std::vector<float> want(n);
+  for (std::size_t i = 0; i < n; ++i) src[i] = want[i] = u(rng);
+  {
+    loom::device::ascend_copy_engine copier(ctx);
+    npu::memset(a.data(), 0, big * sizeof(float), ctx.stream);
+    const auto c0 = loomemu_get_counters();
+    loom::kernels::ops<npu, float>::residual_forward(ctx, sum.data(), a.data(), a.data(), big);  // queued
+    copier.copy_to_device(ctx, dst.data(), src, n * sizeof(float));
+    npu::copy(out.data(), dst.data(), n * sizeof(float), ctx.stream);  // after the copy: the stream waited
+    copier.release(ctx);
+    copier.wait_source_read();
+    const auto c1 = loomemu_get_counters();
+    // the copy ran on its own stream while the add was queued or running on the compute stream
+    CHECK(c1.h2d_copies_beside_work == c0.h2d_copies_beside_work + 1);
+    CHECK(c1.h2d_copies_behind_work == c0.h2d_copies_behind_work);
+    for (std::size_t i = 0; i < n; ++i) src[i] = -7.0f;  // the source is free again
+    const auto got = download(ctx, out.data(), n);
+    CHECK(got == want);
+    // a second copy into the same destination waits for release(): the stream order holds
+    for (std::size_t i = 0; i < n; ++i) src[i] = want[i] * 2.0f;
+    copier.copy_to_device(ctx, dst.data(), src, n * sizeof(float));
+    copier.wait_source_read();
+    for (auto& w : want) w *= 2.0f;
+    CHECK(download(ctx, dst.data(), n) == want);
+    // pageable memory cannot be copied asynchronously: the copy is synchronous on the compute stream
+    std::vector<float> pageable(n, 0.25f);
+    copier.copy_to_device(ctx, dst.data(), pageable.data(), n * sizeof(float));
+    CHECK(download(ctx, dst.data(), n) == pageable);
+  }
+  npu::deallocate_host(src);
+}
+
+TEST_CASE("trainer<tiny> on ascend (emulated): a pinned batch goes by the copy stream; one host wait per step; the "
+          "loss read with the norm is the forward's") {
+  using M = loom::models::tiny;
+  constexpr int B = 3, T = 7;  // odd sizes
+  using policy = loom::policy<npu, loom::precision::fp32_ascend_matmul>;
+  using trainer_t = loom::train::trainer<M, policy, B, T, loom::kernels::fused>;
+  static_assert(trainer_t::device_split && trainer_t::deferred_loss);
+  loom::train::trainer_config cfg;
+  cfg.grad_accum = 2;
+  cfg.schedule = {3e-3, 3e-4, 1, 10};
+  cfg.seed = 17;
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  trainer_t nt(ctx, cfg);
+  const std::size_t ids = nt.windows_per_step() * nt.window();
+  auto* windows = static_cast<std::int32_t*>(npu::allocate_host(ids * sizeof(std::int32_t)));
+  std::mt19937 rng(29);
+  std::uniform_int_distribution<std::int32_t> id(0, M::vocab - 1);
+  for (int s = 0; s < 3; ++s) {
+    for (std::size_t i = 0; i < ids; ++i) windows[i] = id(rng);
+    // the loss the model's forward returns (summed by the kernel after its own readback), before the step
+    std::vector<std::int32_t> in(nt.tokens_per_step()), tg(nt.tokens_per_step());
+    loom::train::split_windows(std::span<const std::int32_t>(windows, ids), std::size_t(T), in, tg);
+    const auto din = upload<std::int32_t>(ctx, in), dtg = upload<std::int32_t>(ctx, tg);
+    trainer_t::acts_t acts(ctx);
+    double want = 0;
+    for (int m = 0; m < cfg.grad_accum; ++m)
+      want += double(nt.model().forward(ctx, acts, din.data() + m * B * T, dtg.data() + m * B * T, B, T));
+    want /= double(nt.tokens_per_step());
+    ctx.synchronize();
+    const auto c0 = loomemu_get_counters();
+    const auto r = nt.step(ctx, std::span<const std::int32_t>(windows, ids));
+    const auto c1 = loomemu_get_counters();
+    CAPTURE(s);
+    CHECK(r.loss == want);  // the same float row losses, added in the same order
+    CHECK(c1.host_waits - c0.host_waits == 1);  // the gradient norm's readback; the losses came with it
+    CHECK(c1.sync_copies - c0.sync_copies == 1);  // the norm
+    CHECK(c1.async_copies - c0.async_copies >= 3);  // the windows and two micro-batches' losses
+  }
+  npu::deallocate_host(windows);
 }

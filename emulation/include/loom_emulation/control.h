@@ -54,6 +54,9 @@ typedef struct {
   uint64_t h2d_copies_behind_work; /* host-to-device aclrtMemcpyAsync calls enqueued while their
                                       stream still had aclnn operators queued or running: the
                                       host prepared the data while the device computed */
+  uint64_t h2d_copies_beside_work; /* host-to-device copy tasks that started executing while another
+                                      stream of the same NPU had aclnn operators queued or running:
+                                      the copy overlapped computation (a copy stream) */
 } loomemu_counters;
 loomemu_counters loomemu_get_counters(void);
 

@@ -38,6 +38,20 @@ concept device_policy = requires(std::size_t bytes, void* p, const void* q, int 
   { D::synchronize(s) };
 };
 
+/// A device's host allocator chosen at run time (a program compiled once for every device, such
+/// as train_gpt, hands it to data::loader so the batches land in memory the device copies from
+/// asynchronously). Empty: the code's own default.
+struct host_allocator {
+  void* (*allocate)(std::size_t bytes) = nullptr;   ///< D::allocate_host
+  void (*deallocate)(void* p) noexcept = nullptr;   ///< D::deallocate_host
+  explicit operator bool() const noexcept { return allocate && deallocate; }
+  /// D's pinned host memory.
+  template <class D>
+  static host_allocator of() noexcept {
+    return {&D::allocate_host, &D::deallocate_host};
+  }
+};
+
 /// True for devices whose memory the host can dereference directly (the CPU).
 template <class D>
 inline constexpr bool host_accessible_v = false;

@@ -96,6 +96,9 @@ struct loader_options {
   bool shuffle = true;          ///< false: windows in file order (e.g. validation)
   std::int64_t vocab = 0;       ///< > 0: a token id outside [0, vocab) is a loom::input_error
   document_range documents{};   ///< the documents to draw from (see split_train_valid)
+  /// Where the batch buffers live; empty = D::allocate_host. A device's pinned memory lets
+  /// next()'s batch go to the device without a host copy (train_gpt passes the session's).
+  device::host_allocator host_memory{};
 };
 
 /// See the file comment. Not copyable or movable (worker threads point at it).
@@ -142,7 +145,8 @@ class loader {
     slots_ = std::size_t(opt_.prefetch > 0 ? opt_.prefetch : std::max(2, 2 * opt_.workers));
     if (opt_.workers == 0) slots_ = 1;
     const std::size_t bytes = slots_ * batch_tokens() * sizeof(std::int32_t);
-    host_ = {static_cast<std::int32_t*>(D::allocate_host(bytes)), host_deleter{}};
+    const auto mem = opt_.host_memory ? opt_.host_memory : device::host_allocator::of<D>();
+    host_ = {static_cast<std::int32_t*>(mem.allocate(bytes)), host_deleter{mem.deallocate}};
     ready_.assign(slots_, none);
     errors_.assign(slots_, nullptr);
     base_ = {0, 0, opt_.seed};
@@ -230,7 +234,8 @@ class loader {
  private:
   static constexpr std::uint64_t none = ~std::uint64_t(0);
   struct host_deleter {
-    void operator()(std::int32_t* p) const noexcept { D::deallocate_host(p); }
+    void (*free)(void*) noexcept = nullptr;
+    void operator()(std::int32_t* p) const noexcept { free(p); }
   };
   struct position {
     std::uint64_t epoch, index;

@@ -226,6 +226,8 @@ struct source_options {
   int workers = 1;              ///< indexed: loader prefetch threads (0: read on the caller)
   int dp_rank = 0, dp_size = 1; ///< data parallelism: ranks draw disjoint windows
   bool verify_checksums = true; ///< indexed: check .bin and .idx against PREFIX.json (verify_dataset_files)
+  /// Where the training batches live (empty: D::allocate_host).
+  device::host_allocator host_memory{};
 };
 
 /// See the file comment. Move-only. D selects the host allocator for the loader's buffers.
@@ -300,9 +302,10 @@ class batch_source {
     // rank r takes draws [p + r*G, p + (r+1)*G) of the global sequence; p advances by G*dp
     const std::uint64_t g = windows_per_step(), p = draws_;
     sampler_->set_position(p + std::uint64_t(opt_.dp_rank) * g);
-    sampler_->next(std::span<const std::uint8_t>(bytes_->train()), std::span<std::int32_t>(batch_));
+    const std::span<std::int32_t> batch(batch_.get(), windows_per_step() * window());
+    sampler_->next(std::span<const std::uint8_t>(bytes_->train()), batch);
     draws_ = p + g * std::uint64_t(opt_.dp_size);
-    return batch_;
+    return batch;
   }
 
   /// Seconds next() spent blocked on the prefetch threads (indexed data; 0 for a text file,
@@ -426,7 +429,9 @@ class batch_source {
     bytes_method_ = bytes_method::tokens_are_bytes;
     bytes_ = std::make_unique<byte_dataset>(path_, window(), opt_.valid_fraction);
     sampler_.emplace(bytes_->train().size(), window(), opt_.seed);
-    batch_.resize(windows_per_step() * window());
+    const auto mem = opt_.host_memory ? opt_.host_memory : device::host_allocator::of<D>();
+    batch_ = {static_cast<std::int32_t*>(mem.allocate(windows_per_step() * window() * sizeof(std::int32_t))),
+              host_free{mem.deallocate}};
     train_tokens_ = bytes_->train().size();
     valid_tokens_ = bytes_->validation().size();
     valid_rows_ = valid_tokens_ > opt_.seq_len ? (valid_tokens_ - 1) / opt_.seq_len : 0;  // 0 for a very short text
@@ -469,6 +474,7 @@ class batch_source {
     lo.workers = opt_.workers;
     lo.vocab = opt_.vocab;
     lo.documents = train_docs;
+    lo.host_memory = opt_.host_memory;
     train_ = std::make_unique<loader<D>>(std::move(ds), lo);
     loader_options vo = lo;  // every rank evaluates the same windows, in file order, one at a time
     vo.batch = 1;
@@ -491,7 +497,11 @@ class batch_source {
   std::unique_ptr<byte_dataset> bytes_;
   std::optional<window_sampler> sampler_;
   std::uint64_t draws_ = 0;
-  std::vector<std::int32_t> batch_;
+  struct host_free {
+    void (*free)(void*) noexcept = nullptr;
+    void operator()(std::int32_t* p) const noexcept { free(p); }
+  };
+  std::unique_ptr<std::int32_t, host_free> batch_;  // the text path's batch, in host_memory
   // indexed dataset
   std::optional<dataset_summary> summary_;
   checksum_state checksums_ = checksum_state::no_summary;

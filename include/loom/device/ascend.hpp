@@ -21,6 +21,7 @@
 ///                      the previous device on destruction.
 ///   * ascend_stream, ascend_event   RAII over aclrtStream / aclrtEvent (timing: TIME_LINE events).
 ///   * ascend_device    one thread's handle on one NPU: guard + compute stream + context.
+///   * ascend_copy_engine   a copy stream beside a context's compute stream (the trainer's batches).
 ///   * context<ascend>  {stream, device ordinal, kernel constants (causal mask, ones vectors)}.
 /// Every ACL call goes through the runtime's function table (ascend_runtime, loaded at run time,
 /// nothing linked) and is checked: failures throw loom::device_error(code, api,
@@ -185,6 +186,8 @@ inline bool aligned64(const void* p) noexcept { return reinterpret_cast<std::uin
 
 }  // namespace detail
 
+class ascend_copy_engine;
+
 /// The Ascend NPU as a device policy (STYLE §3.2). All functions act on the calling thread's
 /// current NPU (see device_guard / ascend_device) and order their work on the given stream.
 struct ascend {
@@ -195,6 +198,8 @@ struct ascend {
   /// alignment as what asynchronous copies need, so that is what loom promises.
   static constexpr std::size_t alignment = 64;
   static constexpr int max_devices = 64;
+  /// Host-to-device copies on a stream of their own (train::basic_trainer's batches).
+  using copy_engine = ascend_copy_engine;
 
   /// The caching allocator of NPU `device`, created on first use with `runtime` (which it keeps
   /// alive). Throws input_error for an ordinal outside [0, 64).
@@ -539,6 +544,69 @@ class ascend_device {
   int ordinal_;
   ascend_stream stream_;
   loom::context<ascend> ctx_;
+};
+
+/// Host-to-device copies on a stream of their own, beside a context's compute stream, so that a
+/// batch's copy runs while the compute stream still works on the previous step (CUDA's
+/// copy-stream idiom; MindSpore's data sink sends batches ahead the same way). Two events order the
+/// streams without the host: the copy stream waits for `released` (recorded on the compute stream
+/// after its last read of the destination), the compute stream waits for `copied` (recorded on
+/// the copy stream after the copy). Sources: aclrtRecordEvent, aclrtStreamWaitEvent,
+/// aclrtQueryEventStatus (shared/reference/ascend-api.md §1). The first copy waits for the compute
+/// stream's work enqueued before construction (a destination's stream-ordered allocation and
+/// zero fill: create the engine after its destinations). Create it on the thread that holds ctx's
+/// NPU; ctx's runtime must outlive it. Destruction synchronizes both streams; never throws.
+class ascend_copy_engine {
+ public:
+  explicit ascend_copy_engine(const loom::context<ascend>& ctx)
+      : runtime_(ctx.runtime), compute_(ctx.stream), stream_(*runtime_), copied_(*runtime_), released_(*runtime_) {
+    released_.record(compute_);
+  }
+  ~ascend_copy_engine() {
+    const auto& api = runtime_->api();  // no wait may be pending when the events are destroyed
+    detail::acl_warn(api, api.aclrtSynchronizeStream(compute_), "aclrtSynchronizeStream");
+    detail::acl_warn(api, api.aclrtSynchronizeStream(stream_.get()), "aclrtSynchronizeStream");
+  }
+  ascend_copy_engine(const ascend_copy_engine&) = delete;
+  ascend_copy_engine& operator=(const ascend_copy_engine&) = delete;
+
+  /// Copies `bytes` from host `src` to device `dst` (ctx's NPU) on the copy stream, after the
+  /// compute stream passed the last release(); ctx.stream then waits (on the device) for the
+  /// copy. `src` must stay unchanged until wait_source_read(). A host side that is not pinned or
+  /// not 64-byte aligned cannot be copied asynchronously: then the copy is ascend::copy_to_device
+  /// on ctx.stream (synchronous, correct, slow). Throws device_error.
+  void copy_to_device(loom::context<ascend>& ctx, void* dst, const void* src, std::size_t bytes) {
+    if (!bytes) return;
+    if (!ascend::is_pinned(src, bytes) || !detail::aligned64(src) || !detail::aligned64(dst)) {
+      ascend::copy_to_device(dst, src, bytes, ctx.stream);
+      return;
+    }
+    const auto& api = runtime_->api();
+    released_.wait(stream_.get());
+    detail::acl_check(api, api.aclrtMemcpyAsync(dst, bytes, src, bytes, acl::memcpy_host_to_device, stream_.get()),
+                      "aclrtMemcpyAsync");
+    copied_.record(stream_.get());
+    copied_.wait(ctx.stream);
+    pending_ = true;
+  }
+  /// Marks the point on ctx.stream after which the copies' destinations may be overwritten.
+  void release(loom::context<ascend>& ctx) { released_.record(ctx.stream); }
+  /// Returns once the last copy has read its source: without waiting when it has finished
+  /// (aclrtQueryEventStatus), else aclrtSynchronizeEvent.
+  void wait_source_read() {
+    if (!pending_) return;
+    if (!copied_.query()) copied_.synchronize();
+    pending_ = false;
+  }
+  /// The copy stream (for tests).
+  acl::aclrtStream stream() const noexcept { return stream_.get(); }
+
+ private:
+  std::shared_ptr<const ascend_runtime> runtime_;
+  acl::aclrtStream compute_;
+  ascend_stream stream_;
+  ascend_event copied_, released_;
+  bool pending_ = false;
 };
 
 }  // namespace loom::device

@@ -3,8 +3,9 @@
 ///
 /// Same members, arguments and write modes as kernels::ops<device::cpu, T> (kernels/cpu.hpp),
 /// taking context<device::ascend>&; every pointer is NPU memory and every call is ordered on
-/// ctx.stream. Members returning a host value (crossentropy, sum_of_squares, all_finite)
-/// synchronize the stream. Storage types: float, Eigen::half, Eigen::bfloat16 — what the aclnn
+/// ctx.stream. Members returning a host value (crossentropy unless given host_losses,
+/// sum_of_squares, all_finite) synchronize the stream. One member more than the CPU's:
+/// split_windows (the trainer's batches are split on the NPU). Storage types: float, Eigen::half, Eigen::bfloat16 — what the aclnn
 /// operators document. Any other T compiles until a member is used; using one is a compile error
 /// naming the member, its aclnn operator and the type (static_assert in each member). A model's
 /// (operator, precision) pairs are checked once more by kernels::coverage (kernels/ascend/
@@ -121,13 +122,22 @@ struct ops<device::ascend, T> {
                   "Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::residual_forward(ctx, out, a, b, n);
   }
+  /// host_losses: see ascend::crossentropy (the row losses copied to pinned host memory without a
+  /// wait; the return value is then 0).
   static acc crossentropy(ctx_t& ctx, T* logits, acc* losses, const std::int32_t* targets, int N, int V, int Vp,
-                          bool write_dlogits, acc grad_scale) {
+                          bool write_dlogits, acc grad_scale, acc* host_losses = nullptr) {
     const kernel_scope k(ctx.hook, "crossentropy");
     static_assert(ascend::supports_v<ascend::op::crossentropy, T>,
                   "loom::kernels::ops<ascend, T>::crossentropy: aclnnCrossEntropyLoss has no kernel for this storage "
                   "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
-    return ascend::crossentropy(ctx, logits, losses, targets, N, V, Vp, write_dlogits, grad_scale);
+    return ascend::crossentropy(ctx, logits, losses, targets, N, V, Vp, write_dlogits, grad_scale, host_losses);
+  }
+  /// Token windows (rows, T+1) -> inputs and targets (rows, T), int32 device memory
+  /// (ascend::split_windows).
+  static void split_windows(ctx_t& ctx, const std::int32_t* windows, std::int32_t* inputs, std::int32_t* targets,
+                            int rows, int seq_len) {
+    const kernel_scope k(ctx.hook, "split_windows");
+    ascend::split_windows(ctx, windows, inputs, targets, rows, seq_len);
   }
   /// Sum of squares of n values of any supported type X (storage or fp32 gradients).
   template <class X>

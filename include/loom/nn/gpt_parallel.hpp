@@ -47,6 +47,10 @@ using gpt_parallel = transformer<M, Policy, Attn>;
 /// tell data parallelism which gradients are final (transformer::backward).
 /// `drop`: training dropout; micro-batch i runs forward with drop.at(i) (nn/dropout.hpp) and its
 /// backward regenerates those masks. Default: off.
+/// `host_losses`: null (default), or m slots of host_loss_stride(b*t) floats of pinned host memory:
+/// micro-batch i's per-token losses go to slot i (activations::host_losses) where the kernels can
+/// copy them without a wait, and the loss those micro-batches add to the return value is 0; read
+/// the slots after synchronizing (see host_loss_sum).
 struct no_observer {
   void operator()(const parallel::pipe_action&, double) const noexcept {}
 };
@@ -59,13 +63,31 @@ struct device_clock_observer {
   F f;
   void operator()(const parallel::pipe_action& a, double s) { f(a, s); }
 };
+/// Floats per micro-batch slot of pipeline_forward_backward's host_losses: n rounded up to 16
+/// (64 bytes, what an asynchronous copy's host address needs on the NPU).
+constexpr std::size_t host_loss_stride(std::size_t n) noexcept { return (n + 15) / 16 * 16; }
+/// The loss sum of m slots of host_losses filled by pipeline_forward_backward with n losses each:
+/// each slot's losses added in double in row order and rounded to float (what the kernel returns),
+/// the slots' sums added in double — the value the executor returns without host_losses.
+template <class Acc>
+double host_loss_sum(const Acc* host_losses, int m, std::size_t n) noexcept {
+  double loss = 0;
+  for (int i = 0; i < m; ++i) {
+    double slot = 0;
+    const Acc* l = host_losses + std::size_t(i) * host_loss_stride(n);
+    for (std::size_t k = 0; k < n; ++k) slot += double(l[k]);
+    loss += double(float(slot));
+  }
+  return loss;
+}
 template <class Model, int B, int T, class Comm, class Observer = no_observer, class Ready = no_ready_hook>
 double pipeline_forward_backward(context<typename Model::device>& ctx, Model& model,
                                                 std::span<typename Model::template activations<B, T>> ring, Comm& tp,
                                                 Comm& pp, int m, const std::int32_t* inputs,
                                                 const std::int32_t* targets, int b, int t,
                                                 typename Model::acc_t grad_scale, Observer&& observe = {},
-                                                Ready&& ready = {}, const dropout_plan& drop = {}) {
+                                                Ready&& ready = {}, const dropout_plan& drop = {},
+                                                typename Model::acc_t* host_losses = nullptr) {
   constexpr bool timed = !std::is_same_v<std::remove_cvref_t<Observer>, no_observer>;
   constexpr bool host_clock = timed && !requires { std::remove_cvref_t<Observer>::device_clock; };
   using S = typename Model::storage_t;
@@ -87,7 +109,11 @@ double pipeline_forward_backward(context<typename Model::device>& ctx, Model& mo
     const std::int32_t* tg = targets ? targets + std::size_t(a.micro) * N : nullptr;
     switch (a.op) {
       case parallel::pipe_op::recv_forward: pp.recv(std::span<S>(acts.input(), NC), stage - 1, tag_activation); break;
-      case parallel::pipe_op::forward: loss += double(model.forward(ctx, acts, tp, in, tg, b, t, grad_scale, drop.at(a.micro))); break;
+      case parallel::pipe_op::forward:
+        acts.host_losses = host_losses ? host_losses + std::size_t(a.micro) * host_loss_stride(N) : nullptr;
+        loss += double(model.forward(ctx, acts, tp, in, tg, b, t, grad_scale, drop.at(a.micro)));
+        acts.host_losses = nullptr;
+        break;
       case parallel::pipe_op::send_forward:
         ctx.synchronize();
         pp.send(std::span<const S>(acts.output(), NC), stage + 1, tag_activation);

@@ -251,6 +251,12 @@ class transformer {
     /// The dropout of the last forward on this table (written by forward, read by backward, which
     /// regenerates its masks: Note [dropout masks are regenerated] in nn/dropout.hpp).
     dropout_state dropout{};
+    /// Where forward() on the last stage puts the per-token losses (b*t floats) on the host
+    /// instead of returning their sum: null (the default) = summed and returned (on a device
+    /// that reads them back, a stream synchronize); else, where the kernels can (the NPU,
+    /// TP = 1), pinned host memory they are copied to on the stream, and forward() returns 0 —
+    /// read them after synchronizing (train::basic_trainer reads them with the gradient norm).
+    acc_t* host_losses = nullptr;
     explicit activations(context<device>& ctx) : s(sizes.storage_total, ctx.stream), a(sizes.acc_total, ctx.stream) {}
     /// Bytes held by this activation table.
     std::size_t bytes() const noexcept { return s.bytes() + a.bytes(); }
@@ -338,7 +344,7 @@ class transformer {
       residual = s.res3;
     }
     if (!last_stage()) return 0;
-    return head_forward(ctx, p, residual, targets, n, grad_scale, tp);
+    return head_forward(ctx, p, residual, targets, n, grad_scale, tp, acts.host_losses);
   }
   /// The same without a tensor-parallel group (TP = 1).
   template <int B, int T>
@@ -570,13 +576,16 @@ class transformer {
   // --- head: final norm, LM head, loss (last stage) -------------------------------------------
   template <class Comm>
   acc_t head_forward(context<device>& ctx, const pointers_t& p, const storage_t* residual, const std::int32_t* targets,
-                     int n, acc_t grad_scale, Comm& tp) const {
+                     int n, acc_t grad_scale, Comm& tp, acc_t* host_losses = nullptr) const {
     acc_t* stf = lnf_stats(p);
     ops::layernorm_forward(ctx, p.lnf, stf, stf + p.cap, residual, w(role::lnf_w), w(role::lnf_b), n, C);
     linear_forward<split::column>(ctx, p.logits, p.lnf, head, role::count, 0, n, C, Vl, tp);
     if (!targets) return 0;
+    const bool dl = grad_scale != acc_t(0);
+    if constexpr (TP == 1 && requires { ops::crossentropy(ctx, p.logits, p.losses, targets, n, V, Vp, dl, grad_scale, host_losses); })
+      if (host_losses) return ops::crossentropy(ctx, p.logits, p.losses, targets, n, V, Vp, dl, grad_scale, host_losses);
     if constexpr (TP == 1)
-      return ops::crossentropy(ctx, p.logits, p.losses, targets, n, V, Vp, grad_scale != acc_t(0), grad_scale);
+      return ops::crossentropy(ctx, p.logits, p.losses, targets, n, V, Vp, dl, grad_scale);
     else
       return parallel::vocab_parallel_crossentropy(ctx, p.logits, p.losses, targets, p.ce_scratch, n, V, Vp,
                                                    grad_scale != acc_t(0), grad_scale, tp);

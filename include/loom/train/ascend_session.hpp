@@ -56,7 +56,7 @@ class session_device<device::ascend> {
     m.device_reserved = s.reserved;
   }
   // Two timers take turns, so the step's events are read one step late, when the next step's
-  // first host wait (the loss) has drained the stream past them: the timer never waits itself.
+  // host wait (the gradient norm's readback) has drained the stream past them: the timer never waits itself.
   void begin_step() {
     if (timers_[cur_]) timers_[cur_]->begin_step();
   }

@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include <loom/core/device.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/kernel_hook.hpp>
 #include <loom/io/checkpoint/manifest.hpp>
@@ -175,6 +176,10 @@ class session {
   /// stop_device_profiler() closes it (no-op when none is open).
   virtual bool start_device_profiler(const std::filesystem::path& /*dir*/) { return false; }
   virtual void stop_device_profiler() {}
+  /// The device's pinned host memory (D::allocate_host): give it to the data loader
+  /// (data::source_options::host_memory) and step() copies its batches to the device
+  /// asynchronously, without a host copy. Allocate from the thread that made this session.
+  virtual device::host_allocator host_memory() const noexcept = 0;
 
   /// `value` of world rank 0, on every rank (collective; identity without a world).
   virtual int broadcast_from_lead(int value) = 0;

@@ -153,6 +153,9 @@ class trainer_session final : public session {
   }
   std::optional<step_breakdown> device_breakdown() const override { return dev_.breakdown(); }
   bool start_device_profiler(const std::filesystem::path& dir) override { return dev_.start_profiler(dir); }
+  device::host_allocator host_memory() const noexcept override {
+    return device::host_allocator::of<typename Policy::device>();
+  }
   void stop_device_profiler() override { dev_.stop_profiler(); }
   double evaluate(std::span<const std::int32_t> windows) override { return tr_->evaluate(ctx_, windows); }
   long step_count() const noexcept override { return tr_->step_count(); }

@@ -111,6 +111,17 @@ class basic_trainer {
   using scaler_t = Scaler;
   using comm_t = Comm;
   static constexpr int micro_batch = B, seq_len = T, TP = layout::tp, PP = layout::pp;
+  /// A device with a copy engine (device::ascend) receives the batch windows as they are, on a
+  /// copy stream, and splits them into inputs and targets itself; the CPU splits on the host.
+  static constexpr bool device_split = requires { typename device::copy_engine; };
+  /// On a device that reads the loss back (not the CPU) whose cross-entropy can copy the per-token
+  /// losses out without a wait (TP = 1, PP = 1), a step without data parallelism reads them
+  /// together with the gradient norm: one host wait per step instead of two.
+  static constexpr bool deferred_loss =
+      !std::is_same_v<device, loom::device::cpu> && TP == 1 && PP == 1 &&
+      requires(context<device>& c, storage_t* p, acc_t* a, const std::int32_t* t) {
+        model_t::ops::crossentropy(c, p, a, t, 1, 1, 1, true, acc_t(1), a);
+      };
   static_assert(!local || (TP == 1 && PP == 1),
                 "loom::train::trainer runs the whole model on each rank (layout<1,1>, data parallel on top); "
                 "for layout<TP,PP> use train::parallel_trainer<M, Policy, B, T, Comm> with a world communicator");
@@ -256,6 +267,10 @@ class basic_trainer {
   /// reads the inputs, the last the targets). Collective over all groups. Returns the same
   /// step_result on every rank. Throws loom::input_error on a wrong size or an id outside
   /// [0, vocab).
+  /// On a device with a copy engine (device::ascend) the windows go to the device as they are,
+  /// on the copy stream: from pinned host memory (data::loader's buffers, D::allocate_host) the
+  /// copy is asynchronous and runs beside the previous step's optimizer, then the NPU splits
+  /// them (kernels::ascend::split_windows); `windows` may be reused when step() returns.
   step_result step(context<device>& ctx, std::span<const std::int32_t> windows) {
     if (windows.size() != windows_per_step() * window())
       throw input_error("a step needs grad_accum*micro_batch = " + std::to_string(windows_per_step()) +
@@ -263,9 +278,19 @@ class basic_trainer {
                         std::to_string(windows_per_step() * window()) + " ids) per data-parallel rank, got " +
                         std::to_string(windows.size()));
     validate_tokens(windows, M::vocab, "training batch");
-    const std::span<std::int32_t> in(host_in_.get(), tokens_per_step()), tg(host_tg_.get(), tokens_per_step());
-    split_windows(windows, in, tg);
-    return step(ctx, in, tg);
+    if constexpr (device_split) {
+      const long count = long(tokens_per_step());  // validated ids: no target is ignored
+      return run_step(ctx, count, [&] {
+        copier_.copy_to_device(ctx, windows_.data(), windows.data(), windows.size_bytes());
+        model_t::ops::split_windows(ctx, windows_.data(), inputs_.data(), targets_.data(), int(windows_per_step()),
+                                    cfg_.seq_len);
+        copier_.release(ctx);  // the next copy may overwrite windows_ once the split has read it
+      });
+    } else {
+      const std::span<std::int32_t> in(host_in_.get(), tokens_per_step()), tg(host_tg_.get(), tokens_per_step());
+      split_windows(windows, in, tg);
+      return step(ctx, in, tg);
+    }
   }
 
   /// One optimizer step on explicit inputs and targets of this dp rank, each (grad_accum,
@@ -279,18 +304,28 @@ class basic_trainer {
                         " ids each per data-parallel rank, got " + std::to_string(inputs.size()) + " and " +
                         std::to_string(targets.size()));
     validate_tokens(inputs, M::vocab, "training inputs");
-    long count = count_targets(targets, M::vocab);
+    return run_step(ctx, count_targets(targets, M::vocab), [&] {
+      device::copy_to_device(inputs_.data(), inputs.data(), inputs.size_bytes(), ctx.stream);
+      device::copy_to_device(targets_.data(), targets.data(), targets.size_bytes(), ctx.stream);
+    });
+  }
+
+ private:
+  /// Both step()s from here: `count` non-ignored targets on this dp rank; `upload()` enqueues the
+  /// batch into inputs_ and targets_.
+  template <class Upload>
+  step_result run_step(context<device>& ctx, long count, Upload&& upload) {
     if (sync_) count = sync_->global_sum(count);  // every rank scales by the global count
     if (count == 0)
       throw input_error("every target of the global batch is ignored (-1); the batch holds no tokens to learn from");
     const double loss_scale = scaler_.scale();
     mark(phase::h2d_copy, true);
-    device::copy_to_device(inputs_.data(), inputs.data(), inputs.size_bytes(), ctx.stream);
-    device::copy_to_device(targets_.data(), targets.data(), targets.size_bytes(), ctx.stream);
+    upload();
     mark(phase::h2d_copy, false);
     model_.zero_grad(ctx);
     if (sync_) sync_->begin_backward(ctx);
-    const double loss = forward_backward(ctx, acc_t(loss_scale / double(count)));
+    acc_t* host_losses = host_losses_ && !sync_ ? host_losses_.get() : nullptr;  // read with the norm
+    const double loss = forward_backward(ctx, acc_t(loss_scale / double(count)), host_losses);
     // the reductions after backward are exposed communication; one rank's norm is the optimizer's
     const phase reduce = sync_ || TP > 1 || PP > 1 ? phase::exposed_comm : phase::optimizer;
     mark(reduce, true);
@@ -304,7 +339,9 @@ class basic_trainer {
       sumsq = s.grad_sumsq;
     } else if constexpr (TP == 1 && PP == 1) {
       const auto g = model_.gradients();
-      sumsq = model_t::ops::sum_of_squares(ctx, g.data(), g.size());
+      sumsq = model_t::ops::sum_of_squares(ctx, g.data(), g.size());  // synchronizes: the losses are in
+      if (host_losses)
+        loss_sum = nn::host_loss_sum(host_losses, cfg_.grad_accum, std::size_t(cfg_.micro_batch) * cfg_.seq_len);
     } else {
       sumsq = model_.local_grad_sum_of_squares(ctx);
     }
@@ -339,8 +376,11 @@ class basic_trainer {
     }
     mark(phase::optimizer, false);
     if (sync_) sync_->check_replicas(ctx, model_, step_);
+    if constexpr (device_split) copier_.wait_source_read();  // done already: the norm's readback waited
     return r;
   }
+
+ public:
 
   /// Mean loss (nats/token) over `windows`: one or more rows of seq_len+1 ids (row-major), no
   /// update. The rows run through the pipeline in micro-batches of micro_batch rows, the last
@@ -385,7 +425,11 @@ class basic_trainer {
   basic_trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm>&& groups, int)
       : cfg_(checked(cfg)), g_(std::move(groups)), model_(ctx, g_.tp.rank(), g_.pp.rank(), cfg_.seed),
         opt_(ctx, cfg_.adamw, model_), scaler_(cfg_.loss_scaler), inputs_(std::size_t(cfg_.grad_accum) * B * T, ctx.stream),
-        targets_(inputs_.size(), ctx.stream), host_in_(pinned(inputs_.size())), host_tg_(pinned(inputs_.size())),
+        targets_(inputs_.size(), ctx.stream), host_in_(pinned<std::int32_t>(inputs_.size())),
+        host_tg_(pinned<std::int32_t>(inputs_.size())),
+        host_losses_(deferred_loss ? pinned<acc_t>(std::size_t(cfg_.grad_accum) * nn::host_loss_stride(std::size_t(B) * T))
+                                   : host_buffer<acc_t>()),
+        windows_(device_split ? std::size_t(cfg_.grad_accum) * B * (T + 1) : 0, ctx.stream), copier_(ctx),
         plan_(parallel::one_f_one_b(PP, cfg_.grad_accum, g_.pp.rank())) {
     const int ring = parallel::max_in_flight(PP, cfg_.grad_accum, g_.pp.rank());
     acts_.reserve(std::size_t(ring));
@@ -406,7 +450,7 @@ class basic_trainer {
   /// micro-batch's backward reports ready(layer) for layers L..0 to the data-parallel engine
   /// (ready(-1), the embedding, waits for the tied-embedding sum). Returns the loss sum of this
   /// dp rank's share (on every stage).
-  double forward_backward(context<device>& ctx, acc_t grad_scale) {
+  double forward_backward(context<device>& ctx, acc_t grad_scale, acc_t* host_losses) {
     const int b = cfg_.micro_batch, t = cfg_.seq_len, m = cfg_.grad_accum;
     auto ready = [&](int layer) {
       if (sync_ && layer >= 0) sync_->grads_ready(ctx, model_, layer);
@@ -416,7 +460,7 @@ class basic_trainer {
     if (!on_phase)
       return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                           inputs_.data(), targets_.data(), b, t, grad_scale,
-                                                          nn::no_observer{}, ready, drop);
+                                                          nn::no_observer{}, ready, drop, host_losses);
     // Phase attribution: the executor reports each action after it ran; the schedule is a pure
     // function, so the phase of the next action is known and opened as the previous one closes.
     std::size_t next = 0;
@@ -430,10 +474,10 @@ class basic_trainer {
         return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                             inputs_.data(), targets_.data(), b, t, grad_scale,
                                                             nn::device_clock_observer<decltype(observe)>{observe},
-                                                            ready, drop);
+                                                            ready, drop, host_losses);
     return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                         inputs_.data(), targets_.data(), b, t, grad_scale, observe, ready,
-                                                        drop);
+                                                        drop, host_losses);
   }
 
   static trainer_config checked(trainer_config c) {
@@ -473,17 +517,37 @@ class basic_trainer {
   std::unique_ptr<parallel::grad_sync<model_t>> sync_;  // the dp reduction (data_parallel), or null on one dp rank
   std::vector<acts_t> acts_;
   buffer<device, std::int32_t> inputs_, targets_;
-  /// The step's inputs and targets on the host, in the device's pinned memory
-  /// (D::allocate_host: aclrtMallocHost on an NPU), so their copies to the device are
-  /// asynchronous on the stream instead of a stream synchronize plus a synchronous copy.
+  /// Host memory from D::allocate_host (pinned: aclrtMallocHost on an NPU), so copies to and
+  /// from the device are asynchronous on the stream.
   struct host_deleter {
-    void operator()(std::int32_t* p) const noexcept { device::deallocate_host(p); }
+    void operator()(void* p) const noexcept { device::deallocate_host(p); }
   };
-  using host_ids = std::unique_ptr<std::int32_t[], host_deleter>;
-  static host_ids pinned(std::size_t n) {
-    return host_ids(static_cast<std::int32_t*>(device::allocate_host(n * sizeof(std::int32_t))));
+  template <class X>
+  using host_buffer = std::unique_ptr<X[], host_deleter>;
+  template <class X>
+  static host_buffer<X> pinned(std::size_t n) {
+    return host_buffer<X>(static_cast<X*>(device::allocate_host(n * sizeof(X))));
   }
-  host_ids host_in_, host_tg_;
+  /// The host's split of the windows (explicit-inputs step(), evaluate(), and step() without a
+  /// device split).
+  host_buffer<std::int32_t> host_in_, host_tg_;
+  /// deferred_loss: grad_accum slots of nn::host_loss_stride(B*T) per-token losses.
+  host_buffer<acc_t> host_losses_;
+  /// device_split: the step's windows on the device, and the copy stream that fills it.
+  buffer<device, std::int32_t> windows_;
+  struct no_copy_engine {
+    explicit no_copy_engine(const context<device>&) noexcept {}
+  };
+  template <class D>
+  struct copy_engine_of {
+    using type = no_copy_engine;
+  };
+  template <class D>
+    requires requires { typename D::copy_engine; }
+  struct copy_engine_of<D> {
+    using type = typename D::copy_engine;
+  };
+  typename copy_engine_of<device>::type copier_;
   std::vector<parallel::pipe_action> plan_;
   long step_ = 0;
 };

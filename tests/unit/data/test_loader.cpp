@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <random>
 #include <set>
 #include <vector>
@@ -334,4 +335,55 @@ TEST_CASE("loader: a sparse 6 GB dataset — offsets past 4 GiB and 2^31 tokens"
   CHECK(b[7] == 1000);  // token n_tok - 9, byte offset ~6 GiB
   CHECK(b[8] == 1001);
   CHECK(l.state() == loader_state{1, 0, 0});
+}
+
+namespace {
+// A host allocator that records what it handed out (the test's stand-in for aclrtMallocHost).
+struct counted_host {
+  static inline std::set<void*> live;
+  static inline std::size_t bytes = 0;
+  static void* allocate(std::size_t n) {
+    void* p = ::operator new(n, std::align_val_t(64));
+    live.insert(p);
+    bytes += n;
+    return p;
+  }
+  static void deallocate(void* p) noexcept {
+    live.erase(p);
+    ::operator delete(p, std::align_val_t(64));
+  }
+};
+}  // namespace
+
+TEST_CASE("loader: batches live in the host allocator it is given (a device's pinned memory)") {
+  loom_test::scratch_dir tmp("loader_host");
+  const auto prefix = tmp.path / "pos";
+  write_positions(prefix, 60, 5);
+  constexpr std::size_t B = 2, T = 9;
+  loader_options o;
+  o.batch = B;
+  o.seq_len = T;
+  o.seed = 7;
+  o.workers = 0;
+  loader<> ref(prefix, o);
+  const auto want = take(ref, 5);
+  for (int workers : {0, 2}) {
+    CAPTURE(workers);
+    o.workers = workers;
+    o.host_memory = {&counted_host::allocate, &counted_host::deallocate};
+    counted_host::bytes = 0;
+    {
+      loader<> l(prefix, o);
+      CHECK(counted_host::live.size() == 1);
+      CHECK(counted_host::bytes >= B * (T + 1) * sizeof(std::int32_t));
+      const auto* block = static_cast<const std::int32_t*>(*counted_host::live.begin());
+      for (const auto& w : want) {
+        const auto b = l.next();
+        CHECK(b.data() >= block);  // inside the given block, not a copy
+        CHECK(b.data() + b.size() <= block + counted_host::bytes / sizeof(std::int32_t));
+        CHECK(std::vector<std::int32_t>(b.begin(), b.end()) == w);
+      }
+    }
+    CHECK(counted_host::live.empty());  // freed with the loader's deallocate
+  }
 }

@@ -268,6 +268,16 @@ inline void copy(ctx_t& ctx, const tensor& dst, const tensor& src,
          ctx.api().aclnnInplaceCopy, dst, src);
 }
 
+/// Token windows -> inputs and targets on the device (the device side of train::split_windows):
+/// `windows` (rows, T+1) int32; inputs (rows, T) = windows[:, 0:T], targets (rows, T) =
+/// windows[:, 1:T+1], both contiguous, written by two aclnnInplaceCopy calls on strided views.
+inline void split_windows(ctx_t& ctx, const std::int32_t* windows, std::int32_t* inputs, std::int32_t* targets,
+                          int rows, int T) {
+  const int64_t r = rows, t = T, w = int64_t(T) + 1;
+  copy(ctx, tensor(ctx, inputs, acl::dt_int32, {r, t}), tensor(ctx, windows, acl::dt_int32, {r, t}, {w, 1}));
+  copy(ctx, tensor(ctx, targets, acl::dt_int32, {r, t}), tensor(ctx, windows + 1, acl::dt_int32, {r, t}, {w, 1}));
+}
+
 /// self += alpha * other (aclnnInplaceAdd; other broadcasts to self), for floating operands: the
 /// alpha is an ACL_FLOAT scalar. For integer or BOOL operands use the std::int64_t overload.
 inline void add_inplace(ctx_t& ctx, const tensor& self, const tensor& other, float alpha = 1.0f,

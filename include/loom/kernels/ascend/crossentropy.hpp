@@ -38,7 +38,10 @@
 ///      (N, V+1) in fp32; logits are zeroed (padding columns V..Vp) and columns 1..V are copied
 ///      back with a cast into the strided (N, V) view;
 ///   3. the loss sum is read back to the host (this synchronizes the stream — the interface returns
-///      a host value) and added in double, in row order.
+///      a host value) and added in double, in row order; or, with host_losses, the row losses are
+///      copied to that pinned host array on the stream and 0 is returned without a wait (the
+///      caller adds them, in the same order, after it synchronizes: train::basic_trainer reads
+///      them with the gradient norm, one wait per step).
 /// Computing in fp32 matches the CPU kernel, which accumulates 16-bit logits in float.
 /// Scratch: (N (V+1) + N (V+1) + 3 N) floats + N int64 on the device pool.
 
@@ -57,11 +60,13 @@ inline constexpr float crossentropy_pad_logit = -1.0e30f;
 
 /// See the file comment. logits (N,Vp) of T, read, and overwritten with dlogits when
 /// write_dlogits (padding columns V..Vp zeroed); losses (N) fp32 =; targets (N) int32 in [0,V) or
-/// -1, device memory. Returns the sum of the losses. Throws device_error with the operator's
-/// status (161002 argument rejected, 561002 shape not supported) or the runtime's code.
+/// -1, device memory. Returns the sum of the losses; with host_losses (N floats of pinned host
+/// memory, 64-byte aligned; ascend::allocate_host) the losses are copied there asynchronously and
+/// the return value is 0. Throws device_error with the operator's status (161002 argument
+/// rejected, 561002 shape not supported) or the runtime's code.
 template <class T>
 float crossentropy(ctx_t& ctx, T* logits, float* losses, const std::int32_t* targets, int N, int V, int Vp,
-                   bool write_dlogits, float grad_scale) {
+                   bool write_dlogits, float grad_scale, float* host_losses = nullptr) {
   constexpr auto dt = dtype_of<T>();
   const int64_t C = int64_t(V) + 1;  // Note [shifted vocabulary]
   const int rows_max = std::min(N, crossentropy_max_rows);
@@ -100,6 +105,12 @@ float crossentropy(ctx_t& ctx, T* logits, float* losses, const std::int32_t* tar
       device::ascend::memset(lg, 0, std::size_t(n) * std::size_t(Vp) * sizeof(T), ctx.stream);
       copy(ctx, logits_view, x_real);
     }
+  }
+  if (host_losses) {  // staged into a pool block: an asynchronous copy needs a 64-byte aligned device side
+    scratch<float> staged(ctx, std::size_t(N));
+    copy(ctx, tensor(ctx, staged.data(), acl::dt_float, {N}), tensor(ctx, losses, acl::dt_float, {N}));
+    device::ascend::copy_to_host(host_losses, staged.data(), std::size_t(N) * sizeof(float), ctx.stream);
+    return 0.0f;
   }
   const auto host = to_host(ctx, static_cast<const float*>(losses), std::size_t(N));
   double total = 0;
