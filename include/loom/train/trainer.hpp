@@ -381,7 +381,6 @@ class basic_trainer {
   }
 
  public:
-
   /// Mean loss (nats/token) over `windows`: one or more rows of seq_len+1 ids (row-major), no
   /// update. The rows run through the pipeline in micro-batches of micro_batch rows, the last
   /// one with the rows that are left (b < micro_batch), so every window counts exactly once: the
