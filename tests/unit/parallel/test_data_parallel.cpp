@@ -156,8 +156,11 @@ TEST_CASE("data parallel: DP=2 and DP=4 give the single-rank loss and every grad
       o.bucket_mb = mb;
       const auto got = run_dp(dp, 1, one, rows, o, [&](int rank, trainer_t& tr) {
         INFO("rank " << rank);
-        check_close(tr.model(), single.model(), true, 1e-5);
-        check_close(tr.model(), single.model(), false, 1e-5);
+        // 2e-5 of each tensor's largest gradient: the ranks' GEMMs sum 2 or 4 rows' tokens and the
+        // all-reduce adds the partial sums, in another order than one rank's GEMM over 8 rows; the
+        // worst tensor is within 1e-5 at -O2 and measured 1.15e-5 at -O1 (ASan build; attproj_w, DP 4).
+        check_close(tr.model(), single.model(), true, 2e-5);
+        check_close(tr.model(), single.model(), false, 2e-5);
         if (mb < 1) CHECK(tr.data_parallel()->bucket_count() == std::size_t(M::n_layer + 2));
       });
       CHECK(got[0] == doctest::Approx(want).epsilon(1e-5));
