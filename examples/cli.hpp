@@ -6,10 +6,13 @@
 //   loom_examples::parse_or_exit(app, argc, argv);   // --help: prints and exits 0; bad flag: exits 2
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace loom_examples {
 
@@ -25,9 +28,46 @@ inline std::string parse_error_text(const CLI::ParseError& e) {
   return text;
 }
 
+/// Levenshtein distance between `a` and `b` (insertions, deletions, substitutions; one each).
+inline std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+/// For each argument `app` did not expect (after a failed parse) that looks like a misspelt long
+/// flag ("--stpes", "--micro_batch=4"), " (did you mean --steps?)": the closest of `app`'s long
+/// flags within 2 edits, or within a third of its length for long names. Empty if none is close.
+inline std::string flag_suggestions(const CLI::App& app) {
+  std::string out;
+  for (const std::string& extra : app.remaining()) {
+    if (extra.rfind("--", 0) != 0) continue;
+    const std::string given = extra.substr(0, extra.find('='));
+    std::string best;
+    std::size_t best_distance = std::max<std::size_t>(2, given.size() / 3) + 1;
+    for (const CLI::Option* opt : app.get_options())
+      for (const std::string& name : opt->get_lnames()) {
+        const std::size_t d = edit_distance(given, "--" + name);
+        if (d < best_distance) best_distance = d, best = "--" + name;
+      }
+    if (!best.empty()) out += " (" + given + ": did you mean " + best + "?)";
+  }
+  return out;
+}
+
 /// Parses argv into `app`. On --help (or --help-all) prints the help and exits with status 0;
 /// on a bad or missing flag prints "<program>: error: <what>; run <program> --help for the
-/// flags" to stderr and exits with status 2 (the examples' "bad input" status). <program> is
+/// flags" to stderr and exits with status 2 (the examples' "bad input" status); an unknown long
+/// flag close to a known one is followed by "(--stpes: did you mean --steps?)". <program> is
 /// argv[0]'s file name. Returns normally when the flags parsed.
 inline void parse_or_exit(CLI::App& app, int argc, char** argv) {
   const std::string program = argc > 0 ? std::filesystem::path(argv[0]).filename().string() : app.get_name();
@@ -38,8 +78,8 @@ inline void parse_or_exit(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     std::exit(app.exit(e));
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "%s: error: %s; run %s --help for the flags\n", program.c_str(), parse_error_text(e).c_str(),
-                 program.c_str());
+    std::fprintf(stderr, "%s: error: %s%s; run %s --help for the flags\n", program.c_str(),
+                 parse_error_text(e).c_str(), flag_suggestions(app).c_str(), program.c_str());
     std::exit(2);
   }
 }

@@ -80,6 +80,7 @@
 #include <loom/parallel/comm_mpi.hpp>  // --comm mpi: links loom::mpi
 #endif
 
+#include "cli.hpp"  // parse_or_exit
 #include "train_gpt/flags.hpp"
 #include "train_gpt/options.hpp"
 #include "train_gpt/run.hpp"  // the run loop, compiled once (train_gpt/run.cpp)
@@ -199,14 +200,7 @@ int main(int argc, char** argv) {
   CLI::App app{"train_gpt: train a GPT on a UTF-8 text file (byte tokens) or a prepare_data dataset (SentencePiece ids) "
                "(any compiled model, precision and layout), then sample from it"};
   train_gpt_cli::add_flags(app, o);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "train_gpt: error: %s; run train_gpt --help for the flags\n", e.what());
-    return 2;
-  }
+  loom_examples::parse_or_exit(app, argc, argv);
   if (o.list_instances) {
     list_instances();
     return 0;

@@ -154,7 +154,9 @@ inline void add_flags(CLI::App& app, options& o) {
                  "attention kernel: fused (flash-style, online softmax) or reference (materialises the probabilities)")
       ->check(CLI::IsMember({"fused", "reference"}));
   app.add_option("--loss-scale", o.loss_scale, "fp16: the dynamic loss scaler's initial scale (> 0)");
-  app.add_option("--log-every", o.log_every, "console: one line every N steps, plus the first and the last (>= 1)")
+  app.add_option("--log-every", o.log_every,
+                 "console: one line every N steps, plus the first and the last (>= 1); given, every line is kept "
+                 "(otherwise a terminal shows one line redrawn in place)")
       ->check(CLI::Range(1L, 1L << 40));
   app.add_option("--workers", o.workers, "loader prefetch threads for a prepare_data dataset (0: read on the training thread)")
       ->check(CLI::Range(0, 64));
@@ -191,6 +193,7 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
                             ": the learning rate would never leave its warm-up; pass --warmup <= " +
                             std::to_string(o.steps));
   if (app.count("--model") == 0 && data_is_dataset) o.model = "quickstart_bpe";
+  if (app.count("--log-every") > 0) o.redraw = 0;  // asked for lines every N steps: keep each one
   using flag_value = std::pair<const char*, double>;
   for (const auto& [flag, v] : std::initializer_list<flag_value>{
            {"--lr", o.lr}, {"--min-lr", o.min_lr}, {"--weight-decay", o.weight_decay},

@@ -49,6 +49,7 @@ struct options {
   std::string attention = "fused"; // fused | reference (kernels::fused, kernels::reference)
   double loss_scale = 512;         // fp16: the dynamic loss scaler's initial scale
   long log_every = 10;             // console: one line every N steps (plus the first and the last)
+  int redraw = -1;                 // console: -1 auto (terminal), 0 plain lines (--log-every given)
   int workers = 1;                 // loader prefetch threads for a dataset (0: read on the training thread)
   bool list_instances = false;     // --list-instances: print the compiled instances and exit
 };

@@ -338,7 +338,9 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   const double peak = r.world_size * rank_peak;
   if (lead && npu) {  // which NPU and which CANN: an emulation says so in its SoC name
     const char* soc = npu->api().aclrtGetSocName ? npu->api().aclrtGetSocName() : nullptr;
-    std::printf("NPU %s | CANN runtime from %s\n", soc ? soc : "(no SoC name: aclrtGetSocName missing)",
+    const std::string cann = npu->cann_version();
+    std::printf("NPU %d of rank 0: %s | CANN %s from %s\n", o.npu >= 0 ? o.npu : 0,
+                soc ? soc : "(no SoC name: aclrtGetSocName missing)", cann.empty() ? "(version unknown)" : cann.c_str(),
                 npu->home().empty() ? "the loader path" : npu->home().c_str());
   }
   if (lead) print_banner(o, s, src, synthetic.size(), peak, peak_source);
@@ -394,7 +396,7 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   const double fpt = 6.0 * double(s.parameter_count(false)) + 12.0 * m.n_layer * c.seq_len * m.d_model;
   train::step_metrics metrics({.flops_per_token = fpt, .peak_flops = peak * 1e9, .total_steps = o.steps});
   train::step_timer timer;
-  train::console con({.total_steps = o.steps, .print_every = o.log_every, .summary_every = lead ? o.summary_every : 0});
+  train::console con({.redraw = o.redraw, .total_steps = o.steps, .print_every = o.log_every, .summary_every = lead ? o.summary_every : 0});
   std::optional<io::tensorboard_writer> tb;
   std::optional<io::jsonl_writer> jsonl;
   if (!o.log_dir.empty() && lead) {

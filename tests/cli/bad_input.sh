@@ -41,6 +41,8 @@ expect_error "exceeds the maximum sequence length 32" "$t" --data "$work/ok.txt"
 expect_error "nothing would be recorded" "$t" --data "$work/ok.txt" --model char_tiny --steps 3 --profile-steps 50:60
 expect_error "outside \[1, 8\]" "$t" --data "$work/ok.txt" --model char_tiny --micro-batch 9
 expect_error "not expected|--bogus" "$t" --data "$work/ok.txt" --bogus
+expect_error "--stpes: did you mean --steps\?" "$t" --data "$work/ok.txt" --stpes 3
+expect_error "--micro_batch: did you mean --micro-batch\?" "$t" --data "$work/ok.txt" --micro_batch=2
 expect_error "--steps" "$t" --data "$work/ok.txt" --steps abc
 expect_error "--model" "$t" --data "$work/ok.txt" --model gpt5
 expect_error "required" "$t"

@@ -3,8 +3,9 @@
 /// where the time went.
 ///
 /// On a terminal the line is redrawn in place ('\r' + clear-to-end-of-line), at most every
-/// `min_redraw_seconds`; when the output is a file, a pipe or CI (the CI environment variable is
-/// set, or TERM=dumb), plain lines are printed every `print_every` steps instead, so logs stay
+/// `min_redraw_seconds`; when the output is a file, a pipe, CI (the CI environment variable is
+/// set, or TERM=dumb) or a rank started by an MPI launcher (OMPI_COMM_WORLD_SIZE or PMI_SIZE is
+/// set: `mpirun` hands ranks a pseudo-terminal and merges their output), plain lines are printed every `print_every` steps instead, so logs stay
 /// readable. Example line:
 ///   step  120/5000 | loss 3.2104 | lr 6.00e-04 | gnorm 0.812 | 2912 tok/s | MFU 50.6% | 41.2 ms/step | ETA 3m21s
 /// (`| scale 512` appears when a loss scale is reported, `[skipped]` when the update was skipped.)
@@ -26,7 +27,7 @@ namespace loom::train {
 /// Options of a console.
 struct console_options {
   std::FILE* out = stdout;            ///< where to print (not owned)
-  int redraw = -1;                    ///< -1 auto (a terminal and not CI), 0 plain lines, 1 redraw in place
+  int redraw = -1;                    ///< -1 auto (a terminal; not CI, not mpirun), 0 plain lines, 1 redraw in place
   std::int64_t total_steps = 0;       ///< shown as step/total; 0 = just the step
   std::int64_t print_every = 10;      ///< plain mode: one line every N steps (plus the first and the last)
   std::int64_t summary_every = 100;   ///< breakdown table every N steps; 0 = never
@@ -164,6 +165,7 @@ class console {
   static bool auto_redraw(std::FILE* f) noexcept {
     if (!::isatty(::fileno(f))) return false;
     if (std::getenv("CI")) return false;
+    if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) return false;
     const char* term = std::getenv("TERM");
     return !(term && std::string_view(term) == "dumb");
   }

@@ -1,9 +1,15 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <loom/train/console.hpp>
+
+#include "../../support/scoped.hpp"
 
 using namespace loom::train;
 
@@ -83,6 +89,39 @@ TEST_CASE("console: plain lines to a file, every N steps, with a summary table")
   CHECK(out.find("  backward         10.00    25.0%") != std::string::npos);
   CHECK(out.find("  total            40.00   100.0%") != std::string::npos);
   CHECK(m.summary().first_step == 20);  // reset after the table
+}
+
+TEST_CASE("console: on a terminal it redraws, but not under CI, TERM=dumb or an MPI launcher") {
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+  REQUIRE(master >= 0);
+  REQUIRE(::grantpt(master) == 0);
+  REQUIRE(::unlockpt(master) == 0);
+  std::FILE* tty = std::fopen(::ptsname(master), "w");
+  REQUIRE(tty);
+  {
+    loom_test::scoped_env ci("CI", nullptr), term("TERM", "xterm"), ompi("OMPI_COMM_WORLD_SIZE", nullptr),
+        pmi("PMI_SIZE", nullptr);
+    CHECK(console({.out = tty}).redraws());
+    {
+      loom_test::scoped_env mpi("OMPI_COMM_WORLD_SIZE", "2");
+      CHECK_FALSE(console({.out = tty}).redraws());
+    }
+    {
+      loom_test::scoped_env hydra("PMI_SIZE", "4");
+      CHECK_FALSE(console({.out = tty}).redraws());
+    }
+    {
+      loom_test::scoped_env ci_set("CI", "true");
+      CHECK_FALSE(console({.out = tty}).redraws());
+    }
+    {
+      loom_test::scoped_env dumb("TERM", "dumb");
+      CHECK_FALSE(console({.out = tty}).redraws());
+    }
+    CHECK_FALSE(console({.out = tty, .redraw = 0}).redraws());
+  }
+  std::fclose(tty);
+  ::close(master);
 }
 
 TEST_CASE("console: redraw mode rewrites one line in place and ends it once") {
