@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <loom/data/source.hpp>  // decode_documents
+#include <loom/data/utf8.hpp>    // printable_utf8
 #include <loom/nn/generate.hpp>
 #include <loom/train/session.hpp>
 #if LOOM_WITH_TEXT
@@ -21,7 +22,7 @@ using sample_tokenizer = void;
 #endif
 
 /// `prompt` continued by `count` tokens of `model` under `s`, as text. Without `tok` the ids
-/// are bytes (vocabulary: the model's); with it the prompt is encoded with it, the ids drawn
+/// are bytes (vocabulary: the model's), and bytes that form no UTF-8 print as U+FFFD; with it the prompt is encoded with it, the ids drawn
 /// from its pieces only (nn::generate_in_vocab) and decoded, a blank line for each end of
 /// document. Throws loom::input_error as train::whole_model::generate does.
 inline std::string generate_text(const loom::train::whole_model& model, const std::string& prompt, int count,
@@ -41,7 +42,7 @@ inline std::string generate_text(const loom::train::whole_model& model, const st
 #else
   (void)tok;
 #endif
-  return std::string(tokens.begin(), tokens.end());
+  return loom::data::printable_utf8(std::string(tokens.begin(), tokens.end()));  // bytes may not be UTF-8
 }
 
 }  // namespace loom_examples

@@ -8,3 +8,4 @@
 #include <loom/data/loader.hpp>
 #include <loom/data/sampler.hpp>
 #include <loom/data/source.hpp>
+#include <loom/data/utf8.hpp>

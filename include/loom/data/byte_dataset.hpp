@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/data/utf8.hpp>
 
 namespace loom::data {
 
@@ -49,28 +50,6 @@ class byte_dataset {
   static constexpr int vocab = 256;
   const std::vector<std::uint8_t>& train() const noexcept { return train_; }
   const std::vector<std::uint8_t>& validation() const noexcept { return val_; }
-
-  /// RFC 3629 well-formedness (no overlongs, no surrogates, max U+10FFFF).
-  static bool valid_utf8(const std::string& s) noexcept {
-    const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-    const std::size_t n = s.size();
-    std::size_t i = 0;
-    while (i < n) {
-      const unsigned c = p[i];
-      if (c < 0x80) { ++i; continue; }
-      int len;
-      unsigned lo = 0x80, hi = 0xBF;
-      if (c >= 0xC2 && c <= 0xDF) len = 2;
-      else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-      else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-      else return false;
-      if (i + len > n) return false;
-      if (p[i + 1] < lo || p[i + 1] > hi) return false;
-      for (int k = 2; k < len; ++k) if (p[i + k] < 0x80 || p[i + k] > 0xBF) return false;
-      i += std::size_t(len);
-    }
-    return true;
-  }
 
  private:
   std::vector<std::uint8_t> train_, val_;
