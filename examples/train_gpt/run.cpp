@@ -537,8 +537,12 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
       if (tb) tb->add_scalars(step, sc);
       if (jsonl) jsonl->write_scalars(step, sc);
       const std::string how = src.kind() == data::source_kind::indexed ? " (" + src.byte_counting_note() + ")" : "";
-      std::printf("final validation (%zu windows) | val loss %.4f nats/token | %.4f bits/byte | trained %ld steps in %.0f s%s\n",
-                  all_val.size() / s.window(), nats, bpb, step,
+      const std::string resumed = start > 0 ? " (resumed at step " + std::to_string(start) + ", " + std::to_string(step) +
+                                                  " in all)"
+                                            : "";
+      std::printf("final validation (%zu windows) | val loss %.4f nats/token | %.4f bits/byte | trained %ld steps%s in "
+                  "%.0f s%s\n",
+                  all_val.size() / s.window(), nats, bpb, step - start, resumed.c_str(),
                   std::chrono::duration<double>(clock::now() - t0).count(), how.c_str());
     }
   }

@@ -40,6 +40,8 @@ losses() { grep '"train/loss"' "$1" | grep -o '"step":[0-9]*\|"train/loss":[^,}]
 "$t" "${common[@]}" --steps 6 --log-dir "$work/b/logs2" --out "$work/b/w.safetensors" \
   --resume "$work/b/ckpt" > "$work/b2.txt" 2>&1 || bad "resumed run: $(tail -3 "$work/b2.txt")"
 grep -q "resumed from .*step_00000003: step 3" "$work/b2.txt" && ok || bad "resume message: $(head -5 "$work/b2.txt")"
+grep -q "trained 3 steps (resumed at step 3, 6 in all) in" "$work/b2.txt" && ok || bad "resumed run's step count: $(tail -5 "$work/b2.txt")"
+grep -q "trained 6 steps in" "$work/a.txt" && ok || bad "uninterrupted run's step count: $(tail -5 "$work/a.txt")"
 ref="$(losses "$work/a/logs/metrics.jsonl")"
 got="$(cat <(losses "$work/b/logs1/metrics.jsonl") <(losses "$work/b/logs2/metrics.jsonl"))"
 [[ $(wc -l <<< "$ref") -eq 6 && "$ref" == "$got" ]] && ok || bad "losses differ:
