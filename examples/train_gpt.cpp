@@ -140,11 +140,19 @@ int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv, F
 }
 
 /// The compiled instances, one per line, for --list-instances.
-void list_instances() {
+/// --list-instances: the compiled instances, only those matching --model, --precision, --layout,
+/// --device and --attention where the flag was given (e.g. `--list-instances --device ascend`).
+void list_instances(const options& o, const CLI::App& app) {
+  auto given = [&](const char* flag, std::string_view want, std::string_view have) {
+    return app.count(flag) == 0 || want == have;
+  };
   std::printf("compiled instances (model precision layout device attention; each runs on one rank, --ranks N threads "
               "or mpirun, with data parallelism on top):\n");
   for (const auto& i : loom::train::compiled_sessions())
-    std::printf("  %s  (micro-batch <= %d, seq <= %d)\n", i.describe().c_str(), i.micro_batch, i.seq_len);
+    if (given("--model", o.model, i.model) && given("--precision", o.precision, i.precision) &&
+        given("--layout", o.layout, i.layout()) && given("--device", o.device, i.device) &&
+        given("--attention", o.attention, i.attention))
+      std::printf("  %s  (micro-batch <= %d, seq <= %d)\n", i.describe().c_str(), i.micro_batch, i.seq_len);
 }
 
 /// The compiled instance for the flags; throws loom::input_error naming the CMake setting that
@@ -202,7 +210,7 @@ int main(int argc, char** argv) {
   train_gpt_cli::add_flags(app, o);
   loom_examples::parse_or_exit(app, argc, argv);
   if (o.list_instances) {
-    list_instances();
+    list_instances(o, app);
     return 0;
   }
   try {

@@ -161,7 +161,8 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--workers", o.workers, "loader prefetch threads for a prepare_data dataset (0: read on the training thread)")
       ->check(CLI::Range(0, 64));
   app.add_flag("--list-instances", o.list_instances,
-               "print the compiled (model, precision, layout, device, attention) instances and exit");
+               "print the compiled (model, precision, layout, device, attention) instances and exit; with any of "
+               "--model, --precision, --layout, --device, --attention, only those that match");
   app.add_option("--init-from-hf", o.init_from_hf,
                  "start from the GPT-2 weights in this directory (config.json, model.safetensors)")
       ->excludes(resume);

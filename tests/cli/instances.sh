@@ -65,5 +65,13 @@ while read -r model prec layout device attn _; do
   esac
 done < <("$t" --list-instances | tail -n +2)
 run_instance char_tiny fp32 tp2pp2 fused 2 --zero1    # DP 2 on top, ZeRO-1
+# --list-instances narrowed by the flags given: only matching lines, at least one, fewer than all
+all="$("$t" --list-instances | tail -n +2)"
+some="$("$t" --list-instances --model char_tiny --precision bf16 | tail -n +2)"
+if [[ -n "$some" && $(wc -l <<< "$some") -lt $(wc -l <<< "$all") ]] && ! grep -vq '^  char_tiny bf16 ' <<< "$some"; then
+  pass=$((pass + 1))
+else
+  bad "--list-instances --model char_tiny --precision bf16 listed: $some"
+fi
 echo "$pass passed, $fail failed"
 [[ $fail == 0 && $pass -ge 20 ]]
