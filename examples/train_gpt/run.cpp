@@ -193,6 +193,8 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
                 r.tp, r.pp, r.dp, r.world_size, o.comm.c_str(), r.tp, r.pp, m.n_layer / r.pp, c.grad_accum,
                 100 * loom::parallel::bubble_fraction(r.pp, c.grad_accum), r.dp,
                 o.zero1 ? " with ZeRO-1 (AdamW moments sharded)" : "");
+  } else if (r.world_size == 1 && o.comm == "mpi") {
+    std::printf("one rank under --comm mpi: no data parallelism (start N ranks with mpirun -np N)\n");
   } else if (s.bucket_count() > 0) {
     std::printf("data parallel: %d ranks (%s), %zu buckets of <= %.2f MiB, overlap %s%s | per rank: buckets %.1f MiB, "
                 "optimizer state %.1f MiB\n",

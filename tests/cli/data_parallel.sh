@@ -79,7 +79,11 @@ if (( ${#mpiexec[@]} )); then
   m=$(last "$work/mpi.txt"); t=$(last "$work/dp2.txt")
   [[ -n "$m" && "$m" == "$t" ]] || { echo "losses differ: threads $t | mpi $m"; cat "$work/mpi.txt"; exit 1; }
   [[ $(grep -c '^model ' "$work/mpi.txt") == 1 ]]
+  grep -q 'data parallel: 2 ranks (mpi)' "$work/mpi.txt"
   echo "mpi: same losses"
+  # --comm mpi started without mpirun: one rank, and the banner says how to start more
+  OMP_NUM_THREADS=1 "$bin/train_gpt" "${common[@]}" --comm mpi > "$work/mpi1.txt"
+  grep -q 'one rank under --comm mpi: no data parallelism (start N ranks with mpirun -np N)' "$work/mpi1.txt"
 fi
 
 expect_status_2() {  # expected message, then the flags
