@@ -11,7 +11,7 @@
 ///   fused, D recomputed  the same, backward without the output (the 10-argument overload)
 /// --tiles    fused fwd+bwd CPU time on one thread per (block_q, block_k) for each tuned head
 ///            size, at each --T (how attention_traits.hpp was chosen).
-/// --fusions  the other fusions of issue 4, measured on bench_small's shapes (B·T = 2048,
+/// --fusions  the other fusions beside attention, measured on bench_small's shapes (B·T = 2048,
 ///            C = 384): residual add + LayerNorm in one pass vs the two kernels, and GELU
 ///            applied per row block right after its GEMM vs GEMM then GELU over the whole.
 /// --step     one whole training step (forward, backward, AdamW; train::trainer) of a 6-layer,
@@ -206,7 +206,7 @@ void tile_table(int B, int NH, int T, int reps) {
   tile_row<128>(B, NH, T, reps);
 }
 
-// ---- other fusions (issue 4): measured here only; kept out of the library unless they win ----
+// ---- other fusions: measured here only; kept out of the library unless they win ----
 
 /// res = a + b; out = LayerNorm(res) in one pass over each row (res written once, never re-read
 /// from memory). Same math and outputs as residual_forward then layernorm_forward.

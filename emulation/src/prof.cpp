@@ -11,8 +11,8 @@
 //                        not twice without aclprofFinalize
 //   aclprofCreateConfig  after aclprofInit; 1..N devices, each an existing device id, list
 //                        non-null; aicoreEvents must be NULL (reference: "must be NULL")
-//   aclprofStart/Stop    a config of this session; start once, stop only a started config
-//   aclprofDestroyConfig a config of this session that is not collecting
+//   aclprofStart/Stop    a config of this process; start once, stop only a started config
+//   aclprofDestroyConfig a config of this process that is not collecting
 //   aclprofFinalize      after aclprofInit, with no config collecting
 #include <acl/acl.h>
 #include <acl/acl_prof.h>
@@ -59,7 +59,7 @@ void log_event(profiler_state& s, loomemu_prof_kind k, const aclprofConfig* c) {
   s.log.push_back({int(k), launches(), c ? c->data_types : 0, c ? uint32_t(c->devices.size()) : 0});
 }
 
-// aclprofStart (collect = true) and aclprofStop (false): a config of this session, started once,
+// aclprofStart (collect = true) and aclprofStop (false): a config of this process, started once,
 // stopped only when started.
 aclError set_collecting(const aclprofConfig* config, bool collect) {
   const std::string api = collect ? "aclprofStart" : "aclprofStop";

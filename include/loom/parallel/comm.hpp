@@ -10,7 +10,7 @@
 /// Contexts, Communicators"): every rank of a group calls the same collectives in the same order;
 /// spans on different ranks describe the same logical buffer; a communicator is used by one thread
 /// at a time (the backends' own progress machinery excepted). Groups are explicit values passed to
-/// whoever communicates; there is no global registry (STYLE §3.9, Megatron-LM's global parallel_state, issue 6307 of its tracker).
+/// whoever communicates; there is no global registry (STYLE §3.9; Megatron-LM's module-global parallel_state is the counter-example).
 ///
 /// Element types. Reductions (all_reduce, reduce_scatter) accept the `reducible` types: float,
 /// double, Eigen::bfloat16 and Eigen::half (reduced in fp32, rounded once at the end), int32 and

@@ -178,7 +178,7 @@ class session {
   virtual void stop_device_profiler() {}
   /// The device's pinned host memory (D::allocate_host): give it to the data loader
   /// (data::source_options::host_memory) and step() copies its batches to the device
-  /// asynchronously, without a host copy. Allocate from the thread that made this session.
+  /// asynchronously, without a host copy. Allocate from the thread that made the session object.
   virtual device::host_allocator host_memory() const noexcept = 0;
 
   /// `value` of world rank 0, on every rank (collective; identity without a world).

@@ -2,7 +2,7 @@
 // give the single-rank loss curve, for (TP, PP, DP) = (2,1,1), (1,2,1), (2,2,1), (2,2,2), and
 // the parameters after training match the single-rank ones gathered to global shape.
 // train::parallel_trainer (the 3D trainer) gives train::trainer's single-rank loss curve for the
-// eight (TP, PP, DP) layouts of issue 6; a non-finite gradient skips the step on every rank.
+// eight (TP, PP, DP) layouts (the list below); a non-finite gradient skips the step on every rank.
 // In bf16 and fp16 (dynamic loss scaler) it tracks the single-rank 16-bit trainer: the same loss
 // scales and skipped steps, losses within the 16-bit rounding bound.
 // With ZeRO-1 on the dp group it gives the same run bitwise, with 1/DP of the AdamW moments.

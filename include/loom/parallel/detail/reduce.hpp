@@ -188,7 +188,7 @@ inline constexpr std::size_t reduce_tile = 64;
 /// t = ((s0 + s1) + s2) + s3 in accum_t<T> with all NS streams read by one loop, [t /= divisor],
 /// rounded once, copied to each destination. Same operations in the same order as the block path
 /// (bitwise equal results), but one pass instead of NS + ndst passes over an L1 block: measured
-/// 1.8x faster for two 16 MiB float buffers on one core (Zen 4, issue 5 report). Handles whole
+/// 1.8x faster for two 16 MiB float buffers on one core (Zen 4, bench_allreduce). Handles whole
 /// tiles only; returns the number of elements done.
 template <int NS, bool Avg, class T>
 std::size_t reduce_tiles(const T* const* srcs, T* const* dsts, int ndst, std::size_t count, int avg_divisor) {
