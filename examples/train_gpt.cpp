@@ -139,8 +139,7 @@ int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv, F
   return status;
 }
 
-/// The compiled instances, one per line, for --list-instances.
-/// --list-instances: the compiled instances, only those matching --model, --precision, --layout,
+/// --list-instances: the compiled instances, one per line, only those matching --model, --precision, --layout,
 /// --device and --attention where the flag was given (e.g. `--list-instances --device ascend`).
 void list_instances(const options& o, const CLI::App& app) {
   auto given = [&](const char* flag, std::string_view want, std::string_view have) {

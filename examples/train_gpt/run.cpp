@@ -398,7 +398,8 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   const double fpt = 6.0 * double(s.parameter_count(false)) + 12.0 * m.n_layer * c.seq_len * m.d_model;
   train::step_metrics metrics({.flops_per_token = fpt, .peak_flops = peak * 1e9, .total_steps = o.steps});
   train::step_timer timer;
-  train::console con({.redraw = o.redraw, .total_steps = o.steps, .print_every = o.log_every, .summary_every = lead ? o.summary_every : 0});
+  train::console con({.redraw = o.redraw, .total_steps = o.steps, .print_every = o.log_every,
+                      .summary_every = lead ? o.summary_every : 0});
   std::optional<io::tensorboard_writer> tb;
   std::optional<io::jsonl_writer> jsonl;
   if (!o.log_dir.empty() && lead) {
