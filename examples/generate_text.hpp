@@ -22,8 +22,9 @@ using sample_tokenizer = void;
 #endif
 
 /// `prompt` continued by `count` tokens of `model` under `s`, as text. Without `tok` the ids
-/// are bytes (vocabulary: the model's), and bytes that form no UTF-8 print as U+FFFD; with it the prompt is encoded with it, the ids drawn
-/// from its pieces only (nn::generate_in_vocab) and decoded, a blank line for each end of
+/// are bytes (vocabulary: the model's); bytes that form no UTF-8, and control bytes other
+/// than newline and tab, come back as U+FFFD. With `tok` the prompt is encoded with it, the ids
+/// drawn from its pieces only (nn::generate_in_vocab) and decoded, a blank line for each end of
 /// document. Throws loom::input_error as train::whole_model::generate does.
 inline std::string generate_text(const loom::train::whole_model& model, const std::string& prompt, int count,
                                  const loom::nn::sampling& s, const sample_tokenizer* tok) {

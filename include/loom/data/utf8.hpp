@@ -46,16 +46,19 @@ inline bool valid_utf8(std::string_view s) noexcept {
   return true;
 }
 
-/// `s` with each maximal run of bytes that start no well-formed sequence replaced by one U+FFFD
-/// (the replacement character, EF BF BD), so a terminal or a log shows it instead of raw bytes;
-/// well-formed text comes back unchanged. E.g. for a byte-level model's sample, whose tokens
+/// `s` with each maximal run of bytes that start no well-formed sequence, or are ASCII control
+/// characters other than '\n' and '\t' (ESC would start a terminal escape sequence), replaced
+/// by one U+FFFD (the replacement character, EF BF BD), so a terminal or a log shows it instead
+/// of raw bytes; well-formed text without such controls comes back unchanged. E.g. for a byte-level model's sample, whose tokens
 /// are bytes and may cut or invent sequences.
 inline std::string printable_utf8(std::string_view s) {
   std::string out;
   out.reserve(s.size());
   bool in_bad_run = false;
   for (std::size_t i = 0; i < s.size();) {
-    const std::size_t len = utf8_sequence_length(s, i);
+    const auto c = static_cast<unsigned char>(s[i]);
+    const bool control = (c < 0x20 && c != '\n' && c != '\t') || c == 0x7F;
+    const std::size_t len = control ? 0 : utf8_sequence_length(s, i);
     if (len == 0) {
       if (!in_bad_run) out += "\xEF\xBF\xBD";
       in_bad_run = true;

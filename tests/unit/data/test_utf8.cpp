@@ -40,7 +40,7 @@ TEST_CASE("utf8: sequence lengths at the edges of table 3-7") {
   CHECK(valid_utf8(""));
 }
 
-TEST_CASE("utf8: printable_utf8 keeps well-formed text and turns each bad run into one U+FFFD") {
+TEST_CASE("utf8: printable_utf8 keeps well-formed text and turns each bad or control run into one U+FFFD") {
   const std::string good = "caf\xC3\xA9 \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80";
   CHECK(printable_utf8(good) == good);
   CHECK(printable_utf8("a\xFF\xFE" "b") == "a" + fffd + "b");
@@ -48,6 +48,8 @@ TEST_CASE("utf8: printable_utf8 keeps well-formed text and turns each bad run in
   CHECK(printable_utf8("\xE2\x82" "x\xC3\xA9") == fffd + "x\xC3\xA9");  // cut short before ASCII
   CHECK(printable_utf8("\xED\xA0\x80") == fffd);                   // a surrogate: one run of three
   CHECK(printable_utf8("\x80\xC3\xA9\x80") == fffd + "\xC3\xA9" + fffd);
+  CHECK(printable_utf8("a\x1b[2Jb\x04\x7F") == "a" + fffd + "[2Jb" + fffd);  // ESC, EOT+DEL: one run
+  CHECK(printable_utf8("line\n\tnext") == "line\n\tnext");
 }
 
 TEST_CASE("utf8: random bytes: the repair is well-formed, idempotent, and keeps every valid sequence") {
