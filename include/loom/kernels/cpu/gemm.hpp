@@ -18,6 +18,10 @@
 ///                 AVX2 itself). The default for float and fp16 when present.
 ///   fp32_convert  the same conversion, then Eigen's fp32 GEMM (detail/gemm_convert.hpp): the
 ///                 default without oneDNN.
+///   onednn_matmul oneDNN's matmul primitive on the bf16/fp16/fp32 operands as they are (fp32
+///                 accumulation), created once per shape and kept in a caller-owned
+///                 detail::onednn_matmul_cache (detail/gemm_onednn.hpp); only through the
+///                 detail::gemm overload that takes the cache, never chosen by `automatic`.
 /// bench/bench_matmul prints every implementation per shape on the machine at hand.
 #include <cstddef>
 #include <string>
@@ -29,6 +33,7 @@
 #include <loom/core/error.hpp>
 #include <loom/kernels/cpu/detail/gemm_avx512_bf16.hpp>
 #include <loom/kernels/cpu/detail/gemm_convert.hpp>
+#include <loom/kernels/cpu/detail/gemm_onednn.hpp>
 
 namespace loom::kernels::cpu {
 
@@ -40,14 +45,16 @@ enum class gemm_impl {
   avx512_bf16,   ///< VDPBF16PS micro-kernel; bf16 operands only; throws on a CPU without it
   fp32_convert,  ///< convert to fp32 and run Eigen's fp32 GEMM; any T
   onednn,        ///< convert to fp32 and run oneDNN's sgemm; any T; throws when built without oneDNN
+  onednn_matmul, ///< oneDNN's matmul primitive on T itself; any T; needs an onednn_matmul_cache
 };
 
-/// "automatic", "avx512_bf16", "fp32_convert" (Eigen) or "onednn".
+/// "automatic", "avx512_bf16", "fp32_convert" (Eigen), "onednn" or "onednn_matmul".
 constexpr const char* gemm_impl_name(gemm_impl i) noexcept {
-  return i == gemm_impl::automatic     ? "automatic"
-         : i == gemm_impl::avx512_bf16 ? "avx512_bf16"
-         : i == gemm_impl::onednn      ? "onednn"
-                                       : "fp32_convert";
+  return i == gemm_impl::automatic       ? "automatic"
+         : i == gemm_impl::avx512_bf16   ? "avx512_bf16"
+         : i == gemm_impl::onednn        ? "onednn"
+         : i == gemm_impl::onednn_matmul ? "onednn_matmul"
+                                         : "fp32_convert";
 }
 
 /// True when this CPU executes AVX512-BF16 (and the compiler could build the kernel for it).
@@ -113,7 +120,8 @@ void gemm_scale(int M, int N, float beta, OutT* C, int ldc) {
 
 /// cpu::gemm with an explicit implementation (tests force each one). Same contract as
 /// cpu::gemm; additionally throws loom::input_error when `impl` is avx512_bf16 and T is not
-/// Eigen::bfloat16 or the CPU lacks AVX512-BF16, or `impl` is onednn in a build without it.
+/// Eigen::bfloat16 or the CPU lacks AVX512-BF16, `impl` is onednn in a build without it, or
+/// `impl` is onednn_matmul (it needs a cache: the overload below).
 template <class T, class OutT>
 void gemm(gemm_impl impl, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* A, int lda,
           const T* B, int ldb, float beta, OutT* C, int ldc) {
@@ -127,6 +135,10 @@ void gemm(gemm_impl impl, bool trans_a, bool trans_b, int M, int N, int K, float
     throw input_error(
         "loom::kernels::cpu::gemm: gemm_impl::avx512_bf16 needs Eigen::bfloat16 operands and a CPU with "
         "AVX512-BF16; use gemm_impl::automatic");
+  if (impl == gemm_impl::onednn_matmul)
+    throw input_error(
+        "loom::kernels::cpu::gemm: gemm_impl::onednn_matmul keeps its primitives in a cache; call "
+        "detail::gemm(onednn_matmul_cache&, ...) with a cache you own");
   if (M == 0 || N == 0) return;
   if (K == 0 || alpha == 0.0f) return gemm_scale(M, N, beta, C, ldc);
   if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
@@ -134,6 +146,36 @@ void gemm(gemm_impl impl, bool trans_a, bool trans_b, int M, int N, int K, float
       return gemm_avx512_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   gemm_convert(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, impl == gemm_impl::onednn);
+}
+
+/// cpu::gemm through oneDNN's matmul primitive (gemm_impl::onednn_matmul), with the primitive
+/// of this shape taken from (or created once into) `cache`:
+///   C (M,N) = alpha * op(A) * op(B) + beta * C, fp32 accumulation, C fp32 or rounded to T.
+/// Shapes, leading dimensions, beta == 0 (C not read), K == 0 or alpha == 0 (C = beta * C) and
+/// the input checks are those of cpu::gemm. T: float, Eigen::bfloat16 or Eigen::half; OutT:
+/// float or T. Writes C and the cache (a new primitive for a new shape, a larger workspace).
+/// Threads: oneDNN's (OpenMP); the cache is used by one thread at a time.
+/// Numerics: bf16 products are exact in fp32 and summed in fp32 (oneDNN's brgemm/gemm kernels;
+/// the summation order differs from the other implementations); fp16 operands run natively
+/// only on CPUs with AVX512-FP16, elsewhere converted to fp32 first (same values).
+/// Errors: loom::input_error for the cpu::gemm input errors and when built without oneDNN
+/// (LOOM_WITH_ONEDNN); loom::device_error when oneDNN fails to create or run the primitive.
+/// Source: oneDNN developer guide, "Matmul" primitive (memory descriptors with strides for
+/// transposes and leading dimensions, sum post-op for beta, output scales for alpha).
+template <class T, class OutT>
+void gemm(onednn_matmul_cache& cache, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* A,
+          int lda, const T* B, int ldb, float beta, OutT* C, int ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, Eigen::half>,
+                "loom::kernels::cpu::gemm: T must be float, Eigen::bfloat16 or Eigen::half");
+  static_assert(std::is_same_v<OutT, float> || std::is_same_v<OutT, T>,
+                "loom::kernels::cpu::gemm: C must be float or the operand type T");
+  gemm_check(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+  if constexpr (!gemm_has_onednn_matmul) {
+    cache.run(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);  // throws input_error
+  }
+  if (M == 0 || N == 0) return;
+  if (K == 0 || alpha == 0.0f) return gemm_scale(M, N, beta, C, ldc);
+  cache.run(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace detail
