@@ -1,7 +1,8 @@
 // loom::kernels::cpu::gemm against a float64 reference computed from the same (already rounded)
 // bf16 / fp16 / fp32 inputs, for every transpose combination, sizes that are not multiples of
 // the 12x32 micro-tile, K above the kernel's K block, leading dimensions larger than the rows,
-// and both implementations (the AVX512-BF16 kernel when this CPU has it, and the fp32 fallback).
+// and every implementation (the AVX512-BF16 kernel when this CPU has it, the fp32 fallbacks, and
+// oneDNN's sgemm and matmul primitive when loom is built with oneDNN).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 namespace {
 
 using loom::kernels::cpu::detail::gemm_impl;
+using loom::kernels::cpu::detail::onednn_matmul_cache;
 using bf16 = Eigen::bfloat16;
 using f16 = Eigen::half;
 
@@ -53,7 +55,7 @@ struct shape {
 // Sizes around the 12x32 micro-tile and the K block, and the degenerate 1s.
 const shape shapes[] = {{1, 1, 1},     {1, 7, 63},     {7, 1, 65},     {63, 65, 7},     {65, 63, 257},
                         {257, 383, 65}, {383, 257, 383}, {13, 1, 383},   {1, 383, 257},   {100, 37, 2},
-                        {37, 100, 1},  {257, 65, 1031}, {24, 64, 1100}};
+                        {37, 100, 1},  {257, 65, 1031}, {24, 64, 1100}, {37, 53, 29}};
 
 // Runs one case and checks every element against the float64 reference within the bound
 //   |c - ref| <= (K + 2) 2^-24 (|alpha| sum_k |a_ik b_kj| + |beta c_ij|)           (fp32 result)
@@ -64,8 +66,10 @@ const shape shapes[] = {{1, 1, 1},     {1, 7, 63},     {7, 1, 65},     {63, 65, 
 // is the same count. Rounding the result to T on store adds at most u_T relative (2^-8 bf16,
 // 2^-11 fp16) in the normal range, and half the subnormal spacing below it (fp16 products of
 // values in [-1, 1] do fall below 2^-14 = 6.1e-5, where the spacing is 2^-24). A wrong index, transpose or edge tile gives errors of the order of |ref| itself.
+// With a cache, the product runs through detail::gemm(cache, ...) (gemm_impl::onednn_matmul).
 template <class T, class OutT>
-void check_case(gemm_impl impl, bool ta, bool tb, shape s, float alpha, float beta, std::uint64_t seed) {
+void check_case(gemm_impl impl, bool ta, bool tb, shape s, float alpha, float beta, std::uint64_t seed,
+                onednn_matmul_cache* cache = nullptr) {
   const int M = s.M, N = s.N, K = s.K;
   strided<T> a(ta ? K : M, ta ? M : K, 3, seed, -1.0, 1.0);
   strided<T> b(tb ? N : K, tb ? K : N, 5, seed + 1, -1.0, 1.0);
@@ -75,8 +79,12 @@ void check_case(gemm_impl impl, bool ta, bool tb, shape s, float alpha, float be
       for (int j = 0; j < N; ++j) c.at(i, j) = OutT(std::nanf(""));
   const strided<OutT> c0 = c;
 
-  loom::kernels::cpu::detail::gemm<T, OutT>(impl, ta, tb, M, N, K, alpha, a.data.data(), a.ld, b.data.data(), b.ld,
-                                           beta, c.data.data(), c.ld);
+  if (cache)
+    loom::kernels::cpu::detail::gemm<T, OutT>(*cache, ta, tb, M, N, K, alpha, a.data.data(), a.ld, b.data.data(),
+                                             b.ld, beta, c.data.data(), c.ld);
+  else
+    loom::kernels::cpu::detail::gemm<T, OutT>(impl, ta, tb, M, N, K, alpha, a.data.data(), a.ld, b.data.data(),
+                                             b.ld, beta, c.data.data(), c.ld);
 
   const double u_out = std::is_same_v<OutT, float> ? 0.0 : unit_roundoff<T>();
   const double eta_out = std::is_same_v<OutT, float> ? 0.0 : double(float(std::numeric_limits<T>::denorm_min())) / 2;
@@ -111,7 +119,7 @@ void check_case(gemm_impl impl, bool ta, bool tb, shape s, float alpha, float be
 }
 
 template <class T, class OutT>
-void check_all(gemm_impl impl) {
+void check_all(gemm_impl impl, onednn_matmul_cache* cache = nullptr) {
   std::uint64_t seed = 11;
   for (const shape& s : shapes)
     for (int t = 0; t < 4; ++t) {
@@ -119,7 +127,7 @@ void check_all(gemm_impl impl) {
       // (alpha, beta) cycles through general, overwrite (C not read) and accumulate
       const float ab[3][2] = {{0.75f, -0.5f}, {1.0f, 0.0f}, {-1.25f, 1.0f}};
       const int v = int(seed % 3);
-      check_case<T, OutT>(impl, ta, tb, s, ab[v][0], ab[v][1], seed++);
+      check_case<T, OutT>(impl, ta, tb, s, ab[v][0], ab[v][1], seed++, cache);
     }
 }
 
@@ -156,6 +164,90 @@ TEST_CASE("gemm onednn: oneDNN sgemm behind bf16, fp16, fp32 operands, all trans
   check_all<f16, float>(gemm_impl::onednn);
   check_all<f16, f16>(gemm_impl::onednn);
   check_all<float, float>(gemm_impl::onednn);
+}
+
+TEST_CASE("gemm onednn_matmul: matmul primitive, bf16, fp16, fp32 operands, all transposes, odd sizes") {
+  namespace d = loom::kernels::cpu::detail;
+  if (!d::gemm_has_onednn_matmul) {
+    onednn_matmul_cache cache;
+    std::vector<bf16> a(4, bf16(1.0f));
+    std::vector<float> c(4);
+    CHECK_THROWS_WITH_AS((d::gemm<bf16, float>(cache, false, false, 2, 2, 2, 1.0f, a.data(), 2, a.data(), 2, 0.0f,
+                                               c.data(), 2)),
+                         doctest::Contains("without oneDNN"), loom::input_error);
+    MESSAGE("built without oneDNN (LOOM_WITH_ONEDNN): only the refusal is tested here");
+    return;
+  }
+  onednn_matmul_cache cache;  // one cache for every case: primitives of many keys side by side
+  check_all<bf16, float>(gemm_impl::onednn_matmul, &cache);
+  check_all<bf16, bf16>(gemm_impl::onednn_matmul, &cache);
+  check_all<f16, float>(gemm_impl::onednn_matmul, &cache);
+  check_all<f16, f16>(gemm_impl::onednn_matmul, &cache);
+  check_all<float, float>(gemm_impl::onednn_matmul, &cache);
+  // beta 0 and 1 with every transpose at the odd shape, both result types
+  std::uint64_t seed = 901;
+  for (int t = 0; t < 4; ++t)
+    for (float beta : {0.0f, 1.0f}) {
+      check_case<bf16, float>(gemm_impl::onednn_matmul, t & 1, t & 2, {37, 53, 29}, 1.0f, beta, seed++, &cache);
+      check_case<bf16, bf16>(gemm_impl::onednn_matmul, t & 1, t & 2, {37, 53, 29}, 1.0f, beta, seed++, &cache);
+      check_case<f16, float>(gemm_impl::onednn_matmul, t & 1, t & 2, {37, 53, 29}, 1.0f, beta, seed++, &cache);
+      check_case<f16, f16>(gemm_impl::onednn_matmul, t & 1, t & 2, {37, 53, 29}, 1.0f, beta, seed++, &cache);
+    }
+  const d::onednn_matmul_key k{37, 53, 29, 29 + 3, 53 + 5, 53 + 2, false, false, d::onednn_dtype::bf16,
+                               d::onednn_dtype::bf16, 0x3f800000u, 0u};
+  MESSAGE("oneDNN matmul primitives: " << cache.size() << ", workspace " << cache.workspace_bytes()
+                                       << " bytes; bf16 37x53x29 -> bf16: " << cache.impl_name(k)
+                                       << "; fp16: " << cache.impl_name({37, 53, 29, 32, 58, 55, false, false,
+                                                                         d::onednn_dtype::f16, d::onednn_dtype::f16,
+                                                                         0x3f800000u, 0u}));
+}
+
+TEST_CASE("gemm onednn_matmul cache: one primitive per shape, reused; the workspace grows") {
+  namespace d = loom::kernels::cpu::detail;
+  if (!d::gemm_has_onednn_matmul) return;
+  onednn_matmul_cache cache;
+  CHECK(cache.size() == 0);
+  CHECK(cache.workspace_bytes() == 0);
+  auto run = [&](int M, int N, int K, float beta) {  // y (M,N) = x (M,K) W (N,K)^T, bf16 result
+    strided<bf16> x(M, K, 0, 31, -1.0, 1.0), w(N, K, 0, 32, -1.0, 1.0);
+    std::vector<bf16> y(std::size_t(M) * N, bf16(0.0f));
+    d::gemm<bf16, bf16>(cache, false, true, M, N, K, 1.0f, x.data.data(), K, w.data.data(), K, beta, y.data(), N);
+    return float(y[0]);
+  };
+  const float first = run(37, 53, 29, 0.0f);
+  CHECK(cache.size() == 1);
+  CHECK(cache.created() == 1);
+  const std::size_t small = cache.workspace_bytes();
+  CHECK(run(37, 53, 29, 0.0f) == first);  // same key: the same primitive, the same result
+  CHECK(cache.size() == 1);
+  CHECK(cache.created() == 1);
+  run(37, 53, 29, 1.0f);  // beta != 0 is another primitive (sum post-op)
+  CHECK(cache.size() == 2);
+  run(512, 384, 384, 0.0f);  // a larger shape needs a larger scratchpad
+  CHECK(cache.size() == 3);
+  CHECK(cache.created() == 3);
+  CHECK(cache.workspace_bytes() > small);
+  const std::size_t large = cache.workspace_bytes();
+  run(37, 53, 29, 0.0f);  // back to the first shape: nothing created, nothing shrunk
+  CHECK(cache.created() == 3);
+  CHECK(cache.workspace_bytes() == large);
+  MESSAGE("workspace: " << small << " bytes after 37x53x29, " << large << " after 512x384x384");
+}
+
+TEST_CASE("gemm onednn_matmul: only through a cache; K == 0 and alpha == 0 scale C") {
+  namespace d = loom::kernels::cpu::detail;
+  std::vector<float> a(4, 1.0f), c = {1, 2, 3, 4};
+  CHECK_THROWS_WITH_AS((d::gemm<float, float>(gemm_impl::onednn_matmul, false, false, 2, 2, 2, 1.0f, a.data(), 2,
+                                              a.data(), 2, 0.0f, c.data(), 2)),
+                       doctest::Contains("onednn_matmul_cache"), loom::input_error);
+  if (!d::gemm_has_onednn_matmul) return;
+  onednn_matmul_cache cache;
+  d::gemm<float, float>(cache, false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
+  CHECK(c == std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f});
+  CHECK(cache.size() == 0);
+  CHECK_THROWS_AS((d::gemm<float, float>(cache, false, false, 2, 2, 4, 1.0f, a.data(), 3, a.data(), 2, 0.0f,
+                                         c.data(), 2)),
+                  loom::input_error);
 }
 
 TEST_CASE("gemm automatic: the VDPBF16PS kernel where the CPU has it, else oneDNN or Eigen") {
