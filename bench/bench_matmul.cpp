@@ -9,7 +9,9 @@
 // Second table: kernels::cpu::gemm with bf16 operands (AVX512-BF16 kernel when the CPU has it,
 // bf16 results for y and dx, fp32 dW as the model stores them) against the same call with fp32
 // operands (`automatic`: oneDNN or Eigen), at the model shapes N = 8*256 rows, (C, OC) in {(384,1152), (384,384),
-// (384,1536), (1536,384), (384,8192)}, plus the bf16 fp32-convert paths (Eigen, and oneDNN when built with it); ratio in one run.
+// (384,1536), (1536,384), (384,8192)}, plus the bf16 fp32-convert paths (Eigen, and oneDNN's sgemm when built with
+// it) and oneDNN's bf16 matmul primitive (gemm_impl::onednn_matmul, primitives created once
+// through an onednn_matmul_cache before timing); ratios in one run, then the fastest per product.
 //
 //   build/bench/bench_matmul [--reps N] [--table eigen|bf16|all] [--clock wall|cpu]
 // --clock cpu (bf16 table) times by process CPU time: with OMP_NUM_THREADS=1 it measures the
@@ -22,6 +24,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <loom/core/random.hpp>
@@ -77,8 +80,10 @@ void bf16_table(int reps, bool cpu_clock) {
   std::printf("\nkernels::cpu::gemm, bf16 vs fp32 operands | AVX512-BF16 kernel: %s | best of %d | %s\n",
               fast ? "yes" : "no (bf16 column = fp32-convert fallback)", reps,
               cpu_clock ? "GFLOP per process CPU-second" : "GFLOP/s (wall)");
-  std::printf("| shape (N x C -> OC)      | product      | fp32 (auto)  | bf16 VDPBF16PS | bf16 / fp32 | bf16 via Eigen | bf16 via oneDNN |\n");
-  std::printf("|--------------------------|--------------|--------------|----------------|-------------|----------------|-----------------|\n");
+  std::printf("| shape (N x C -> OC)      | product      | fp32 (auto)  | bf16 VDPBF16PS | bf16 / fp32 | bf16 via Eigen | bf16 via oneDNN | bf16 oneDNN matmul |\n");
+  std::printf("|--------------------------|--------------|--------------|----------------|-------------|----------------|-----------------|--------------------|\n");
+  cpu::detail::onednn_matmul_cache cache;  // primitives created on the first (untimed) call per product
+  std::string fastest;
   const int N = 8 * 256;
   const int shapes[][2] = {{384, 1152}, {384, 384}, {384, 1536}, {1536, 384}, {384, 8192}};
   double sum_ratio_log = 0;
@@ -95,7 +100,7 @@ void bf16_table(int reps, bool cpu_clock) {
     std::vector<bf16> yh(y.size()), dxh(dx.size());
     const double flops = 2.0 * N * C * OC;
     auto rate = [&](auto&& f) { return flops / (cpu_clock ? best_cpu_seconds(reps, f) : best_seconds(reps, f)) / 1e9; };
-    struct row { const char* name; double f32, b16, fb, fd; };
+    struct row { const char* name; double f32, b16, fb, fd, fm; };
     const gemm_impl hi = fast ? gemm_impl::avx512_bf16 : gemm_impl::fp32_convert;
     auto fwd = [&](gemm_impl impl) {  // y (N,OC) = x (N,C) W (OC,C)^T
       return rate([&] { cpu::detail::gemm<bf16, bf16>(impl, false, true, N, OC, C, 1.f, xh.data(), C, wh.data(), C, 0.f, yh.data(), OC); });
@@ -106,22 +111,36 @@ void bf16_table(int reps, bool cpu_clock) {
     auto bwd_weight = [&](gemm_impl impl) {  // dW (OC,C) += dy^T x, fp32 gradient buffer
       return rate([&] { cpu::detail::gemm<bf16, float>(impl, true, false, OC, C, N, 1.f, dyh.data(), OC, xh.data(), C, 1.f, dw.data(), C); });
     };
+    // The same three products through the matmul primitive: one untimed call creates it.
+    auto matmul = [&](auto&& f) { return dnnl ? (f(), rate(f)) : 0.0; };
+    const double fm[3] = {
+        matmul([&] { cpu::detail::gemm<bf16, bf16>(cache, false, true, N, OC, C, 1.f, xh.data(), C, wh.data(), C, 0.f, yh.data(), OC); }),
+        matmul([&] { cpu::detail::gemm<bf16, bf16>(cache, false, false, N, C, OC, 1.f, dyh.data(), OC, wh.data(), C, 0.f, dxh.data(), C); }),
+        matmul([&] { cpu::detail::gemm<bf16, float>(cache, true, false, OC, C, N, 1.f, dyh.data(), OC, xh.data(), C, 1.f, dw.data(), C); })};
     row rows[3] = {
         {"y = x W^T", rate([&] { cpu::gemm(false, true, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); }),
-         fwd(hi), fwd(gemm_impl::fp32_convert), dnnl ? fwd(gemm_impl::onednn) : 0.0},
+         fwd(hi), fwd(gemm_impl::fp32_convert), dnnl ? fwd(gemm_impl::onednn) : 0.0, fm[0]},
         {"dx = dy W", rate([&] { cpu::gemm(false, false, N, C, OC, 1.f, dy.data(), OC, w.data(), C, 0.f, dx.data(), C); }),
-         bwd_data(hi), bwd_data(gemm_impl::fp32_convert), dnnl ? bwd_data(gemm_impl::onednn) : 0.0},
+         bwd_data(hi), bwd_data(gemm_impl::fp32_convert), dnnl ? bwd_data(gemm_impl::onednn) : 0.0, fm[1]},
         {"dW += dy^T x", rate([&] { cpu::gemm(true, false, OC, C, N, 1.f, dy.data(), OC, x.data(), C, 1.f, dw.data(), C); }),
-         bwd_weight(hi), bwd_weight(gemm_impl::fp32_convert), dnnl ? bwd_weight(gemm_impl::onednn) : 0.0},
+         bwd_weight(hi), bwd_weight(gemm_impl::fp32_convert), dnnl ? bwd_weight(gemm_impl::onednn) : 0.0, fm[2]},
     };
+    fastest += "\n  " + std::to_string(N) + " x " + std::to_string(C) + " -> " + std::to_string(OC) + ":";
     for (const auto& r : rows) {
-      std::printf("| %5d x %4d -> %5d      | %-12s | %12.1f | %14.1f | %11.2f | %14.1f | %15.1f |\n", N, C, OC, r.name,
-                  r.f32, r.b16, r.b16 / r.f32, r.fb, r.fd);
+      std::printf("| %5d x %4d -> %5d      | %-12s | %12.1f | %14.1f | %11.2f | %14.1f | %15.1f | %18.1f |\n", N, C, OC,
+                  r.name, r.f32, r.b16, r.b16 / r.f32, r.fb, r.fd, r.fm);
+      const std::pair<double, const char*> all[] = {{r.f32, "fp32"}, {r.b16, fast ? "bf16 VDPBF16PS" : "bf16 fallback"},
+                                                    {r.fb, "bf16 via Eigen"}, {r.fd, "bf16 via oneDNN sgemm"},
+                                                    {r.fm, "bf16 oneDNN matmul"}};
+      const auto& best = *std::max_element(std::begin(all), std::end(all),
+                                           [](const auto& p, const auto& q) { return p.first < q.first; });
+      fastest += std::string(" ") + r.name + " -> " + best.second + ";";
       sum_ratio_log += std::log(r.b16 / r.f32);
       ++n_ratio;
     }
   }
   std::printf("geometric mean bf16 / fp32 over the %d products: %.2f\n", n_ratio, std::exp(sum_ratio_log / n_ratio));
+  std::printf("fastest per product:%s\n", fastest.c_str());
 }
 
 }  // namespace
