@@ -14,6 +14,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -80,79 +81,90 @@ int threads() {
 TEST_CASE_TEMPLATE("precision kernels: matmul forward and backward in 16-bit storage round once", T, Eigen::bfloat16,
                    Eigen::half) {
   const double u = unit_roundoff<T>;
-  const int N = 37, C = 53, OC = 29;
-  const auto x = randn<T>(std::size_t(N) * C, 1), w = randn<T>(std::size_t(OC) * C, 2, 0.2), b = randn<T>(OC, 3);
-  const auto dy = randn<T>(std::size_t(N) * OC, 4);
-  vec xd = widen(x), wd = widen(w), bd = widen(b), dyd = widen(dy);
-  std::vector<T> y(std::size_t(N) * OC);
-  matmul_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
-  vec yr(y.size());
-  matmul_forward(yr.data(), xd.data(), wd.data(), bd.data(), N, C, OC);
-  CHECK(rounding_ratio(widen(y), yr, u) <= 1.0);
+  // OC = 131: several 64-column blocks of the bias gradient, with a tail
+  for (const auto& shape : {std::array{37, 53, 29}, std::array{19, 23, 131}}) {
+    const int N = shape[0], C = shape[1], OC = shape[2];
+    CAPTURE(OC);
+    const auto x = randn<T>(std::size_t(N) * C, 1), w = randn<T>(std::size_t(OC) * C, 2, 0.2), b = randn<T>(OC, 3);
+    const auto dy = randn<T>(std::size_t(N) * OC, 4);
+    vec xd = widen(x), wd = widen(w), bd = widen(b), dyd = widen(dy);
+    std::vector<T> y(std::size_t(N) * OC);
+    matmul_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
+    vec yr(y.size());
+    matmul_forward(yr.data(), xd.data(), wd.data(), bd.data(), N, C, OC);
+    CHECK(rounding_ratio(widen(y), yr, u) <= 1.0);
 
-  for (bool accumulate : {false, true}) {
-    CAPTURE(accumulate);
-    auto dx = randn<T>(std::size_t(N) * C, 5);  // prior content: kept only when accumulating
-    std::vector<float> dw(std::size_t(OC) * C), db(OC);
-    const auto dw0 = randn<float>(dw.size(), 6), db0 = randn<float>(OC, 7);
-    dw = dw0;
-    db = db0;
-    vec dxr = widen(dx), dwr = widen(dw0), dbr = widen(db0);
-    matmul_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC, accumulate);
-    matmul_backward(dxr.data(), dwr.data(), dbr.data(), dyd.data(), xd.data(), wd.data(), N, C, OC, accumulate);
-    CHECK(rounding_ratio(widen(dx), dxr, u) <= 1.0);
-    CHECK(rounding_ratio(widen(dw), dwr, 0.0) <= 1.0);  // fp32 parameter gradients
-    CHECK(rounding_ratio(widen(db), dbr, 0.0) <= 1.0);
+    for (bool accumulate : {false, true}) {
+      CAPTURE(accumulate);
+      auto dx = randn<T>(std::size_t(N) * C, 5);  // prior content: kept only when accumulating
+      std::vector<float> dw(std::size_t(OC) * C), db(OC);
+      const auto dw0 = randn<float>(dw.size(), 6), db0 = randn<float>(OC, 7);
+      dw = dw0;
+      db = db0;
+      vec dxr = widen(dx), dwr = widen(dw0), dbr = widen(db0);
+      matmul_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC, accumulate);
+      matmul_backward(dxr.data(), dwr.data(), dbr.data(), dyd.data(), xd.data(), wd.data(), N, C, OC, accumulate);
+      CHECK(rounding_ratio(widen(dx), dxr, u) <= 1.0);
+      CHECK(rounding_ratio(widen(dw), dwr, 0.0) <= 1.0);  // fp32 parameter gradients
+      CHECK(rounding_ratio(widen(db), dbr, 0.0) <= 1.0);
+    }
   }
 }
 
 TEST_CASE_TEMPLATE("precision kernels: layernorm forward and backward in 16-bit storage", T, Eigen::bfloat16,
                    Eigen::half) {
   const double u = unit_roundoff<T>;
-  const int N = 23, C = 67;
-  // rows with a non-zero mean and a spread of scales, as on the residual stream
-  std::vector<T> x(std::size_t(N) * C);
-  for (int n = 0; n < N; ++n)
-    for (int c = 0; c < C; ++c)
-      x[std::size_t(n) * C + c] = T(0.3 * n - 2 + (1 + 0.1 * n) * loom::random_normal(11, 1, std::size_t(n) * C + c));
-  const auto w = randn<T>(C, 12, 0.5), b = randn<T>(C, 13, 0.1), dy = randn<T>(x.size(), 14);
-  const vec xd = widen(x), wd = widen(w), bd = widen(b), dyd = widen(dy);
-  std::vector<T> y(x.size());
-  std::vector<float> mean(N), rstd(N);
-  layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-  vec yr(x.size()), meanr(N), rstdr(N);
-  layernorm_forward(yr.data(), meanr.data(), rstdr.data(), xd.data(), wd.data(), bd.data(), N, C);
-  CHECK(rounding_ratio(widen(y), yr, u) <= 1.0);
-  CHECK(rounding_ratio(widen(mean), meanr, 0.0) <= 1.0);  // fp32 statistics
-  CHECK(rounding_ratio(widen(rstd), rstdr, 0.0) <= 1.0);
+  // C = 4101: rows longer than the kernels' fp32 stack piece (detail::convert_chunk)
+  for (const int C : {67, 4101}) {
+    CAPTURE(C);
+    const int N = 23;
+    // rows with a non-zero mean and a spread of scales, as on the residual stream
+    std::vector<T> x(std::size_t(N) * C);
+    for (int n = 0; n < N; ++n)
+      for (int c = 0; c < C; ++c)
+        x[std::size_t(n) * C + c] = T(0.3 * n - 2 + (1 + 0.1 * n) * loom::random_normal(11, 1, std::size_t(n) * C + c));
+    const auto w = randn<T>(C, 12, 0.5), b = randn<T>(C, 13, 0.1), dy = randn<T>(x.size(), 14);
+    const vec xd = widen(x), wd = widen(w), bd = widen(b), dyd = widen(dy);
+    std::vector<T> y(x.size());
+    std::vector<float> mean(N), rstd(N);
+    layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    vec yr(x.size()), meanr(N), rstdr(N);
+    layernorm_forward(yr.data(), meanr.data(), rstdr.data(), xd.data(), wd.data(), bd.data(), N, C);
+    CHECK(rounding_ratio(widen(y), yr, u) <= 1.0);
+    CHECK(rounding_ratio(widen(mean), meanr, 0.0) <= 1.0);  // fp32 statistics
+    CHECK(rounding_ratio(widen(rstd), rstdr, 0.0) <= 1.0);
 
-  auto dx = randn<T>(x.size(), 15);  // the residual stream's gradient: accumulated into
-  std::vector<float> dw = randn<float>(C, 16), db = randn<float>(C, 17);
-  vec dxr = widen(dx), dwr = widen(dw), dbr = widen(db);
-  layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
-  layernorm_backward(dxr.data(), dwr.data(), dbr.data(), dyd.data(), xd.data(), wd.data(), meanr.data(), rstdr.data(),
-                     N, C);
-  CHECK(rounding_ratio(widen(dx), dxr, u) <= 1.0);
-  CHECK(rounding_ratio(widen(dw), dwr, 0.0) <= 1.0);
-  CHECK(rounding_ratio(widen(db), dbr, 0.0) <= 1.0);
+    auto dx = randn<T>(x.size(), 15);  // the residual stream's gradient: accumulated into
+    std::vector<float> dw = randn<float>(C, 16), db = randn<float>(C, 17);
+    vec dxr = widen(dx), dwr = widen(dw), dbr = widen(db);
+    layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+    layernorm_backward(dxr.data(), dwr.data(), dbr.data(), dyd.data(), xd.data(), wd.data(), meanr.data(), rstdr.data(),
+                       N, C);
+    CHECK(rounding_ratio(widen(dx), dxr, u) <= 1.0);
+    CHECK(rounding_ratio(widen(dw), dwr, 0.0) <= 1.0);
+    CHECK(rounding_ratio(widen(db), dbr, 0.0) <= 1.0);
+  }
 }
 
 TEST_CASE_TEMPLATE("precision kernels: gelu, residual and encoder in 16-bit storage", T, Eigen::bfloat16, Eigen::half) {
   const double u = unit_roundoff<T>;
-  const std::size_t n = 1001;
-  const auto x = randn<T>(n, 21, 2.0), d = randn<T>(n, 22);
-  const vec xd = widen(x), dd = widen(d);
-  std::vector<T> y(n), dx(n);
-  vec yr(n), dxr(n);
-  gelu_forward(y.data(), x.data(), n);
-  gelu_forward(yr.data(), xd.data(), n);
-  CHECK(rounding_ratio(widen(y), yr, u) <= 1.0);
-  gelu_backward(dx.data(), x.data(), d.data(), n);
-  gelu_backward(dxr.data(), xd.data(), dd.data(), n);
-  CHECK(rounding_ratio(widen(dx), dxr, u) <= 1.0);
-  residual_forward(y.data(), x.data(), d.data(), n);
-  residual_forward(yr.data(), xd.data(), dd.data(), n);
-  CHECK(rounding_ratio(widen(y), yr, u) <= 1.0);
+  // 9001: several parallel chunks (elementwise_chunk) and a tail
+  for (const std::size_t n : {std::size_t(1001), std::size_t(9001)}) {
+    CAPTURE(n);
+    const auto x = randn<T>(n, 21, 2.0), d = randn<T>(n, 22);
+    const vec xd = widen(x), dd = widen(d);
+    std::vector<T> y(n), dx(n);
+    vec yr(n), dxr(n);
+    gelu_forward(y.data(), x.data(), n);
+    gelu_forward(yr.data(), xd.data(), n);
+    CHECK(rounding_ratio(widen(y), yr, u) <= 1.0);
+    gelu_backward(dx.data(), x.data(), d.data(), n);
+    gelu_backward(dxr.data(), xd.data(), dd.data(), n);
+    CHECK(rounding_ratio(widen(dx), dxr, u) <= 1.0);
+    residual_forward(y.data(), x.data(), d.data(), n);
+    residual_forward(yr.data(), xd.data(), dd.data(), n);
+    CHECK(rounding_ratio(widen(y), yr, u) <= 1.0);
+  }
 
   const int B = 3, Tn = 7, C = 19, V = 29;
   std::vector<std::int32_t> tok(std::size_t(B) * Tn);
@@ -177,21 +189,26 @@ TEST_CASE_TEMPLATE("precision kernels: gelu, residual and encoder in 16-bit stor
 TEST_CASE_TEMPLATE("precision kernels: fused cross-entropy in 16-bit storage (fp32 losses, dlogits rounded once)", T,
                    Eigen::bfloat16, Eigen::half) {
   const double u = unit_roundoff<T>;
-  const int N = 13, V = 37, Vp = 40;
-  auto logits = randn<T>(std::size_t(N) * Vp, 31, 3.0);
-  std::vector<std::int32_t> tg(N);
-  for (int i = 0; i < N; ++i) tg[i] = std::int32_t(loom::random_below(V, 6, 0, std::size_t(i)));
-  tg[4] = ignore_index;
-  logits[std::size_t(2) * Vp + std::size_t(tg[2])] = T(12);  // a confident row: p(target) near 1
-  vec ld = widen(logits);
-  std::vector<float> losses(N);
-  vec lossesr(N);
-  const float gs = 1.0f / 12;
-  const float sum = crossentropy_forward_backward(logits.data(), losses.data(), tg.data(), N, V, Vp, true, gs);
-  const double sumr = crossentropy_forward_backward(ld.data(), lossesr.data(), tg.data(), N, V, Vp, true, double(gs));
-  CHECK(sum == doctest::Approx(sumr).epsilon(1e-5));
-  CHECK(rounding_ratio(widen(losses), lossesr, 0.0) <= 1.0);
-  CHECK(rounding_ratio(widen(logits), ld, u) <= 1.0);  // dlogits, incl. the target's p - 1
+  // V = 5003: rows longer than the kernel's fp32 stack piece, targets in both pieces
+  for (const auto& widths : {std::array{37, 40}, std::array{5003, 5008}}) {
+    const int N = 13, V = widths[0], Vp = widths[1];
+    CAPTURE(V);
+    auto logits = randn<T>(std::size_t(N) * Vp, 31, 3.0);
+    std::vector<std::int32_t> tg(N);
+    for (int i = 0; i < N; ++i) tg[i] = std::int32_t(loom::random_below(V, 6, 0, std::size_t(i)));
+    tg[4] = ignore_index;
+    tg[5] = V - 1;  // the last column: the last piece's tail
+    logits[std::size_t(2) * Vp + std::size_t(tg[2])] = T(12 + std::log(double(V)));  // confident: p(target) near 1
+    vec ld = widen(logits);
+    std::vector<float> losses(N);
+    vec lossesr(N);
+    const float gs = 1.0f / 12;
+    const float sum = crossentropy_forward_backward(logits.data(), losses.data(), tg.data(), N, V, Vp, true, gs);
+    const double sumr = crossentropy_forward_backward(ld.data(), lossesr.data(), tg.data(), N, V, Vp, true, double(gs));
+    CHECK(sum == doctest::Approx(sumr).epsilon(1e-5));
+    CHECK(rounding_ratio(widen(losses), lossesr, 0.0) <= 1.0);
+    CHECK(rounding_ratio(widen(logits), ld, u) <= 1.0);  // dlogits, incl. the target's p - 1
+  }
 }
 
 namespace {

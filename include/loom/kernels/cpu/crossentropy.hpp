@@ -8,11 +8,57 @@
 #include <limits>
 
 #include <loom/kernels/cpu/common.hpp>
+#include <loom/kernels/cpu/detail/convert.hpp>
 #include <loom/kernels/ops.hpp>
 
 namespace loom::kernels::cpu {
 
 using kernels::ignore_index;  // rows whose target equals it contribute no loss and no gradient
+
+namespace detail {
+
+/// The loss of one row of 16-bit logits (Note [confident cross-entropy]) and, when
+/// write_dlogits, its gradient in place: the row is widened to fp32 a piece at a time and
+/// reduced with Eigen's vectorised exp and sums (fixed order: deterministic).
+template <class T>
+float crossentropy_row_16(T* row, std::int32_t tgt, int V, int Vp, bool write_dlogits, float grad_scale) {
+  using fmap = Eigen::Map<Eigen::ArrayXf, Eigen::Aligned64>;
+  alignas(64) float xb[convert_chunk];
+  auto pieces = [V](auto&& f) {
+    for (std::ptrdiff_t c0 = 0; c0 < V; c0 += convert_chunk) f(c0, std::min<std::ptrdiff_t>(convert_chunk, V - c0));
+  };
+  float mx = -std::numeric_limits<float>::infinity();
+  pieces([&](std::ptrdiff_t c0, std::ptrdiff_t len) {
+    widen(xb, row + c0, len);
+    mx = std::max(mx, fmap(xb, len).maxCoeff());
+  });
+  const float target_logit = float(row[tgt]);
+  float others = 0;  // the sum without the target's term (Note [confident cross-entropy])
+  pieces([&](std::ptrdiff_t c0, std::ptrdiff_t len) {
+    widen(xb, row + c0, len);
+    fmap x(xb, len);
+    x = (x - mx).exp();
+    if (tgt >= c0 && tgt < c0 + len) xb[tgt - c0] = 0;
+    others += x.sum();
+  });
+  const bool at_max = target_logit == mx;
+  const float log_sum = at_max ? std::log1p(others) : std::log(others + std::exp(target_logit - mx));
+  const float loss = (mx - target_logit) + log_sum;  // at_max: exactly log_sum
+  if (write_dlogits) {
+    pieces([&](std::ptrdiff_t c0, std::ptrdiff_t len) {
+      widen(xb, row + c0, len);
+      fmap x(xb, len);
+      x = ((x - mx) - log_sum).exp() * grad_scale;
+      narrow(row + c0, xb, len);
+    });
+    // the target's p - 1 = expm1(-loss) in fp32, rounded once (keeps a tiny 1 - p)
+    row[tgt] = T(std::expm1(-loss) * grad_scale);
+    for (int v = V; v < Vp; ++v) row[v] = T(0);
+  }
+  return loss;
+}
+
+}  // namespace detail
 
 /// For each of the N rows of logits (N,Vp), over the real vocabulary [0,V) only:
 ///   losses[n] = logsumexp(logits[n,:V]) - logits[n,target[n]]       (= ; 0 for ignored rows)
@@ -48,6 +94,12 @@ acc_t<T> crossentropy_forward_backward(T* logits, acc_t<T>* losses, const std::i
     if (tgt == ignore_index) {
       losses[n] = 0;
       if (write_dlogits) std::fill(row, row + Vp, T(0));
+      continue;
+    }
+    if constexpr (detail::is_16bit_v<T>) {
+      const A loss = detail::crossentropy_row_16(row, tgt, V, Vp, write_dlogits, grad_scale);
+      losses[n] = loss;
+      total += loss;
       continue;
     }
     Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> x(row, V);
