@@ -43,12 +43,13 @@ struct dropout_mask {
 };
 
 /// Throws loom::input_error unless 0 <= p < 1 (NaN included). `what` names the setting (e.g.
-/// "--dropout") so the message tells the user which flag to change.
-inline void check_dropout_probability(double p, const std::string& what) {
+/// "--dropout") so the message tells the user which flag to change. Allocates nothing unless it
+/// throws (the model calls it every forward).
+inline void check_dropout_probability(double p, const char* what) {
   if (!(p >= 0.0 && p < 1.0)) {
     char text[32];
     std::snprintf(text, sizeof text, "%g", p);
-    throw input_error(what + " " + text +
+    throw input_error(std::string(what) + " " + text +
                       " is not a dropout probability: it must satisfy 0 <= p < 1 (0 turns dropout off, "
                       "0.1 is GPT-2's value)");
   }

@@ -2,9 +2,11 @@
 /// \file loom::device::cpu — host execution; math through Eigen and OpenMP.
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string_view>
 
+#include <loom/core/context.hpp>
 #include <loom/device/policy.hpp>
 
 #if defined(__GLIBC__)
@@ -67,3 +69,40 @@ inline bool configure_host_malloc_for_gemm() noexcept {
 }
 
 }  // namespace loom::device
+
+namespace loom::kernels::cpu::detail {
+class onednn_matmul_cache;  // kernels/cpu/detail/gemm_onednn.hpp
+}  // namespace loom::kernels::cpu::detail
+
+namespace loom {
+
+/// What every CPU kernel call receives: the (placeholder) stream, the kernel observer, and the
+/// oneDNN matmul primitives of this context's linear layers, created once per shape by the
+/// first GEMM that needs one and reused by every later step (kernels::cpu::matmul_forward), so
+/// a step allocates nothing. A copy of a context starts with its own empty primitive cache: a
+/// cache is used by one thread at a time, and a context may be copied to another thread.
+template <>
+struct context<device::cpu> {
+  using device = loom::device::cpu;
+  device::stream_type stream{};
+  /// Observer of the kernels called with this context; null = none (one branch per kernel).
+  kernel_hook* hook = nullptr;
+  /// The linear layers' oneDNN matmul primitives; null until the first GEMM that uses one.
+  std::shared_ptr<kernels::cpu::detail::onednn_matmul_cache> gemm_cache;
+
+  context() = default;
+  context(const context& other) : stream(other.stream), hook(other.hook) {}
+  context& operator=(const context& other) {
+    stream = other.stream;
+    hook = other.hook;
+    gemm_cache.reset();
+    return *this;
+  }
+  context(context&&) noexcept = default;
+  context& operator=(context&&) noexcept = default;
+  ~context() = default;
+  /// Every CPU kernel has finished when it returns: nothing to wait for.
+  void synchronize() const noexcept {}
+};
+
+}  // namespace loom

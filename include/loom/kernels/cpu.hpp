@@ -2,6 +2,7 @@
 /// \file The CPU specializations of kernels::ops and kernels::attention.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu/adamw.hpp>
@@ -18,6 +19,17 @@
 #include <loom/kernels/cpu_fused.hpp>  // attention<cpu, T, fused>
 
 namespace loom::kernels {
+
+namespace cpu::detail {
+/// The oneDNN matmul primitives of ctx's linear layers on storage type T, created on the first
+/// call; null where T's linear layers do not use them (linear_uses_onednn_matmul).
+template <class T>
+onednn_matmul_cache* linear_gemm_cache(context<device::cpu>& ctx) {
+  if (!linear_uses_onednn_matmul<T>()) return nullptr;
+  if (!ctx.gemm_cache) ctx.gemm_cache = std::make_shared<onednn_matmul_cache>();
+  return ctx.gemm_cache.get();
+}
+}  // namespace cpu::detail
 
 /// CPU operator set for storage type T (float, Eigen::bfloat16, Eigen::half; double for the
 /// finite-difference tests). Accumulation is fp32 (double for double) everywhere.
@@ -49,13 +61,13 @@ struct ops<device::cpu, T> {
   }
   static void matmul_forward(ctx_t& ctx, T* out, const T* in, const T* w, const T* bias, int N, int C, int OC) {
     const kernel_scope k(ctx.hook, "matmul_forward");
-    cpu::matmul_forward(out, in, w, bias, N, C, OC);
+    cpu::matmul_forward(out, in, w, bias, N, C, OC, cpu::detail::linear_gemm_cache<T>(ctx));
   }
   template <class G>
   static void matmul_backward(ctx_t& ctx, T* din, G* dw, G* dbias, const T* dout, const T* in, const T* w, int N, int C, int OC,
                               bool accumulate_din) {
     const kernel_scope k(ctx.hook, "matmul_backward");
-    cpu::matmul_backward(din, dw, dbias, dout, in, w, N, C, OC, accumulate_din);
+    cpu::matmul_backward(din, dw, dbias, dout, in, w, N, C, OC, accumulate_din, cpu::detail::linear_gemm_cache<T>(ctx));
   }
   static void gelu_forward(ctx_t& ctx, T* out, const T* in, std::size_t n) {
     const kernel_scope k(ctx.hook, "gelu_forward");

@@ -51,6 +51,8 @@ using gpt_parallel = transformer<M, Policy, Attn>;
 /// micro-batch i's per-token losses go to slot i (activations::host_losses) where the kernels can
 /// copy them without a wait, and the loss those micro-batches add to the return value is 0; read
 /// the slots after synchronizing (see host_loss_sum).
+/// `schedule`: this stage's action list, parallel::one_f_one_b(PP, m, stage); empty (default):
+/// computed here, one allocation per call (the trainer passes the list it made once).
 struct no_observer {
   void operator()(const parallel::pipe_action&, double) const noexcept {}
 };
@@ -87,7 +89,8 @@ double pipeline_forward_backward(context<typename Model::device>& ctx, Model& mo
                                                 const std::int32_t* targets, int b, int t,
                                                 typename Model::acc_t grad_scale, Observer&& observe = {},
                                                 Ready&& ready = {}, const dropout_plan& drop = {},
-                                                typename Model::acc_t* host_losses = nullptr) {
+                                                typename Model::acc_t* host_losses = nullptr,
+                                                std::span<const parallel::pipe_action> schedule = {}) {
   constexpr bool timed = !std::is_same_v<std::remove_cvref_t<Observer>, no_observer>;
   constexpr bool host_clock = timed && !requires { std::remove_cvref_t<Observer>::device_clock; };
   using S = typename Model::storage_t;
@@ -102,7 +105,12 @@ double pipeline_forward_backward(context<typename Model::device>& ctx, Model& mo
   const std::size_t N = std::size_t(b) * t, NC = N * std::size_t(Model::C);
   constexpr int tag_activation = 0, tag_gradient = 1;
   double loss = 0;  // each micro-batch's sum added in double, as the trainer reports it
-  for (const auto& a : parallel::one_f_one_b(PP, m, stage)) {
+  std::vector<parallel::pipe_action> computed;  // only when the caller passed no schedule
+  if (schedule.empty()) {
+    computed = parallel::one_f_one_b(PP, m, stage);
+    schedule = computed;
+  }
+  for (const auto& a : schedule) {
     [[maybe_unused]] const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     auto& acts = ring[std::size_t(a.micro) % ring.size()];
     const std::int32_t* in = inputs + std::size_t(a.micro) * N;

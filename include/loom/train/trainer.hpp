@@ -459,7 +459,7 @@ class basic_trainer {
     if (!on_phase)
       return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                           inputs_.data(), targets_.data(), b, t, grad_scale,
-                                                          nn::no_observer{}, ready, drop, host_losses);
+                                                          nn::no_observer{}, ready, drop, host_losses, plan_);
     // Phase attribution: the executor reports each action after it ran; the schedule is a pure
     // function, so the phase of the next action is known and opened as the previous one closes.
     std::size_t next = 0;
@@ -473,10 +473,10 @@ class basic_trainer {
         return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                             inputs_.data(), targets_.data(), b, t, grad_scale,
                                                             nn::device_clock_observer<decltype(observe)>{observe},
-                                                            ready, drop, host_losses);
+                                                            ready, drop, host_losses, plan_);
     return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                         inputs_.data(), targets_.data(), b, t, grad_scale, observe, ready,
-                                                        drop, host_losses);
+                                                        drop, host_losses, plan_);
   }
 
   static trainer_config checked(trainer_config c) {

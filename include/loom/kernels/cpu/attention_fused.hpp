@@ -29,6 +29,8 @@
 #include <loom/core/error.hpp>
 #include <loom/kernels/cpu/attention_traits.hpp>
 #include <loom/kernels/cpu/common.hpp>
+#include <loom/kernels/cpu/detail/convert.hpp>
+#include <loom/kernels/cpu/detail/workspace.hpp>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -371,25 +373,6 @@ attention_shape<A> checked_shape(const char* what, int B, int Tn, int C, int NH,
   return {B, Tn, C, NH, hd, A(1) / std::sqrt(A(hd)), key_padding, drop.mask, 0, drop.head_offset, heads};
 }
 
-/// Per-thread fp32 workspace of the 16-bit attention paths, grown on first use and then reused
-/// (no allocation in steady state). See Note [fused attention in 16-bit storage].
-/// 64-byte aligned on every thread, so the tile kernels' vectorisation (and with it the order of
-/// additions) does not depend on which thread's allocation a head landed in.
-inline float* thread_workspace(std::size_t n) {
-  struct aligned_free {
-    void operator()(float* p) const noexcept { std::free(p); }
-  };
-  thread_local std::unique_ptr<float[], aligned_free> w;
-  thread_local std::size_t size = 0;
-  if (size < n) {
-    const std::size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
-    w.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    if (!w) throw std::bad_alloc();
-    size = n;
-  }
-  return w.get();
-}
-
 /// Copies head h of batch b out of a (B,T,parts*C) tensor into a (T, parts*HD) fp32 block
 /// (part k of row t at [t*parts*HD + k*HD, ...)).
 template <class T>
@@ -398,8 +381,7 @@ void gather_head(float* dst, const T* src, const attention_shape<float>& p, int 
   for (int t = 0; t < p.T; ++t)
     for (int k = 0; k < parts; ++k) {
       const T* s = src + (std::size_t(b) * p.T + t) * ld + std::size_t(k) * p.C + std::size_t(h) * p.hd;
-      float* d = dst + (std::size_t(t) * parts + k) * p.hd;
-      for (int i = 0; i < p.hd; ++i) d[i] = float(s[i]);
+      widen(dst + (std::size_t(t) * parts + k) * p.hd, s, p.hd);
     }
 }
 
@@ -410,8 +392,7 @@ void scatter_head(T* dst, const float* src, const attention_shape<float>& p, int
   for (int t = 0; t < p.T; ++t)
     for (int k = 0; k < parts; ++k) {
       T* d = dst + (std::size_t(b) * p.T + t) * ld + std::size_t(k) * p.C + std::size_t(h) * p.hd;
-      const float* s = src + (std::size_t(t) * parts + k) * p.hd;
-      for (int i = 0; i < p.hd; ++i) d[i] = T(s[i]);
+      narrow(d, src + (std::size_t(t) * parts + k) * p.hd, p.hd);
     }
 }
 

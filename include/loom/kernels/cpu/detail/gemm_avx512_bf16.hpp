@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include <loom/core/error.hpp>
+#include <loom/kernels/cpu/detail/workspace.hpp>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -281,22 +282,20 @@ void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alp
   const int nnb = (NP + NCP - 1) / NCP;
   const int items = nmb * nnb;
 
-  struct aligned_delete {
-    void operator()(void* p) const noexcept { ::operator delete(p, std::align_val_t{64}); }
-  };
-  auto alloc = [](std::size_t bytes) {
-    return std::unique_ptr<void, aligned_delete>(::operator new(bytes, std::align_val_t{64}));
+  // Packing buffers: 32-bit words in the threads' workspaces (allocated once, then reused).
+  static_assert(sizeof(std::uint32_t) == sizeof(float));
+  auto words = [](std::size_t n, workspace_slot slot) {
+    return reinterpret_cast<std::uint32_t*>(thread_workspace(n, slot));
   };
   const std::size_t b_panel = std::size_t(KP) * NR;  // words per packed B panel
-  auto bbuf = alloc(std::size_t(NP) * b_panel * sizeof(std::uint32_t));
-  auto* bp = static_cast<std::uint32_t*>(bbuf.get());
+  std::uint32_t* bp = words(std::size_t(NP) * b_panel, workspace_slot::gemm_b);
   const std::uint16_t* a_bits = gemm_bits(A);
   const std::uint16_t* b_bits = gemm_bits(B);
 
-#if defined(_OPENMP)
-#pragma omp parallel num_threads(threads)
-#endif
-  {
+  // The work of every thread; its `omp for` loops run whole on the calling thread when there is
+  // no enclosing parallel region (one thread: no region is opened, since libgomp allocates a
+  // new team for every one-thread region).
+  auto work = [&] {
     // 1. pack op(B) (K x N) into NP panels [KP][NR], shared by all threads
 #if defined(_OPENMP)
 #pragma omp for schedule(static)
@@ -312,13 +311,10 @@ void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alp
 
     // 2. per-thread A block and fp32 staging for multi-K-block sums
     const int mc_pad = MC;  // MC is a multiple of MR
-    auto abuf = alloc(std::size_t(mc_pad) * std::min(KC, KP) * sizeof(std::uint32_t));
-    auto* ap = static_cast<std::uint32_t*>(abuf.get());
+    std::uint32_t* ap = words(std::size_t(mc_pad) * std::min(KC, KP), workspace_slot::gemm_a);
     const int ld_stage = NCP * NR;
-    std::unique_ptr<void, aligned_delete> sbuf;
-    if (nkb > 1) sbuf = alloc(std::size_t(mc_pad) * ld_stage * sizeof(float));
-    auto* stage = static_cast<float*>(sbuf.get());
-    int packed_ib = -1;  // M block whose A (single K block) is already in abuf
+    float* stage = nkb > 1 ? thread_workspace(std::size_t(mc_pad) * ld_stage, workspace_slot::gemm_c) : nullptr;
+    int packed_ib = -1;  // M block whose A (single K block) is already in ap
 
 #if defined(_OPENMP)
 #pragma omp for schedule(static)
@@ -355,7 +351,15 @@ void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alp
         }
       }
     }
+  };
+#if defined(_OPENMP)
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    work();
+    return;
   }
+#endif
+  work();
 }
 
 #else  // no compiler support: never called (gemm_avx512_bf16_supported() is false)

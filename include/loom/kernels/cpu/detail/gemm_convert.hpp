@@ -9,10 +9,11 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 #include <cstddef>
-#include <memory>
 #include <type_traits>
 
 #include <loom/core/error.hpp>
+#include <loom/kernels/cpu/detail/convert.hpp>
+#include <loom/kernels/cpu/detail/workspace.hpp>
 
 namespace loom::kernels::cpu::detail {
 
@@ -28,34 +29,41 @@ inline float gemm_to_float(T x) noexcept {
   return static_cast<float>(x);
 }
 
+/// Calls row(r) for r in [0, rows): in an OpenMP parallel loop when the matrix has more than 2^16
+/// elements, else on this thread without opening a region (libgomp allocates a team for every
+/// one-thread region; the training step allocates nothing).
+template <class F>
+void gemm_for_rows(int rows, std::size_t elements, F&& row) {
+#if defined(_OPENMP)
+  if (elements > (std::size_t(1) << 16)) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; ++r) row(r);
+    return;
+  }
+#endif
+  for (int r = 0; r < rows; ++r) row(r);
+}
+
 /// dst (rows, cols) contiguous fp32 = src (rows, cols) with row stride ld, converted from T.
 template <class T>
 void gemm_convert_rows(float* dst, const T* src, int rows, int cols, int ld) {
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (std::size_t(rows) * std::size_t(cols) > (std::size_t(1) << 16))
-#endif
-  for (int r = 0; r < rows; ++r) {
-    const T* s = src + std::size_t(r) * std::size_t(ld);
-    float* d = dst + std::size_t(r) * std::size_t(cols);
-    for (int c = 0; c < cols; ++c) d[c] = gemm_to_float(s[c]);
-  }
+  auto row = [&](int r) { widen(dst + std::size_t(r) * std::size_t(cols), src + std::size_t(r) * std::size_t(ld), cols); };
+  gemm_for_rows(rows, std::size_t(rows) * std::size_t(cols), row);
 }
 
 /// C (M,N; row stride ldc) = round_OutT(t + beta * C), t (M,N) contiguous fp32; beta == 0 does
 /// not read C.
 template <class OutT>
 void gemm_round_into(int M, int N, float beta, const float* t, OutT* C, int ldc) {
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (std::size_t(M) * std::size_t(N) > (std::size_t(1) << 16))
-#endif
-  for (int i = 0; i < M; ++i) {
+  auto row = [&](int i) {
     OutT* ci = C + std::size_t(i) * std::size_t(ldc);
     const float* ti = t + std::size_t(i) * std::size_t(N);
     if (beta == 0.0f)
       for (int j = 0; j < N; ++j) ci[j] = OutT(ti[j]);
     else
       for (int j = 0; j < N; ++j) ci[j] = OutT(ti[j] + beta * gemm_to_float(ci[j]));
-  }
+  };
+  gemm_for_rows(M, std::size_t(M) * std::size_t(N), row);
 }
 
 /// True when oneDNN's sgemm is compiled in (LOOM_WITH_ONEDNN).
@@ -89,8 +97,8 @@ void gemm_convert(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
                   int ldb, float beta, OutT* C, int ldc, bool onednn = false) {
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  // fp32 operands: the caller's memory for float, converted contiguous copies otherwise.
-  std::unique_ptr<float[]> a32, b32;
+  // fp32 operands: the caller's memory for float, converted contiguous copies (in this thread's
+  // workspaces: no allocation once grown) otherwise.
   const float* pa;
   const float* pb;
   int la = lda, lb = ldb;
@@ -98,12 +106,12 @@ void gemm_convert(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
     pa = A;
     pb = B;
   } else {
-    a32.reset(new float[std::size_t(a_rows) * std::size_t(a_cols)]);
-    b32.reset(new float[std::size_t(b_rows) * std::size_t(b_cols)]);
-    gemm_convert_rows(a32.get(), A, a_rows, a_cols, lda);
-    gemm_convert_rows(b32.get(), B, b_rows, b_cols, ldb);
-    pa = a32.get();
-    pb = b32.get();
+    float* a32 = thread_workspace(std::size_t(a_rows) * std::size_t(a_cols), workspace_slot::gemm_a);
+    float* b32 = thread_workspace(std::size_t(b_rows) * std::size_t(b_cols), workspace_slot::gemm_b);
+    gemm_convert_rows(a32, A, a_rows, a_cols, lda);
+    gemm_convert_rows(b32, B, b_rows, b_cols, ldb);
+    pa = a32;
+    pb = b32;
     la = a_cols;
     lb = b_cols;
   }
@@ -111,9 +119,9 @@ void gemm_convert(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
     if constexpr (std::is_same_v<OutT, float>) {
       return gemm_onednn_f32(trans_a, trans_b, M, N, K, alpha, pa, la, pb, lb, beta, C, ldc);
     } else {
-      std::unique_ptr<float[]> c32(new float[std::size_t(M) * std::size_t(N)]);
-      gemm_onednn_f32(trans_a, trans_b, M, N, K, alpha, pa, la, pb, lb, 0.0f, c32.get(), N);
-      return gemm_round_into(M, N, beta, c32.get(), C, ldc);
+      float* c32 = thread_workspace(std::size_t(M) * std::size_t(N), workspace_slot::gemm_c);
+      gemm_onednn_f32(trans_a, trans_b, M, N, K, alpha, pa, la, pb, lb, 0.0f, c32, N);
+      return gemm_round_into(M, N, beta, c32, C, ldc);
     }
   }
   const gemm_cfmap a(pa, a_rows, a_cols, Eigen::OuterStride<>(la));
@@ -142,9 +150,9 @@ void gemm_convert(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
       product_into(c, true);
     }
   } else {
-    std::unique_ptr<float[]> c32(new float[std::size_t(M) * std::size_t(N)]);
-    product_into(gemm_fmap(c32.get(), M, N, Eigen::OuterStride<>(N)), false);
-    gemm_round_into(M, N, beta, c32.get(), C, ldc);
+    float* c32 = thread_workspace(std::size_t(M) * std::size_t(N), workspace_slot::gemm_c);
+    product_into(gemm_fmap(c32, M, N, Eigen::OuterStride<>(N)), false);
+    gemm_round_into(M, N, beta, c32, C, ldc);
   }
 }
 

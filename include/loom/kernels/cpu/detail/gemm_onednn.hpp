@@ -35,7 +35,7 @@
 #include <new>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
+#include <vector>
 
 #include <Eigen/Core>
 #if defined(LOOM_WITH_ONEDNN)
@@ -96,6 +96,8 @@ class onednn_matmul_cache {
   std::size_t size() const noexcept { return entries_.size(); }
   /// Number of primitives created since construction (== size(): a repeated key reuses its own).
   std::size_t created() const noexcept { return created_; }
+  /// Number of products run through the cache (each one primitive execution).
+  std::size_t executions() const noexcept { return executions_; }
   /// Bytes of the workspace (scratchpad and fp16 conversion buffers) currently allocated.
   std::size_t workspace_bytes() const noexcept { return workspace_bytes_; }
   /// oneDNN's name of the implementation behind `key` ("brg:avx512_core_bf16", "gemm:jit",
@@ -124,12 +126,12 @@ class onednn_matmul_cache {
 
   std::map<onednn_matmul_key, std::unique_ptr<entry>> entries_;
   std::unique_ptr<std::byte[], aligned_free> workspace_;
-  std::size_t workspace_bytes_ = 0, created_ = 0;
+  std::size_t workspace_bytes_ = 0, created_ = 0, executions_ = 0;
 #if defined(LOOM_WITH_ONEDNN)
   dnnl::engine engine_;
   dnnl::stream stream_;
 
-  const entry& find_or_create(const onednn_matmul_key& key);
+  entry& find_or_create(const onednn_matmul_key& key);
 #endif
 };
 
@@ -158,6 +160,10 @@ struct onednn_matmul_cache::entry {
   std::size_t a32 = 0, b32 = 0, c32 = 0;  // workspace offsets of the fp32 copies (convert only)
   std::size_t total = 0;        // workspace bytes this primitive needs
   std::string impl;
+  // The execute arguments, made once: memory objects over no buffer, pointed at the call's
+  // operands with set_data_handle (so a call allocates nothing on loom's side).
+  dnnl::memory ma, mb, mc, msp;
+  std::vector<dnnl_exec_arg_t> args;  // for the C API's execute (the C++ one copies a map per call)
 };
 
 inline onednn_matmul_cache::onednn_matmul_cache() {
@@ -203,7 +209,7 @@ inline dnnl::matmul::primitive_desc onednn_matmul_pd(const dnnl::engine& eng, co
 #endif
 }
 
-inline const onednn_matmul_cache::entry& onednn_matmul_cache::find_or_create(const onednn_matmul_key& k) {
+inline onednn_matmul_cache::entry& onednn_matmul_cache::find_or_create(const onednn_matmul_key& k) {
   if (const auto it = entries_.find(k); it != entries_.end()) return *it->second;
   using md = dnnl::memory::desc;
   using dims = dnnl::memory::dims;
@@ -249,6 +255,14 @@ inline const onednn_matmul_cache::entry& onednn_matmul_cache::find_or_create(con
   e->impl = std::string(pd.impl_info_str()) + (e->convert ? " (f16 via f32)" : "");
   try {
     e->prim = dnnl::matmul(pd);
+    e->ma = dnnl::memory(e->a, engine_, DNNL_MEMORY_NONE);
+    e->mb = dnnl::memory(e->b, engine_, DNNL_MEMORY_NONE);
+    e->mc = dnnl::memory(e->c, engine_, DNNL_MEMORY_NONE);
+    e->args = {{DNNL_ARG_SRC, e->ma.get()}, {DNNL_ARG_WEIGHTS, e->mb.get()}, {DNNL_ARG_DST, e->mc.get()}};
+    if (e->scratch > 0) {
+      e->msp = dnnl::memory(e->sp, engine_, DNNL_MEMORY_NONE);
+      e->args.push_back({DNNL_ARG_SCRATCHPAD, e->msp.get()});
+    }
   } catch (const dnnl::error& err) {
     throw device_error(int(err.status), "dnnl::matmul", err.what());
   }
@@ -263,7 +277,8 @@ void onednn_matmul_cache::run(bool trans_a, bool trans_b, int M, int N, int K, f
   if (beta == 0.0f) beta = 0.0f;  // -0 and +0: one key, no post-op
   std::memcpy(&key.alpha_bits, &alpha, 4);
   std::memcpy(&key.beta_bits, &beta, 4);
-  const entry& e = find_or_create(key);
+  entry& e = find_or_create(key);
+  ++executions_;
   std::byte* ws = workspace(e.total);
   void* pa = const_cast<T*>(A);
   void* pb = const_cast<T*>(B);
@@ -277,10 +292,12 @@ void onednn_matmul_cache::run(bool trans_a, bool trans_b, int M, int N, int K, f
     if constexpr (!std::is_same_v<OutT, float>) pc = ws + e.c32;
   }
   try {
-    dnnl::memory ma(e.a, engine_, pa), mb(e.b, engine_, pb), mc(e.c, engine_, pc);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-    if (e.scratch > 0) args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e.sp, engine_, ws));
-    e.prim.execute(stream_, args);
+    e.ma.set_data_handle(pa);
+    e.mb.set_data_handle(pb);
+    e.mc.set_data_handle(pc);
+    if (e.scratch > 0) e.msp.set_data_handle(ws);
+    dnnl::error::wrap_c_api(dnnl_primitive_execute(e.prim.get(), stream_.get(), int(e.args.size()), e.args.data()),
+                            "could not execute the matmul primitive");
     stream_.wait();
   } catch (const dnnl::error& err) {
     throw device_error(int(err.status), "dnnl::matmul::execute", err.what());
