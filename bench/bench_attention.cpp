@@ -1,4 +1,5 @@
-/// bench_attention: fused (flash-style) vs reference causal attention on the CPU, fp32.
+/// bench_attention: fused (flash-style) vs reference causal attention on the CPU, fp32, and the
+/// fused kernel on bf16 storage beside it.
 ///
 /// Usage: bench_attention [--T 128,256,512,1024] [--batch 2] [--heads 6] [--head-dim 64]
 ///                        [--reps 7] [--tiles | --fusions | --step]
@@ -84,77 +85,91 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float lo = -
   return v;
 }
 
-/// One attention problem and the buffers of one implementation.
+/// One attention problem in storage type T (float, or bf16 rounded from the same values).
+template <class T = float>
 struct problem {
-  int B, T, C, NH;
-  std::vector<float> qkv, dout;
+  int B, Tn, C, NH;
+  std::vector<T> qkv, dout;
   problem(int b, int t, int c, int nh)
-      : B(b), T(t), C(c), NH(nh), qkv(random_floats(std::size_t(b) * t * 3 * c, 1)),
-        dout(random_floats(std::size_t(b) * t * c, 2, -1.f, 1.f)) {}
+      : B(b), Tn(t), C(c), NH(nh), qkv(rounded(random_floats(std::size_t(b) * t * 3 * c, 1))),
+        dout(rounded(random_floats(std::size_t(b) * t * c, 2, -1.f, 1.f))) {}
+  static std::vector<T> rounded(const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); }
 };
 
-template <class Impl>
+/// The buffers and timings of one implementation in storage type T.
+template <class Impl, class T = float>
 struct variant {
-  using attn = kernels::attention<device::cpu, float, Impl>;
-  std::vector<float> out, dqkv, saved, scratch;
+  using attn = kernels::attention<device::cpu, T, Impl>;
+  std::vector<T> out, dqkv;
+  std::vector<float> saved, scratch;
   std::vector<double> fwd_ms, bwd_ms;
-  explicit variant(const problem& p)
-      : out(std::size_t(p.B) * p.T * p.C), dqkv(p.qkv.size()), saved(attn::saved_elems(p.B, p.NH, p.T)),
-        scratch(attn::scratch_elems(threads(), p.T)) {}
+  explicit variant(const problem<T>& p)
+      : out(std::size_t(p.B) * p.Tn * p.C), dqkv(p.qkv.size()), saved(attn::saved_elems(p.B, p.NH, p.Tn)),
+        scratch(attn::scratch_elems(threads(), p.Tn)) {}
   std::size_t bytes() const { return (saved.size() + scratch.size()) * sizeof(float); }
   /// backward_with_out: pass the forward's output (fused only; D = rowsum(dO .* O)).
-  void run(context<device::cpu>& ctx, const problem& p, bool backward_with_out) {
+  void run(context<device::cpu>& ctx, const problem<T>& p, bool backward_with_out) {
     auto t0 = clk::now();
-    attn::forward(ctx, out.data(), saved.data(), p.qkv.data(), p.B, p.T, p.C, p.NH);
+    attn::forward(ctx, out.data(), saved.data(), p.qkv.data(), p.B, p.Tn, p.C, p.NH);
     fwd_ms.push_back(ms_since(t0));
     t0 = clk::now();
     if constexpr (std::is_same_v<Impl, kernels::fused>) {
       if (backward_with_out) {
         attn::backward(ctx, dqkv.data(), p.dout.data(), p.qkv.data(), out.data(), saved.data(), scratch.data(), p.B,
-                       p.T, p.C, p.NH);
+                       p.Tn, p.C, p.NH);
         bwd_ms.push_back(ms_since(t0));
         return;
       }
     }
-    attn::backward(ctx, dqkv.data(), p.dout.data(), p.qkv.data(), saved.data(), scratch.data(), p.B, p.T, p.C, p.NH);
+    attn::backward(ctx, dqkv.data(), p.dout.data(), p.qkv.data(), saved.data(), scratch.data(), p.B, p.Tn, p.C, p.NH);
     bwd_ms.push_back(ms_since(t0));
   }
 };
 
 void attention_table(const std::vector<int>& lengths, int B, int NH, int HD, int reps) {
+  using bf16 = Eigen::bfloat16;
   context<device::cpu> ctx;
   const int C = NH * HD;
-  fmt::print("fp32, B={} NH={} HD={} (C={}), {} threads, best of {} interleaved runs, {}\n", B, NH, HD, C, threads(),
-             reps, load_average());
-  fmt::print("| {:>5} | {:>9} | {:>9} | {:>9} | {:>9} | {:>11} | {:>8} | {:>13} | {:>9} | {:>9} | {:>7} |\n", "T",
-             "ref fwd", "ref bwd", "fused fwd", "fused bwd", "bwd no-out", "speed-up", "speed-up n-o", "ref MiB",
-             "fused MiB", "GFLOP/s");
-  fmt::print("|------:|----------:|----------:|----------:|----------:|------------:|---------:|--------------:|----------:|----------:|--------:|\n");
+  fmt::print("B={} NH={} HD={} (C={}), {} threads, best of {} interleaved runs, {}\n", B, NH, HD, C, threads(), reps,
+             load_average());
+  fmt::print("| {:>5} | {:>9} | {:>9} | {:>9} | {:>9} | {:>11} | {:>8} | {:>13} | {:>9} | {:>9} | {:>7} | {:>10} | "
+             "{:>10} | {:>10} |\n",
+             "T", "ref fwd", "ref bwd", "fused fwd", "fused bwd", "bwd no-out", "speed-up", "speed-up n-o", "ref MiB",
+             "fused MiB", "GFLOP/s", "bf16 fwd", "bf16 bwd", "bf16/fp32");
+  fmt::print("|------:|----------:|----------:|----------:|----------:|------------:|---------:|--------------:|----------:|"
+             "----------:|--------:|-----------:|-----------:|-----------:|\n");
   for (int T : lengths) {
-    const problem p(B, T, C, NH);
+    const problem<> p(B, T, C, NH);
+    const problem<bf16> p16(B, T, C, NH);
     variant<kernels::reference> ref(p);
     variant<kernels::fused> fused(p), fused_no_out(p);
-    ref.run(ctx, p, false);  // warm-up: first touch of every buffer, thread pool start
-    fused.run(ctx, p, true);
-    fused_no_out.run(ctx, p, false);
-    ref.fwd_ms.clear(), ref.bwd_ms.clear(), fused.fwd_ms.clear(), fused.bwd_ms.clear();
-    fused_no_out.fwd_ms.clear(), fused_no_out.bwd_ms.clear();
-    for (int r = 0; r < reps; ++r) {
+    variant<kernels::fused, bf16> fused16(p16);
+    auto round = [&] {
       ref.run(ctx, p, false);
       fused.run(ctx, p, true);
       fused_no_out.run(ctx, p, false);
-    }
+      fused16.run(ctx, p16, true);
+    };
+    round();  // warm-up: first touch of every buffer, thread pool start
+    for (auto* v : {&ref.fwd_ms, &ref.bwd_ms, &fused.fwd_ms, &fused.bwd_ms, &fused_no_out.fwd_ms, &fused_no_out.bwd_ms,
+                    &fused16.fwd_ms, &fused16.bwd_ms})
+      v->clear();
+    for (int r = 0; r < reps; ++r) round();
     const double rf = best(ref.fwd_ms), rb = best(ref.bwd_ms), ff = best(fused.fwd_ms), fb = best(fused.bwd_ms);
     const double fb2 = best(fused_no_out.bwd_ms), ff2 = best(fused_no_out.fwd_ms);
+    const double hf = best(fused16.fwd_ms), hb = best(fused16.bwd_ms);
     // causal attention's useful flops: fwd 2 GEMMs, bwd 5 GEMMs over the lower triangle
     const double flops = 7.0 * 2 * B * NH * (double(T) * (T + 1) / 2) * HD;
-    fmt::print("| {:>5} | {:>9.2f} | {:>9.2f} | {:>9.2f} | {:>9.2f} | {:>11.2f} | {:>7.2f}x | {:>12.2f}x | {:>9.2f} | {:>9.2f} | {:>7.1f} |\n",
+    fmt::print("| {:>5} | {:>9.2f} | {:>9.2f} | {:>9.2f} | {:>9.2f} | {:>11.2f} | {:>7.2f}x | {:>12.2f}x | {:>9.2f} | "
+               "{:>9.2f} | {:>7.1f} | {:>10.2f} | {:>10.2f} | {:>9.2f}x |\n",
                T, rf, rb, ff, fb, fb2, (rf + rb) / (ff + fb), (rf + rb) / (ff2 + fb2), ref.bytes() / 1048576.0,
-               fused.bytes() / 1048576.0, flops / ((ff + fb) * 1e-3) / 1e9);
+               fused.bytes() / 1048576.0, flops / ((ff + fb) * 1e-3) / 1e9, hf, hb, (ff + fb) / (hf + hb));
     std::fflush(stdout);
   }
   fmt::print("speed-up = (ref fwd + ref bwd) / (fused fwd + fused bwd); n-o: backward without the output.\n"
-             "MiB = one layer's saved state + backward scratch ({} threads). GFLOP/s = fused, causal flops.\n",
+             "MiB = one layer's saved state + backward scratch ({} threads). GFLOP/s = fused fp32, causal flops.\n"
+             "bf16: the fused kernel on bf16 storage (backward given the output); bf16/fp32 = fp32 fused fwd+bwd time\n"
+             "over bf16's (above 1: bf16 is faster).\n",
              threads());
 }
 
@@ -165,11 +180,11 @@ struct fixed_tiles {
 };
 
 template <int HD, int BQ, int BK>
-double time_tiles(const problem& p, int reps) {
+double time_tiles(const problem<>& p, int reps) {
   using Tr = fixed_tiles<HD, BQ, BK>;
-  std::vector<float> out(std::size_t(p.B) * p.T * p.C), dqkv(p.qkv.size()), lse(std::size_t(p.B) * p.NH * p.T);
-  std::vector<float> scratch(std::size_t(threads()) * (p.T + 2 * BQ * BK));
-  const kernels::cpu::detail::attention_shape<float> s{p.B, p.T, p.C, p.NH, HD, 1.f / std::sqrt(float(HD)), nullptr};
+  std::vector<float> out(std::size_t(p.B) * p.Tn * p.C), dqkv(p.qkv.size()), lse(std::size_t(p.B) * p.NH * p.Tn);
+  std::vector<float> scratch(std::size_t(threads()) * (p.Tn + 2 * BQ * BK));
+  const kernels::cpu::detail::attention_shape<float> s{p.B, p.Tn, p.C, p.NH, HD, 1.f / std::sqrt(float(HD)), nullptr};
   std::vector<double> ms;
   for (int r = 0; r <= reps; ++r) {
     const double t0 = cpu_ms();
@@ -183,7 +198,7 @@ double time_tiles(const problem& p, int reps) {
 
 template <int HD>
 void tile_row(int B, int NH, int T, int reps) {
-  const problem p(B, T, NH * HD, NH);
+  const problem<> p(B, T, NH * HD, NH);
   fmt::print("| {:>4} | {:>8.2f} | {:>8.2f} | {:>8.2f} | {:>8.2f} | {:>8.2f} | {:>8.2f} | {:>8.2f} |\n", HD,
              time_tiles<HD, 32, 32>(p, reps), time_tiles<HD, 32, 64>(p, reps), time_tiles<HD, 64, 32>(p, reps),
              time_tiles<HD, 64, 64>(p, reps), time_tiles<HD, 64, 128>(p, reps), time_tiles<HD, 128, 64>(p, reps),
@@ -353,7 +368,7 @@ void step_table(int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Fused vs reference causal attention on the CPU (fp32)"};
+  CLI::App app{"Fused vs reference causal attention on the CPU (fp32; the fused kernel also on bf16)"};
   std::vector<int> lengths{128, 256, 512, 1024};
   int B = 2, NH = 6, HD = 64, reps = 7;
   bool tiles = false, fusions = false, step = false;

@@ -165,8 +165,11 @@ int main(int argc, char** argv) {
   std::printf("kernels::cpu::gemm automatic: fp32 -> %s, bf16 -> %s\n",
               cpu::detail::gemm_impl_name(cpu::detail::gemm_default_impl<float>()),
               cpu::detail::gemm_impl_name(cpu::detail::gemm_default_impl<Eigen::bfloat16>()));
-  std::printf("| shape (N x C -> OC)      | product      | Eigen (loom) | oneDNN | oneDNN / Eigen | OpenBLAS | OpenBLAS / Eigen |\n");
-  std::printf("|--------------------------|--------------|--------------|--------|----------------|----------|------------------|\n");
+  std::printf("fp32 linear layers with a context (train::trainer): %s\n",
+              cpu::detail::linear_uses_onednn_matmul<float>() ? "oneDNN matmul primitive" : "kernels::cpu::gemm automatic");
+  std::printf("| shape (N x C -> OC)      | product      | Eigen (loom) | oneDNN sgemm | oneDNN matmul | matmul / sgemm | OpenBLAS | OpenBLAS / Eigen |\n");
+  std::printf("|--------------------------|--------------|--------------|--------------|---------------|----------------|----------|------------------|\n");
+  cpu::detail::onednn_matmul_cache fp32_cache;
   const int shapes[][3] = {{2048, 192, 576}, {2048, 192, 768}, {2048, 768, 192}, {2048, 192, 256},
                            {2048, 384, 1152}, {2048, 384, 1536}, {2048, 1536, 384}, {2048, 384, 8192}};
   for (const auto& s : shapes) {
@@ -176,7 +179,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(loom::random_uniform(1, 1, i) - 0.5);
     for (std::size_t i = 0; i < y.size(); ++i) y[i] = float(loom::random_uniform(1, 2, i) - 0.5);
     const double flops = 2.0 * N * C * OC;
-    struct row { const char* name; double eigen, blas, dnnl = 0; };
+    struct row { const char* name; double eigen, blas, dnnl = 0, matmul = 0; };
     std::vector<row> rows;
     // forward: y = x w^T
     rows.push_back({"y = x w^T",
@@ -197,6 +200,10 @@ int main(int argc, char** argv) {
       rows[0].dnnl = flops / timed(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, false, true, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); });
       rows[1].dnnl = flops / timed(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, false, false, N, C, OC, 1.f, y.data(), OC, w.data(), C, 0.f, dx.data(), C); });
       rows[2].dnnl = flops / timed(reps, [&] { cpu::detail::gemm<float, float>(gemm_impl::onednn, true, false, OC, C, N, 1.f, y.data(), OC, x.data(), C, 1.f, dw.data(), C); });
+      auto& mc = fp32_cache;  // the first run also creates the primitive: the best of the runs excludes it
+      rows[0].matmul = flops / timed(reps, [&] { cpu::detail::gemm<float, float>(mc, false, true, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); });
+      rows[1].matmul = flops / timed(reps, [&] { cpu::detail::gemm<float, float>(mc, false, false, N, C, OC, 1.f, y.data(), OC, w.data(), C, 0.f, dx.data(), C); });
+      rows[2].matmul = flops / timed(reps, [&] { cpu::detail::gemm<float, float>(mc, true, false, OC, C, N, 1.f, y.data(), OC, x.data(), C, 1.f, dw.data(), C); });
     }
 #if LOOM_BENCH_CBLAS
     rows[0].blas = flops / timed(reps, [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.f, x.data(), C, w.data(), C, 0.f, y.data(), OC); });
@@ -204,8 +211,9 @@ int main(int argc, char** argv) {
     rows[2].blas = flops / timed(reps, [&] { cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.f, y.data(), OC, x.data(), C, 1.f, dw.data(), C); });
 #endif
     for (const auto& r : rows)
-      std::printf("| %5d x %4d -> %5d      | %-12s | %12.1f | %6.1f | %14.2f | %8.1f | %16.2f |\n", N, C, OC, r.name,
-                  r.eigen / 1e9, r.dnnl / 1e9, r.dnnl / r.eigen, r.blas / 1e9, r.blas / r.eigen);
+      std::printf("| %5d x %4d -> %5d      | %-12s | %12.1f | %12.1f | %13.1f | %14.2f | %8.1f | %16.2f |\n", N, C, OC,
+                  r.name, r.eigen / 1e9, r.dnnl / 1e9, r.matmul / 1e9, r.dnnl > 0 ? r.matmul / r.dnnl : 0.0, r.blas / 1e9,
+                  r.blas / r.eigen);
   }
 #if !LOOM_BENCH_CBLAS
   std::printf("(built without cblas.h: OpenBLAS column is empty)\n");

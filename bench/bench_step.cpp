@@ -2,7 +2,7 @@
 // PyTorch in the same run: the quickstart config (fp32) and the comparison config bench_small
 // (vocab 8192, seq 256, width 384, 6 layers, 6 heads, micro-batch 8) in fp32 and bf16.
 //
-//   build/bench/bench_step [--steps N] [--rounds R] [--no-torch] [--python /usr/bin/python3]
+//   build/bench/bench_step [--steps N] [--rounds R] [--no-torch] [--python /usr/bin/python3] [--gpt2-small]
 //
 // Each round runs every row once with loom, then the same row with PyTorch
 // (bench/reference/torch_step.py: the same model and optimizer, bf16 through torch.autocast),
@@ -12,9 +12,11 @@
 //
 // MFU = (6 N + 12 L T d) * tokens/s / peak, N = parameters without position embeddings, against
 // the peak of the unit the precision runs its GEMMs on (bench::peak_unit, measured at start-up):
-// fp32 FMA for fp32; for bf16, loom's kernel (VDPBF16PS when the CPU has AVX512-BF16, else fp32)
-// and PyTorch's oneDNN (AMX-BF16 when present, else VDPBF16PS, else fp32). Memory: loom's buffers
-// and the process's peak RSS (cumulative over rows).
+// fp32 FMA for fp32; for bf16 AMX-BF16 where present (oneDNN's tiles, in loom and PyTorch), else
+// VDPBF16PS (loom's kernel; PyTorch's oneDNN), else fp32. Memory: loom's buffers and the
+// process's peak RSS (cumulative over rows).
+//
+// --gpt2-small adds GPT-2 small (124M, vocab 50257, micro-batch 4 x 256 tokens) in fp32 and bf16.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -141,7 +143,8 @@ std::map<peak_unit, double> measure_peaks(double fp32_override, int& threads) {
 /// The unit a precision's GEMMs run on: loom's dispatch, or oneDNN's (which prefers AMX).
 peak_unit unit_for(const std::string& precision, bool torch, const std::map<peak_unit, double>& peaks) {
   if (precision != "bf16") return peak_unit::fp32_fma;
-  if (torch && peaks.count(peak_unit::amx_bf16)) return peak_unit::amx_bf16;
+  // both run bf16 GEMMs on oneDNN's AMX tiles where the CPU has them (loom: linear_uses_onednn_matmul)
+  if (peaks.count(peak_unit::amx_bf16)) return peak_unit::amx_bf16;
   if (peaks.count(peak_unit::bf16_dot) && (torch || loom::kernels::cpu::detail::cpu_has_avx512_bf16()))
     return peak_unit::bf16_dot;
   return peak_unit::fp32_fma;
@@ -153,7 +156,7 @@ int main(int argc, char** argv) {
   loom::device::configure_host_malloc_for_gemm();
   int steps = 3, rounds = 3;
   double peak_gflops = 0;
-  bool no_torch = false;
+  bool no_torch = false, gpt2 = false;
   std::string python = "/usr/bin/python3", script = std::string(LOOM_BENCH_REFERENCE_DIR) + "/torch_step.py";
   CLI::App app{"bench_step: one training step on the CPU, loom beside PyTorch in the same run: tokens/s, MFU, memory"};
   app.add_option("--steps", steps, "timed steps per row and round (after one warm-up step)")
@@ -162,6 +165,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--peak-gflops", peak_gflops, "fp32 peak for MFU (default: measured at start-up)");
   app.add_flag("--no-torch", no_torch, "skip the PyTorch reference");
+  app.add_flag("--gpt2-small", gpt2, "also GPT-2 small (124M), micro-batch 4 x 256, fp32 and bf16 (minutes)");
   app.add_option("--python", python, "interpreter with torch for the reference")->capture_default_str();
   app.add_option("--torch-script", script, "the reference script")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -174,17 +178,24 @@ int main(int argc, char** argv) {
   fmt::print("peaks (GFLOP/s, {} threads): {}; PyTorch reference: {}\n", threads, peak_line,
              torch ? python : no_torch ? "off (--no-torch)" : python + " has no torch (Debian: python3-torch)");
 
-  using loom::models::bench_small, loom::models::quickstart;
+  using loom::models::bench_small, loom::models::gpt2_small, loom::models::quickstart;
   using loom::precision::bf16, loom::precision::fp32;
-  const std::vector<row_shape> shapes = {shape_of<quickstart, 16, 128, fp32>(), shape_of<bench_small, 8, 256, fp32>(),
-                                         shape_of<bench_small, 8, 256, bf16>()};
+  // rows 1 and 2 are bench_small fp32 and bf16 (the closing ratio line reads them)
+  std::vector<row_shape> shapes = {shape_of<quickstart, 16, 128, fp32>(), shape_of<bench_small, 8, 256, fp32>(),
+                                   shape_of<bench_small, 8, 256, bf16>()};
+  std::vector<loom_result (*)(int)> runs = {&run_loom<quickstart, 16, 128, fp32>, &run_loom<bench_small, 8, 256, fp32>,
+                                            &run_loom<bench_small, 8, 256, bf16>};
+  if (gpt2) {
+    shapes.push_back(shape_of<gpt2_small, 4, 256, fp32>());
+    shapes.push_back(shape_of<gpt2_small, 4, 256, bf16>());
+    runs.push_back(&run_loom<gpt2_small, 4, 256, fp32>);
+    runs.push_back(&run_loom<gpt2_small, 4, 256, bf16>);
+  }
   std::vector<std::vector<loom_result>> mine(shapes.size());
   std::vector<std::vector<double>> theirs(shapes.size()), ratio(shapes.size());
   for (int r = 0; r < rounds; ++r) {
     for (std::size_t i = 0; i < shapes.size(); ++i) {
-      mine[i].push_back(i == 0   ? run_loom<quickstart, 16, 128, fp32>(steps)
-                        : i == 1 ? run_loom<bench_small, 8, 256, fp32>(steps)
-                                 : run_loom<bench_small, 8, 256, bf16>(steps));
+      mine[i].push_back(runs[i](steps));
       if (!torch) continue;
       if (const auto t = run_torch(python, script, shapes[i], steps, threads)) {
         theirs[i].push_back(*t);
