@@ -8,6 +8,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include <loom/core/bf16_bits.hpp>
+
 namespace loom::io::detail {
 
 /// Bytes per element of a safetensors dtype string, or 0 when the dtype is unknown.
@@ -57,9 +59,7 @@ inline float half_to_float(std::uint16_t h) noexcept {
   return std::bit_cast<float>(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
 }
 
-/// bfloat16 bits -> float: bfloat16 is the upper half of a binary32, so this is exact.
-inline float bfloat16_to_float(std::uint16_t b) noexcept {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
+/// bfloat16 bits -> float: exact (core/bf16_bits.hpp).
+inline float bfloat16_to_float(std::uint16_t b) noexcept { return loom::detail::bf16_bits_to_float(b); }
 
 }  // namespace loom::io::detail

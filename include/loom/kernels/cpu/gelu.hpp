@@ -40,11 +40,11 @@ void gelu_forward(T* out, const T* inp, std::size_t n) {
   using amap = Eigen::Map<Eigen::Array<A, Eigen::Dynamic, 1>, Eigen::Aligned64>;
   detail::for_each_chunk(n, [&](std::ptrdiff_t lo, std::ptrdiff_t len) {
     alignas(64) A xb[elementwise_chunk], yb[elementwise_chunk];
-    detail::load_acc(xb, inp + lo, len);
+    detail::convert(xb, inp + lo, len);
     amap x(xb, len), y(yb, len);
     y = (gelu_scale<A> * (x + A(0.044715) * x.cube())).tanh();
     y = A(0.5) * x * (A(1) + y);
-    detail::store_acc(out + lo, yb, len);
+    detail::convert(out + lo, yb, len);
   });
 }
 
@@ -56,13 +56,13 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, std::size_t n) {
   using amap = Eigen::Map<Eigen::Array<A, Eigen::Dynamic, 1>, Eigen::Aligned64>;
   detail::for_each_chunk(n, [&](std::ptrdiff_t lo, std::ptrdiff_t len) {
     alignas(64) A xb[elementwise_chunk], db[elementwise_chunk], tb[elementwise_chunk];
-    detail::load_acc(xb, inp + lo, len);
-    detail::load_acc(db, dout + lo, len);
+    detail::convert(xb, inp + lo, len);
+    detail::convert(db, dout + lo, len);
     amap x(xb, len), d(db, len), th(tb, len);
     th = (gelu_scale<A> * (x + A(0.044715) * x.cube())).tanh();
     d *= A(0.5) * (A(1) + th) +
          A(0.5) * x * (A(1) - th.square()) * gelu_scale<A> * (A(1) + A(3 * 0.044715) * x.square());
-    detail::store_acc(dinp + lo, db, len);
+    detail::convert(dinp + lo, db, len);
   });
 }
 

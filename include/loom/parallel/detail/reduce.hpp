@@ -16,6 +16,7 @@
 
 #include <Eigen/Core>
 
+#include <loom/core/bf16_bits.hpp>
 #include <loom/core/error.hpp>
 #include <loom/parallel/comm.hpp>
 
@@ -37,24 +38,9 @@ struct accum<Eigen::half> {
 template <class T>
 using accum_t = typename accum<T>::type;
 
-/// bf16 <-> fp32 by bit manipulation, so that the block loops vectorize (Eigen's scalar
-/// conversion does not). Same results as Eigen's: widening is exact; narrowing rounds to nearest
-/// even and maps NaN to the quiet NaN 0x7FC0 / 0xFFC0 of the same sign (Eigen's
-/// float_to_bfloat16_rtne<false>).
-inline float bf16_bits_to_float(std::uint16_t b) noexcept { return std::bit_cast<float>(std::uint32_t{b} << 16); }
-inline std::uint16_t float_bits_to_bf16_bits(std::uint32_t u) noexcept {
-  // Branch- and compare-free so that GCC vectorizes it with plain SSE2:
-  //   rounded  round to nearest even: add 0x7FFF plus the lowest kept bit, drop 16 bits
-  //   nan      quiet NaN with the input's sign
-  //   mask     all ones iff |u| > infinity (NaN): the sign of 0x7F800000 - |u|, spread by >>
-  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  const std::uint32_t nan = ((u >> 16) & 0x8000u) | 0x7FC0u;
-  const auto mask = static_cast<std::uint32_t>(static_cast<std::int32_t>(0x7F800000u - (u & 0x7FFFFFFFu)) >> 31);
-  return static_cast<std::uint16_t>(rounded ^ ((rounded ^ nan) & mask));
-}
-inline std::uint16_t float_to_bf16_bits(float f) noexcept {
-  return float_bits_to_bf16_bits(std::bit_cast<std::uint32_t>(f));
-}
+// bf16 <-> fp32 on the raw words, vectorisable (core/bf16_bits.hpp)
+using loom::detail::bf16_bits_to_float;
+using loom::detail::float_to_bf16_bits;
 
 /// The elements as the loops read them: bf16 as its raw uint16 words (Eigen::bfloat16 is a
 /// standard-layout struct whose only member is that word), everything else unchanged.
