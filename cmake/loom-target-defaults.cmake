@@ -50,6 +50,12 @@ function(loom_target_defaults target)
   endif()
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     target_compile_options(${target} PRIVATE -Wno-maybe-uninitialized)
+    # GCC 12's AVX-512 intrinsics build "undefined" operands as `__m512 __Y = __Y;`, and once
+    # inlined into Eigen's packet code each one warns (-Wuninitialized, ~300 lines per build on an
+    # AVX-512 machine; GCC bug 105593, fixed in GCC 13)
+    if(LOOM_NATIVE AND LOOM_COMPILER_HAS_MARCH_NATIVE AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
+      target_compile_options(${target} PRIVATE -Wno-uninitialized)
+    endif()
   endif()
   if(LOOM_SANITIZE)
     loom_sanitize(${target} "${LOOM_SANITIZE}")
