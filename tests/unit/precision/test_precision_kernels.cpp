@@ -22,6 +22,9 @@
 #include <loom/core/random.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
+#include <loom/kernels/cpu/rmsnorm.hpp>
+#include <loom/kernels/cpu/rope.hpp>
+#include <loom/kernels/cpu/swiglu.hpp>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -209,6 +212,56 @@ TEST_CASE_TEMPLATE("precision kernels: fused cross-entropy in 16-bit storage (fp
     CHECK(rounding_ratio(widen(losses), lossesr, 0.0) <= 1.0);
     CHECK(rounding_ratio(widen(logits), ld, u) <= 1.0);  // dlogits, incl. the target's p - 1
   }
+}
+
+TEST_CASE_TEMPLATE("precision kernels: RMSNorm, SwiGLU and rotary embedding in 16-bit storage", T, Eigen::bfloat16,
+                   Eigen::half) {
+  const double u = unit_roundoff<T>;
+  const int N = 23, C = 67, H = 37;
+  const auto x = randn<T>(std::size_t(N) * C, 51, 1.5), w = randn<T>(C, 52, 0.5), dy = randn<T>(x.size(), 53);
+  const vec xd = widen(x), wd = widen(w), dyd = widen(dy);
+  std::vector<T> y(x.size());
+  std::vector<float> rstd(N);
+  rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  vec yr(x.size()), rstdr(N);
+  rmsnorm_forward(yr.data(), rstdr.data(), xd.data(), wd.data(), N, C, 1e-5);
+  CHECK(rounding_ratio(widen(y), yr, u) <= 1.0);
+  CHECK(rounding_ratio(widen(rstd), rstdr, 0.0) <= 1.0);  // fp32 statistics
+  auto dx = randn<T>(x.size(), 54);                       // the residual stream's gradient: +=
+  std::vector<float> dw = randn<float>(C, 55);
+  vec dxr = widen(dx), dwr = widen(dw);
+  rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+  rmsnorm_backward(dxr.data(), dwr.data(), dyd.data(), xd.data(), wd.data(), rstdr.data(), N, C);
+  CHECK(rounding_ratio(widen(dx), dxr, u) <= 1.0);
+  CHECK(rounding_ratio(widen(dw), dwr, 0.0) <= 1.0);  // fp32 parameter gradient
+
+  const auto gu = randn<T>(std::size_t(N) * 2 * H, 56, 2.0), dh = randn<T>(std::size_t(N) * H, 57);
+  const vec gud = widen(gu), dhd = widen(dh);
+  std::vector<T> h(std::size_t(N) * H), dgu(gu.size());
+  vec hr(h.size()), dgur(gu.size());
+  swiglu_forward(h.data(), gu.data(), N, H);
+  swiglu_forward(hr.data(), gud.data(), N, H);
+  CHECK(rounding_ratio(widen(h), hr, u) <= 1.0);
+  swiglu_backward(dgu.data(), dh.data(), gu.data(), N, H);
+  swiglu_backward(dgur.data(), dhd.data(), gud.data(), N, H);
+  CHECK(rounding_ratio(widen(dgu), dgur, u) <= 1.0);
+
+  const int B = 3, Tn = 7, heads = 5, hd = 12, half = hd / 2;
+  const std::size_t ld = std::size_t(heads) * hd + 3;
+  std::vector<float> cs(std::size_t(Tn) * half), sn(cs.size());
+  vec csd(cs.size()), snd(cs.size());
+  rope_table(cs.data(), sn.data(), Tn, hd, 10000.0f);
+  rope_table(csd.data(), snd.data(), Tn, hd, 10000.0);
+  auto q = randn<T>(std::size_t(B) * Tn * ld, 58);
+  vec qd = widen(q);
+  rope_forward(q.data(), cs.data(), sn.data(), B, Tn, heads, hd, ld);
+  rope_forward(qd.data(), csd.data(), snd.data(), B, Tn, heads, hd, ld);
+  CHECK(rounding_ratio(widen(q), qd, u) <= 1.0);
+  auto g = randn<T>(q.size(), 59);  // a gradient of the rotated values, rotated back
+  vec gd = widen(g);
+  rope_backward(g.data(), cs.data(), sn.data(), B, Tn, heads, hd, ld);
+  rope_backward(gd.data(), csd.data(), snd.data(), B, Tn, heads, hd, ld);
+  CHECK(rounding_ratio(widen(g), gd, u) <= 1.0);
 }
 
 namespace {
