@@ -51,6 +51,8 @@ template <class A>
 using row_array = Eigen::Map<Eigen::Array<A, Eigen::Dynamic, 1>>;
 
 /// Shape of one attention call and the index arithmetic of its layouts.
+/// qkv rows hold [q: NH heads | k: nkv() heads | v: nkv() heads] of hd values; query head h
+/// reads key/value head h / group() (grouped-query attention; nkv() == NH is multi-head).
 template <class A>
 struct attention_shape {
   int B, T, C, NH, hd;
@@ -59,12 +61,20 @@ struct attention_shape {
   dropout_mask drop{};              // attention-probability dropout; inactive = none
   int batch0 = 0, head0 = 0;        // mask coordinates of (b, h) = (0, 0): batch and global head
   int heads = 0;                    // global head count of the mask index
+  int kv_heads = 0;                 // key/value heads; 0 = NH
 
-  std::ptrdiff_t ld() const noexcept { return 3 * std::ptrdiff_t(C); }
-  /// Offset of q[b, t, head h] in qkv (k is + C, v is + 2C); the same offset in dqkv.
-  std::size_t qkv_at(int b, int h, int t) const noexcept {
-    return (std::size_t(b) * T + t) * 3 * C + std::size_t(h) * hd;
+  int nkv() const noexcept { return kv_heads > 0 ? kv_heads : NH; }
+  /// Query heads per key/value head.
+  int group() const noexcept { return NH / nkv(); }
+  /// Row stride of qkv and dqkv: (NH + 2 nkv) hd (3C without grouping).
+  std::ptrdiff_t ld() const noexcept { return std::ptrdiff_t(NH + 2 * nkv()) * hd; }
+  /// Offsets of q[b, t, head h] and of the key and value head h reads, in qkv and dqkv.
+  std::size_t q_at(int b, int h, int t) const noexcept { return row(b, t) + std::size_t(h) * hd; }
+  std::size_t k_at(int b, int h, int t) const noexcept { return row(b, t) + std::size_t(NH + h / group()) * hd; }
+  std::size_t v_at(int b, int h, int t) const noexcept {
+    return row(b, t) + std::size_t(NH + nkv() + h / group()) * hd;
   }
+  std::size_t row(int b, int t) const noexcept { return (std::size_t(b) * T + t) * std::size_t(ld()); }
   /// Offset of out[b, t, head h] in out / dout.
   std::size_t out_at(int b, int h, int t) const noexcept { return (std::size_t(b) * T + t) * C + std::size_t(h) * hd; }
   /// Index of row (b, h, t) in the (B,NH,T) statistics (log-sum-exp, D).
@@ -120,7 +130,7 @@ void forward_tile(A* out, A* lse, const A* qkv, const attention_shape<A>& p, int
   constexpr int HD = Tr::head_dim == 0 ? Eigen::Dynamic : Tr::head_dim;
   const int bq = std::min(BQ, p.T - i0);
   const Eigen::OuterStride<> ld(p.ld()), ldo(p.C);
-  chead_rows<A, HD> q(qkv + p.qkv_at(b, h, i0), bq, p.hd, ld);
+  chead_rows<A, HD> q(qkv + p.q_at(b, h, i0), bq, p.hd, ld);
   head_rows<A, HD> o(out + p.out_at(b, h, i0), bq, p.hd, ldo);
   o.setZero();
   A m[BQ], l[BQ];
@@ -129,8 +139,8 @@ void forward_tile(A* out, A* lse, const A* qkv, const attention_shape<A>& p, int
   const int kend = i0 + bq;  // causal: no query of the tile sees a key >= kend
   for (int j0 = 0; j0 < kend; j0 += BK) {
     const int bk = std::min(BK, kend - j0);
-    chead_rows<A, HD> k(qkv + p.qkv_at(b, h, j0) + p.C, bk, p.hd, ld);
-    chead_rows<A, HD> v(qkv + p.qkv_at(b, h, j0) + 2 * p.C, bk, p.hd, ld);
+    chead_rows<A, HD> k(qkv + p.k_at(b, h, j0), bk, p.hd, ld);
+    chead_rows<A, HD> v(qkv + p.v_at(b, h, j0), bk, p.hd, ld);
     map<A> sc(s, bq, bk);
     sc.noalias() = p.scale * (q * k.transpose());
     const std::uint8_t* pad = p.padding(b, j0);
@@ -189,8 +199,8 @@ void backward_pair(A* dqkv, const A* dout, const A* qkv, const A* lse, const A* 
   const int bq = std::min(BQ, p.T - i0);
   const int bk = std::min(BK, i0 + bq - j0);  // keys after the tile's last query get nothing from it
   const Eigen::OuterStride<> ld(p.ld()), ldo(p.C);
-  const std::size_t qi = p.qkv_at(b, h, i0), kj = p.qkv_at(b, h, j0);
-  chead_rows<A, HD> q(qkv + qi, bq, p.hd, ld), k(qkv + kj + p.C, bk, p.hd, ld), v(qkv + kj + 2 * p.C, bk, p.hd, ld);
+  const std::size_t qi = p.q_at(b, h, i0), kj = p.k_at(b, h, j0), vj = p.v_at(b, h, j0);
+  chead_rows<A, HD> q(qkv + qi, bq, p.hd, ld), k(qkv + kj, bk, p.hd, ld), v(qkv + vj, bk, p.hd, ld);
   chead_rows<A, HD> dy(dout + p.out_at(b, h, i0), bq, p.hd, ldo);
   map<A> P(s, bq, bk), dS(dp, bq, bk);
   P.noalias() = p.scale * (q * k.transpose());
@@ -209,13 +219,13 @@ void backward_pair(A* dqkv, const A* dout, const A* qkv, const A* lse, const A* 
         P(r, c) *= f;
       }
     }
-    if (grads & pair_dkv) head_rows<A, HD>(dqkv + kj + 2 * p.C, bk, p.hd, ld).noalias() += P.transpose() * dy;
+    if (grads & pair_dkv) head_rows<A, HD>(dqkv + vj, bk, p.hd, ld).noalias() += P.transpose() * dy;
   } else {
-    if (grads & pair_dkv) head_rows<A, HD>(dqkv + kj + 2 * p.C, bk, p.hd, ld).noalias() += P.transpose() * dy;
+    if (grads & pair_dkv) head_rows<A, HD>(dqkv + vj, bk, p.hd, ld).noalias() += P.transpose() * dy;
     dS.noalias() = dy * v.transpose();
     for (int r = 0; r < bq; ++r) dS.row(r) = (P.row(r).array() * (dS.row(r).array() - D[i0 + r]) * p.scale).matrix();
   }
-  if (grads & pair_dkv) head_rows<A, HD>(dqkv + kj + p.C, bk, p.hd, ld).noalias() += dS.transpose() * q;
+  if (grads & pair_dkv) head_rows<A, HD>(dqkv + kj, bk, p.hd, ld).noalias() += dS.transpose() * q;
   if (grads & pair_dq) head_rows<A, HD>(dqkv + qi, bq, p.hd, ld).noalias() += dS * k;
 }
 
@@ -237,11 +247,11 @@ void delta_tile(A* D, const A* dout, const A* out, const A* qkv, const A* lse, c
     for (int r = 0; r < bq; ++r) D[i0 + r] = dy.row(r).dot(o.row(r));
     return;
   }
-  chead_rows<A, HD> q(qkv + p.qkv_at(b, h, i0), bq, p.hd, ld);
+  chead_rows<A, HD> q(qkv + p.q_at(b, h, i0), bq, p.hd, ld);
   std::fill_n(D + i0, bq, A(0));
   for (int j0 = 0; j0 < i0 + bq; j0 += BK) {
     const int bk = std::min(BK, i0 + bq - j0);
-    chead_rows<A, HD> k(qkv + p.qkv_at(b, h, j0) + p.C, bk, p.hd, ld), v(qkv + p.qkv_at(b, h, j0) + 2 * p.C, bk, p.hd, ld);
+    chead_rows<A, HD> k(qkv + p.k_at(b, h, j0), bk, p.hd, ld), v(qkv + p.v_at(b, h, j0), bk, p.hd, ld);
     map<A> P(s, bq, bk), dP(dp, bq, bk);
     P.noalias() = p.scale * (q * k.transpose());
     const std::uint8_t* pad = p.padding(b, j0);
@@ -299,48 +309,56 @@ void fused_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const A*
   constexpr int BQ = Tr::block_q, BK = Tr::block_k;
   const int nq = (p.T + BQ - 1) / BQ, nk = (p.T + BK - 1) / BK;
   const int threads = thread_count();
-  const int heads = p.B * p.NH;
+  const int heads = p.B * p.NH, kv_items = p.B * p.nkv();
   A* tiles = scratch + std::size_t(threads) * p.T;
 #pragma omp parallel
   {
     const int tid = thread_id();
     A* s = tiles + std::size_t(tid) * 2 * BQ * BK;  // BQ * BK <= attention_max_tile_elems
     A* dp = s + BQ * BK;
-    if (heads >= threads) {
-      // One head per work item: key tiles outer (dk, dv of a tile complete before the next),
-      // query tiles inner, dq accumulated in place. D lives in this thread's T elements.
+    if (kv_items >= threads || heads >= threads) {
+      // One key/value head per work item (with its group of query heads, one after the other:
+      // their dk, dv add up in place): key tiles outer (dk, dv of a tile complete before the
+      // next), query tiles inner, dq accumulated in place. D lives in this thread's T elements.
       A* D = scratch + std::size_t(tid) * p.T;
 #pragma omp for schedule(dynamic, 1)
-      for (int bh = 0; bh < heads; ++bh) {
-        const int b = bh / p.NH, h = bh % p.NH;
-        for (int part = 0; part < 3; ++part) zero_head_rows(dqkv, p, p.qkv_at(b, h, 0) + part * p.C, p.T);
-        for (int i0 = 0; i0 < p.T; i0 += BQ) delta_tile<Tr>(D, dout, out, qkv, lse, p, b, h, i0, s, dp);
-        for (int j0 = 0; j0 < p.T; j0 += BK)
-          for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ)
-            backward_pair<Tr>(dqkv, dout, qkv, lse, D, p, b, h, i0, j0, s, dp, pair_dq | pair_dkv);
+      for (int kv = 0; kv < kv_items; ++kv) {
+        const int b = kv / p.nkv(), h0 = kv % p.nkv() * p.group();
+        zero_head_rows(dqkv, p, p.k_at(b, h0, 0), p.T);
+        zero_head_rows(dqkv, p, p.v_at(b, h0, 0), p.T);
+        for (int h = h0; h < h0 + p.group(); ++h) {
+          zero_head_rows(dqkv, p, p.q_at(b, h, 0), p.T);
+          for (int i0 = 0; i0 < p.T; i0 += BQ) delta_tile<Tr>(D, dout, out, qkv, lse, p, b, h, i0, s, dp);
+          for (int j0 = 0; j0 < p.T; j0 += BK)
+            for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ)
+              backward_pair<Tr>(dqkv, dout, qkv, lse, D, p, b, h, i0, j0, s, dp, pair_dq | pair_dkv);
+        }
       }
     } else {
       // Fewer heads than threads: split each head into tiles. Three conflict-free passes:
-      // D per query tile; dk, dv per key tile; dq per query tile (recomputing P and dP).
-      // D of head bh lives at scratch + bh*T (heads < threads, so it fits).
+      // D per query tile; dk, dv per key tile (of a key/value head, its query heads in turn); dq
+      // per query tile (recomputing P and dP). D of head bh lives at scratch + bh*T (heads <
+      // threads, so it fits).
 #pragma omp for schedule(dynamic, 1)
       for (int it = 0; it < heads * nq; ++it) {
         const int bh = it % heads, i0 = (it / heads) * BQ;
         delta_tile<Tr>(scratch + std::size_t(bh) * p.T, dout, out, qkv, lse, p, bh / p.NH, bh % p.NH, i0, s, dp);
       }
 #pragma omp for schedule(dynamic, 1)
-      for (int it = 0; it < heads * nk; ++it) {
-        const int bh = it % heads, j0 = (it / heads) * BK, b = bh / p.NH, h = bh % p.NH;
+      for (int it = 0; it < kv_items * nk; ++it) {
+        const int kv = it % kv_items, j0 = (it / kv_items) * BK, b = kv / p.nkv(), h0 = kv % p.nkv() * p.group();
         const int bk = std::min(BK, p.T - j0);
-        zero_head_rows(dqkv, p, p.qkv_at(b, h, j0) + p.C, bk);
-        zero_head_rows(dqkv, p, p.qkv_at(b, h, j0) + 2 * p.C, bk);
-        for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ)
-          backward_pair<Tr>(dqkv, dout, qkv, lse, scratch + std::size_t(bh) * p.T, p, b, h, i0, j0, s, dp, pair_dkv);
+        zero_head_rows(dqkv, p, p.k_at(b, h0, j0), bk);
+        zero_head_rows(dqkv, p, p.v_at(b, h0, j0), bk);
+        for (int h = h0; h < h0 + p.group(); ++h)
+          for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ)
+            backward_pair<Tr>(dqkv, dout, qkv, lse, scratch + (std::size_t(b) * p.NH + h) * p.T, p, b, h, i0, j0, s,
+                              dp, pair_dkv);
       }
 #pragma omp for schedule(dynamic, 1)
       for (int it = 0; it < heads * nq; ++it) {
         const int qt = nq - 1 - it / heads, bh = it % heads, i0 = qt * BQ, b = bh / p.NH, h = bh % p.NH;
-        zero_head_rows(dqkv, p, p.qkv_at(b, h, i0), std::min(BQ, p.T - i0));
+        zero_head_rows(dqkv, p, p.q_at(b, h, i0), std::min(BQ, p.T - i0));
         for (int j0 = 0; j0 < i0 + std::min(BQ, p.T - i0); j0 += BK)
           backward_pair<Tr>(dqkv, dout, qkv, lse, scratch + std::size_t(bh) * p.T, p, b, h, i0, j0, s, dp, pair_dq);
       }
@@ -359,7 +377,7 @@ void with_attention_traits(int hd, F&& f) {
 
 template <class A>
 attention_shape<A> checked_shape(const char* what, int B, int Tn, int C, int NH, const std::uint8_t* key_padding,
-                                 const attention_dropout& drop = {}) {
+                                 const attention_dropout& drop = {}, int kv_heads = 0) {
   if (B < 0 || Tn < 0 || C <= 0 || NH <= 0 || C % NH != 0)
     throw input_error(std::string(what) + ": invalid shape B=" + std::to_string(B) + " T=" + std::to_string(Tn) +
                       " C=" + std::to_string(C) + " NH=" + std::to_string(NH) +
@@ -369,31 +387,36 @@ attention_shape<A> checked_shape(const char* what, int B, int Tn, int C, int NH,
     throw input_error(std::string(what) + ": dropout heads [" + std::to_string(drop.head_offset) + ", " +
                       std::to_string(drop.head_offset + NH) + ") lie outside the model's " + std::to_string(heads) +
                       " heads; pass head_offset = tp_rank * NH/TP and heads = NH of the unsharded model");
+  if (kv_heads < 0 || (kv_heads > 0 && NH % kv_heads != 0))
+    throw input_error(std::string(what) + ": " + std::to_string(kv_heads) + " key/value heads for " +
+                      std::to_string(NH) + " query heads; grouped-query attention needs a count that divides the "
+                      "query heads (0: as many as the query heads)");
   const int hd = C / NH;
-  return {B, Tn, C, NH, hd, A(1) / std::sqrt(A(hd)), key_padding, drop.mask, 0, drop.head_offset, heads};
+  return {B, Tn, C, NH, hd, A(1) / std::sqrt(A(hd)), key_padding, drop.mask, 0, drop.head_offset, heads, kv_heads};
 }
 
-/// Copies head h of batch b out of a (B,T,parts*C) tensor into a (T, parts*HD) fp32 block
-/// (part k of row t at [t*parts*HD + k*HD, ...)).
+/// Copies head h of batch b of a (B,T,C) tensor (out, dout) into a (T, HD) fp32 block.
 template <class T>
-void gather_head(float* dst, const T* src, const attention_shape<float>& p, int b, int h, int parts) {
-  const std::size_t ld = std::size_t(parts) * p.C;
-  for (int t = 0; t < p.T; ++t)
-    for (int k = 0; k < parts; ++k) {
-      const T* s = src + (std::size_t(b) * p.T + t) * ld + std::size_t(k) * p.C + std::size_t(h) * p.hd;
-      widen(dst + (std::size_t(t) * parts + k) * p.hd, s, p.hd);
-    }
+void gather_head(float* dst, const T* src, const attention_shape<float>& p, int b, int h) {
+  for (int t = 0; t < p.T; ++t) widen(dst + std::size_t(t) * p.hd, src + p.out_at(b, h, t), p.hd);
 }
 
 /// The inverse of gather_head: rounds the fp32 block to T into head h of batch b.
 template <class T>
-void scatter_head(T* dst, const float* src, const attention_shape<float>& p, int b, int h, int parts) {
-  const std::size_t ld = std::size_t(parts) * p.C;
-  for (int t = 0; t < p.T; ++t)
-    for (int k = 0; k < parts; ++k) {
-      T* d = dst + (std::size_t(b) * p.T + t) * ld + std::size_t(k) * p.C + std::size_t(h) * p.hd;
-      narrow(d, src + (std::size_t(t) * parts + k) * p.hd, p.hd);
-    }
+void scatter_head(T* dst, const float* src, const attention_shape<float>& p, int b, int h) {
+  for (int t = 0; t < p.T; ++t) narrow(dst + p.out_at(b, h, t), src + std::size_t(t) * p.hd, p.hd);
+}
+
+/// Copies query head h of batch b and the key and value head it reads out of qkv into a
+/// (T, 3 HD) fp32 block [q | k | v] (the layout of one_head's problem).
+template <class T>
+void gather_qkv(float* dst, const T* qkv, const attention_shape<float>& p, int b, int h) {
+  for (int t = 0; t < p.T; ++t) {
+    float* d = dst + std::size_t(t) * 3 * p.hd;
+    widen(d, qkv + p.q_at(b, h, t), p.hd);
+    widen(d + p.hd, qkv + p.k_at(b, h, t), p.hd);
+    widen(d + 2 * p.hd, qkv + p.v_at(b, h, t), p.hd);
+  }
 }
 
 /// Head h of batch b as a (1, T, HD) problem with one head, for the fp32 tile kernels; its
@@ -413,36 +436,52 @@ void fused_forward_16(T* out, float* lse, const T* qkv, const attention_shape<fl
     const int b = bh / p.NH, h = bh % p.NH;
     float* w = thread_workspace(4 * th + attention_max_tile_elems);
     float *q = w, *o = w + 3 * th, *s = w + 4 * th;
-    gather_head(q, qkv, p, b, h, 3);
+    gather_qkv(q, qkv, p, b, h);
     const auto p1 = one_head(p, b, h);
     for (int i0 = 0; i0 < p.T; i0 += BQ) forward_tile<Tr>(o, lse + std::size_t(bh) * p.T, q, p1, 0, 0, i0, s);
-    scatter_head(out, o, p, b, h, 1);
+    scatter_head(out, o, p, b, h);
   }
 }
 
+/// Backward per key/value head (the query heads of its group in turn): each query head's dq is
+/// rounded once; dk and dv are summed over the group in fp32 and rounded once.
 template <class Tr, class T>
 void fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                        const attention_shape<float>& p) {
   constexpr int BQ = Tr::block_q, BK = Tr::block_k;
-  const int heads = p.B * p.NH;
+  const int kv_items = p.B * p.nkv();
   const std::size_t th = std::size_t(p.T) * p.hd;
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int bh = 0; bh < heads; ++bh) {
-    const int b = bh / p.NH, h = bh % p.NH;
-    float* w = thread_workspace(9 * th + p.T + 2 * std::size_t(attention_max_tile_elems));
-    float *q = w, *dq = w + 3 * th, *dy = w + 6 * th, *o = w + 7 * th, *D = w + 8 * th;
-    float *s = D + p.T, *dp = s + attention_max_tile_elems;
-    gather_head(q, qkv, p, b, h, 3);
-    gather_head(dy, dout, p, b, h, 1);
-    if (out) gather_head(o, out, p, b, h, 1);
-    std::fill_n(dq, 3 * th, 0.0f);
-    const auto p1 = one_head(p, b, h);
-    const float* l = lse + std::size_t(bh) * p.T;
-    for (int i0 = 0; i0 < p.T; i0 += BQ) delta_tile<Tr>(D, dy, out ? o : nullptr, q, l, p1, 0, 0, i0, s, dp);
-    for (int j0 = 0; j0 < p.T; j0 += BK)
-      for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ)
-        backward_pair<Tr>(dq, dy, q, l, D, p1, 0, 0, i0, j0, s, dp, pair_dq | pair_dkv);
-    scatter_head(dqkv, dq, p, b, h, 3);
+  for (int kv = 0; kv < kv_items; ++kv) {
+    const int b = kv / p.nkv(), h0 = kv % p.nkv() * p.group();
+    float* w = thread_workspace(11 * th + p.T + 2 * std::size_t(attention_max_tile_elems));
+    float *q = w, *dq = w + 3 * th, *dy = w + 6 * th, *o = w + 7 * th, *dk = w + 8 * th, *dv = w + 9 * th;
+    float *D = w + 10 * th, *s = D + p.T, *dp = s + attention_max_tile_elems;
+    for (int h = h0; h < h0 + p.group(); ++h) {
+      gather_qkv(q, qkv, p, b, h);
+      gather_head(dy, dout, p, b, h);
+      if (out) gather_head(o, out, p, b, h);
+      std::fill_n(dq, 3 * th, 0.0f);
+      const auto p1 = one_head(p, b, h);
+      const float* l = lse + (std::size_t(b) * p.NH + h) * p.T;
+      for (int i0 = 0; i0 < p.T; i0 += BQ) delta_tile<Tr>(D, dy, out ? o : nullptr, q, l, p1, 0, 0, i0, s, dp);
+      for (int j0 = 0; j0 < p.T; j0 += BK)
+        for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ)
+          backward_pair<Tr>(dq, dy, q, l, D, p1, 0, 0, i0, j0, s, dp, pair_dq | pair_dkv);
+      for (int t = 0; t < p.T; ++t) {  // dq of head h; dk, dv of the group summed in fp32
+        const float* g = dq + std::size_t(t) * 3 * p.hd;
+        narrow(dqkv + p.q_at(b, h, t), g, p.hd);
+        float *k = dk + std::size_t(t) * p.hd, *v = dv + std::size_t(t) * p.hd;
+        for (int i = 0; i < p.hd; ++i) {
+          k[i] = h == h0 ? g[p.hd + i] : k[i] + g[p.hd + i];
+          v[i] = h == h0 ? g[2 * p.hd + i] : v[i] + g[2 * p.hd + i];
+        }
+      }
+    }
+    for (int t = 0; t < p.T; ++t) {
+      narrow(dqkv + p.k_at(b, h0, t), dk + std::size_t(t) * p.hd, p.hd);
+      narrow(dqkv + p.v_at(b, h0, t), dv + std::size_t(t) * p.hd, p.hd);
+    }
   }
 }
 
@@ -453,16 +492,18 @@ void fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const
 /// runs the same fp32 tile kernels as the float path (scores, online softmax, log-sum-exp and
 /// every accumulation in fp32), and rounds the head's output (or dq, dk, dv) to the storage
 /// type once. The only roundings are the 16-bit inputs and outputs themselves. Workspace:
-/// (4 T HD + one tile) floats per thread in forward, (9 T HD + T + two tiles) in backward, kept
-/// per thread across calls. Parallel over (batch, head) only, so B·NH should be >= the thread
-/// count (true for every model config here).
+/// (4 T HD + one tile) floats per thread in forward, (11 T HD + T + two tiles) in backward, kept
+/// per thread across calls. Parallel over (batch, head) only (backward: (batch, key/value head),
+/// whose group of query heads runs in turn and sums dk, dv in fp32), so B·NH should be >= the
+/// thread count (true for every model config here).
 
 /// Forward for 16-bit storage T (bfloat16, half): as attention_fused_forward below, with the
 /// log-sum-exp in fp32. See Note [fused attention in 16-bit storage].
 template <class T>
 void attention_fused_forward_16(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH,
-                                const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {}) {
-  const auto p = detail::checked_shape<float>("attention_fused_forward", B, Tn, C, NH, key_padding, drop);
+                                const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {},
+                                int kv_heads = 0) {
+  const auto p = detail::checked_shape<float>("attention_fused_forward", B, Tn, C, NH, key_padding, drop, kv_heads);
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) { detail::fused_forward_16<Tr>(out, lse, qkv, p); });
 }
@@ -472,8 +513,8 @@ void attention_fused_forward_16(T* out, float* lse, const T* qkv, int B, int Tn,
 template <class T>
 void attention_fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B, int Tn,
                                  int C, int NH, const std::uint8_t* key_padding = nullptr,
-                                 const attention_dropout& drop = {}) {
-  const auto p = detail::checked_shape<float>("attention_fused_backward", B, Tn, C, NH, key_padding, drop);
+                                 const attention_dropout& drop = {}, int kv_heads = 0) {
+  const auto p = detail::checked_shape<float>("attention_fused_backward", B, Tn, C, NH, key_padding, drop, kv_heads);
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
     detail::fused_backward_16<Tr>(dqkv, dout, qkv, out, lse, p);
@@ -490,7 +531,11 @@ constexpr std::size_t attention_fused_scratch_elems(std::size_t threads, std::si
 ///   out          (B,T,C) written (=), heads concatenated as in attention_forward
 ///   lse          (B,NH,T) written (=): log-sum-exp of each scaled, masked score row
 ///                (+inf for a row with no visible key) — the only saved state
-///   qkv          (B,T,3C) [q | k | v], head h at channels [h*HD, (h+1)*HD)
+///   qkv          (B,T,3C) [q | k | v], head h at channels [h*HD, (h+1)*HD); with kv_heads > 0
+///                (grouped-query attention) (B,T,(NH + 2 kv_heads) HD) [q: NH heads | k | v:
+///                kv_heads heads each], query head h reading key/value head h / (NH/kv_heads);
+///                the repeated keys and values are never materialised
+///   kv_heads     key/value heads, dividing NH; 0 (default) = NH
 ///   key_padding  (B,T) or null; non-zero marks a padded key no query attends to (PyTorch's
 ///                key_padding_mask convention). A query with no visible key gets out = 0.
 ///   drop         attention-probability dropout (attention_dropout); default none
@@ -503,19 +548,22 @@ constexpr std::size_t attention_fused_scratch_elems(std::size_t threads, std::si
 /// dropout one 64-bit hash per visible probability.
 /// Extra memory: B NH T saved, one block_q x block_k tile per thread on the stack; the dropout
 /// mask is never stored.
-/// Errors: loom::input_error when NH does not divide C or a size is negative, or when the
-/// dropout's heads [head_offset, head_offset + NH) exceed its global head count.
+/// Errors: loom::input_error when NH does not divide C or a size is negative, when kv_heads does
+/// not divide NH, or when the dropout's heads [head_offset, head_offset + NH) exceed its global
+/// head count.
 template <class T>
 void attention_fused_forward(T* out, T* lse, const T* qkv, int B, int Tn, int C, int NH,
-                             const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {}) {
+                             const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {},
+                             int kv_heads = 0) {
   static_assert(std::is_same_v<T, acc_t<T>>, "attention_fused: storage must be float or double (Note [fused attention storage])");
-  const auto p = detail::checked_shape<T>("attention_fused_forward", B, Tn, C, NH, key_padding, drop);
+  const auto p = detail::checked_shape<T>("attention_fused_forward", B, Tn, C, NH, key_padding, drop, kv_heads);
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) { detail::fused_forward<Tr>(out, lse, qkv, p); });
 }
 
 /// Backward of attention_fused_forward.
-///   dqkv     (B,T,3C) written (=)
+///   dqkv     (B,T,3C), or (B,T,(NH + 2 kv_heads) HD), written (=); a key/value head's dk, dv
+///            sum the gradients of its group of query heads
 ///   dout     (B,T,C) gradient of out
 ///   qkv, lse, key_padding, drop  as given to / written by the forward (the same `drop`:
 ///            its mask is regenerated tile by tile, never stored)
@@ -525,16 +573,17 @@ void attention_fused_forward(T* out, T* lse, const T* qkv, int B, int Tn, int C,
 /// Math (FlashAttention-2, Algorithm 2): D = rowsum(dO .* O); per tile pair P = exp(S - lse),
 /// dV += P^T dO, dP = dO V^T, dS = P .* (dP - D), dQ += dS K / sqrt(HD), dK += dS^T Q / sqrt(HD);
 /// with dropout's keep factors F: dV += (P .* F)^T dO and dS = P .* (F .* dP - D).
-/// Parallel over (batch, head); with fewer heads than threads, over query and key tiles in
-/// three passes (D; dk, dv; dq), which recomputes P and dP once more.
+/// Parallel over (batch, key/value head); with fewer heads than threads, over query and key
+/// tiles in three passes (D; dk, dv; dq), which recomputes P and dP once more.
 /// Cost: about 5 B NH T^2 HD flops (+2 without out; the tile-split passes add 3).
-/// Errors: loom::input_error when NH does not divide C or a size is negative.
+/// Errors: loom::input_error when NH does not divide C, kv_heads does not divide NH, or a size
+/// is negative.
 template <class T>
 void attention_fused_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, T* scratch, int B,
                               int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr,
-                              const attention_dropout& drop = {}) {
+                              const attention_dropout& drop = {}, int kv_heads = 0) {
   static_assert(std::is_same_v<T, acc_t<T>>, "attention_fused: storage must be float or double (Note [fused attention storage])");
-  const auto p = detail::checked_shape<T>("attention_fused_backward", B, Tn, C, NH, key_padding, drop);
+  const auto p = detail::checked_shape<T>("attention_fused_backward", B, Tn, C, NH, key_padding, drop, kv_heads);
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
     detail::fused_backward<Tr>(dqkv, dout, qkv, out, lse, scratch, p);
@@ -554,14 +603,14 @@ void attention_fused_backward(T* dqkv, const T* dout, const T* qkv, const T* out
 // the same either way; only where it is compiled changes. kernels/cpu/matmul.hpp does the same.
 #define LOOM_CPU_FUSED_ATTENTION_INSTANCES(PREFIX, T)                                                         \
   PREFIX void attention_fused_forward<T>(T*, T*, const T*, int, int, int, int, const std::uint8_t*,             \
-                                         const attention_dropout&);                                             \
+                                         const attention_dropout&, int);                                        \
   PREFIX void attention_fused_backward<T>(T*, const T*, const T*, const T*, const T*, T*, int, int, int, int,   \
-                                          const std::uint8_t*, const attention_dropout&);
+                                          const std::uint8_t*, const attention_dropout&, int);
 #define LOOM_CPU_FUSED_ATTENTION_16_INSTANCES(PREFIX, T)                                                       \
   PREFIX void attention_fused_forward_16<T>(T*, float*, const T*, int, int, int, int, const std::uint8_t*,      \
-                                            const attention_dropout&);                                          \
+                                            const attention_dropout&, int);                                     \
   PREFIX void attention_fused_backward_16<T>(T*, const T*, const T*, const T*, const float*, int, int, int, int, \
-                                             const std::uint8_t*, const attention_dropout&);
+                                             const std::uint8_t*, const attention_dropout&, int);
 #ifdef LOOM_CPU_EXTERN_KERNELS
 LOOM_CPU_FUSED_ATTENTION_INSTANCES(extern template, float)
 LOOM_CPU_FUSED_ATTENTION_INSTANCES(extern template, double)
