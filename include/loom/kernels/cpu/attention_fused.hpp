@@ -431,15 +431,20 @@ void fused_forward_16(T* out, float* lse, const T* qkv, const attention_shape<fl
   constexpr int BQ = Tr::block_q;
   const int heads = p.B * p.NH;
   const std::size_t th = std::size_t(p.T) * p.hd;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int bh = 0; bh < heads; ++bh) {
-    const int b = bh / p.NH, h = bh % p.NH;
+  // Every thread takes its workspace before the dynamic loop, whether or not it gets an item,
+  // so the first call grows all of them and later calls allocate nothing.
+#pragma omp parallel
+  {
     float* w = thread_workspace(4 * th + attention_max_tile_elems);
     float *q = w, *o = w + 3 * th, *s = w + 4 * th;
-    gather_qkv(q, qkv, p, b, h);
-    const auto p1 = one_head(p, b, h);
-    for (int i0 = 0; i0 < p.T; i0 += BQ) forward_tile<Tr>(o, lse + std::size_t(bh) * p.T, q, p1, 0, 0, i0, s);
-    scatter_head(out, o, p, b, h);
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = 0; bh < heads; ++bh) {
+      const int b = bh / p.NH, h = bh % p.NH;
+      gather_qkv(q, qkv, p, b, h);
+      const auto p1 = one_head(p, b, h);
+      for (int i0 = 0; i0 < p.T; i0 += BQ) forward_tile<Tr>(o, lse + std::size_t(bh) * p.T, q, p1, 0, 0, i0, s);
+      scatter_head(out, o, p, b, h);
+    }
   }
 }
 
@@ -451,36 +456,39 @@ void fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const
   constexpr int BQ = Tr::block_q, BK = Tr::block_k;
   const int kv_items = p.B * p.nkv();
   const std::size_t th = std::size_t(p.T) * p.hd;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int kv = 0; kv < kv_items; ++kv) {
-    const int b = kv / p.nkv(), h0 = kv % p.nkv() * p.group();
-    float* w = thread_workspace(11 * th + p.T + 2 * std::size_t(attention_max_tile_elems));
+#pragma omp parallel
+  {
+    float* w = thread_workspace(11 * th + p.T + 2 * std::size_t(attention_max_tile_elems));  // as in forward
     float *q = w, *dq = w + 3 * th, *dy = w + 6 * th, *o = w + 7 * th, *dk = w + 8 * th, *dv = w + 9 * th;
     float *D = w + 10 * th, *s = D + p.T, *dp = s + attention_max_tile_elems;
-    for (int h = h0; h < h0 + p.group(); ++h) {
-      gather_qkv(q, qkv, p, b, h);
-      gather_head(dy, dout, p, b, h);
-      if (out) gather_head(o, out, p, b, h);
-      std::fill_n(dq, 3 * th, 0.0f);
-      const auto p1 = one_head(p, b, h);
-      const float* l = lse + (std::size_t(b) * p.NH + h) * p.T;
-      for (int i0 = 0; i0 < p.T; i0 += BQ) delta_tile<Tr>(D, dy, out ? o : nullptr, q, l, p1, 0, 0, i0, s, dp);
-      for (int j0 = 0; j0 < p.T; j0 += BK)
-        for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ)
-          backward_pair<Tr>(dq, dy, q, l, D, p1, 0, 0, i0, j0, s, dp, pair_dq | pair_dkv);
-      for (int t = 0; t < p.T; ++t) {  // dq of head h; dk, dv of the group summed in fp32
-        const float* g = dq + std::size_t(t) * 3 * p.hd;
-        narrow(dqkv + p.q_at(b, h, t), g, p.hd);
-        float *k = dk + std::size_t(t) * p.hd, *v = dv + std::size_t(t) * p.hd;
-        for (int i = 0; i < p.hd; ++i) {
-          k[i] = h == h0 ? g[p.hd + i] : k[i] + g[p.hd + i];
-          v[i] = h == h0 ? g[2 * p.hd + i] : v[i] + g[2 * p.hd + i];
+#pragma omp for schedule(dynamic, 1)
+    for (int kv = 0; kv < kv_items; ++kv) {
+      const int b = kv / p.nkv(), h0 = kv % p.nkv() * p.group();
+      for (int h = h0; h < h0 + p.group(); ++h) {
+        gather_qkv(q, qkv, p, b, h);
+        gather_head(dy, dout, p, b, h);
+        if (out) gather_head(o, out, p, b, h);
+        std::fill_n(dq, 3 * th, 0.0f);
+        const auto p1 = one_head(p, b, h);
+        const float* l = lse + (std::size_t(b) * p.NH + h) * p.T;
+        for (int i0 = 0; i0 < p.T; i0 += BQ) delta_tile<Tr>(D, dy, out ? o : nullptr, q, l, p1, 0, 0, i0, s, dp);
+        for (int j0 = 0; j0 < p.T; j0 += BK)
+          for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ)
+            backward_pair<Tr>(dq, dy, q, l, D, p1, 0, 0, i0, j0, s, dp, pair_dq | pair_dkv);
+        for (int t = 0; t < p.T; ++t) {  // dq of head h; dk, dv of the group summed in fp32
+          const float* g = dq + std::size_t(t) * 3 * p.hd;
+          narrow(dqkv + p.q_at(b, h, t), g, p.hd);
+          float *k = dk + std::size_t(t) * p.hd, *v = dv + std::size_t(t) * p.hd;
+          for (int i = 0; i < p.hd; ++i) {
+            k[i] = h == h0 ? g[p.hd + i] : k[i] + g[p.hd + i];
+            v[i] = h == h0 ? g[2 * p.hd + i] : v[i] + g[2 * p.hd + i];
+          }
         }
       }
-    }
-    for (int t = 0; t < p.T; ++t) {
-      narrow(dqkv + p.k_at(b, h0, t), dk + std::size_t(t) * p.hd, p.hd);
-      narrow(dqkv + p.v_at(b, h0, t), dv + std::size_t(t) * p.hd, p.hd);
+      for (int t = 0; t < p.T; ++t) {
+        narrow(dqkv + p.k_at(b, h0, t), dk + std::size_t(t) * p.hd, p.hd);
+        narrow(dqkv + p.v_at(b, h0, t), dv + std::size_t(t) * p.hd, p.hd);
+      }
     }
   }
 }
