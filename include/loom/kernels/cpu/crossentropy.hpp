@@ -96,29 +96,28 @@ acc_t<T> crossentropy_forward_backward(T* logits, acc_t<T>* losses, const std::i
       if (write_dlogits) std::fill(row, row + Vp, T(0));
       continue;
     }
+    A loss;
     if constexpr (detail::is_16bit_v<T>) {
-      const A loss = detail::crossentropy_row_16(row, tgt, V, Vp, write_dlogits, grad_scale);
-      losses[n] = loss;
-      total += loss;
-      continue;
+      loss = detail::crossentropy_row_16(row, tgt, V, Vp, write_dlogits, grad_scale);
+    } else {
+      Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> x(row, V);
+      const A target_logit = A(row[tgt]);
+      const A mx = A(x.maxCoeff());
+      // Note [confident cross-entropy]: the sum without the target's term when it is the maximum
+      const A others = (x.head(tgt).template cast<A>() - mx).exp().sum() +
+                       (x.tail(V - 1 - tgt).template cast<A>() - mx).exp().sum();
+      const bool at_max = target_logit == mx;
+      const A log_sum = at_max ? A(std::log1p(others)) : A(std::log(others + std::exp(target_logit - mx)));
+      loss = (mx - target_logit) + log_sum;  // at_max: exactly log_sum
+      if (write_dlogits) {
+        x = (((x.template cast<A>() - mx) - log_sum).exp() * grad_scale).template cast<T>();
+        // the target's p - 1 = expm1(-loss) in the accumulator, rounded once (keeps a tiny 1 - p)
+        row[tgt] = T(std::expm1(-loss) * grad_scale);
+        for (int v = V; v < Vp; ++v) row[v] = T(0);
+      }
     }
-    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> x(row, V);
-    const A target_logit = A(row[tgt]);
-    const A mx = A(x.maxCoeff());
-    // Note [confident cross-entropy]: the sum without the target's term when it is the maximum
-    const A others = (x.head(tgt).template cast<A>() - mx).exp().sum() +
-                     (x.tail(V - 1 - tgt).template cast<A>() - mx).exp().sum();
-    const bool at_max = target_logit == mx;
-    const A log_sum = at_max ? A(std::log1p(others)) : A(std::log(others + std::exp(target_logit - mx)));
-    const A loss = (mx - target_logit) + log_sum;  // at_max: exactly log_sum
     losses[n] = loss;
     total += loss;
-    if (write_dlogits) {
-      x = (((x.template cast<A>() - mx) - log_sum).exp() * grad_scale).template cast<T>();
-      // the target's p - 1 = expm1(-loss) in the accumulator, rounded once (keeps a tiny 1 - p)
-      row[tgt] = T(std::expm1(-loss) * grad_scale);
-      for (int v = V; v < Vp; ++v) row[v] = T(0);
-    }
   }
   return total;
 }
