@@ -125,11 +125,10 @@ std::vector<std::int32_t> random_windows(std::size_t rows, std::size_t window, i
   return w;
 }
 
-/// Steps 2..5 of a trainer of model M in precision P (micro-batch 3 of 13 tokens, 2 micro-batches
+/// Steps 2..5 of a trainer of model M (GPT-2 tiny by default) in precision P (micro-batch 3 of 13 tokens, 2 micro-batches
 /// per step: odd sizes, gradient accumulation) and the allocations they made.
-template <class P, class Scaler = train::no_loss_scaler>
+template <class P, class Scaler = train::no_loss_scaler, class M = models::tiny>
 long allocations_in_steps_2_to_5() {
-  using M = models::tiny;
   context<device::cpu> ctx;
   train::trainer_config cfg;
   cfg.schedule = {3e-3, 3e-4, 2, 20};
@@ -171,6 +170,10 @@ TEST_CASE("alloc: no heap allocation in steps 2..5, fp32") {
 
 TEST_CASE("alloc: no heap allocation in steps 2..5, bf16") {
   CHECK(allocations_in_steps_2_to_5<policy<device::cpu, precision::bf16>>() == 0);
+}
+
+TEST_CASE("alloc: no heap allocation in steps 2..5, Llama (RMSNorm, RoPE, SwiGLU, grouped-query attention), bf16") {
+  CHECK(allocations_in_steps_2_to_5<policy<device::cpu, precision::bf16>, train::no_loss_scaler, models::llama_tiny>() == 0);
 }
 
 TEST_CASE("alloc: no heap allocation in steps 2..5, fp16 with the dynamic loss scaler") {

@@ -14,6 +14,9 @@
 #include <loom/kernels/cpu/layernorm.hpp>
 #include <loom/kernels/cpu/matmul.hpp>
 #include <loom/kernels/cpu/residual.hpp>
+#include <loom/kernels/cpu/rmsnorm.hpp>
+#include <loom/kernels/cpu/rope.hpp>
+#include <loom/kernels/cpu/swiglu.hpp>
 #include <loom/kernels/cpu/vocab_parallel.hpp>
 #include <loom/kernels/ops.hpp>
 #include <loom/kernels/cpu_fused.hpp>  // attention<cpu, T, fused>
@@ -58,6 +61,36 @@ struct ops<device::cpu, T> {
                                  const acc* rstd, int N, int C) {
     const kernel_scope k(ctx.hook, "layernorm_backward");
     cpu::layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, C);
+  }
+  // The Llama family's pieces (kernels/cpu/rmsnorm.hpp, swiglu.hpp, rope.hpp).
+  static void rmsnorm_forward(ctx_t& ctx, T* out, acc* rstd, const T* in, const T* w, int N, int C, acc eps) {
+    const kernel_scope k(ctx.hook, "rmsnorm_forward");
+    cpu::rmsnorm_forward(out, rstd, in, w, N, C, eps);
+  }
+  template <class G>
+  static void rmsnorm_backward(ctx_t& ctx, T* din, G* dw, const T* dout, const T* in, const T* w, const acc* rstd, int N,
+                               int C) {
+    const kernel_scope k(ctx.hook, "rmsnorm_backward");
+    cpu::rmsnorm_backward(din, dw, dout, in, w, rstd, N, C);
+  }
+  static void swiglu_forward(ctx_t& ctx, T* out, const T* in, int N, int H) {
+    const kernel_scope k(ctx.hook, "swiglu_forward");
+    cpu::swiglu_forward(out, in, N, H);
+  }
+  static void swiglu_backward(ctx_t& ctx, T* din, const T* dout, const T* in, int N, int H) {
+    const kernel_scope k(ctx.hook, "swiglu_backward");
+    cpu::swiglu_backward(din, dout, in, N, H);
+  }
+  /// cos, sin: kernels::rope_table's (T, hd/2) tables in the accumulator type, in device memory.
+  static void rope_forward(ctx_t& ctx, T* x, const acc* cos, const acc* sin, int B, int Tn, int heads, int hd,
+                           std::size_t ld) {
+    const kernel_scope k(ctx.hook, "rope_forward");
+    cpu::rope_forward(x, cos, sin, B, Tn, heads, hd, ld);
+  }
+  static void rope_backward(ctx_t& ctx, T* dx, const acc* cos, const acc* sin, int B, int Tn, int heads, int hd,
+                            std::size_t ld) {
+    const kernel_scope k(ctx.hook, "rope_backward");
+    cpu::rope_backward(dx, cos, sin, B, Tn, heads, hd, ld);
   }
   static void matmul_forward(ctx_t& ctx, T* out, const T* in, const T* w, const T* bias, int N, int C, int OC) {
     const kernel_scope k(ctx.hook, "matmul_forward");

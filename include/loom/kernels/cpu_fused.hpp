@@ -27,34 +27,37 @@ struct attention<device::cpu, T, fused> {
   using acc = T;
   /// forward and backward take an attention_dropout (core/dropout.hpp) after key_padding.
   static constexpr bool supports_dropout = true;
+  /// forward and backward take the key/value heads last (0 = NH; grouped-query attention).
+  static constexpr bool supports_gqa = true;
   /// Saved-activation elements (accumulator type) for a (B,NH,T) problem: one per row.
   static constexpr std::size_t saved_elems(std::size_t B, std::size_t NH, std::size_t Tn) { return B * NH * Tn; }
   /// Backward scratch elements for `threads` worker threads (D rows and two score tiles each).
   static constexpr std::size_t scratch_elems(std::size_t threads, std::size_t Tn) {
     return cpu::attention_fused_scratch_elems(threads, Tn);
   }
-  /// out (B,T,C) =, saved (B,NH,T) = log-sum-exp; qkv (B,T,3C). key_padding (B,T) optional,
+  /// out (B,T,C) =, saved (B,NH,T) = log-sum-exp; qkv (B,T,3C), or (B,T,(NH + 2 kv_heads) C/NH) with
+  /// kv_heads key/value heads (grouped-query attention). key_padding (B,T) optional,
   /// non-zero = padded key (a query with no visible key gets zeros).
   static void forward(context<device::cpu>& ctx, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH,
-                      const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {}) {
+                      const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {}, int kv_heads = 0) {
     const kernel_scope k(ctx.hook, "attention_forward");
-    cpu::attention_fused_forward(out, saved, qkv, B, Tn, C, NH, key_padding, drop);
+    cpu::attention_fused_forward(out, saved, qkv, B, Tn, C, NH, key_padding, drop, kv_heads);
   }
   /// dqkv (B,T,3C) =. Without the forward's output, D = rowsum(dO .* O) is recomputed from
   /// the scores (about one extra forward); prefer the overload below when `out` is kept.
   static void backward(context<device::cpu>& ctx, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc* scratch,
                        int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr,
-                       const attention_dropout& drop = {}) {
+                       const attention_dropout& drop = {}, int kv_heads = 0) {
     const kernel_scope k(ctx.hook, "attention_backward");
     cpu::attention_fused_backward(dqkv, dout, qkv, static_cast<const T*>(nullptr), saved, scratch, B, Tn, C, NH,
-                                  key_padding, drop);
+                                  key_padding, drop, kv_heads);
   }
   /// dqkv (B,T,3C) =, given the forward's output `out` (B,T,C) for D = rowsum(dO .* O).
   static void backward(context<device::cpu>& ctx, T* dqkv, const T* dout, const T* qkv, const T* out, const acc* saved,
                        acc* scratch, int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr,
-                       const attention_dropout& drop = {}) {
+                       const attention_dropout& drop = {}, int kv_heads = 0) {
     const kernel_scope k(ctx.hook, "attention_backward");
-    cpu::attention_fused_backward(dqkv, dout, qkv, out, saved, scratch, B, Tn, C, NH, key_padding, drop);
+    cpu::attention_fused_backward(dqkv, dout, qkv, out, saved, scratch, B, Tn, C, NH, key_padding, drop, kv_heads);
   }
 };
 
@@ -67,28 +70,30 @@ template <class T>
 struct attention<device::cpu, T, fused> {
   using acc = float;
   static constexpr bool supports_dropout = true;
+  /// forward and backward take the key/value heads last (0 = NH; grouped-query attention).
+  static constexpr bool supports_gqa = true;
   static constexpr std::size_t saved_elems(std::size_t B, std::size_t NH, std::size_t Tn) { return B * NH * Tn; }
   static constexpr std::size_t scratch_elems(std::size_t, std::size_t) { return 0; }
   /// out (B,T,C) =, saved (B,NH,T) = log-sum-exp (fp32); qkv (B,T,3C); key_padding (B,T) optional.
   static void forward(context<device::cpu>& ctx, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH,
-                      const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {}) {
+                      const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {}, int kv_heads = 0) {
     const kernel_scope k(ctx.hook, "attention_forward");
-    cpu::attention_fused_forward_16(out, saved, qkv, B, Tn, C, NH, key_padding, drop);
+    cpu::attention_fused_forward_16(out, saved, qkv, B, Tn, C, NH, key_padding, drop, kv_heads);
   }
   /// dqkv (B,T,3C) =; D = rowsum(dO .* O) recomputed from the scores.
   static void backward(context<device::cpu>& ctx, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc*, int B,
                        int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr,
-                       const attention_dropout& drop = {}) {
+                       const attention_dropout& drop = {}, int kv_heads = 0) {
     const kernel_scope k(ctx.hook, "attention_backward");
     cpu::attention_fused_backward_16(dqkv, dout, qkv, static_cast<const T*>(nullptr), saved, B, Tn, C, NH,
-                                     key_padding, drop);
+                                     key_padding, drop, kv_heads);
   }
   /// dqkv (B,T,3C) =, given the forward's output `out` (B,T,C).
   static void backward(context<device::cpu>& ctx, T* dqkv, const T* dout, const T* qkv, const T* out, const acc* saved,
                        acc*, int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr,
-                       const attention_dropout& drop = {}) {
+                       const attention_dropout& drop = {}, int kv_heads = 0) {
     const kernel_scope k(ctx.hook, "attention_backward");
-    cpu::attention_fused_backward_16(dqkv, dout, qkv, out, saved, B, Tn, C, NH, key_padding, drop);
+    cpu::attention_fused_backward_16(dqkv, dout, qkv, out, saved, B, Tn, C, NH, key_padding, drop, kv_heads);
   }
 };
 

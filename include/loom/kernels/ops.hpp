@@ -76,6 +76,25 @@ concept has_vocab_parallel = requires { &ops<Device, T>::vocab_shard_max; &ops<D
 template <class Device, class T>
 concept has_dropout = requires { &ops<Device, T>::dropout; };
 
+/// Whether ops<Device, T> has the Llama family's kernels: RMSNorm, SwiGLU and rotary embedding,
+/// forward and backward (rmsnorm_forward/backward, swiglu_forward/backward,
+/// rope_forward/backward). A model whose recipe asks for them on a device without them fails to
+/// compile with a sentence (nn::transformer).
+template <class Device, class T>
+concept has_llama_ops = requires {
+  &ops<Device, T>::rmsnorm_forward;
+  &ops<Device, T>::swiglu_forward;
+  &ops<Device, T>::swiglu_backward;
+  &ops<Device, T>::rope_forward;
+  &ops<Device, T>::rope_backward;
+};
+
+/// Whether an attention implementation A (an attention<Device, T, Impl>) computes grouped-query
+/// attention: its forward and backward take the number of key/value heads as their last
+/// argument, and it says so with `static constexpr bool supports_gqa = true`.
+template <class A>
+concept has_gqa = requires { requires A::supports_gqa; };
+
 /// Whether an attention implementation A (an attention<Device, T, Impl>) applies
 /// attention-probability dropout: its forward and backward take an attention_dropout after the
 /// key-padding mask, and it says so with `static constexpr bool supports_dropout = true`.

@@ -8,12 +8,44 @@
 ///   vocab_padded              embedding rows; >= vocab, padded for alignment/TP; padded rows
 ///                             are never predicted (softmax runs over [0, vocab) only)
 ///   arch (optional)           the architecture recipe (nn/recipe.hpp); nn::gpt2 when absent
+///   n_kv_head (optional)      key/value heads, dividing n_head (grouped-query attention);
+///                             n_head when absent
+///   d_ff (optional)           the MLP's hidden width (SwiGLU: of each of gate and up);
+///                             4 * d_model when absent
+///   rope_theta (optional)     rotary base (recipes with rotary positions); 10000 when absent
+///   norm_eps (optional)       RMSNorm's epsilon; 1e-5 when absent (LayerNorm always uses 1e-5)
+/// max_seq also bounds rotary models: their cos/sin table holds max_seq positions.
 #include <concepts>
 #include <string_view>
 
 #include <loom/models/recipe.hpp>
 
 namespace loom::models {
+
+/// Key/value heads of config M: M::n_kv_head, or n_head (multi-head attention).
+template <class M>
+consteval int kv_heads_of() {
+  if constexpr (requires { M::n_kv_head; }) return M::n_kv_head;
+  else return M::n_head;
+}
+/// The MLP's hidden width of config M: M::d_ff, or 4 * d_model (GPT-2).
+template <class M>
+consteval int mlp_hidden_of() {
+  if constexpr (requires { M::d_ff; }) return M::d_ff;
+  else return 4 * M::d_model;
+}
+/// The rotary base theta of config M: M::rope_theta, or 10000 (Su et al. 2021; Llama 1 and 2).
+template <class M>
+consteval double rope_theta_of() {
+  if constexpr (requires { M::rope_theta; }) return M::rope_theta;
+  else return 10000.0;
+}
+/// RMSNorm's epsilon of config M: M::norm_eps, or 1e-5.
+template <class M>
+consteval double norm_eps_of() {
+  if constexpr (requires { M::norm_eps; }) return M::norm_eps;
+  else return 1e-5;
+}
 
 template <class M>
 concept model_config = requires {
@@ -23,7 +55,8 @@ concept model_config = requires {
   { M::max_seq } -> std::convertible_to<int>;
   { M::vocab } -> std::convertible_to<int>;
   { M::vocab_padded } -> std::convertible_to<int>;
-} && (M::vocab_padded >= M::vocab) && (M::d_model % M::n_head == 0);
+} && (M::vocab_padded >= M::vocab) && (M::d_model % M::n_head == 0) && (kv_heads_of<M>() >= 1) &&
+                       (M::n_head % kv_heads_of<M>() == 0) && (mlp_hidden_of<M>() >= 1);
 
 /// A tiny model for unit tests: odd sizes on purpose (no dimension is a multiple of a tile).
 struct tiny {
@@ -89,8 +122,42 @@ struct gpt2_small {
   static constexpr int vocab = 50257, vocab_padded = 50304;
 };
 
+/// A tiny Llama for unit tests (nn::llama): odd sizes, grouped-query attention (6 query heads
+/// sharing 2 key/value heads, head size 4), SwiGLU hidden 14, so TP 2 splits heads, key/value
+/// heads and the MLP and PP 2 splits the layers.
+struct llama_tiny {
+  static constexpr std::string_view name = "llama_tiny";
+  static constexpr nn::recipe arch = nn::llama;
+  static constexpr int n_layer = 2, n_head = 6, n_kv_head = 2, d_model = 24, d_ff = 14, max_seq = 16;
+  static constexpr int vocab = 61, vocab_padded = 64;
+  static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;
+};
+
+/// The quickstart's Llama: quickstart_bpe's sizes (4 layers, width 192, 6 query heads, 128
+/// positions, the 8192-token SentencePiece vocabulary of prepare_data --vocab-size <= 8192) with
+/// 2 key/value heads and a SwiGLU MLP of hidden width 512 (about the GELU MLP's parameters);
+/// its untied LM head brings it to about 4.7M parameters (quickstart_bpe: 3.4M).
+struct llama_quickstart {
+  static constexpr std::string_view name = "llama_quickstart";
+  static constexpr nn::recipe arch = nn::llama;
+  static constexpr int n_layer = 4, n_head = 6, n_kv_head = 2, d_model = 192, d_ff = 512, max_seq = 128;
+  static constexpr int vocab = 8192, vocab_padded = 8192;
+  static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;
+};
+
+/// A ~100M-parameter Llama: 12 layers, width 768, 12 query heads sharing 4 key/value heads,
+/// SwiGLU hidden 2048, a 32000-token vocabulary (Llama 2's size), 1024 positions.
+struct llama_100m {
+  static constexpr std::string_view name = "llama_100m";
+  static constexpr nn::recipe arch = nn::llama;
+  static constexpr int n_layer = 12, n_head = 12, n_kv_head = 4, d_model = 768, d_ff = 2048, max_seq = 1024;
+  static constexpr int vocab = 32000, vocab_padded = 32000;
+  static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;
+};
+
 static_assert(model_config<tiny> && model_config<char_tiny> && model_config<quickstart> && model_config<bench_small> &&
               model_config<gpt2_small>);
 static_assert(model_config<quickstart_bpe> && model_config<tiny_parallel> && model_config<tiny_untied>);
+static_assert(model_config<llama_tiny> && model_config<llama_quickstart> && model_config<llama_100m>);
 
 }  // namespace loom::models

@@ -1,8 +1,9 @@
 #pragma once
 /// \file An architecture as data: the recipe a decoder-only Transformer is built from.
 ///
-/// A recipe names the block's parts (norm, position encoding, MLP, biases, tied head,
-/// key/value heads); nn::param_table generates the parameter table of (model, recipe, layout)
+/// A recipe names the block's parts (norm, position encoding, MLP, biases, tied head);
+/// the sizes, including key/value heads and the MLP width, are the model config's
+/// (models/configs.hpp). nn::param_table generates the parameter table of (model, recipe, layout)
 /// from it at compile time, and everything outside nn/ and models/ iterates that table. A model
 /// config chooses its recipe with a member `static constexpr nn::recipe arch = ...;`; a config
 /// without one is GPT-2 (nn::gpt2). A new architecture is a recipe value plus the kernels of any
@@ -41,9 +42,10 @@ struct recipe {
   mlp_kind mlp = mlp_kind::gelu;
   bool linear_bias = true;            ///< the four linear layers of a block carry biases
   bool tied_head = true;              ///< the LM head is the token embedding (Press & Wolf 2017)
-  int kv_heads = 0;                   ///< key/value heads; 0 = as many as query heads (no GQA)
-  /// Hugging Face architecture whose state dict the table's tensors map onto ("gpt2"), or empty
-  /// when no Hugging Face model has this recipe's tensors (export/import then refuse).
+  /// Hugging Face architecture whose state dict the table's tensors map onto ("gpt2": row by
+  /// row, through the table's hf_name; "llama": io/hf_llama.hpp splits the fused q/k/v and
+  /// gate/up rows), or empty when no Hugging Face model has this recipe's tensors (export and
+  /// import then refuse).
   std::string_view hf_model_type = {};
 };
 
@@ -54,6 +56,18 @@ inline constexpr recipe gpt2{.name = "gpt2", .hf_model_type = "gpt2"};
 /// second recipe, which proves that the table, not hand-written tensor lists, drives the
 /// trainer, data parallelism, checkpoints and resharding.
 inline constexpr recipe gpt2_untied_nobias{.name = "gpt2_untied_nobias", .linear_bias = false, .tied_head = false};
+
+/// Llama (Touvron et al. 2023, "LLaMA", §2.2; Hugging Face's LlamaForCausalLM): RMSNorm,
+/// rotary positions, a SwiGLU MLP, no biases, an LM head of its own. Grouped-query attention
+/// (Ainslie et al. 2023) when the config's n_kv_head < n_head. Exports to and imports from
+/// Hugging Face's LlamaForCausalLM (io/hf_llama.hpp).
+inline constexpr recipe llama{.name = "llama",
+                              .norm = norm_kind::rmsnorm,
+                              .position = position_kind::rotary,
+                              .mlp = mlp_kind::swiglu,
+                              .linear_bias = false,
+                              .tied_head = false,
+                              .hf_model_type = "llama"};
 
 /// The recipe of model config M: M::arch when M declares one, else nn::gpt2.
 template <class M>

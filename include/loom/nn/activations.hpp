@@ -30,9 +30,10 @@ struct activation_sizes {
 struct activation_dims {
   std::size_t B = 1, T = 1, layers = 1;
   std::size_t C = 1;        ///< model width (the residual stream)
-  std::size_t qkv = 3;      ///< qkv projection outputs (3 C / TP)
+  std::size_t qkv = 3;      ///< qkv projection outputs ((NH + 2 KV) C / NH / TP; 3 C / TP without GQA)
   std::size_t att_out = 1;  ///< attention output width (C / TP)
-  std::size_t hidden = 4;   ///< MLP hidden width (4 C / TP)
+  std::size_t mlp_in = 4;   ///< fc outputs: the MLP hidden width, twice it for SwiGLU (gate and up), / TP
+  std::size_t hidden = 4;   ///< MLP hidden width after the activation (d_ff / TP; 4 C / TP for GPT-2)
   std::size_t logits = 1;   ///< vocabulary columns (Vp / TP)
   std::size_t attn_saved = 0, attn_scratch = 0, ce_scratch = 0;
 };
@@ -47,7 +48,7 @@ constexpr activation_sizes activation_table(const activation_dims& d) {
   s.atty = L * BT * d.att_out;
   s.residual2 = L * BT * C;
   s.ln2 = L * BT * C;
-  s.fch = L * BT * d.hidden;
+  s.fch = L * BT * d.mlp_in;
   s.fch_gelu = L * BT * d.hidden;
   s.residual3 = L * BT * C;
   s.lnf = BT * C;
@@ -57,9 +58,9 @@ constexpr activation_sizes activation_table(const activation_dims& d) {
   s.dln = BT * C;
   s.dqkv = BT * d.qkv;
   s.datty = BT * d.att_out;
-  s.dfch = BT * d.hidden;
+  s.dfch = BT * d.mlp_in;
   s.dfch_gelu = BT * d.hidden;
-  s.ln_stats = (2 * L + 1) * 2 * BT;  // mean and rstd of ln1, ln2 per layer, and lnf
+  s.ln_stats = (2 * L + 1) * 2 * BT;  // mean and rstd of ln1, ln2 per layer, and lnf (RMSNorm: rstd only)
   s.att = L * d.attn_saved;
   s.losses = BT;
   s.ce_scratch = d.ce_scratch;

@@ -6,14 +6,17 @@
 /// embedding and loss are the fused single-rank kernels; at PP = 1 the stage slice is the whole
 /// model. nn::gpt (layout<1,1>) and nn::gpt_parallel are this class.
 ///
-/// Architecture (Radford et al. 2019, "Language Models are Unsupervised Multitask Learners";
-/// llm.c's train_gpt2.c): token + learned position embeddings; n_layer pre-LayerNorm blocks
-///   ln1 -> qkv (column-parallel) -> causal attention -> proj (row-parallel) -> + residual
-///   ln2 -> fc (column-parallel) -> GELU(tanh) -> proj (row-parallel) -> + residual
-/// a final LayerNorm; the LM head tied to the token embedding (its gradient accumulates both
-/// uses) or, when the recipe unties it (nn/recipe.hpp), a matrix of its own; fused softmax
-/// cross-entropy over the real vocabulary. Which tensors exist (biases, the head) is the
-/// model's parameter table (nn/params.hpp), generated from its recipe.
+/// Architecture, as the model's recipe (nn/recipe.hpp) chooses: GPT-2 (Radford et al. 2019,
+/// "Language Models are Unsupervised Multitask Learners"; llm.c's train_gpt2.c) or Llama
+/// (Touvron et al. 2023; Hugging Face's LlamaForCausalLM). Token embeddings (+ learned position
+/// embeddings for GPT-2); n_layer pre-norm blocks
+///   norm1 -> qkv (column-parallel) [-> RoPE on q, k] -> causal attention -> proj (row-parallel) -> + residual
+///   norm2 -> fc (column-parallel) -> GELU(tanh) | SwiGLU -> proj (row-parallel) -> + residual
+/// a final norm (LayerNorm or RMSNorm); the LM head tied to the token embedding (its gradient
+/// accumulates both uses) or a matrix of its own; fused softmax cross-entropy over the real
+/// vocabulary. Grouped-query attention when the config has n_kv_head < n_head: qkv rows are
+/// [q: NH heads | k: KV heads | v: KV heads]. Which tensors exist (biases, positions, the head)
+/// is the model's parameter table (nn/params.hpp), generated from its recipe.
 ///
 /// The split follows Megatron-LM (Shoeybi et al. 2019 §3; Narayanan et al. 2021 §2):
 ///   tensor parallel   qkv and fc column-parallel (a rank owns NH/TP whole heads and 4C/TP MLP
@@ -29,8 +32,10 @@
 ///                     input_grad() — the pipeline executor (nn::pipeline_forward_backward) moves
 ///                     them.
 ///
-/// Shape legend: B micro-batch, T sequence, C = d_model, NH heads, Vp padded vocabulary, L
-/// layers of this stage; Cl = C/TP, NHl = NH/TP, Hl = 4C/TP, Vl = Vp/TP per rank.
+/// Shape legend: B micro-batch, T sequence, C = d_model, NH heads, KV key/value heads, HD = C/NH,
+/// H the MLP width (d_ff; 4C for GPT-2), Vp padded vocabulary, L layers of this stage; per rank
+/// Cl = C/TP, NHl = NH/TP, KVl = KV/TP, QKVl = (NHl + 2 KVl) HD, Hl = H/TP, FCl = Hl (GELU) or
+/// 2 Hl (SwiGLU: gate and up), Vl = Vp/TP.
 ///
 /// The parameter buffer is laid out by nn::param_table<M, layout> (local shapes). Every stage
 /// holds every row of that table (so checkpoints and the optimizer see one layout), but uses
@@ -50,6 +55,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/random.hpp>
 #include <loom/kernels/ops.hpp>
+#include <loom/kernels/rope_table.hpp>
 #include <loom/models/configs.hpp>
 #include <loom/nn/activations.hpp>
 #include <loom/nn/dropout.hpp>
@@ -110,14 +116,28 @@ class transformer {
   using grad_t = kernels::gradient_t<device, precision>;
 
   static_assert(parallel::fits<layout, M>());
+  static constexpr recipe arch = arch_of<M>();
+  static constexpr bool rms = arch.norm == norm_kind::rmsnorm, rotary = arch.position == position_kind::rotary,
+                        swiglu = arch.mlp == mlp_kind::swiglu;
+  static_assert(!(rms || rotary || swiglu) || kernels::has_llama_ops<device, storage_t>,
+                "loom::nn::transformer: this recipe asks for RMSNorm, rotary positions or SwiGLU, whose kernels "
+                "(rmsnorm_*, rope_*, swiglu_* of kernels::ops) this device lacks; train it on device::cpu, or add "
+                "them to the device's kernels::ops");
   static_assert(kernels::coverage<device, precision>::ok);  // names a missing (operator, precision) pair
   static constexpr int TP = layout::tp, PP = layout::pp;
   static_assert(TP == 1 || kernels::has_vocab_parallel<device, storage_t>,
                 "loom::nn::transformer: tensor parallelism (TP > 1) needs the vocab-parallel embedding and "
                 "cross-entropy pieces in kernels::ops for this device (embedding_shard_forward/backward, "
                 "vocab_shard_max/sums/finish), which it lacks; use layout<1, PP> on this device");
-  static constexpr int C = M::d_model, NH = M::n_head, L = M::n_layer / PP;
-  static constexpr int Cl = C / TP, NHl = NH / TP, Hl = 4 * C / TP;  // per-rank widths
+  static constexpr int C = M::d_model, NH = M::n_head, L = M::n_layer / PP, HD = C / NH;
+  static constexpr int KV = models::kv_heads_of<M>(), H = models::mlp_hidden_of<M>();
+  static constexpr int Cl = C / TP, NHl = NH / TP, KVl = KV / TP, Hl = H / TP;  // per-rank widths
+  static constexpr int QKVl = (NHl + 2 * KVl) * HD, FCl = swiglu ? 2 * Hl : Hl;
+  /// Grouped-query attention: fewer key/value heads than query heads.
+  static constexpr bool gqa = KV != NH;
+  static_assert(!gqa || kernels::has_gqa<attention>,
+                "loom::nn::transformer: this model has fewer key/value heads than query heads (grouped-query "
+                "attention), which this attention implementation does not compute; use kernels::fused on the CPU");
   static constexpr int V = M::vocab, Vp = M::vocab_padded, Vl = Vp / TP;
   static constexpr auto table = param_table<M, layout>();
   static constexpr std::size_t num_tensors = table.size();
@@ -158,7 +178,8 @@ class transformer {
   /// to this rank's slices. Throws loom::input_error if tp_rank is outside [0, TP) or stage
   /// outside [0, PP).
   transformer(context<device>& ctx, int tp_rank, int stage, std::uint64_t seed = 1337)
-      : tp_rank_(tp_rank), stage_(stage), params_(num_parameters, ctx.stream), grads_(num_parameters, ctx.stream) {
+      : tp_rank_(tp_rank), stage_(stage), params_(num_parameters, ctx.stream), grads_(num_parameters, ctx.stream),
+        rope_(rotary ? std::size_t(M::max_seq) * HD : 0, ctx.stream) {
     if (tp_rank < 0 || tp_rank >= TP || stage < 0 || stage >= PP)
       throw input_error("nn::transformer: rank (tp " + std::to_string(tp_rank) + ", stage " + std::to_string(stage) +
                         ") is outside layout<" + std::to_string(TP) + ", " + std::to_string(PP) +
@@ -166,6 +187,12 @@ class transformer {
     if constexpr (PP > 1 && tied)
       if (first_stage() || last_stage())
         tie_scratch_ = buffer<device, grad_t>(table[std::size_t(rows_by_role<M>[int(role::wte)])].size(), ctx.stream);
+    if constexpr (rotary) {  // cos then sin, (max_seq, HD/2) each (kernels/rope_table.hpp)
+      std::vector<acc_t> host(rope_.size());
+      const std::size_t half = std::size_t(M::max_seq) * HD / 2;
+      kernels::rope_table(host.data(), host.data() + half, M::max_seq, HD, acc_t(models::rope_theta_of<M>()));
+      device::copy_to_device(rope_.data(), host.data(), rope_.bytes(), ctx.stream);
+    }
     initialize(ctx, seed);
   }
 
@@ -211,9 +238,10 @@ class transformer {
   void zero_grad(context<device>& ctx) { device::memset(grads_.data(), 0, grads_.bytes(), ctx.stream); }
 
   /// What one block saves for its backward (STYLE §3.6), pointers into the activation table:
-  /// ln1 (N,C) and its mean/rstd st1 (2 x cap), qkv (N,3Cl), the attention's saved state att and
-  /// output atty (N,Cl), res2 (N,C), ln2 (N,C) and st2, fch / fchg (N,Hl) before and after
-  /// GELU, res3 (N,C). cap = B*T, the capacity rows of each statistics vector.
+  /// ln1 (N,C) and its mean/rstd st1 (2 x cap; RMSNorm: rstd only, in the second half), qkv
+  /// (N,QKVl; q and k after RoPE), the attention's saved state att and output atty (N,Cl), res2
+  /// (N,C), ln2 (N,C) and st2, fch (N,FCl) / fchg (N,Hl) before and after the activation, res3
+  /// (N,C). cap = B*T, the capacity rows of each statistics vector.
   struct block_saved {
     storage_t *ln1, *qkv, *atty, *res2, *ln2, *fch, *fchg, *res3;
     acc_t *st1, *st2, *att;
@@ -242,7 +270,8 @@ class transformer {
     static constexpr std::size_t BT = std::size_t(B) * T;
     /// Element counts of every activation (nn/activations.hpp), for this rank's widths.
     static inline const activation_sizes sizes = activation_table(
-        activation_dims{.B = B, .T = T, .layers = L, .C = C, .qkv = 3 * Cl, .att_out = Cl, .hidden = Hl, .logits = Vl,
+        activation_dims{.B = B, .T = T, .layers = L, .C = C, .qkv = QKVl, .att_out = Cl, .mlp_in = FCl, .hidden = Hl,
+                        .logits = Vl,
                         .attn_saved = attention::saved_elems(B, NHl, T),
                         .attn_scratch = attention::scratch_elems(std::size_t(max_threads()), T),
                         .ce_scratch = TP > 1 ? parallel::vocab_parallel_crossentropy_scratch(int(BT)) : 0});
@@ -284,8 +313,8 @@ class transformer {
     block_saved block(int l) const noexcept {
       const auto p = ptrs();
       const std::size_t i = std::size_t(l);
-      return {p.ln1 + i * BT * C,        p.qkv + i * BT * 3 * Cl, p.atty + i * BT * Cl,
-              p.residual2 + i * BT * C,  p.ln2 + i * BT * C,      p.fch + i * BT * Hl,
+      return {p.ln1 + i * BT * C,        p.qkv + i * BT * QKVl,   p.atty + i * BT * Cl,
+              p.residual2 + i * BT * C,  p.ln2 + i * BT * C,      p.fch + i * BT * FCl,
               p.fch_gelu + i * BT * Hl,  p.residual3 + i * BT * C,
               p.ln_stats + (2 * i) * 2 * BT, p.ln_stats + (2 * i + 1) * 2 * BT,
               p.att + i * attention::saved_elems(B, NHl, T), BT};
@@ -506,21 +535,18 @@ class transformer {
   void block_forward(context<device>& ctx, const block_saved& s, storage_t* proj, const storage_t* residual, int l, int n,
                      int b, int t, Comm& tp, const dropout_state& drop) const {
     const std::size_t N = std::size_t(n);
-    ops::layernorm_forward(ctx, s.ln1, s.st1, s.st1 + s.cap, residual, w(role::ln1_w, l), w(role::ln1_b, l), n, C);
-    linear_forward<split::column>(ctx, s.qkv, s.ln1, role::qkv_w, role::qkv_b, l, n, C, 3 * Cl, tp);
-    if constexpr (supports_dropout) {
-      if (drop.active()) attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl, nullptr, attention_drop(drop, l));
-      else attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl);
-    } else {
-      attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl);
-    }
+    norm_forward(ctx, s.ln1, s.st1, s.cap, residual, role::ln1_w, role::ln1_b, l, n);
+    linear_forward<split::column>(ctx, s.qkv, s.ln1, role::qkv_w, role::qkv_b, l, n, C, QKVl, tp);
+    if constexpr (rotary) ops::rope_forward(ctx, s.qkv, rope_cos(), rope_sin(), b, t, NHl + KVl, HD, QKVl);
+    attention_forward(ctx, s, b, t, l, drop);
     linear_forward<split::row>(ctx, proj, s.atty, role::attproj_w, role::attproj_b, l, n, Cl, C, tp);
     if constexpr (supports_dropout)
       if (drop.active()) ops::dropout(ctx, proj, proj, N * C, drop.mask(dropout_site::attention_residual, global_layer(l)));
     ops::residual_forward(ctx, s.res2, residual, proj, N * C);
-    ops::layernorm_forward(ctx, s.ln2, s.st2, s.st2 + s.cap, s.res2, w(role::ln2_w, l), w(role::ln2_b, l), n, C);
-    linear_forward<split::column>(ctx, s.fch, s.ln2, role::fc_w, role::fc_b, l, n, C, Hl, tp);
-    ops::gelu_forward(ctx, s.fchg, s.fch, N * Hl);
+    norm_forward(ctx, s.ln2, s.st2, s.cap, s.res2, role::ln2_w, role::ln2_b, l, n);
+    linear_forward<split::column>(ctx, s.fch, s.ln2, role::fc_w, role::fc_b, l, n, C, FCl, tp);
+    if constexpr (swiglu) ops::swiglu_forward(ctx, s.fchg, s.fch, n, Hl);
+    else ops::gelu_forward(ctx, s.fchg, s.fch, N * Hl);
     linear_forward<split::row>(ctx, proj, s.fchg, role::fcproj_w, role::fcproj_b, l, n, Hl, C, tp);
     if constexpr (supports_dropout)
       if (drop.active()) ops::dropout(ctx, proj, proj, N * C, drop.mask(dropout_site::mlp_residual, global_layer(l)));
@@ -542,27 +568,65 @@ class transformer {
       }
     // MLP: dres holds d(res3) = d(fcproj out) and the direct part of d(res2)
     linear_backward<split::row>(ctx, p.dfch_gelu, dproj, s.fchg, role::fcproj_w, role::fcproj_b, l, n, Hl, C, tp);
-    ops::gelu_backward(ctx, p.dfch, s.fch, p.dfch_gelu, N * Hl);
-    linear_backward<split::column>(ctx, p.dln, p.dfch, s.ln2, role::fc_w, role::fc_b, l, n, C, Hl, tp);
-    ops::layernorm_backward(ctx, p.dres, g(role::ln2_w, l), g(role::ln2_b, l), p.dln, s.res2, w(role::ln2_w, l), s.st2,
-                            s.st2 + s.cap, n, C);
+    if constexpr (swiglu) ops::swiglu_backward(ctx, p.dfch, p.dfch_gelu, s.fch, n, Hl);
+    else ops::gelu_backward(ctx, p.dfch, s.fch, p.dfch_gelu, N * Hl);
+    linear_backward<split::column>(ctx, p.dln, p.dfch, s.ln2, role::fc_w, role::fc_b, l, n, C, FCl, tp);
+    norm_backward(ctx, p.dres, p.dln, s.res2, s.st2, s.cap, role::ln2_w, role::ln2_b, l, n);
     // attention: dres now holds d(res2) = d(attproj out) and the direct part of d(input)
     if constexpr (supports_dropout)
       if (dropped)
         ops::dropout(ctx, p.proj_out, p.dres, N * C, drop.mask(dropout_site::attention_residual, global_layer(l)));
     linear_backward<split::row>(ctx, p.datty, dproj, s.atty, role::attproj_w, role::attproj_b, l, n, Cl, C, tp);
-    if constexpr (supports_dropout) {
-      if (dropped)
+    attention_backward(ctx, s, p, b, t, l, drop);
+    if constexpr (rotary) ops::rope_backward(ctx, p.dqkv, rope_cos(), rope_sin(), b, t, NHl + KVl, HD, QKVl);
+    linear_backward<split::column>(ctx, p.dln, p.dqkv, s.ln1, role::qkv_w, role::qkv_b, l, n, C, QKVl, tp);
+    norm_backward(ctx, p.dres, p.dln, residual, s.st1, s.cap, role::ln1_w, role::ln1_b, l, n);
+  }
+
+  // --- the parts a recipe chooses: norm, attention (MHA or GQA, with or without dropout) ------
+  /// out (n, C) = norm(in) with role wr's gain (and br's bias for LayerNorm); stats holds the
+  /// mean (first cap values) and rstd (next cap values; RMSNorm writes only these).
+  void norm_forward(context<device>& ctx, storage_t* out, acc_t* stats, std::size_t cap, const storage_t* in, role wr,
+                    role br, int l, int n) const {
+    if constexpr (rms) ops::rmsnorm_forward(ctx, out, stats + cap, in, w(wr, l), n, C, acc_t(models::norm_eps_of<M>()));
+    else ops::layernorm_forward(ctx, out, stats, stats + cap, in, w(wr, l), w(br, l), n, C);
+  }
+  /// din (n, C) += d(norm) from dout (n, C); the gain's (and bias') gradients +=.
+  void norm_backward(context<device>& ctx, storage_t* din, const storage_t* dout, const storage_t* in, const acc_t* stats,
+                     std::size_t cap, role wr, role br, int l, int n) {
+    if constexpr (rms) ops::rmsnorm_backward(ctx, din, g(wr, l), dout, in, w(wr, l), stats + cap, n, C);
+    else ops::layernorm_backward(ctx, din, g(wr, l), g(br, l), dout, in, w(wr, l), stats, stats + cap, n, C);
+  }
+  /// s.atty = attention(s.qkv), saving s.att; with drop.active(), attention-probability dropout.
+  void attention_forward(context<device>& ctx, const block_saved& s, int b, int t, int l, const dropout_state& drop) const {
+    if constexpr (gqa) {
+      const attention_dropout ad = drop.active() ? attention_drop(drop, l) : attention_dropout{};
+      attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl, nullptr, ad, KVl);
+    } else if constexpr (supports_dropout) {
+      if (drop.active()) attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl, nullptr, attention_drop(drop, l));
+      else attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl);
+    } else {
+      attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl);
+    }
+  }
+  /// p.dqkv = d(attention input) from p.datty, with the forward's dropout masks regenerated.
+  void attention_backward(context<device>& ctx, const block_saved& s, const pointers_t& p, int b, int t, int l,
+                          const dropout_state& drop) const {
+    if constexpr (gqa) {
+      const attention_dropout ad = drop.active() ? attention_drop(drop, l) : attention_dropout{};
+      attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl, nullptr, ad, KVl);
+    } else if constexpr (supports_dropout) {
+      if (drop.active())
         attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl, nullptr,
                             attention_drop(drop, l));
       else attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl);
     } else {
       attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl);
     }
-    linear_backward<split::column>(ctx, p.dln, p.dqkv, s.ln1, role::qkv_w, role::qkv_b, l, n, C, 3 * Cl, tp);
-    ops::layernorm_backward(ctx, p.dres, g(role::ln1_w, l), g(role::ln1_b, l), p.dln, residual, w(role::ln1_w, l), s.st1,
-                            s.st1 + s.cap, n, C);
   }
+  /// The rotary tables (kernels/rope_table.hpp), (max_seq, HD/2) each; rotary recipes only.
+  const acc_t* rope_cos() const noexcept { return rope_.data(); }
+  const acc_t* rope_sin() const noexcept { return rope_.data() + std::size_t(M::max_seq) * HD / 2; }
 
   // --- dropout (nn/dropout.hpp) ----------------------------------------------------------------
   /// Index of this stage's layer l in the whole model (masks are keyed by it, so PP > 1 = PP = 1).
@@ -578,7 +642,7 @@ class transformer {
   acc_t head_forward(context<device>& ctx, const pointers_t& p, const storage_t* residual, const std::int32_t* targets,
                      int n, acc_t grad_scale, Comm& tp, acc_t* host_losses = nullptr) const {
     acc_t* stf = lnf_stats(p);
-    ops::layernorm_forward(ctx, p.lnf, stf, stf + p.cap, residual, w(role::lnf_w), w(role::lnf_b), n, C);
+    norm_forward(ctx, p.lnf, stf, p.cap, residual, role::lnf_w, role::lnf_b, 0, n);
     linear_forward<split::column>(ctx, p.logits, p.lnf, head, role::count, 0, n, C, Vl, tp);
     if (!targets) return 0;
     const bool dl = grad_scale != acc_t(0);
@@ -597,8 +661,7 @@ class transformer {
     linear_backward<split::column>(ctx, p.dln, p.logits, p.lnf, head, role::count, 0, n, C, Vl, tp);
     device::memset(p.dres, 0, std::size_t(n) * C * sizeof(storage_t), ctx.stream);
     acc_t* stf = lnf_stats(p);
-    ops::layernorm_backward(ctx, p.dres, g(role::lnf_w), g(role::lnf_b), p.dln, last, w(role::lnf_w), stf,
-                            stf + p.cap, n, C);
+    norm_backward(ctx, p.dres, p.dln, last, stf, p.cap, role::lnf_w, role::lnf_b, 0, n);
   }
   /// The final norm's mean and rstd follow the 2L block norms' (cap rows each).
   static acc_t* lnf_stats(const pointers_t& p) noexcept { return p.ln_stats + std::size_t(2 * L) * 2 * p.cap; }
@@ -620,6 +683,7 @@ class transformer {
   buffer<device, storage_t> params_;
   buffer<device, grad_t> grads_;
   buffer<device, grad_t> tie_scratch_;
+  buffer<device, acc_t> rope_;  ///< rotary cos and sin tables (empty without rotary positions)
 };
 
 }  // namespace loom::nn

@@ -61,6 +61,7 @@ struct param_spec {
   init how;
   bool per_layer;                 ///< first dimension is the layer (split across pipeline stages)
   int sections;                   ///< a column tensor's independent sections (qkv: 3), each split by tp
+  std::array<int, 3> parts;       ///< relative section sizes (grouped-query qkv: {NH, KV, KV}; else 1s)
   stages used;                    ///< global tensors: the stages that use it
   std::string_view hf_name;       ///< Hugging Face name, "{}" = layer index; empty = none
   bool hf_transposed;             ///< Hugging Face stores the transpose (GPT-2's Conv1D)
@@ -79,12 +80,9 @@ struct table_builder {
 template <models::model_config M, parallel::layout_policy L>
 consteval table_builder build_table() {
   constexpr recipe r = arch_of<M>();
-  static_assert(r.norm == norm_kind::layernorm && r.position == position_kind::learned && r.mlp == mlp_kind::gelu,
-                "loom::nn: this recipe asks for RMSNorm, rotary positions or SwiGLU, which loom's block does not "
-                "compute; use LayerNorm, learned positions and a GELU MLP");
-  static_assert(r.kv_heads == 0 || r.kv_heads == M::n_head,
-                "loom::nn: grouped-query attention (kv_heads < n_head) is not part of loom's block; set kv_heads = 0");
-  constexpr long C = M::d_model, Vp = M::vocab_padded, Ls = M::n_layer / L::pp, tp = L::tp, H = 4L * C;
+  constexpr long C = M::d_model, Vp = M::vocab_padded, Ls = M::n_layer / L::pp, tp = L::tp;
+  constexpr long NH = M::n_head, KV = models::kv_heads_of<M>(), hd = C / NH, H = models::mlp_hidden_of<M>();
+  constexpr bool ln = r.norm == norm_kind::layernorm, swiglu = r.mlp == mlp_kind::swiglu;
   using enum shard;
   using enum init;
   table_builder b;
@@ -92,35 +90,41 @@ consteval table_builder build_table() {
                     stages used, std::string_view hf, bool hf_t = false) {
     const long local_rows = rule == vocab ? rows / tp : rows;
     b.rows[b.n++] = {name, id, cols == 1 ? 1 : 2, {local_rows, cols, 1}, {rows, cols, 1}, decay, rule, how,
-                     false, 1, used, hf, hf_t};
+                     false, 1, {1, 1, 1}, used, hf, hf_t};
   };
-  // A per-layer (Ls, rows) vector (cols == 1) or (Ls, rows, cols) matrix.
+  // A per-layer (Ls, rows) vector (cols == 1) or (Ls, rows, cols) matrix; a column tensor's
+  // sections are split by tp each, in proportion `parts`.
   auto layer = [&](std::string_view name, role id, long rows, long cols, bool decay, shard rule, init how,
-                   std::string_view hf, bool hf_t = false, int sections = 1) {
+                   std::string_view hf, bool hf_t = false, int sections = 1, std::array<int, 3> parts = {1, 1, 1}) {
     const long lr = rule == column ? rows / tp : rows, lc = rule == row ? cols / tp : cols;
     b.rows[b.n++] = {name, id, cols == 1 ? 2 : 3, {Ls, lr, lc}, {Ls, rows, cols}, decay, rule, how,
-                     true, sections, stages::all, hf, hf_t};
+                     true, sections, parts, stages::all, hf, hf_t};
   };
   const bool bias = r.linear_bias;
   global("wte", role::wte, Vp, C, false, vocab, normal, r.tied_head ? stages::first_and_last : stages::first,
          "wte.weight");
-  global("wpe", role::wpe, M::max_seq, C, false, replicated, normal, stages::first, "wpe.weight");
+  if (r.position == position_kind::learned)
+    global("wpe", role::wpe, M::max_seq, C, false, replicated, normal, stages::first, "wpe.weight");
   layer("ln1_w", role::ln1_w, C, 1, false, replicated, ones, "h.{}.ln_1.weight");
-  layer("ln1_b", role::ln1_b, C, 1, false, replicated, zeros, "h.{}.ln_1.bias");
-  layer("qkv_w", role::qkv_w, 3 * C, C, true, column, normal, "h.{}.attn.c_attn.weight", true, 3);
-  if (bias) layer("qkv_b", role::qkv_b, 3 * C, 1, false, column, zeros, "h.{}.attn.c_attn.bias", false, 3);
+  if (ln) layer("ln1_b", role::ln1_b, C, 1, false, replicated, zeros, "h.{}.ln_1.bias");
+  // [q: NH heads | k: KV heads | v: KV heads] of hd rows each
+  constexpr std::array<int, 3> qkv_parts = KV == NH ? std::array<int, 3>{1, 1, 1} : std::array<int, 3>{int(NH), int(KV), int(KV)};
+  layer("qkv_w", role::qkv_w, (NH + 2 * KV) * hd, C, true, column, normal, "h.{}.attn.c_attn.weight", true, 3, qkv_parts);
+  if (bias)
+    layer("qkv_b", role::qkv_b, (NH + 2 * KV) * hd, 1, false, column, zeros, "h.{}.attn.c_attn.bias", false, 3, qkv_parts);
   layer("attproj_w", role::attproj_w, C, C, true, row, residual_normal, "h.{}.attn.c_proj.weight", true);
   if (bias) layer("attproj_b", role::attproj_b, C, 1, false, replicated, zeros, "h.{}.attn.c_proj.bias");
   layer("ln2_w", role::ln2_w, C, 1, false, replicated, ones, "h.{}.ln_2.weight");
-  layer("ln2_b", role::ln2_b, C, 1, false, replicated, zeros, "h.{}.ln_2.bias");
-  layer("fc_w", role::fc_w, H, C, true, column, normal, "h.{}.mlp.c_fc.weight", true);
-  if (bias) layer("fc_b", role::fc_b, H, 1, false, column, zeros, "h.{}.mlp.c_fc.bias");
+  if (ln) layer("ln2_b", role::ln2_b, C, 1, false, replicated, zeros, "h.{}.ln_2.bias");
+  // SwiGLU: [gate | up], each H rows, split by tp each
+  layer("fc_w", role::fc_w, swiglu ? 2 * H : H, C, true, column, normal, "h.{}.mlp.c_fc.weight", true, swiglu ? 2 : 1);
+  if (bias) layer("fc_b", role::fc_b, swiglu ? 2 * H : H, 1, false, column, zeros, "h.{}.mlp.c_fc.bias", false, swiglu ? 2 : 1);
   layer("fcproj_w", role::fcproj_w, C, H, true, row, residual_normal, "h.{}.mlp.c_proj.weight", true);
   if (bias) layer("fcproj_b", role::fcproj_b, C, 1, false, replicated, zeros, "h.{}.mlp.c_proj.bias");
   global("lnf_w", role::lnf_w, C, 1, false, replicated, ones, stages::last, "ln_f.weight");
-  global("lnf_b", role::lnf_b, C, 1, false, replicated, zeros, stages::last, "ln_f.bias");
+  if (ln) global("lnf_b", role::lnf_b, C, 1, false, replicated, zeros, stages::last, "ln_f.bias");
   if (!r.tied_head) global("lm_head", role::lm_head, Vp, C, false, vocab, normal, stages::last, "lm_head.weight");
-  if (r.hf_model_type.empty())
+  if (r.hf_model_type != "gpt2")  // the names above are GPT-2's; io/hf_llama.hpp maps Llama's itself
     for (std::size_t k = 0; k < b.n; ++k) b.rows[k].hf_name = {};
   return b;
 }

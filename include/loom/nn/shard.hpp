@@ -5,6 +5,7 @@
 /// columns split, replicated copies; per-layer rows split across pipeline stages by layer.
 /// shard_geometry is the one description of that mapping; io::shard_tensor / io::gather_tensor
 /// apply it to saved tensors.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -27,13 +28,30 @@ namespace loom::nn {
 /// others layers = 1 (held whole by every stage). Tensor parallelism splits rows (shard::vocab
 /// and shard::column; a column tensor with `sections` = 3, qkv, splits each of its q, k, v
 /// sections so a rank owns whole heads of all three: Megatron-LM's ColumnParallelLinear on a
-/// fused QKV) or cols (shard::row: RowParallelLinear), or replicates.
+/// fused QKV) or cols (shard::row: RowParallelLinear), or replicates. Sections may differ in
+/// size: section q holds rows * parts[q] / (sum of parts) rows (grouped-query attention's qkv:
+/// parts {n_head, n_kv_head, n_kv_head}).
 struct shard_geometry {
   shard rule = shard::replicated;
   bool per_layer = false;
   long layers = 1, rows = 1, cols = 1;  ///< the logical (unsharded) shape
   int sections = 1;
+  std::array<int, 3> parts{1, 1, 1};   ///< relative section sizes (the first `sections` count)
   constexpr std::size_t logical_elems() const noexcept { return std::size_t(layers) * rows * cols; }
+  /// Sum of the first `sections` parts.
+  constexpr long part_sum() const noexcept {
+    long n = 0;
+    for (int q = 0; q < sections && q < 3; ++q) n += parts[std::size_t(q)];
+    return n;
+  }
+  /// Logical rows of section q.
+  constexpr long section_rows(int q) const noexcept { return rows / part_sum() * parts[std::size_t(q)]; }
+  /// First logical row of section q.
+  constexpr long section_begin(int q) const noexcept {
+    long r = 0;
+    for (int j = 0; j < q; ++j) r += section_rows(j);
+    return r;
+  }
 };
 
 /// The geometry of table row s of a table made for `pp` pipeline stages (param_table<M,
@@ -51,6 +69,7 @@ constexpr shard_geometry geometry_of(const param_spec& s, int pp) noexcept {
     g.cols = s.ndim == 2 ? s.global[1] : 1;
   }
   g.sections = s.sections;
+  g.parts = s.parts;
   return g;
 }
 
@@ -62,7 +81,12 @@ constexpr bool splits(const shard_geometry& g, int tp, int pp) noexcept {
     case shard::replicated: return true;
     case shard::row: return g.cols % tp == 0;
     case shard::vocab:
-    case shard::column: return g.sections >= 1 && g.rows % g.sections == 0 && (g.rows / g.sections) % tp == 0;
+    case shard::column: {
+      if (g.sections < 1 || g.sections > 3 || g.part_sum() < 1 || g.rows % g.part_sum() != 0) return false;
+      for (int q = 0; q < g.sections; ++q)
+        if (g.parts[std::size_t(q)] < 1 || g.section_rows(q) % tp != 0) return false;
+      return true;
+    }
   }
   return false;
 }
@@ -80,8 +104,11 @@ constexpr std::size_t global_index(const shard_geometry& g, int tp, int pp, int 
   const std::size_t glayer = g.per_layer ? std::size_t(stage) * layers + layer : 0;
   std::size_t ga = a, gc = c;
   if (sharded_rows) {
-    const std::size_t part = rows / std::size_t(g.sections), gpart = std::size_t(g.rows) / std::size_t(g.sections);
-    ga = (a / part) * gpart + std::size_t(tp_rank) * part + a % part;
+    std::size_t q = 0, local0 = 0;  // section of local row a, and its first local row
+    while (q + 1 < std::size_t(g.sections) && a >= local0 + std::size_t(g.section_rows(int(q)) / tp))
+      local0 += std::size_t(g.section_rows(int(q++)) / tp);
+    const std::size_t part = std::size_t(g.section_rows(int(q)) / tp);
+    ga = std::size_t(g.section_begin(int(q))) + std::size_t(tp_rank) * part + (a - local0);
   } else if (g.rule == shard::row) {
     gc = std::size_t(tp_rank) * cols + c;
   }
@@ -118,9 +145,9 @@ void for_each_shard_run(const shard_geometry& g, int tp, int pp, int tp_rank, in
         break;
       case shard::vocab:
       case shard::column: {
-        const long sec = g.rows / g.sections, part = sec / tp;
         for (int q = 0; q < g.sections; ++q) {
-          const std::size_t row0 = std::size_t(q) * sec + std::size_t(tp_rank) * part;
+          const long part = g.section_rows(q) / tp;
+          const std::size_t row0 = std::size_t(g.section_begin(q)) + std::size_t(tp_rank) * part;
           f(base + row0 * g.cols, local, std::size_t(part) * g.cols);
           local += std::size_t(part) * g.cols;
         }

@@ -13,6 +13,8 @@
 ///   pp  : 0 0 0 0 1 1 1 1
 #include <concepts>
 
+#include <loom/models/configs.hpp>
+
 namespace loom::parallel {
 
 template <int TP, int PP = 1>
@@ -43,8 +45,12 @@ consteval bool fits() {
                 "the model's d_model must be a multiple of n_head: every head gets d_model/n_head channels");
   static_assert(M::n_head % L::tp == 0,
                 "the tensor-parallel degree TP must divide n_head: a tensor-parallel rank owns whole attention heads");
-  static_assert((4 * M::d_model) % L::tp == 0,
-                "the tensor-parallel degree TP must divide the MLP width 4*d_model: fc1 is split by columns");
+  static_assert(models::kv_heads_of<M>() % L::tp == 0,
+                "the tensor-parallel degree TP must divide n_kv_head: a tensor-parallel rank owns whole key/value "
+                "heads (grouped-query attention splits query and key/value heads alike)");
+  static_assert(models::mlp_hidden_of<M>() % L::tp == 0,
+                "the tensor-parallel degree TP must divide the MLP width (d_ff, 4*d_model by default): fc1 is split "
+                "by columns");
   static_assert(M::vocab_padded % L::tp == 0,
                 "the tensor-parallel degree TP must divide vocab_padded: the embedding is split by vocabulary rows");
   static_assert(M::n_layer % L::pp == 0,

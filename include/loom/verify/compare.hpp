@@ -187,18 +187,20 @@ template <class M, std::size_t BT, class Add, class ActsA, class ActsB>
 void add_activation_rows(Add&& add, const ActsA& aa, const ActsB& ab) {
   const auto pa = aa.ptrs();
   const auto pb = ab.ptrs();
-  constexpr std::size_t C = M::d_model, L = M::n_layer;
+  constexpr std::size_t C = M::d_model, L = M::n_layer, HD = C / M::n_head;
+  constexpr std::size_t QKV = (M::n_head + 2 * models::kv_heads_of<M>()) * HD, H = models::mlp_hidden_of<M>();
+  constexpr std::size_t FC = nn::arch_of<M>().mlp == nn::mlp_kind::swiglu ? 2 * H : H;
   add("embedding (token + position)", false, -1, pa.encoded, pb.encoded, BT * C);
   for (std::size_t l = 0; l < L; ++l) {
     const std::string p = "layer " + std::to_string(l) + " ";
     const int li = int(l);
     add(p + "ln1", false, li, pa.ln1 + l * BT * C, pb.ln1 + l * BT * C, BT * C);
-    add(p + "qkv", false, li, pa.qkv + l * BT * 3 * C, pb.qkv + l * BT * 3 * C, BT * 3 * C);
+    add(p + "qkv", false, li, pa.qkv + l * BT * QKV, pb.qkv + l * BT * QKV, BT * QKV);
     add(p + "attention", false, li, pa.atty + l * BT * C, pb.atty + l * BT * C, BT * C);
     add(p + "residual after attention", false, li, pa.residual2 + l * BT * C, pb.residual2 + l * BT * C, BT * C);
     add(p + "ln2", false, li, pa.ln2 + l * BT * C, pb.ln2 + l * BT * C, BT * C);
-    add(p + "fc", false, li, pa.fch + l * BT * 4 * C, pb.fch + l * BT * 4 * C, BT * 4 * C);
-    add(p + "gelu", false, li, pa.fch_gelu + l * BT * 4 * C, pb.fch_gelu + l * BT * 4 * C, BT * 4 * C);
+    add(p + "fc", false, li, pa.fch + l * BT * FC, pb.fch + l * BT * FC, BT * FC);
+    add(p + "gelu", false, li, pa.fch_gelu + l * BT * H, pb.fch_gelu + l * BT * H, BT * H);
     add(p + "residual after mlp", false, li, pa.residual3 + l * BT * C, pb.residual3 + l * BT * C, BT * C);
   }
   add("final layernorm", false, -1, pa.lnf, pb.lnf, BT * C);

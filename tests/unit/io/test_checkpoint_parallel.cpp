@@ -633,6 +633,58 @@ TEST_CASE("recipe as data: tiny_untied (no linear biases, untied LM head) trains
                        input_error);
 }
 
+TEST_CASE("recipe as data: llama_tiny (RMSNorm, RoPE, SwiGLU, 6 query heads on 2 key/value heads) trains on every "
+          "layout like one rank, checkpoints and reshards") {
+  using ML = models::llama_tiny;
+  constexpr auto t = nn::param_table<ML, layout<2, 1>>();
+  static_assert(t.size() == 9 && nn::rows_by_role<ML>[int(nn::role::wpe)] == -1);
+  const auto& qkv = t[std::size_t(nn::rows_by_role<ML>[int(nn::role::qkv_w)])];
+  CHECK(qkv.global[1] == (6 + 2 * 2) * 4);  // [q: 6 heads | k: 2 | v: 2] of 4 rows
+  CHECK(qkv.shape[1] == (3 + 2 * 1) * 4);   // a tp rank: 3 query heads, 1 key and 1 value head
+  CHECK(qkv.parts == std::array<int, 3>{6, 2, 2});
+  CHECK(t[std::size_t(nn::rows_by_role<ML>[int(nn::role::fc_w)])].shape[1] == 14);  // [gate 7 | up 7]
+
+  std::vector<double> one;
+  double eval_one = 0;
+  {
+    const one_thread_per_rank one_thread;
+    context<device::cpu> ctx;
+    plain_trainer<ML> tr(ctx, mp_config(2, 2, 5));
+    for (long s = 0; s < 6; ++s) {
+      if (s == 3) eval_one = tr.evaluate(ctx, mp_windows(-1, 0, 4));
+      one.push_back(tr.step(ctx, mp_windows(s, 0, 4)).loss);
+    }
+    CHECK(one[5] < one[0]);
+  }
+  temp_dir dir;
+  const fs::path a = dir.path / "a";
+  const auto step3 = io::checkpoint_dir_name(3);
+  const auto [eval_a, curve_a] = layout_run<2, 2, ML>(3, 6, {}, a);
+  const auto [eval_z, curve_z] = layout_run<2, 1, ML>(3, 6, {}, {}, nullptr, 2, true);
+  const auto [eval_p, curve_p] = layout_run<1, 2, ML>(3, 6, {}, {}, nullptr, 2, false);
+  for (const double e : {eval_a, eval_z, eval_p}) check_close(e, eval_one);
+  for (const auto* curve : {&curve_a, &curve_z, &curve_p}) {
+    REQUIRE(curve->size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) check_close((*curve)[i], one[3 + i]);
+  }
+  const auto man = io::verify_checkpoint(a / step3);
+  CHECK(man["model"]["arch"] == "llama");
+  REQUIRE(man["tensors"].size() == 9);
+  CHECK(man["tensors"][2]["name"] == "qkv_w");
+  CHECK(man["tensors"][2]["section_parts"] == nlohmann::json::array({6, 2, 2}));
+  // reshard (2,2,1) -> one rank and -> (2,1,1): the shards of the unequal q/k/v sections land right
+  const auto [eval_c, curve_c] = plain_run<ML>(1, 3, 6, a / step3, {});
+  const auto [eval_d, curve_d] = layout_run<2, 1, ML>(3, 6, a / step3, {});
+  for (const double e : {eval_c, eval_d}) check_close(e, eval_a);
+  for (const auto* curve : {&curve_c, &curve_d}) {
+    REQUIRE(curve->size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) check_close((*curve)[i], curve_a[i]);
+  }
+  MESSAGE("llama_tiny: eval loss after 3 steps on one rank " << eval_one << ", (2,2,1) " << eval_a << ", (2,1,2) ZeRO-1 "
+                                                             << eval_z << ", (1,2,2) " << eval_p << "; after resharding "
+                                                             << eval_c << " / " << eval_d);
+}
+
 TEST_CASE("reshard: io::shard_tensor places every element where nn::global_index says (layout<2,2>)") {
   using L = layout<2, 2>;
   constexpr auto t = nn::param_table<MP, L>();

@@ -71,15 +71,18 @@ void check_gradients(const nn::dropout_state& drop) {
 }  // namespace
 
 // models::tiny is GPT-2; models::tiny_untied has no linear biases and an LM head of its own
-// (nn::gpt2_untied_nobias), so its table has 13 rows and the head's gradient is its own.
-TEST_CASE_TEMPLATE("gpt fp64: parameter gradients match central differences", M, models::tiny, models::tiny_untied) {
+// (nn::gpt2_untied_nobias), so its table has 13 rows and the head's gradient is its own;
+// models::llama_tiny is a Llama (RMSNorm, RoPE, SwiGLU, 6 query heads on 2 key/value heads),
+// 9 rows.
+TEST_CASE_TEMPLATE("gpt fp64: parameter gradients match central differences", M, models::tiny, models::tiny_untied,
+                   models::llama_tiny) {
   check_gradients<M>({});
 }
 
 // Embedding, attention-probability and residual dropout on (nn/dropout.hpp), p = 0.2: the
 // backward regenerates the forward's masks.
 TEST_CASE_TEMPLATE("gpt fp64 with dropout 0.2: parameter gradients match central differences", M, models::tiny,
-                   models::tiny_untied) {
+                   models::tiny_untied, models::llama_tiny) {
   check_gradients<M>({0.2, dropout_key(17, 4, 1)});
 }
 

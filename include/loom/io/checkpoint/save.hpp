@@ -56,6 +56,8 @@ inline nlohmann::json manifest_of(const state_view& v, const run_state& state) {
                        {"shard", std::string(shard_name(r.geometry.rule))},
                        {"per_layer", r.geometry.per_layer},
                        {"sections", r.geometry.sections},
+                       {"section_parts", std::vector<int>(r.geometry.parts.begin(),
+                                                          r.geometry.parts.begin() + r.geometry.sections)},
                        {"logical_shape", r.logical_shape},
                        {"local_shape", r.local_shape},
                        {"used_on_stages", used_on_stages(r)},
