@@ -19,6 +19,7 @@
 #include <loom/device/policy.hpp>
 #include <loom/io/checkpoint/manifest.hpp>
 #include <loom/io/detail/checkpoint_fs.hpp>
+#include <loom/io/detail/hf_files.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/models/configs.hpp>
 #include <loom/nn/params.hpp>
@@ -120,11 +121,7 @@ void export_gpt2(context<typename G::device>& ctx, const G& model, const std::fi
   using T = typename G::storage_t;
   static_assert(G::layout::tp == 1 && G::layout::pp == 1,
                 "export_gpt2: export from one rank holding the whole model (gather the shards first)");
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec || !std::filesystem::is_directory(dir))
-    throw input_error("cannot create the export directory '" + dir.string() + "' (" + ec.message() +
-                      "); check the path and its permissions");
+  detail::make_export_dir(dir);
   std::vector<T> staged;  // only for devices the host cannot read
   const T* host = model.parameters().data();
   if constexpr (!device::host_accessible_v<typename G::device>) {
@@ -171,19 +168,7 @@ void import_gpt2(context<typename G::device>& ctx, G& model, const std::filesyst
   using T = typename G::storage_t;
   static_assert(G::layout::tp == 1 && G::layout::pp == 1, "import_gpt2: import into one rank holding the whole model");
   const auto cpath = dir / "config.json";
-  std::string text;
-  try {
-    text = detail::read_small_file(cpath);
-  } catch (const input_error& e) {
-    throw input_error(std::string(e.what()) + "; pass a directory with a GPT-2 config.json and model.safetensors");
-  }
-  nlohmann::json cfg;
-  try {
-    cfg = parse_json(text, "'" + cpath.string() + "'", "export the model again");
-  } catch (const nlohmann::json::exception& e) {
-    throw input_error("'" + cpath.string() + "' is not valid JSON (" + e.what() + "); export the model again");
-  }
-  if (!cfg.is_object()) throw input_error("'" + cpath.string() + "' is not a JSON object; export the model again");
+  const nlohmann::json cfg = detail::read_hf_config(dir, "GPT-2");
   if (cfg.contains("model_type") && cfg["model_type"] != "gpt2")
     throw input_error("'" + cpath.string() + "' describes a " + cfg["model_type"].dump() + " model, not gpt2; "
                       "loom imports GPT-2 checkpoints only");
@@ -206,18 +191,7 @@ void import_gpt2(context<typename G::device>& ctx, G& model, const std::filesyst
   if (cfg.contains("n_inner") && !cfg["n_inner"].is_null() && cfg["n_inner"] != 4 * M::d_model)
     throw input_error("'" + cpath.string() + "' has n_inner " + cfg["n_inner"].dump() + "; loom's MLP is 4*n_embd wide");
 
-  if (const auto lm = cfg.find("loom"); lm != cfg.end() && lm->is_object() && lm->contains("model_safetensors_xxh3_64")) {
-    const auto wpath = dir / "model.safetensors";
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(wpath, ec)) {  // (a missing file: the reader's error below)
-      const std::string stored = detail::string_or(*lm, "model_safetensors_xxh3_64", "(not a string)");
-      const std::string computed = detail::xxh3_file(wpath).first;
-      if (stored != computed)
-        throw input_error("'" + wpath.string() + "' fails its checksum ('" + cpath.filename().string() +
-                          "' records XXH3-64 " + stored + ", the file has " + computed +
-                          "): it changed after the export; export the model again");
-    }
-  }
+  detail::check_hf_weights_checksum(dir, cfg);
   const safetensors_reader r(dir / "model.safetensors");
   auto key_of = [&](const std::string& name) -> std::string {
     if (r.has(name)) return name;
@@ -245,10 +219,7 @@ void import_gpt2(context<typename G::device>& ctx, G& model, const std::filesyst
   for (const auto& t : tensors) {
     buf.resize(r.info(key_of(t.name)).numel());
     r.read_into(key_of(t.name), std::span<float>(buf));
-    if (const auto bad = std::find_if(buf.begin(), buf.end(), [](float x) { return !std::isfinite(x); }); bad != buf.end())
-      throw input_error("tensor '" + key_of(t.name) + "' in '" + r.path().string() + "' holds " + std::to_string(*bad) +
-                        " at element " + std::to_string(bad - buf.begin()) +
-                        "; the file is corrupt or the model diverged: use other weights");
+    detail::check_finite_tensor(buf, key_of(t.name), r.path());
     T* dst = host.data() + detail::loom_offset<G>(t);
     if (!t.transposed) {
       for (std::size_t i = 0; i < buf.size(); ++i) dst[i] = static_cast<T>(buf[i]);

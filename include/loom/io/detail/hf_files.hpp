@@ -1,0 +1,73 @@
+#pragma once
+/// \file What the Hugging Face exporters and importers (io/hf_gpt2.hpp, io/hf_llama.hpp) share:
+/// the export directory, config.json with its recorded weights checksum, the finiteness check of
+/// an imported tensor.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <system_error>
+
+#include <loom/core/error.hpp>
+#include <loom/core/json.hpp>
+#include <loom/io/checkpoint/manifest.hpp>
+#include <loom/io/detail/checkpoint_fs.hpp>
+
+namespace loom::io::detail {
+
+/// Creates the export directory `dir`. Throws loom::input_error when it cannot.
+inline void make_export_dir(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir))
+    throw input_error("cannot create the export directory '" + dir.string() + "' (" + ec.message() +
+                      "); check the path and its permissions");
+}
+
+/// `dir`/config.json as a JSON object. Throws loom::input_error when it is missing, too large,
+/// not JSON or not an object; `arch` ("GPT-2", "Llama") names what the directory should hold.
+inline nlohmann::json read_hf_config(const std::filesystem::path& dir, const std::string& arch) {
+  const auto cpath = dir / "config.json";
+  std::string text;
+  try {
+    text = read_small_file(cpath);
+  } catch (const input_error& e) {
+    throw input_error(std::string(e.what()) + "; pass a directory with a " + arch + " config.json and model.safetensors");
+  }
+  nlohmann::json cfg;
+  try {
+    cfg = parse_json(text, "'" + cpath.string() + "'", "export the model again");
+  } catch (const nlohmann::json::exception& e) {
+    throw input_error("'" + cpath.string() + "' is not valid JSON (" + e.what() + "); export the model again");
+  }
+  if (!cfg.is_object()) throw input_error("'" + cpath.string() + "' is not a JSON object; export the model again");
+  return cfg;
+}
+
+/// When config.json (`cfg`, of `dir`) records the XXH3-64 of model.safetensors (loom's exports
+/// do: "loom"."model_safetensors_xxh3_64"), checks the file against it. Throws loom::input_error
+/// when they differ. A missing file is left to the reader's own error.
+inline void check_hf_weights_checksum(const std::filesystem::path& dir, const nlohmann::json& cfg) {
+  const auto lm = cfg.find("loom");
+  if (lm == cfg.end() || !lm->is_object() || !lm->contains("model_safetensors_xxh3_64")) return;
+  const auto wpath = dir / "model.safetensors";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(wpath, ec)) return;
+  const std::string stored = string_or(*lm, "model_safetensors_xxh3_64", "(not a string)");
+  const std::string computed = xxh3_file(wpath).first;
+  if (stored != computed)
+    throw input_error("'" + wpath.string() + "' fails its checksum ('config.json' records XXH3-64 " + stored +
+                      ", the file has " + computed + "): it changed after the export; export the model again");
+}
+
+/// Throws loom::input_error naming tensor `name` of `file` and the first NaN or infinite value.
+inline void check_finite_tensor(std::span<const float> values, const std::string& name, const std::filesystem::path& file) {
+  if (const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+      bad != values.end())
+    throw input_error("tensor '" + name + "' in '" + file.string() + "' holds " + std::to_string(*bad) + " at element " +
+                      std::to_string(bad - values.begin()) + "; the file is corrupt or the model diverged: use other weights");
+}
+
+}  // namespace loom::io::detail
