@@ -2,7 +2,7 @@
 // PyTorch in the same run: the quickstart config (fp32) and the comparison config bench_small
 // (vocab 8192, seq 256, width 384, 6 layers, 6 heads, micro-batch 8) in fp32 and bf16.
 //
-//   build/bench/bench_step [--steps N] [--rounds R] [--no-torch] [--python /usr/bin/python3] [--gpt2-small]
+//   build/bench/bench_step [--steps N] [--rounds R] [--no-torch] [--python /usr/bin/python3] [--gpt2-small] [--llama]
 //
 // Each round runs every row once with loom, then the same row with PyTorch
 // (bench/reference/torch_step.py: the same model and optimizer, bf16 through torch.autocast),
@@ -17,6 +17,8 @@
 // process's peak RSS (cumulative over rows).
 //
 // --gpt2-small adds GPT-2 small (124M, vocab 50257, micro-batch 4 x 256 tokens) in fp32 and bf16.
+// --llama adds llama_quickstart beside quickstart_bpe (16 x 128), and with --gpt2-small llama_100m
+// (4 x 256) beside GPT-2 small, fp32 and bf16, with PyTorch's Llama (torch_step.py --arch llama).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -55,6 +57,8 @@ struct loom_result {
 struct row_shape {
   std::string config, precision;
   int vocab, seq, width, layers, heads, batch;
+  std::string arch;   // "gpt2" or "llama" (the PyTorch script's --arch)
+  int kv_heads, ffn;  // Llama's key/value heads and SwiGLU width
   double params;  // without position embeddings
   double flops_per_token() const { return 6 * params + 12.0 * layers * seq * width; }
 };
@@ -67,7 +71,9 @@ double median(std::vector<double> v) {
 
 template <class M, int B, int T, class Prec>
 row_shape shape_of() {
+  constexpr bool llama = loom::nn::arch_of<M>().mlp == loom::nn::mlp_kind::swiglu;
   return {std::string(M::name), std::string(Prec::name), M::vocab, T, M::d_model, M::n_layer, M::n_head, B,
+          llama ? "llama" : "gpt2", loom::models::kv_heads_of<M>(), loom::models::mlp_hidden_of<M>(),
           double(loom::nn::parameter_count<M>(false))};
 }
 
@@ -106,8 +112,9 @@ std::optional<double> run_torch(const std::string& python, const std::string& sc
                                 int threads) {
   const std::string cmd = fmt::format(
       "'{}' '{}' --vocab {} --seq {} --width {} --layers {} --heads {} --batch {} --precision {} --steps {} "
-      "--threads {} 2>&1",
-      python, script, s.vocab, s.seq, s.width, s.layers, s.heads, s.batch, s.precision, steps, threads);
+      "--threads {} --arch {} --kv-heads {} --ffn {} 2>&1",
+      python, script, s.vocab, s.seq, s.width, s.layers, s.heads, s.batch, s.precision, steps, threads, s.arch,
+      s.kv_heads, s.ffn);
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return std::nullopt;
   std::string out;
@@ -156,7 +163,7 @@ int main(int argc, char** argv) {
   loom::device::configure_host_malloc_for_gemm();
   int steps = 3, rounds = 3;
   double peak_gflops = 0;
-  bool no_torch = false, gpt2 = false;
+  bool no_torch = false, gpt2 = false, llama = false;
   std::string python = "/usr/bin/python3", script = std::string(LOOM_BENCH_REFERENCE_DIR) + "/torch_step.py";
   CLI::App app{"bench_step: one training step on the CPU, loom beside PyTorch in the same run: tokens/s, MFU, memory"};
   app.add_option("--steps", steps, "timed steps per row and round (after one warm-up step)")
@@ -166,6 +173,9 @@ int main(int argc, char** argv) {
   app.add_option("--peak-gflops", peak_gflops, "fp32 peak for MFU (default: measured at start-up)");
   app.add_flag("--no-torch", no_torch, "skip the PyTorch reference");
   app.add_flag("--gpt2-small", gpt2, "also GPT-2 small (124M), micro-batch 4 x 256, fp32 and bf16 (minutes)");
+  app.add_flag("--llama", llama,
+               "also the Llama rows: llama_quickstart 16 x 128 beside quickstart_bpe, and with --gpt2-small "
+               "llama_100m 4 x 256 beside GPT-2 small, fp32 and bf16");
   app.add_option("--python", python, "interpreter with torch for the reference")->capture_default_str();
   app.add_option("--torch-script", script, "the reference script")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -191,6 +201,23 @@ int main(int argc, char** argv) {
     runs.push_back(&run_loom<gpt2_small, 4, 256, fp32>);
     runs.push_back(&run_loom<gpt2_small, 4, 256, bf16>);
   }
+  if (llama) {
+    using loom::models::llama_quickstart, loom::models::quickstart_bpe, loom::models::llama_100m;
+    shapes.push_back(shape_of<quickstart_bpe, 16, 128, fp32>());
+    shapes.push_back(shape_of<llama_quickstart, 16, 128, fp32>());
+    shapes.push_back(shape_of<quickstart_bpe, 16, 128, bf16>());
+    shapes.push_back(shape_of<llama_quickstart, 16, 128, bf16>());
+    runs.push_back(&run_loom<quickstart_bpe, 16, 128, fp32>);
+    runs.push_back(&run_loom<llama_quickstart, 16, 128, fp32>);
+    runs.push_back(&run_loom<quickstart_bpe, 16, 128, bf16>);
+    runs.push_back(&run_loom<llama_quickstart, 16, 128, bf16>);
+    if (gpt2) {
+      shapes.push_back(shape_of<llama_100m, 4, 256, fp32>());
+      shapes.push_back(shape_of<llama_100m, 4, 256, bf16>());
+      runs.push_back(&run_loom<llama_100m, 4, 256, fp32>);
+      runs.push_back(&run_loom<llama_100m, 4, 256, bf16>);
+    }
+  }
   std::vector<std::vector<loom_result>> mine(shapes.size());
   std::vector<std::vector<double>> theirs(shapes.size()), ratio(shapes.size());
   for (int r = 0; r < rounds; ++r) {
@@ -205,9 +232,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_step: round %d of %d done\n", r + 1, rounds);
   }
 
-  fmt::print("| config      | prec | B  x  T   | params (M) | loom tok/s | MFU loom          | PyTorch tok/s | MFU PyTorch       "
+  fmt::print("| config           | prec | B  x  T   | params (M) | loom tok/s | MFU loom          | PyTorch tok/s | MFU PyTorch       "
              "| loom/PyTorch | p+g MiB | opt MiB | act MiB |\n");
-  fmt::print("|-------------|------|-----------|------------|------------|-------------------|---------------|-------------------"
+  fmt::print("|------------------|------|-----------|------------|------------|-------------------|---------------|-------------------"
              "|--------------|---------|---------|---------|\n");
   std::vector<double> loom_tok(shapes.size()), torch_tok(shapes.size());
   for (std::size_t i = 0; i < shapes.size(); ++i) {
@@ -221,7 +248,7 @@ int main(int argc, char** argv) {
       return fmt::format("{:5.1f} % {:>9}", 100.0 * s.flops_per_token() * tps / (peaks.at(u) * 1e9), loom::bench::unit_name(u));
     };
     const auto& m = mine[i].back();
-    fmt::print("| {:<11} | {:<4} | {:2} x {:4} | {:10.1f} | {:10.0f} | {} | {:>13} | {:>17} | {:>12} | {:7.1f} | {:7.1f} | {:7.1f} |\n",
+    fmt::print("| {:<16} | {:<4} | {:2} x {:4} | {:10.1f} | {:10.0f} | {} | {:>13} | {:>17} | {:>12} | {:7.1f} | {:7.1f} | {:7.1f} |\n",
                s.config, s.precision, s.batch, s.seq, s.params / 1e6, loom_tok[i], mfu(loom_tok[i], false),
                theirs[i].empty() ? "-" : fmt::format("{:.0f}", torch_tok[i]),
                theirs[i].empty() ? "-" : mfu(torch_tok[i], true),

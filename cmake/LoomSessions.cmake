@@ -24,6 +24,8 @@ set(_loom_default_sessions
   char_tiny/bf16/tp2pp2/cpu/fused char_tiny/fp16/tp2pp2/cpu/fused char_tiny/fp32/tp1pp1/cpu/reference
   quickstart/fp32/tp1pp1/cpu/fused quickstart/bf16/tp1pp1/cpu/fused quickstart/fp16/tp1pp1/cpu/fused
   quickstart/fp32/tp2pp2/cpu/fused quickstart/bf16/tp2pp2/cpu/fused
+  llama_quickstart/fp32/tp1pp1/cpu/fused llama_quickstart/bf16/tp1pp1/cpu/fused llama_quickstart/fp16/tp1pp1/cpu/fused
+  llama_quickstart/fp32/tp2pp2/cpu/fused llama_quickstart/bf16/tp2pp2/cpu/fused
   quickstart_bpe/fp32/tp1pp1/cpu/fused quickstart_bpe/bf16/tp1pp1/cpu/fused quickstart_bpe/fp16/tp1pp1/cpu/fused
   quickstart_bpe/fp32/tp2pp1/cpu/fused quickstart_bpe/fp32/tp1pp2/cpu/fused quickstart_bpe/fp32/tp2pp2/cpu/fused
   quickstart_bpe/bf16/tp2pp2/cpu/fused
@@ -45,6 +47,7 @@ set(LOOM_EXTRA_SESSIONS "" CACHE STRING "instances added to LOOM_SESSIONS (same 
 set(LOOM_SESSION_CAPACITY_char_tiny 8 32)
 set(LOOM_SESSION_CAPACITY_quickstart 16 128)
 set(LOOM_SESSION_CAPACITY_quickstart_bpe 16 128)
+set(LOOM_SESSION_CAPACITY_llama_quickstart 16 128)
 set(LOOM_SESSION_CAPACITY_bench_small 8 256)
 set(LOOM_SESSION_CAPACITY_gpt2_small 4 1024)
 

@@ -110,8 +110,8 @@ int main(int argc, char** argv) {
       throw loom::input_error("this sample was built without LOOM_WITH_TEXT, so it cannot use the SentencePiece tokenizer '" +
                               o.tokenizer + "'; rebuild loom with SentencePiece (scripts/setup.sh)");
 #endif
-    if (name == "quickstart_bpe" && o.tokenizer.empty())  // other models without a tokenizer: bytes
-      throw loom::input_error("weights file '" + o.weights + "' is for model quickstart_bpe, whose ids are SentencePiece "
+    if ((name == "quickstart_bpe" || name == "llama_quickstart") && o.tokenizer.empty())  // others: bytes
+      throw loom::input_error("weights file '" + o.weights + "' is for model " + name + ", whose ids are SentencePiece "
                               "tokens; pass --tokenizer PREFIX.model, the tokenizer of the data it was trained on");
     const auto whole = loom::train::find_whole_model(loom::train::compiled_sessions(), name);
     if (!whole)

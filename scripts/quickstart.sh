@@ -4,8 +4,9 @@
 # on it (models::quickstart_bpe, CPU, fp32), report validation loss in nats/token and bits/byte,
 # then sample from the saved weights.
 #   scripts/quickstart.sh [extra train_gpt flags, e.g. --steps 300]
+#   scripts/quickstart.sh --model llama_quickstart   # the same with the quickstart's Llama
 # Environment: LOOM_DATA (default ../shared/data/tinyshakespeare.txt), LOOM_BUILD_DIR (default build).
-# Writes out/shakespeare.{bin,idx,model,vocab,json} and out/quickstart_bpe.safetensors (both are
+# Writes out/shakespeare.{bin,idx,model,vocab,json} and out/<model>.safetensors (both are
 # replaced by a later run; train_gpt checks that --out is writable before training).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,10 +30,17 @@ mkdir -p out
 echo "== preparing $data -> out/shakespeare (clean, dedup, filter, BPE tokenizer, indexed dataset) =="
 "$build_dir/examples/prepare_data" --input "$data" --output-prefix out/shakespeare --vocab-size 8000
 echo
-echo "== training models::quickstart_bpe on out/shakespeare =="
-steps=(--steps 600)   # unless the caller passes --steps (1200 overfits: see README)
-for arg in "$@"; do [[ "$arg" == --steps || "$arg" == --steps=* ]] && steps=(); done
-"$build_dir/examples/train_gpt" --data out/shakespeare "${steps[@]}" --out out/quickstart_bpe.safetensors "$@"
+model=quickstart_bpe   # unless the caller passes --model
+steps=(--steps 600)    # unless the caller passes --steps (1200 overfits: see README)
+prev=""
+for arg in "$@"; do
+  [[ "$arg" == --steps || "$arg" == --steps=* ]] && steps=()
+  [[ "$prev" == --model ]] && model="$arg"
+  [[ "$arg" == --model=* ]] && model="${arg#--model=}"
+  prev="$arg"
+done
+echo "== training models::$model on out/shakespeare =="
+"$build_dir/examples/train_gpt" --data out/shakespeare "${steps[@]}" --out "out/$model.safetensors" "$@"
 echo
-echo "== sampling from out/quickstart_bpe.safetensors =="
-"$build_dir/examples/sample" --weights out/quickstart_bpe.safetensors --prompt "ROMEO:" --tokens 200 --temperature 0.8 --top-k 40
+echo "== sampling from out/$model.safetensors =="
+"$build_dir/examples/sample" --weights "out/$model.safetensors" --prompt "ROMEO:" --tokens 200 --temperature 0.8 --top-k 40

@@ -117,7 +117,8 @@ inline void add_flags(CLI::App& app, options& o) {
                  "end this run after this many completed steps, saving a checkpoint; the schedule still spans --steps")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--export-hf", o.export_hf,
-                 "after training, write Hugging Face GPT-2 weights (model.safetensors, config.json) to this directory");
+                 "after training, write Hugging Face weights (GPT2LMHeadModel or LlamaForCausalLM: model.safetensors, "
+                 "config.json) to this directory");
   app.add_option("--ranks", o.ranks, "data-parallel ranks as threads of this process (--comm threads)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--comm", o.comm, "communicator: threads (--ranks N) or mpi (run under mpirun -np N; needs a build with MPI)")
@@ -164,7 +165,8 @@ inline void add_flags(CLI::App& app, options& o) {
                "print the compiled (model, precision, layout, device, attention) instances and exit; with any of "
                "--model, --precision, --layout, --device, --attention, only those that match");
   app.add_option("--init-from-hf", o.init_from_hf,
-                 "start from the GPT-2 weights in this directory (config.json, model.safetensors)")
+                 "start from the Hugging Face weights (GPT-2 or Llama, as --model) in this directory (config.json, "
+                 "model.safetensors)")
       ->excludes(resume);
 }
 

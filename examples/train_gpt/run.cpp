@@ -118,7 +118,8 @@ void save_and_sample(const options& o, loom::train::whole_model& model, const st
   std::printf("%s to %s\n", saved.c_str(), out.c_str());
   if (!o.export_hf.empty()) {
     model.export_hf(o.export_hf);
-    std::printf("exported Hugging Face GPT-2 weights to %s (model.safetensors, config.json)\n", o.export_hf.c_str());
+    std::printf("exported Hugging Face %s weights to %s (model.safetensors, config.json)\n",
+                std::string(model.model().arch).c_str(), o.export_hf.c_str());
   }
   if (o.sample_tokens <= 0) return;
 #if !LOOM_WITH_TEXT
@@ -371,7 +372,9 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
       const auto whole = inst.whole(o.seed);
       whole->import_hf(o.init_from_hf);
       s.load_global_parameters(whole->parameters());
-      if (lead) std::printf("initialised from the GPT-2 weights in %s\n", o.init_from_hf.c_str());
+      if (lead)
+        std::printf("initialised from the Hugging Face %s weights in %s\n", std::string(whole->model().arch).c_str(),
+                    o.init_from_hf.c_str());
     }
     if (const auto old = io::list_checkpoints(ckpt_dir); !ckpt_dir.empty() && !old.empty())
       throw input_error("checkpoint directory '" + ckpt_dir + "' already holds checkpoints of an earlier run (newest " +

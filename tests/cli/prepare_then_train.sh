@@ -6,7 +6,8 @@
 # bytes/token, samples are valid UTF-8 (Chinese characters for zh_classics) and reproducible,
 # a prompt typed with full-width forms is normalized as the training text was (PREFIX.json's
 # "normalization": the same sample as the half-width prompt), and a byte-level model is refused
-# for the dataset with the fix named.
+# for the dataset with the fix named. The quickstart's Llama (--model llama_quickstart) trains on
+# the English dataset too, exports Hugging Face LlamaForCausalLM weights and samples.
 #   tests/cli/prepare_then_train.sh <dir with prepare_data, train_gpt and sample>
 set -euo pipefail
 bin="$1"
@@ -94,4 +95,19 @@ EOF
 
 run_corpus en tinyshakespeare.txt 4000 1000 "ROMEO:" "ＲＯＭＥＯ："
 run_corpus zh zh_classics.txt 400 2000 "第1章子曰" "第１章子曰"
-echo "2 passed, 0 failed"
+
+# the Llama on the English dataset: the loss falls, the export is a Llama checkpoint, sampling works
+"$bin/train_gpt" --data "$work/en" --model llama_quickstart --steps 30 --micro-batch 2 --seq-len 32 --eval-windows 8 \
+  --log-dir '' --peak-gflops 100 --summary-every 0 --sample-tokens 0 --out "$work/llama.safetensors" \
+  --export-hf "$work/llama_hf" > "$work/llama.log" || { cat "$work/llama.log"; fail "llama: train_gpt failed"; }
+grep -q '^model llama_quickstart:' "$work/llama.log" || { cat "$work/llama.log"; fail "llama: no model line"; }
+first=$(grep -oP '^step +0/30 \| loss \K[0-9.]+' "$work/llama.log")
+last=$(grep -oP '^step +29/30 \| loss \K[0-9.]+' "$work/llama.log")
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' || { cat "$work/llama.log"; fail "llama: loss did not fall: $first -> $last"; }
+python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); sys.exit(not (c["model_type"] == "llama" and c["num_key_value_heads"] == 2))' \
+  "$work/llama_hf/config.json" || fail "llama: the export's config.json is not a Llama config with 2 key/value heads"
+"$bin/sample" --weights "$work/llama.safetensors" --prompt "ROMEO:" --tokens 30 --seed 3 > "$work/llama.s1"
+python3 -c 'import sys; t=open(sys.argv[1],"rb").read().decode("utf-8"); sys.exit(not t.startswith("ROMEO:"))' \
+  "$work/llama.s1" || fail "llama: the sample does not start with the prompt"
+echo "llama: loss $first -> $last"
+echo "3 passed, 0 failed"

@@ -124,7 +124,7 @@ expect_error "config.json" "$t" "${common[@]}" --steps 2 --init-from-hf "$work/m
 [[ -s "$work/e/hf/model.safetensors" ]] && grep -q '"model_type": "gpt2"' "$work/e/hf/config.json" && ok || bad "export files"
 "$t" "${common[@]}" --steps 1 --log-dir "$work/i/logs" --out "$work/i/w.safetensors" --init-from-hf "$work/e/hf" \
   > "$work/i.txt" 2>&1 || bad "init-from-hf run: $(tail -3 "$work/i.txt")"
-grep -q "initialised from the GPT-2 weights" "$work/i.txt" && ok || bad "no init message"
+grep -q "initialised from the Hugging Face gpt2 weights" "$work/i.txt" && ok || bad "no init message"
 first_fresh=$(losses "$work/a/logs/metrics.jsonl" | head -1 | cut -d' ' -f2)
 first_init=$(losses "$work/i/logs/metrics.jsonl" | head -1 | cut -d' ' -f2)
 awk -v a="$first_init" -v b="$first_fresh" 'BEGIN { exit !(a < b - 0.1) }' && ok ||

@@ -44,6 +44,15 @@ TEST_CASE("train_gpt flags: defaults, the dataset model and the layout") {
   CHECK(train_gpt_cli::comm_timeout_ms(b.o).count() == 600000);
 }
 
+TEST_CASE("train_gpt flags: a Llama model trains on layouts its key/value heads allow") {
+  parsed a;
+  parse(a, {"--data", "x.txt", "--model", "llama_quickstart", "--layout", "tp2pp2", "--ranks", "4"});
+  CHECK(a.layout == std::pair{2, 2});
+  parsed b;  // 6 query heads divide by 3, its 2 key/value heads do not
+  CHECK_THROWS_WITH_AS(parse(b, {"--data", "x.txt", "--model", "llama_quickstart", "--layout", "tp3pp1", "--ranks", "3"}),
+                       doctest::Contains("2 key/value heads, not divisible by TP=3"), loom::input_error);
+}
+
 TEST_CASE("train_gpt flags: non-finite and oversized numbers are input errors, not undefined conversions") {
   // --comm-timeout nan or 1e300 became static_cast<long long>(...) milliseconds, --bucket-mb nan
   // or 1e300 a size_t(...) bucket capacity: both undefined. NaN passes CLI11's range checks
