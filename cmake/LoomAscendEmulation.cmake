@@ -7,7 +7,7 @@
 # names, which loom loads exactly as it loads a real toolkit (dlopen through ASCEND_HOME_PATH):
 #   libascendcl.so   emulation/src/runtime.cpp, elements.cpp    (+ the emulation's control functions loomemu_*)
 #   libnnopbase.so   emulation/src/meta.cpp
-#   libopapi.so      emulation/src/ops.cpp, ops_attention.cpp
+#   libopapi.so      emulation/src/ops.cpp, ops_attention.cpp, ops_llama.cpp
 #   libhccl.so       emulation/src/hccl.cpp
 #   libmsprofiler.so emulation/src/prof.cpp     (aclprof* session calls, logged for tests)
 # Nothing links them: the test binaries find them through ASCEND_HOME_PATH (set by CTest) or the
@@ -60,7 +60,8 @@ function(_loom_emu_library target output)
 endfunction()
 _loom_emu_library(loom_emu_ascendcl ascendcl "${_loom_emu_src}/runtime.cpp" "${_loom_emu_src}/elements.cpp")
 _loom_emu_library(loom_emu_nnopbase nnopbase "${_loom_emu_src}/meta.cpp")
-_loom_emu_library(loom_emu_opapi opapi "${_loom_emu_src}/ops.cpp" "${_loom_emu_src}/ops_attention.cpp")
+_loom_emu_library(loom_emu_opapi opapi "${_loom_emu_src}/ops.cpp" "${_loom_emu_src}/ops_attention.cpp"
+                  "${_loom_emu_src}/ops_llama.cpp")
 _loom_emu_library(loom_emu_hccl hccl "${_loom_emu_src}/hccl.cpp")
 _loom_emu_library(loom_emu_msprofiler msprofiler "${_loom_emu_src}/prof.cpp")
 target_link_libraries(loom_emu_nnopbase PRIVATE loom_emu_ascendcl)

@@ -32,14 +32,13 @@
 #include <string>
 
 #include "internal.hpp"
+#include "op_common.hpp"
 
 using namespace loomemu;
 
 namespace {
 
 using dims_t = std::vector<int64_t>;
-
-bool is_nn_float(aclDataType dt) { return dt == ACL_FLOAT || dt == ACL_FLOAT16 || dt == ACL_BF16; }
 
 std::string dims_string(const dims_t& d) {
   std::string s = "[";
@@ -87,24 +86,6 @@ std::vector<double> expand(const std::vector<double>& v, const dims_t& from, con
   return out;
 }
 
-#define INJECT_PHASE1(name)                                    \
-  do {                                                         \
-    if (int injected_code = injected(name "GetWorkspaceSize")) \
-      return injected_code;                                    \
-  } while (0)
-
-#define NEED(ptr, name, what)                                                   \
-  do {                                                                          \
-    if (!(ptr)) return reject(name, param_nullptr, std::string(what) + " is NULL"); \
-  } while (0)
-
-#define PHASE2(op)                                                                              \
-  extern "C" aclnnStatus op(void* workspace, uint64_t workspaceSize, aclOpExecutor* executor, \
-                            aclrtStream stream) {                                              \
-    return launch(#op, workspace, workspaceSize, executor, stream);                            \
-  }
-
-aclnnStatus invalid(const char* name, const std::string& why) { return reject(name, param_invalid, why); }
 
 // --- matrix multiply ------------------------------------------------------------------------------------------
 std::string check_cube(const aclTensor& a, const aclTensor& b, const aclTensor& out, int8_t cube) {

@@ -418,3 +418,66 @@ TEST_CASE("rule: aclnnInplaceExp / aclnnInplaceLog need a floating selfRef (INT6
   for (std::size_t k = 0; k < 4; ++k) CHECK(got[k] == doctest::Approx(hf[k]).epsilon(1e-6));  // log(exp(x)) = x
   for (auto* p : {I, F}) api().aclDestroyTensor(p);
 }
+
+TEST_CASE("rule: aclnnRmsNorm[Grad]: gamma of x's dtype or FLOAT32, rstd FLOAT32, dgamma FLOAT32 (-> 161002)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  const int64_t N = 3, C = 8;
+  dbuf<Eigen::bfloat16> x(std::size_t(N * C), ctx.stream), y(std::size_t(N * C), ctx.stream), gb(std::size_t(C), ctx.stream);
+  dbuf<Eigen::half> gh(std::size_t(C), ctx.stream);
+  dbuf<float> g32(std::size_t(C), ctx.stream), r32(std::size_t(N), ctx.stream), dg32(std::size_t(C), ctx.stream);
+  dbuf<Eigen::bfloat16> r16(std::size_t(N), ctx.stream);
+  auto* X = raw(x.data(), acl::dt_bf16, {N, C});
+  auto* Y = raw(y.data(), acl::dt_bf16, {N, C});
+  auto* GB = raw(gb.data(), acl::dt_bf16, {C});
+  auto* GH = raw(gh.data(), acl::dt_float16, {C});
+  auto* G32 = raw(g32.data(), acl::dt_float, {C});
+  auto* GWIDE = raw(g32.data(), acl::dt_float, {C / 2});
+  auto* R = raw(r32.data(), acl::dt_float, {N, 1});
+  auto* RLEAD = raw(r32.data(), acl::dt_float, {N});
+  auto* R16 = raw(r16.data(), acl::dt_bf16, {N, 1});
+  auto* DG16 = raw(gb.data(), acl::dt_bf16, {C});
+  auto* DG32 = raw(dg32.data(), acl::dt_float, {C});
+  uint64_t ws = 0;
+  acl::aclOpExecutor* ex = nullptr;
+  CHECK(api().aclnnRmsNormGetWorkspaceSize(X, GH, 1e-5, Y, R, &ws, &ex) == 161002);  // fp16 gamma, bf16 x
+  CHECK(recent().find("gamma dtype") != std::string::npos);
+  CHECK(api().aclnnRmsNormGetWorkspaceSize(X, GWIDE, 1e-5, Y, R, &ws, &ex) == 161002);  // not x's trailing dims
+  CHECK(api().aclnnRmsNormGetWorkspaceSize(X, GB, 1e-5, Y, R16, &ws, &ex) == 161002);  // rstd must be FLOAT32
+  CHECK(api().aclnnRmsNormGetWorkspaceSize(X, GB, 1e-5, nullptr, R, &ws, &ex) == 161001);
+  REQUIRE(api().aclnnRmsNormGetWorkspaceSize(X, G32, 1e-5, Y, R, &ws, &ex) == 0);  // FLOAT32 gamma: documented
+  CHECK(run_phase2(ctx, api().aclnnRmsNorm, ex, ws) == 0);
+  CHECK(api().aclnnRmsNormGradGetWorkspaceSize(X, X, R, GB, Y, DG16, &ws, &ex) == 161002);  // dgamma FLOAT32 only
+  CHECK(recent().find("dgammaOut") != std::string::npos);
+  REQUIRE(api().aclnnRmsNormGradGetWorkspaceSize(X, X, RLEAD, GB, Y, DG32, &ws, &ex) == 0);  // leading-dims rstd
+  CHECK(run_phase2(ctx, api().aclnnRmsNormGrad, ex, ws) == 0);
+  for (auto* p : {X, Y, GB, GH, G32, GWIDE, R, RLEAD, R16, DG16, DG32}) api().aclDestroyTensor(p);
+}
+
+TEST_CASE("rule: aclnnSwiGlu[Grad]: dim in range and even, out halved, SwiGluGrad's x 64-byte aligned (-> 161002)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  const int64_t N = 3;
+  dbuf<Eigen::bfloat16> x(std::size_t(N * 64), ctx.stream), o(std::size_t(N * 32), ctx.stream), dx(std::size_t(N * 64), ctx.stream);
+  auto* X = raw(x.data(), acl::dt_bf16, {N, 32});     // 64 bytes per row
+  auto* X14 = raw(x.data(), acl::dt_bf16, {N, 14});   // 28 bytes per row
+  auto* X7 = raw(x.data(), acl::dt_bf16, {N, 7});     // odd along dim
+  auto* O = raw(o.data(), acl::dt_bf16, {N, 16});
+  auto* O7 = raw(o.data(), acl::dt_bf16, {N, 7});
+  auto* OF = raw(o.data(), acl::dt_float16, {N, 16});
+  auto* DX = raw(dx.data(), acl::dt_bf16, {N, 32});
+  auto* DX14 = raw(dx.data(), acl::dt_bf16, {N, 14});
+  uint64_t ws = 0;
+  acl::aclOpExecutor* ex = nullptr;
+  CHECK(api().aclnnSwiGluGetWorkspaceSize(X7, -1, O, &ws, &ex) == 161002);  // odd axis
+  CHECK(api().aclnnSwiGluGetWorkspaceSize(X, 2, O, &ws, &ex) == 161002);    // dim outside [-2, 1]
+  CHECK(api().aclnnSwiGluGetWorkspaceSize(X, -1, OF, &ws, &ex) == 161002);  // out dtype differs
+  CHECK(api().aclnnSwiGluGetWorkspaceSize(X, 0, O, &ws, &ex) == 161002);    // out not halved along dim 0
+  REQUIRE(api().aclnnSwiGluGetWorkspaceSize(X, -1, O, &ws, &ex) == 0);
+  CHECK(run_phase2(ctx, api().aclnnSwiGlu, ex, ws) == 0);
+  CHECK(api().aclnnSwiGluGradGetWorkspaceSize(O7, X14, -1, DX14, &ws, &ex) == 161002);  // 28-byte rows
+  CHECK(recent().find("64") != std::string::npos);
+  REQUIRE(api().aclnnSwiGluGradGetWorkspaceSize(O, X, -1, DX, &ws, &ex) == 0);
+  CHECK(run_phase2(ctx, api().aclnnSwiGluGrad, ex, ws) == 0);
+  for (auto* p : {X, X14, X7, O, O7, OF, DX, DX14}) api().aclDestroyTensor(p);
+}

@@ -22,6 +22,7 @@
 #include <loom/kernels/ascend/elementwise.hpp>
 #include <loom/kernels/ascend/encoder.hpp>
 #include <loom/kernels/ascend/layernorm.hpp>
+#include <loom/kernels/ascend/llama.hpp>
 #include <loom/kernels/ascend/matmul.hpp>
 #include <loom/kernels/ascend/optimizer.hpp>
 #include <loom/kernels/ascend/vocab_parallel.hpp>
@@ -114,6 +115,39 @@ struct ops<device::ascend, T> {
                   "loom::kernels::ops<ascend, T>::gelu_backward: aclnnGeluBackwardV2 has no kernel for this storage "
                   "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::gelu_backward(ctx, din, in, dout, n);
+  }
+  // The Llama block's RMSNorm and SwiGLU (kernels/ascend/llama.hpp); its rotary embedding is not
+  // on the NPU yet, so kernels::has_llama_ops<ascend, T> is false.
+  static void rmsnorm_forward(ctx_t& ctx, T* out, acc* rstd, const T* in, const T* w, int N, int C, acc eps) {
+    const kernel_scope k(ctx.hook, "rmsnorm_forward");
+    static_assert(ascend::supports_v<ascend::op::rmsnorm, T>,
+                  "loom::kernels::ops<ascend, T>::rmsnorm_forward: aclnnRmsNorm has no kernel for this storage type "
+                  "on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::rmsnorm_forward(ctx, out, rstd, in, w, N, C, eps);
+  }
+  /// din +=; dw += in the gradient type G (Note [fp32 gradients on Ascend]).
+  template <class G>
+  static void rmsnorm_backward(ctx_t& ctx, T* din, G* dw, const T* dout, const T* in, const T* w, const acc* rstd, int N,
+                               int C) {
+    const kernel_scope k(ctx.hook, "rmsnorm_backward");
+    static_assert(ascend::supports_v<ascend::op::rmsnorm, T>,
+                  "loom::kernels::ops<ascend, T>::rmsnorm_backward: aclnnRmsNormGrad has no kernel for this storage "
+                  "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::rmsnorm_backward(ctx, din, dw, dout, in, w, rstd, N, C);
+  }
+  static void swiglu_forward(ctx_t& ctx, T* out, const T* in, int N, int H) {
+    const kernel_scope k(ctx.hook, "swiglu_forward");
+    static_assert(ascend::supports_v<ascend::op::swiglu, T>,
+                  "loom::kernels::ops<ascend, T>::swiglu_forward: aclnnSwiGlu has no kernel for this storage type on "
+                  "Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::swiglu_forward(ctx, out, in, N, H);
+  }
+  static void swiglu_backward(ctx_t& ctx, T* din, const T* dout, const T* in, int N, int H) {
+    const kernel_scope k(ctx.hook, "swiglu_backward");
+    static_assert(ascend::supports_v<ascend::op::swiglu, T>,
+                  "loom::kernels::ops<ascend, T>::swiglu_backward: aclnnSwiGluGrad has no kernel for this storage "
+                  "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
+    ascend::swiglu_backward(ctx, din, dout, in, N, H);
   }
   static void residual_forward(ctx_t& ctx, T* out, const T* a, const T* b, std::size_t n) {
     const kernel_scope k(ctx.hook, "residual_forward");

@@ -91,6 +91,49 @@ aclnnStatus aclnnInplaceLog(void* workspace, uint64_t workspaceSize, aclOpExecut
 // loss/cross_entropy_loss_grad/docs/aclnnCrossEntropyLossGrad.md ("函数原型"). Declared only,
 // never defined: loom resolves them with dlsym. A vendor header included later with another
 // signature is a compile error (conflicting declarations of a C function).
+// The Llama block's operators (RmsNorm, RmsNormGrad, SwiGlu, SwiGluGrad) are generated headers too;
+// where absent, declared from hicann/ops-nn v9.0.0 norm/rms_norm/docs/aclnnRmsNorm.md,
+// norm/rms_norm_grad/docs/aclnnRmsNormGrad.md, activation/swi_glu/docs/aclnnSwiGlu.md and
+// activation/swi_glu_grad/docs/aclnnSwiGluGrad.md ("函数原型"). Declared only, never defined.
+#if __has_include(<aclnnop/aclnn_rms_norm.h>)
+#include <aclnnop/aclnn_rms_norm.h>
+#else
+extern "C" {
+aclnnStatus aclnnRmsNormGetWorkspaceSize(const aclTensor* x, const aclTensor* gamma, double epsilon,
+                                         const aclTensor* yOut, const aclTensor* rstdOut, uint64_t* workspaceSize,
+                                         aclOpExecutor** executor);
+aclnnStatus aclnnRmsNorm(void* workspace, uint64_t workspaceSize, aclOpExecutor* executor, aclrtStream stream);
+}
+#endif
+#if __has_include(<aclnnop/aclnn_rms_norm_grad.h>)
+#include <aclnnop/aclnn_rms_norm_grad.h>
+#else
+extern "C" {
+aclnnStatus aclnnRmsNormGradGetWorkspaceSize(const aclTensor* dy, const aclTensor* x, const aclTensor* rstd,
+                                             const aclTensor* gamma, const aclTensor* dxOut,
+                                             const aclTensor* dgammaOut, uint64_t* workspaceSize,
+                                             aclOpExecutor** executor);
+aclnnStatus aclnnRmsNormGrad(void* workspace, uint64_t workspaceSize, aclOpExecutor* executor, aclrtStream stream);
+}
+#endif
+#if __has_include(<aclnnop/aclnn_swi_glu.h>)
+#include <aclnnop/aclnn_swi_glu.h>
+#else
+extern "C" {
+aclnnStatus aclnnSwiGluGetWorkspaceSize(const aclTensor* x, int64_t dim, const aclTensor* out, uint64_t* workspaceSize,
+                                        aclOpExecutor** executor);
+aclnnStatus aclnnSwiGlu(void* workspace, uint64_t workspaceSize, aclOpExecutor* executor, aclrtStream stream);
+}
+#endif
+#if __has_include(<aclnnop/aclnn_swi_glu_grad.h>)
+#include <aclnnop/aclnn_swi_glu_grad.h>
+#else
+extern "C" {
+aclnnStatus aclnnSwiGluGradGetWorkspaceSize(const aclTensor* yGrad, const aclTensor* x, int64_t dim,
+                                            const aclTensor* out, uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnSwiGluGrad(void* workspace, uint64_t workspaceSize, aclOpExecutor* executor, aclrtStream stream);
+}
+#endif
 #if __has_include(<aclnnop/aclnn_cross_entropy_loss.h>)
 #include <aclnnop/aclnn_cross_entropy_loss.h>
 #else
@@ -492,6 +535,21 @@ static_assert(HCCL_COMM_CONFIG_MAGIC_WORD == hccl_comm_config_magic_word &&
      const aclTensor* biasOptional, const aclBoolArray* outputMask, aclTensor* gradInputOut,                   \
      aclTensor* gradWeightOut, aclTensor* gradBiasOut, uint64_t* workspaceSize, aclOpExecutor** executor))     \
   X(aclnnLayerNormBackward, aclnnStatus, LOOM_ACLNN_PHASE2)                                                    \
+  X(aclnnRmsNormGetWorkspaceSize, aclnnStatus,                                                                 \
+    (const aclTensor* x, const aclTensor* gamma, double epsilon, const aclTensor* yOut,                        \
+     const aclTensor* rstdOut, uint64_t* workspaceSize, aclOpExecutor** executor))                             \
+  X(aclnnRmsNorm, aclnnStatus, LOOM_ACLNN_PHASE2)                                                              \
+  X(aclnnRmsNormGradGetWorkspaceSize, aclnnStatus,                                                             \
+    (const aclTensor* dy, const aclTensor* x, const aclTensor* rstd, const aclTensor* gamma,                   \
+     const aclTensor* dxOut, const aclTensor* dgammaOut, uint64_t* workspaceSize, aclOpExecutor** executor))   \
+  X(aclnnRmsNormGrad, aclnnStatus, LOOM_ACLNN_PHASE2)                                                          \
+  X(aclnnSwiGluGetWorkspaceSize, aclnnStatus,                                                                  \
+    (const aclTensor* x, int64_t dim, const aclTensor* out, uint64_t* workspaceSize, aclOpExecutor** executor)) \
+  X(aclnnSwiGlu, aclnnStatus, LOOM_ACLNN_PHASE2)                                                               \
+  X(aclnnSwiGluGradGetWorkspaceSize, aclnnStatus,                                                              \
+    (const aclTensor* yGrad, const aclTensor* x, int64_t dim, const aclTensor* out, uint64_t* workspaceSize,   \
+     aclOpExecutor** executor))                                                                                \
+  X(aclnnSwiGluGrad, aclnnStatus, LOOM_ACLNN_PHASE2)                                                           \
   X(aclnnGeluV2GetWorkspaceSize, aclnnStatus,                                                                  \
     (const aclTensor* x, int64_t approximate, aclTensor* y, uint64_t* workspaceSize, aclOpExecutor** executor)) \
   X(aclnnGeluV2, aclnnStatus, LOOM_ACLNN_PHASE2)                                                               \

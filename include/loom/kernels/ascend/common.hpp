@@ -61,7 +61,9 @@ enum class op {
   crossentropy,    // aclnnCrossEntropyLoss / aclnnCrossEntropyLossGrad
   add,             // aclnnAdd / aclnnInplaceAdd
   adamw,           // aclnnApplyAdamWV2
-  flash_attention  // aclnnFlashAttentionScore / aclnnFlashAttentionScoreGrad
+  flash_attention, // aclnnFlashAttentionScore / aclnnFlashAttentionScoreGrad
+  rmsnorm,         // aclnnRmsNorm / aclnnRmsNormGrad
+  swiglu           // aclnnSwiGlu / aclnnSwiGluGrad
 };
 
 /// Whether the documented aclnn operators behind `O` take storage type T (A2/A3 training parts).

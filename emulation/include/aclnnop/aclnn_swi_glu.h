@@ -1,0 +1,30 @@
+/*
+ * loom's HOST EMULATION of the Huawei CANN aclnn operator API — NOT the vendor header and NOT the
+ * vendor library. CANN generates this header with its closed op_build; the phase-1 parameter list
+ * restates the prototype documented in the operator repository (hicann/ops-nn v9.0.0
+ * docs/aclnnSwiGlu.md, "函数原型"); nothing was copied. The emulated operator computes on host memory.
+ */
+#ifndef LOOM_EMULATION_ACLNNOP_ACLNN_SWI_GLU_H_
+#define LOOM_EMULATION_ACLNNOP_ACLNN_SWI_GLU_H_
+
+#include "acl/acl_base.h"
+#include "aclnn/aclnn_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+ACLNN_API aclnnStatus aclnnSwiGluGetWorkspaceSize(
+    const aclTensor *x,
+    int64_t dim,
+    const aclTensor *out,
+    uint64_t *workspaceSize,
+    aclOpExecutor **executor);
+ACLNN_API aclnnStatus aclnnSwiGlu(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+    aclrtStream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_EMULATION_ACLNNOP_ACLNN_SWI_GLU_H_ */
