@@ -172,16 +172,10 @@ void import_gpt2(context<typename G::device>& ctx, G& model, const std::filesyst
   if (cfg.contains("model_type") && cfg["model_type"] != "gpt2")
     throw input_error("'" + cpath.string() + "' describes a " + cfg["model_type"].dump() + " model, not gpt2; "
                       "loom imports GPT-2 checkpoints only");
-  const std::pair<const char*, long> dims[] = {{"n_layer", M::n_layer}, {"n_head", M::n_head}, {"n_embd", M::d_model},
-                                               {"n_positions", M::max_seq}, {"vocab_size", M::vocab}};
-  for (const auto& [key, ours] : dims) {
-    const auto f = cfg.find(key);
-    if (f == cfg.end() || !f->is_number_integer())
-      throw input_error("'" + cpath.string() + "' has no integer \"" + key + "\"; it is not a GPT-2 config.json");
-    if (json_integer<long>(*f) != ours)  // range-checked: nullopt (out of range) never equals
-      throw input_error("'" + cpath.string() + "' has " + key + " = " + f->dump() + " but model " + std::string(M::name) +
-                        " has " + std::to_string(ours) + "; choose the matching --model");
-  }
+  detail::check_hf_sizes(cfg, dir,
+                         {{"n_layer", M::n_layer}, {"n_head", M::n_head}, {"n_embd", M::d_model},
+                          {"n_positions", M::max_seq}, {"vocab_size", M::vocab}},
+                         M::name, "GPT-2");
   const std::string act = detail::string_or(cfg, "activation_function", "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
     throw input_error("'" + cpath.string() + "' uses activation " + act + "; loom's GPT uses the tanh GELU (gelu_new)");

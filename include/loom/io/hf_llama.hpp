@@ -164,18 +164,14 @@ void import_llama(context<typename G::device>& ctx, G& model, const std::filesys
   if (cfg.value("model_type", std::string()) != "llama")
     throw input_error(where + " describes a " + (cfg.contains("model_type") ? cfg["model_type"].dump() : "model without model_type") +
                       ", not llama; choose a --model of that architecture");
-  const std::pair<const char*, long> dims[] = {
-      {"num_hidden_layers", M::n_layer},     {"num_attention_heads", M::n_head}, {"hidden_size", M::d_model},
-      {"intermediate_size", models::mlp_hidden_of<M>()}, {"vocab_size", M::vocab},
-      {"num_key_value_heads", models::kv_heads_of<M>()}};
-  for (const auto& [key, ours] : dims) {
-    const auto f = cfg.find(key);
-    if (f == cfg.end() || !f->is_number_integer())
-      throw input_error(where + " has no integer \"" + key + "\"; it is not a complete Llama config.json");
-    if (json_integer<long>(*f) != ours)
-      throw input_error(where + " has " + key + " = " + f->dump() + " but model " + std::string(M::name) + " has " +
-                        std::to_string(ours) + "; choose the matching --model");
-  }
+  detail::check_hf_sizes(cfg, dir,
+                         {{"num_hidden_layers", M::n_layer},
+                          {"num_attention_heads", M::n_head},
+                          {"hidden_size", M::d_model},
+                          {"intermediate_size", models::mlp_hidden_of<M>()},
+                          {"vocab_size", M::vocab},
+                          {"num_key_value_heads", models::kv_heads_of<M>()}},
+                         M::name, "Llama");
   if (const auto f = cfg.find("max_position_embeddings"); f != cfg.end() && f->is_number_integer() &&
                                                           json_integer<long>(*f) < long(M::max_seq))
     throw input_error(where + " has max_position_embeddings " + f->dump() + ", fewer than model " + std::string(M::name) +

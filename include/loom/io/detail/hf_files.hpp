@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <system_error>
 
 #include <loom/core/error.hpp>
@@ -60,6 +63,23 @@ inline void check_hf_weights_checksum(const std::filesystem::path& dir, const nl
   if (stored != computed)
     throw input_error("'" + wpath.string() + "' fails its checksum ('config.json' records XXH3-64 " + stored +
                       ", the file has " + computed + "): it changed after the export; export the model again");
+}
+
+/// Checks each (key, ours) of `dims` against config.json `cfg` of `dir`: the key must hold an
+/// integer equal to ours (model `model`'s size). Throws loom::input_error naming the key and both
+/// values; `arch` ("GPT-2", "Llama") names what the file should be.
+inline void check_hf_sizes(const nlohmann::json& cfg, const std::filesystem::path& dir,
+                           std::initializer_list<std::pair<const char*, long>> dims, std::string_view model,
+                           const std::string& arch) {
+  const std::string where = "'" + (dir / "config.json").string() + "'";
+  for (const auto& [key, ours] : dims) {
+    const auto f = cfg.find(key);
+    if (f == cfg.end() || !f->is_number_integer())
+      throw input_error(where + " has no integer \"" + key + "\"; it is not a complete " + arch + " config.json");
+    if (json_integer<long>(*f) != ours)  // range-checked: nullopt (out of range) never equals
+      throw input_error(where + " has " + key + " = " + f->dump() + " but model " + std::string(model) + " has " +
+                        std::to_string(ours) + "; choose the matching --model");
+  }
 }
 
 /// Throws loom::input_error naming tensor `name` of `file` and the first NaN or infinite value.
