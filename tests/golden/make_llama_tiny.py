@@ -36,17 +36,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from make_gpt_tiny import write_safetensors
+# The schedule, optimizer settings and file writer are make_gpt_tiny.py's (same STEPS, lr, betas).
+from make_gpt_tiny import (ADAM_EPS, BETA1, BETA2, CLIP_EPS, MAX_LR, MAX_NORM, STEPS, WEIGHT_DECAY, lr_at,
+                           write_safetensors)
 
 SEED = 11
 L, NH, KV, C, H, MAX_T, V, VP = 2, 6, 2, 24, 14, 16, 61, 64  # loom::models::llama_tiny
 HD = C // NH                                                  # head size 4
 THETA, EPS = 10000.0, 1e-5
 B, T = 3, 13
-STEPS = 10
-MAX_LR, MIN_LR, WARMUP, DECAY_STEPS = 1e-2, 1e-3, 3, 8
-BETA1, BETA2, ADAM_EPS, WEIGHT_DECAY = 0.9, 0.95, 1e-8, 0.1
-MAX_NORM, CLIP_EPS = 1.0, 1e-6
 AGREE = 1e-12
 
 PARAMS = [
@@ -178,15 +176,6 @@ def hf_state_dict(p):
     sd["model.norm.weight"] = p["lnf_w"]
     sd["lm_head.weight"] = p["lm_head"][:V]
     return sd
-
-
-def lr_at(s):
-    if s < WARMUP:
-        return MAX_LR * (s + 1) / WARMUP
-    if s >= DECAY_STEPS:
-        return MIN_LR
-    ratio = (s - WARMUP) / (DECAY_STEPS - WARMUP)
-    return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (MAX_LR - MIN_LR)
 
 
 def train_with_torch(init, tokens, targets):

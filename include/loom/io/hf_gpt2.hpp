@@ -122,33 +122,16 @@ void export_gpt2(context<typename G::device>& ctx, const G& model, const std::fi
   static_assert(G::layout::tp == 1 && G::layout::pp == 1,
                 "export_gpt2: export from one rank holding the whole model (gather the shards first)");
   detail::make_export_dir(dir);
-  std::vector<T> staged;  // only for devices the host cannot read
-  const T* host = model.parameters().data();
-  if constexpr (!device::host_accessible_v<typename G::device>) {
-    staged.resize(G::num_parameters);
-    G::device::copy_to_host(staged.data(), model.parameters().data(), model.parameters().bytes(), ctx.stream);
-    ctx.synchronize();
-    host = staged.data();
-  }
+  std::vector<T> staging;
+  const T* host = detail::host_parameters(ctx, model.parameters().data(), G::num_parameters, staging);
   const auto tensors = gpt2_tensors<M>();
-  std::vector<std::size_t> first(tensors.size() + 1, 0);  // element offsets in `all`
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    std::size_t n = 1;
-    for (auto d : tensors[i].shape) n *= std::size_t(d);
-    first[i + 1] = first[i] + n;
-  }
-  std::vector<float> all(first.back());
-  std::vector<detail::tensor_ref> refs;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    detail::gpt2_from_loom<M>(tensors[i], host + detail::loom_offset<G>(tensors[i]), all.data() + first[i]);
-    refs.push_back({tensors[i].name, "F32", tensors[i].shape,
-                    std::as_bytes(std::span<const float>(all.data() + first[i], first[i + 1] - first[i]))});
-  }
-  const std::string sum =
-      detail::write_safetensors(dir / "model.safetensors", refs, {{"format", "pt"}, {"loom_model", std::string(M::name)}});
-  auto cfg = gpt2_config<M>();
-  cfg["loom"]["model_safetensors_xxh3_64"] = sum;  // import_gpt2 checks the weights file against it
-  detail::write_file_atomic(dir / "config.json", cfg.dump(2) + "\n");
+  std::vector<std::string> names;
+  std::vector<std::vector<std::int64_t>> shapes;
+  for (const auto& t : tensors) names.push_back(t.name), shapes.push_back(t.shape);
+  detail::write_hf_export(
+      dir, names, shapes,
+      [&](std::size_t i, float* dst) { detail::gpt2_from_loom<M>(tensors[i], host + detail::loom_offset<G>(tensors[i]), dst); },
+      gpt2_config<M>(), M::name);
 }
 
 /// Loads Hugging Face GPT-2 weights from `dir` (config.json and model.safetensors, as written
@@ -171,7 +154,7 @@ void import_gpt2(context<typename G::device>& ctx, G& model, const std::filesyst
   const nlohmann::json cfg = detail::read_hf_config(dir, "GPT-2");
   if (cfg.contains("model_type") && cfg["model_type"] != "gpt2")
     throw input_error("'" + cpath.string() + "' describes a " + cfg["model_type"].dump() + " model, not gpt2; "
-                      "loom imports GPT-2 checkpoints only");
+                      "choose a --model of that architecture (loom imports GPT-2 and Llama checkpoints)");
   detail::check_hf_sizes(cfg, dir,
                          {{"n_layer", M::n_layer}, {"n_head", M::n_head}, {"n_embd", M::d_model},
                           {"n_positions", M::max_seq}, {"vocab_size", M::vocab}},

@@ -123,25 +123,19 @@ void export_llama(context<typename G::device>& ctx, const G& model, const std::f
   static_assert(G::layout::tp == 1 && G::layout::pp == 1,
                 "export_llama: export from one rank holding the whole model (gather the shards first)");
   detail::make_export_dir(dir);
-  std::vector<T> host(G::num_parameters);
-  G::device::copy_to_host(host.data(), model.parameters().data(), model.parameters().bytes(), ctx.stream);
-  ctx.synchronize();
+  std::vector<T> staging;
+  const T* host = detail::host_parameters(ctx, model.parameters().data(), G::num_parameters, staging);
   const auto tensors = llama_tensors<M>();
-  std::vector<std::size_t> first(tensors.size() + 1, 0);
-  for (std::size_t i = 0; i < tensors.size(); ++i) first[i + 1] = first[i] + detail::numel(tensors[i].shape);
-  std::vector<float> all(first.back());
-  std::vector<detail::tensor_ref> refs;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const T* src = host.data() + detail::llama_offset<G>(tensors[i]);
-    for (std::size_t j = first[i]; j < first[i + 1]; ++j) all[j] = static_cast<float>(src[j - first[i]]);
-    refs.push_back({tensors[i].name, "F32", tensors[i].shape,
-                    std::as_bytes(std::span<const float>(all.data() + first[i], first[i + 1] - first[i]))});
-  }
-  const std::string sum =
-      detail::write_safetensors(dir / "model.safetensors", refs, {{"format", "pt"}, {"loom_model", std::string(M::name)}});
-  auto cfg = llama_config<M>();
-  cfg["loom"]["model_safetensors_xxh3_64"] = sum;
-  detail::write_file_atomic(dir / "config.json", cfg.dump(2) + "\n");
+  std::vector<std::string> names;
+  std::vector<std::vector<std::int64_t>> shapes;
+  for (const auto& t : tensors) names.push_back(t.name), shapes.push_back(t.shape);
+  detail::write_hf_export(
+      dir, names, shapes,
+      [&](std::size_t i, float* dst) {
+        const T* src = host + detail::llama_offset<G>(tensors[i]);
+        for (std::size_t j = 0, n = detail::numel(tensors[i].shape); j < n; ++j) dst[j] = static_cast<float>(src[j]);
+      },
+      llama_config<M>(), M::name);
 }
 
 /// Loads Hugging Face Llama weights from `dir` (config.json and model.safetensors, as written by

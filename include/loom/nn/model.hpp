@@ -19,8 +19,8 @@
 /// is the model's parameter table (nn/params.hpp), generated from its recipe.
 ///
 /// The split follows Megatron-LM (Shoeybi et al. 2019 §3; Narayanan et al. 2021 §2):
-///   tensor parallel   qkv and fc column-parallel (a rank owns NH/TP whole heads and 4C/TP MLP
-///                     columns), attention projection and fc2 row-parallel, token embedding and
+///   tensor parallel   qkv and fc column-parallel (a rank owns NH/TP whole query heads, KV/TP
+///                     key/value heads and H/TP MLP columns of each fc section), attention projection and fc2 row-parallel, token embedding and
 ///                     LM head vocab-parallel with the vocab-parallel cross-entropy
 ///                     (parallel/tensor_parallel.hpp); norms, position embedding and row-parallel
 ///                     biases replicated. Two all-reduces of (N, C) per block forward, two backward.

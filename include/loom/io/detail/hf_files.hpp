@@ -1,8 +1,11 @@
 #pragma once
 /// \file What the Hugging Face exporters and importers (io/hf_gpt2.hpp, io/hf_llama.hpp) share:
-/// the export directory, config.json with its recorded weights checksum, the finiteness check of
-/// an imported tensor.
+/// the export directory, the host copy of the parameters, writing model.safetensors with
+/// config.json and its recorded checksum, reading and checking config.json, the finiteness check
+/// of an imported tensor.
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 #include <cmath>
 #include <filesystem>
 #include <initializer_list>
@@ -13,8 +16,10 @@
 #include <utility>
 #include <system_error>
 
+#include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/json.hpp>
+#include <loom/device/policy.hpp>
 #include <loom/io/checkpoint/manifest.hpp>
 #include <loom/io/detail/checkpoint_fs.hpp>
 
@@ -27,6 +32,48 @@ inline void make_export_dir(const std::filesystem::path& dir) {
   if (ec || !std::filesystem::is_directory(dir))
     throw input_error("cannot create the export directory '" + dir.string() + "' (" + ec.message() +
                       "); check the path and its permissions");
+}
+
+/// The model's parameters readable on the host: `params` itself on a host-readable device, else a
+/// copy in `staging` (synchronizes ctx). n values of the model's storage type.
+template <class Device, class T>
+const T* host_parameters(context<Device>& ctx, const T* params, std::size_t n, std::vector<T>& staging) {
+  if constexpr (device::host_accessible_v<Device>) {
+    return params;
+  } else {
+    staging.resize(n);
+    Device::copy_to_host(staging.data(), params, n * sizeof(T), ctx.stream);
+    ctx.synchronize();
+    return staging.data();
+  }
+}
+
+/// Writes a Hugging Face export into the existing directory `dir`: model.safetensors holds, in
+/// order, tensor i named names[i] of shape shapes[i] in F32, its values written by
+/// fill(i, float* dst) (dst holds that tensor's elements), with metadata {"format": "pt"} (as
+/// transformers requires) and "loom_model"; config.json is `cfg` with the safetensors file's
+/// XXH3-64 recorded as "loom"."model_safetensors_xxh3_64" (which the importers check). Each file
+/// is written atomically. Errors: loom::error when a write fails.
+template <class Fill>
+void write_hf_export(const std::filesystem::path& dir, const std::vector<std::string>& names,
+                     const std::vector<std::vector<std::int64_t>>& shapes, Fill&& fill, nlohmann::json cfg,
+                     std::string_view model) {
+  std::vector<std::size_t> first(names.size() + 1, 0);  // element offsets in `all`
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::size_t n = 1;
+    for (auto d : shapes[i]) n *= std::size_t(d);
+    first[i + 1] = first[i] + n;
+  }
+  std::vector<float> all(first.back());
+  std::vector<tensor_ref> refs;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    fill(i, all.data() + first[i]);
+    refs.push_back({names[i], "F32", shapes[i],
+                    std::as_bytes(std::span<const float>(all.data() + first[i], first[i + 1] - first[i]))});
+  }
+  const std::string sum = write_safetensors(dir / "model.safetensors", refs, {{"format", "pt"}, {"loom_model", std::string(model)}});
+  cfg["loom"]["model_safetensors_xxh3_64"] = sum;
+  write_file_atomic(dir / "config.json", cfg.dump(2) + "\n");
 }
 
 /// `dir`/config.json as a JSON object. Throws loom::input_error when it is missing, too large,
