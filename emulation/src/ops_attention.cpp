@@ -81,7 +81,10 @@ std::string check_common(const aclTensor* q, const aclTensor* k, const aclTensor
   if (Hk != Hv) return "emulation requires D_k == D_v";
   if (Hk % g->D) return "key hidden size is not a multiple of the head dim";
   g->Nkv = Hk / g->D;
-  if (g->Nq % g->Nkv) return "Nq / Nkv must be a positive integer (GQA/MQA)";
+  if (g->Nkv < 1 || g->Nq % g->Nkv) return "Nq / Nkv must be a positive integer (GQA/MQA)";
+  // aclnnFlashAttentionScore.md (ops-transformer v9.0.0) constraints: "Nq取值范围1~256", "D：取值范围为1~768"
+  if (g->Nq > 256) return "headNum " + std::to_string(g->Nq) + " is outside the documented range 1..256";
+  if (g->D < 1 || g->D > 768) return "head dim " + std::to_string(g->D) + " is outside the documented range 1..768";
   if (keepProb != 1.0) return "dropout (keepProb < 1) is not emulated";
   if (innerPrecise < 0 || innerPrecise > 2) return "innerPrecise must be 0, 1 or 2";
   if (sparseMode == 2 || sparseMode == 3) {

@@ -1,14 +1,21 @@
 // loom's HOST EMULATION of the CANN aclnn operators of a Llama block — NOT the vendor library:
-// aclnnRmsNorm, aclnnRmsNormGrad, aclnnSwiGlu, aclnnSwiGluGrad. Phase 1 enforces the rules of the
-// operators' documentation for the Atlas A2 training series (910B), hicann/ops-nn v9.0.0:
+// aclnnRmsNorm, aclnnRmsNormGrad, aclnnSwiGlu, aclnnSwiGluGrad, aclnnRotaryPositionEmbedding,
+// aclnnRotaryPositionEmbeddingGrad. Phase 1 enforces the rules of the operators' documentation for
+// the Atlas A2 training series (910B), hicann/ops-nn v9.0.0:
 //   norm/rms_norm/docs/aclnnRmsNorm.md, norm/rms_norm_grad/docs/aclnnRmsNormGrad.md,
 //   activation/swi_glu/docs/aclnnSwiGlu.md, activation/swi_glu_grad/docs/aclnnSwiGluGrad.md
+// and hicann/ops-transformer v9.0.0 posembedding/rotary_position_embedding(_grad)/docs/
+// aclnnRotaryPositionEmbedding(Grad).md (A2/A3: mode 0 half or 1 interleave; x, cos, sin of one
+// dtype; D even and < 896; cos/sin of one shape, broadcast to x; out 4-D, contiguous; half mode's
+// broadcast axes (B, N) < 1000, interleave's product < 1000)
 // (dtypes per the A2/A3 tables, gamma = trailing dims of x, rstd FLOAT32, dgamma FLOAT32, the
 // SwiGlu axis even and in range, its input and output contiguous, SwiGluGrad's x 64-byte
 // aligned); the computation runs in double on the stream worker and rounds once per output.
 // SwiGluGrad follows the corrected formula (ops-nn master 7187a4d: the v9.0.0 bracket is a typo;
 // the kernel computes the derivative of A * sigmoid(A)).
 #include <aclnnop/aclnn_rms_norm.h>
+#include <aclnnop/aclnn_rotary_position_embedding.h>
+#include <aclnnop/aclnn_rotary_position_embedding_grad.h>
 #include <aclnnop/aclnn_rms_norm_grad.h>
 #include <aclnnop/aclnn_swi_glu.h>
 #include <aclnnop/aclnn_swi_glu_grad.h>
@@ -272,3 +279,168 @@ extern "C" aclnnStatus aclnnSwiGluGradGetWorkspaceSize(const aclTensor* yGrad, c
                        ws, ex);
 }
 PHASE2(aclnnSwiGluGrad)
+
+// --- RotaryPositionEmbedding ---------------------------------------------------------------------------------------
+namespace {
+
+/// The rotation partner of element d (of D) and its sign: y = x cos + sign * x[partner] sin.
+/// mode 0 (half, rotate_half): partner d +- D/2, sign -1 for the first half; mode 1 (interleave):
+/// partner d ^ 1, sign -1 for even d.
+void partner(int64_t mode, int64_t D, int64_t d, int64_t* other, double* sign) {
+  if (mode == 0) {
+    *other = d < D / 2 ? d + D / 2 : d - D / 2;
+    *sign = d < D / 2 ? -1.0 : 1.0;
+  } else {
+    *other = d ^ 1;
+    *sign = d % 2 == 0 ? -1.0 : 1.0;
+  }
+}
+
+/// Element offsets into a row-major tensor of shape `from` broadcast to `to` (same rank).
+std::vector<std::size_t> broadcast_index(const dims_t& from, const dims_t& to) {
+  int64_t n = 1;
+  for (auto d : to) n *= d;
+  std::vector<std::size_t> out(std::size_t(std::max<int64_t>(n, 0)));
+  std::vector<int64_t> stride(to.size(), 0), idx(to.size(), 0);
+  int64_t s = 1;
+  for (std::size_t i = to.size(); i-- > 0;) {
+    stride[i] = from[i] == 1 ? 0 : s;
+    s *= from[i];
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t o = 0;
+    for (std::size_t i = 0; i < to.size(); ++i) o += idx[i] * stride[i];
+    out[std::size_t(k)] = std::size_t(o);
+    for (std::size_t i = to.size(); i-- > 0;) {
+      if (++idx[i] < to[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return out;
+}
+
+/// The A2/A3 rules shared by the forward and the backward; x is the forward's x (or dy).
+std::string check_rope(const aclTensor& x, const aclTensor& cos, const aclTensor& sin, int64_t mode, bool grad) {
+  if (!is_nn_float(x.dtype)) return std::string("dtype ") + dtype_name(x.dtype) + " not in FLOAT, FLOAT16, BFLOAT16";
+  if (cos.dtype != x.dtype || sin.dtype != x.dtype)
+    return std::string("cos and sin must have x's dtype ") + dtype_name(x.dtype) + " (documented: the same dtype), got " +
+           dtype_name(cos.dtype) + "/" + dtype_name(sin.dtype);
+  if (mode == 2 || mode == 3) return "mode " + std::to_string(mode) + " (quarter / interleave-half) is documented for Ascend 950 only; A2/A3 take 0 (half) and 1 (interleave)";
+  if (mode != 0 && mode != 1) return "mode " + std::to_string(mode) + " is outside 0..3";
+  const std::size_t r = x.dims.size();
+  if (grad ? r != 4 : (r != 3 && r != 4)) return std::string(grad ? "dy" : "x") + " must be " + (grad ? "4-D" : "3-D or 4-D") + ", got " + shape_string(x);
+  if (cos.dims != sin.dims) return "cos " + shape_string(cos) + " and sin " + shape_string(sin) + " must have one shape";
+  if (cos.dims.size() != r) return "cos/sin " + shape_string(cos) + " must have x's rank (" + std::to_string(r) + ")";
+  const int64_t D = x.dims.back();
+  if (cos.dims.back() != D) return "cos/sin last dimension " + std::to_string(cos.dims.back()) + " differs from x's " + std::to_string(D);
+  if (D % 2 != 0 || D >= 896) return "D = " + std::to_string(D) + " must be even and below 896 (documented for A2/A3)";
+  int64_t product = 1;
+  for (std::size_t i = 0; i + 1 < r; ++i) {
+    if (cos.dims[i] != x.dims[i] && cos.dims[i] != 1)
+      return "cos/sin " + shape_string(cos) + " does not broadcast to x " + shape_string(x);
+    if (cos.dims[i] == 1 && x.dims[i] > 1) {
+      if (mode == 0 && x.dims[i] >= 1000)
+        return "half mode: a broadcast axis (B or N) of x " + shape_string(x) + " is not below 1000 (documented)";
+      product *= x.dims[i];
+    }
+  }
+  if (mode == 1 && product >= 1000) return "interleave mode: B * N = " + std::to_string(product) + " is not below 1000 (documented)";
+  return "";
+}
+
+}  // namespace
+
+extern "C" aclnnStatus aclnnRotaryPositionEmbeddingGetWorkspaceSize(const aclTensor* x, const aclTensor* cos,
+                                                                    const aclTensor* sin, int64_t mode, aclTensor* out,
+                                                                    uint64_t* ws, aclOpExecutor** ex) {
+  constexpr const char* name = "aclnnRotaryPositionEmbedding";
+  INJECT_PHASE1("aclnnRotaryPositionEmbedding");
+  NEED(x, name, "x");
+  NEED(cos, name, "cos");
+  NEED(sin, name, "sin");
+  NEED(out, name, "out");
+  if (auto why = check_rope(*x, *cos, *sin, mode, false); !why.empty()) return invalid(name, why);
+  if (out->dims.size() != 4) return invalid(name, "out must be 4-D (documented), got " + shape_string(*out));
+  if (out->dims != x->dims || out->dtype != x->dtype) return invalid(name, "out must have x's shape and dtype, got " + shape_string(*out));
+  if (!contiguous(*out)) return invalid(name, "out must be contiguous (documented: no non-contiguous out)");
+  const aclTensor X = *x, Cs = *cos, Sn = *sin, O = *out;
+  return make_executor(name, {x, cos, sin, out}, 0,
+                       [=](void*) {
+                         const auto v = gather(X), c = gather(Cs), sn = gather(Sn);
+                         const auto bi = broadcast_index(Cs.dims, X.dims);
+                         const int64_t D = X.dims.back();
+                         std::vector<double> y(v.size());
+                         for (std::size_t i = 0; i < v.size(); ++i) {
+                           const int64_t d = int64_t(i) % D;
+                           int64_t o = 0;
+                           double sign = 0;
+                           partner(mode, D, d, &o, &sign);
+                           const std::size_t j = i - std::size_t(d) + std::size_t(o);
+                           y[i] = v[i] * c[bi[i]] + sign * v[j] * sn[bi[i]];
+                         }
+                         scatter(O, y);
+                       },
+                       ws, ex);
+}
+PHASE2(aclnnRotaryPositionEmbedding)
+
+extern "C" aclnnStatus aclnnRotaryPositionEmbeddingGradGetWorkspaceSize(
+    const aclTensor* dy, const aclTensor* cos, const aclTensor* sin, const aclTensor* xOptional, int64_t mode,
+    const aclTensor* dxOut, const aclTensor* dcosOut, const aclTensor* dsinOut, uint64_t* ws, aclOpExecutor** ex) {
+  constexpr const char* name = "aclnnRotaryPositionEmbeddingGrad";
+  INJECT_PHASE1("aclnnRotaryPositionEmbeddingGrad");
+  NEED(dy, name, "dy");
+  NEED(cos, name, "cos");
+  NEED(sin, name, "sin");
+  NEED(dxOut, name, "dxOut");
+  NEED(dcosOut, name, "dcosOut (required even without xOptional: pass an empty tensor)");
+  NEED(dsinOut, name, "dsinOut (required even without xOptional: pass an empty tensor)");
+  if (auto why = check_rope(*dy, *cos, *sin, mode, true); !why.empty()) return invalid(name, why);
+  if (dxOut->dims != dy->dims || dxOut->dtype != dy->dtype) return invalid(name, "dxOut must have dy's shape and dtype, got " + shape_string(*dxOut));
+  const bool hx = xOptional;
+  if (hx) {
+    if (xOptional->dims != dy->dims || xOptional->dtype != dy->dtype) return invalid(name, "xOptional must have dy's shape and dtype");
+    for (const aclTensor* t : {dcosOut, dsinOut})
+      if (t->dims != cos->dims || t->dtype != cos->dtype) return invalid(name, "dcosOut/dsinOut must have cos's shape and dtype");
+    int64_t bn = 1;
+    for (std::size_t i = 0; i + 1 < dy->dims.size(); ++i)
+      if (cos->dims[i] == 1) bn *= dy->dims[i];
+    if (bn > 1024) return invalid(name, "with dcos/dsin, B * N = " + std::to_string(bn) + " must be at most 1024 (documented)");
+  }
+  const aclTensor DY = *dy, Cs = *cos, Sn = *sin, DX = *dxOut;
+  const aclTensor X = hx ? *xOptional : aclTensor{}, DC = hx ? *dcosOut : aclTensor{}, DS = hx ? *dsinOut : aclTensor{};
+  return make_executor(name, {dy, cos, sin, xOptional, dxOut, hx ? dcosOut : nullptr, hx ? dsinOut : nullptr}, 0,
+                       [=](void*) {
+                         const auto g = gather(DY), c = gather(Cs), sn = gather(Sn);
+                         const auto bi = broadcast_index(Cs.dims, DY.dims);
+                         const int64_t D = DY.dims.back();
+                         std::vector<double> dx(g.size(), 0.0);
+                         std::vector<double> x = hx ? gather(X) : std::vector<double>{};
+                         std::vector<double> dc(c.size(), 0.0), ds(c.size(), 0.0);
+                         for (std::size_t i = 0; i < g.size(); ++i) {
+                           const int64_t d = int64_t(i) % D;
+                           int64_t o = 0;
+                           double sign = 0;
+                           partner(mode, D, d, &o, &sign);
+                           const std::size_t j = i - std::size_t(d) + std::size_t(o);
+                           // y_i = x_i c_i + sign_i x_j s_i, so dx_i = c_i dy_i + sum over k with partner(k) = i
+                           // of sign_k s_k dy_k; the partner relation is symmetric: k = j
+                           int64_t oj = 0;
+                           double sign_j = 0;
+                           partner(mode, D, o, &oj, &sign_j);
+                           dx[i] += c[bi[i]] * g[i] + sign_j * sn[bi[j]] * g[j];
+                           if (hx) {
+                             dc[bi[i]] += g[i] * x[i];
+                             ds[bi[i]] += g[i] * sign * x[j];
+                           }
+                         }
+                         scatter(DX, dx);
+                         if (hx) {
+                           scatter(DC, dc);
+                           scatter(DS, ds);
+                         }
+                       },
+                       ws, ex);
+}
+PHASE2(aclnnRotaryPositionEmbeddingGrad)
+

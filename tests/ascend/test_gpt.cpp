@@ -34,14 +34,23 @@ using namespace loom_test;
 
 namespace {
 
-/// The GPT step on ascend with precision NpuP against cpu with CpuP (kernels::reference attention
-/// for fp32, fused otherwise), from identical parameters.
-template <class NpuP, class CpuP>
+/// A Llama for the NPU tests: grouped-query attention (4 query heads on 2 key/value heads, head
+/// size 8), SwiGLU rows of 2 x 32 elements (aclnnSwiGluGrad documents 64-byte aligned shapes).
+struct llama_npu {
+  static constexpr std::string_view name = "llama_npu";
+  static constexpr loom::nn::recipe arch = loom::nn::llama;
+  static constexpr int n_layer = 2, n_head = 4, n_kv_head = 2, d_model = 32, d_ff = 32, max_seq = 16;
+  static constexpr int vocab = 61, vocab_padded = 64;
+};
+
+/// The model step on ascend with precision NpuP against cpu with CpuP (kernels::reference attention
+/// for fp32 multi-head models, fused otherwise), from identical parameters.
+template <class NpuP, class CpuP, class M = loom::models::tiny>
 void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
-  using M = loom::models::tiny;
   using S = typename NpuP::storage;
   using CS = typename CpuP::storage;
-  using cpu_attn = std::conditional_t<std::is_same_v<CS, float>, loom::kernels::reference, loom::kernels::fused>;
+  constexpr bool mha = loom::models::kv_heads_of<M>() == M::n_head;
+  using cpu_attn = std::conditional_t<std::is_same_v<CS, float> && mha, loom::kernels::reference, loom::kernels::fused>;
   using cpu_model = loom::gpt<M, loom::policy<loom::device::cpu, CpuP>, cpu_attn>;
   using npu_model = loom::gpt<M, loom::policy<npu, NpuP>, loom::kernels::fused>;
   // parameter gradients are fp32 on both devices for every precision here (kernels::gradient_t)
@@ -111,7 +120,7 @@ void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
   const auto cp_after = cm.parameters();
   const double pe = nmse(np, to_float(std::vector<CS>(cp_after.begin(), cp_after.end())));
   const double moved = nmse(before, to_float(std::vector<CS>(cp_after.begin(), cp_after.end())));
-  MESSAGE(NpuP::name << " on ascend vs " << CpuP::name << " on cpu: worst gradient NMSE " << worst_grad
+  MESSAGE(M::name << " " << NpuP::name << " on ascend vs " << CpuP::name << " on cpu: worst gradient NMSE " << worst_grad
                      << ", parameter NMSE after the step " << pe << " (the step itself moved them by NMSE " << moved << ")");
   CHECK(pe < param_nmse);
 }
@@ -126,6 +135,15 @@ TEST_CASE("gpt<tiny> on ascend/bf16 (emulated): fp32 gradients; loss, every grad
   // measured (emulation): worst gradient NMSE 4.7e-5, parameters after the step 8.1e-5 while the
   // step moves them by 9.6e-3
   compare_with_cpu<loom::precision::bf16, loom::precision::bf16>(2e-2, 5e-4, 5e-4);
+}
+
+TEST_CASE("llama on ascend/fp32 (RMSNorm, RoPE, SwiGLU, grouped-query flash attention; emulated): loss, every "
+          "gradient and an AdamW step match cpu/fp32") {
+  compare_with_cpu<loom::precision::fp32_ascend_matmul, loom::precision::fp32, llama_npu>(1e-5, 1e-9, 1e-8);
+}
+
+TEST_CASE("llama on ascend/bf16 (emulated): fp32 gradients; loss, every gradient and an AdamW step match cpu/bf16") {
+  compare_with_cpu<loom::precision::bf16, loom::precision::bf16, llama_npu>(2e-2, 5e-4, 5e-4);
 }
 
 TEST_CASE("trainer<tiny> on ascend/fp32 (emulated): three steps with gradient accumulation track cpu/fp32") {

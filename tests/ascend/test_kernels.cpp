@@ -145,6 +145,30 @@ TEST_CASE_TEMPLATE("ascend ops: RMSNorm and SwiGLU forward/backward match the CP
                        doctest::Contains("multiples of 64 bytes"), loom::input_error);
 }
 
+TEST_CASE_TEMPLATE("ascend ops: rotary embedding forward/backward on heads inside fused rows match the CPU kernels", T,
+                   LOOM_ASCEND_TYPES) {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  using ops = loom::kernels::ops<npu, T>;
+  const int B = 2, Tn = 7, heads = 5, hd = 6, ld = 41;  // 5 heads of 6 at the start of 41-wide rows
+  const std::size_t n = std::size_t(B) * Tn * ld;
+  std::vector<float> cos(std::size_t(Tn) * hd / 2), sin(cos.size());
+  loom::kernels::rope_table(cos.data(), sin.data(), Tn, hd, 10000.0f);
+  auto dcos = upload<float>(ctx, cos), dsin = upload<float>(ctx, sin);
+  const auto x = quantize<T>(randn(n, 50, 2.0f));
+  auto dx = upload<T>(ctx, x);
+  ops::rope_forward(ctx, dx.data(), dcos.data(), dsin.data(), B, Tn, heads, hd, std::size_t(ld));
+  auto ref = x;
+  cpu::rope_forward(ref.data(), cos.data(), sin.data(), B, Tn, heads, hd, std::size_t(ld));
+  const auto got = download(ctx, dx.data(), n);
+  CHECK(nmse(got, ref) < tolerance<T>());
+  for (std::size_t r = 0; r < std::size_t(B) * Tn; ++r)  // the rest of each row is untouched
+    for (int c = heads * hd; c < ld; ++c) CHECK(got[r * ld + std::size_t(c)] == x[r * ld + std::size_t(c)]);
+  ops::rope_backward(ctx, dx.data(), dcos.data(), dsin.data(), B, Tn, heads, hd, std::size_t(ld));
+  cpu::rope_backward(ref.data(), cos.data(), sin.data(), B, Tn, heads, hd, std::size_t(ld));
+  CHECK(nmse(download(ctx, dx.data(), n), ref) < tolerance<T>());
+}
+
 TEST_CASE_TEMPLATE("ascend ops: gelu (tanh) forward/backward and the residual add", T, LOOM_ASCEND_TYPES) {
   loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
@@ -374,6 +398,41 @@ TEST_CASE_TEMPLATE("ascend attention<fused>: flash attention forward, saved soft
       attn::backward(ctx, dqkv.data(), ddy.data(), dqkv_in.data(), saved.data(), nullptr, B, Tn, C, NH);
     CHECK(nmse(download(ctx, dqkv.data(), 3 * BTC), rdqkv) < tol);
   }
+}
+
+TEST_CASE_TEMPLATE("ascend attention<fused>: grouped-query attention (6 query heads on 2 key/value heads) matches the "
+                   "CPU's", T, LOOM_ASCEND_TYPES) {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  using attn = loom::kernels::attention<npu, T, loom::kernels::fused>;
+  const int B = 2, Tn = 11, NH = 6, KV = 2, HD = 4, C = NH * HD, W = (NH + 2 * KV) * HD;
+  const std::size_t BT = std::size_t(B) * Tn, BTC = BT * C, BTW = BT * W;
+  const auto qkv = quantize<T>(randn(BTW, 75));
+  auto dqkv_in = upload<T>(ctx, qkv);
+  dbuf<T> out(BTC, ctx.stream);
+  dbuf<float> saved(attn::saved_elems(B, NH, Tn), ctx.stream);
+  attn::forward(ctx, out.data(), saved.data(), dqkv_in.data(), B, Tn, C, NH, nullptr, KV);
+  std::vector<float> ref(BTC), lse(std::size_t(B) * NH * Tn);
+  cpu::attention_fused_forward(ref.data(), lse.data(), qkv.data(), B, Tn, C, NH, nullptr, {}, KV);
+  CHECK(nmse(download(ctx, out.data(), BTC), ref) < tolerance<T>());
+
+  const auto dy = quantize<T>(randn(BTC, 76));
+  auto ddy = upload<T>(ctx, dy);
+  std::vector<float> rdqkv(BTW), scratch(cpu::attention_fused_scratch_elems(64, std::size_t(Tn)));
+  cpu::attention_fused_backward(rdqkv.data(), dy.data(), qkv.data(), ref.data(), lse.data(), scratch.data(), B, Tn, C,
+                                NH, nullptr, {}, KV);
+  const double tol = std::is_same_v<T, float> ? 1e-10 : std::is_same_v<T, Eigen::half> ? 1e-5 : 5e-4;
+  dbuf<T> dqkv(BTW, ctx.stream);
+  attn::backward(ctx, dqkv.data(), ddy.data(), dqkv_in.data(), out.data(), saved.data(), nullptr, B, Tn, C, NH, nullptr, KV);
+  const auto got = download(ctx, dqkv.data(), BTW);
+  CHECK(nmse(got, rdqkv) < tol);
+  // the key/value gradient is the sum over each group of 3 query heads: not zero, not one head's
+  double kv_norm = 0;
+  for (std::size_t r = 0; r < BT; ++r)
+    for (int c = C; c < W; ++c) kv_norm += double(got[r * W + std::size_t(c)]) * got[r * W + std::size_t(c)];
+  CHECK(kv_norm > 0);
+  CHECK_THROWS_AS(attn::forward(ctx, out.data(), saved.data(), dqkv_in.data(), B, Tn, C, NH, nullptr, 4),
+                  loom::input_error);  // 4 key/value heads do not divide 6 query heads
 }
 
 TEST_CASE_TEMPLATE("ascend attention<fused>: key padding matches attention<cpu, float, fused>", T, LOOM_ASCEND_TYPES) {

@@ -481,3 +481,37 @@ TEST_CASE("rule: aclnnSwiGlu[Grad]: dim in range and even, out halved, SwiGluGra
   CHECK(run_phase2(ctx, api().aclnnSwiGluGrad, ex, ws) == 0);
   for (auto* p : {X, X14, X7, O, O7, OF, DX, DX14}) api().aclDestroyTensor(p);
 }
+
+TEST_CASE("rule: aclnnRotaryPositionEmbedding[Grad] on A2: modes 0/1, one dtype, even D < 896, contiguous out, "
+          "dcos/dsin required (-> 161002 / 161001)") {
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  const int64_t B = 2, S = 5, N = 3, D = 8;
+  dbuf<Eigen::bfloat16> x(std::size_t(B * S * N * D), ctx.stream), o(std::size_t(B * S * N * D), ctx.stream),
+      cs(std::size_t(S * D), ctx.stream);
+  dbuf<float> c32(std::size_t(S * D), ctx.stream);
+  auto* X = raw(x.data(), acl::dt_bf16, {B, S, N, D});
+  auto* O = raw(o.data(), acl::dt_bf16, {B, S, N, D});
+  auto* C = raw(cs.data(), acl::dt_bf16, {1, S, 1, D});
+  auto* C32 = raw(c32.data(), acl::dt_float, {1, S, 1, D});
+  auto* X7 = raw(x.data(), acl::dt_bf16, {B, S, N, 7});
+  auto* C7 = raw(cs.data(), acl::dt_bf16, {1, S, 1, 7});
+  const int64_t dims[] = {B, S, N, D}, strided[] = {S * N * D * 2, N * D * 2, D * 2, 1}, storage = B * S * N * D * 2;
+  dbuf<Eigen::bfloat16> wide(std::size_t(storage), ctx.stream);
+  auto* OS = api().aclCreateTensor(dims, 4, acl::dt_bf16, strided, 0, acl::format_nd, &storage, 1, wide.data());
+  auto* EMPTY = raw(cs.data(), acl::dt_bf16, {1, 1, 1, 0});
+  uint64_t ws = 0;
+  acl::aclOpExecutor* ex = nullptr;
+  CHECK(api().aclnnRotaryPositionEmbeddingGetWorkspaceSize(X, C, C, 2, O, &ws, &ex) == 161002);  // quarter: 950 only
+  CHECK(recent().find("950") != std::string::npos);
+  CHECK(api().aclnnRotaryPositionEmbeddingGetWorkspaceSize(X, C32, C32, 0, O, &ws, &ex) == 161002);  // fp32 tables, bf16 x
+  CHECK(api().aclnnRotaryPositionEmbeddingGetWorkspaceSize(X7, C7, C7, 0, O, &ws, &ex) == 161002);   // odd D
+  CHECK(api().aclnnRotaryPositionEmbeddingGetWorkspaceSize(X, C, C, 0, OS, &ws, &ex) == 161002);     // strided out
+  REQUIRE(api().aclnnRotaryPositionEmbeddingGetWorkspaceSize(X, C, C, 0, O, &ws, &ex) == 0);
+  CHECK(run_phase2(ctx, api().aclnnRotaryPositionEmbedding, ex, ws) == 0);
+  CHECK(api().aclnnRotaryPositionEmbeddingGradGetWorkspaceSize(X, C, C, nullptr, 0, O, nullptr, nullptr, &ws, &ex) ==
+        161001);  // dcosOut/dsinOut are required pointers even without x
+  REQUIRE(api().aclnnRotaryPositionEmbeddingGradGetWorkspaceSize(X, C, C, nullptr, 0, O, EMPTY, EMPTY, &ws, &ex) == 0);
+  CHECK(run_phase2(ctx, api().aclnnRotaryPositionEmbeddingGrad, ex, ws) == 0);
+  for (auto* p : {X, O, C, C32, X7, C7, OS, EMPTY}) api().aclDestroyTensor(p);
+}

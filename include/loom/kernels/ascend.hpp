@@ -116,8 +116,7 @@ struct ops<device::ascend, T> {
                   "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::gelu_backward(ctx, din, in, dout, n);
   }
-  // The Llama block's RMSNorm and SwiGLU (kernels/ascend/llama.hpp); its rotary embedding is not
-  // on the NPU yet, so kernels::has_llama_ops<ascend, T> is false.
+  // The Llama block's RMSNorm, SwiGLU and rotary embedding (kernels/ascend/llama.hpp).
   static void rmsnorm_forward(ctx_t& ctx, T* out, acc* rstd, const T* in, const T* w, int N, int C, acc eps) {
     const kernel_scope k(ctx.hook, "rmsnorm_forward");
     static_assert(ascend::supports_v<ascend::op::rmsnorm, T>,
@@ -148,6 +147,17 @@ struct ops<device::ascend, T> {
                   "loom::kernels::ops<ascend, T>::swiglu_backward: aclnnSwiGluGrad has no kernel for this storage "
                   "type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::swiglu_backward(ctx, din, dout, in, N, H);
+  }
+  /// cos, sin: kernels::rope_table's fp32 (>= Tn, hd/2) tables in device memory.
+  static void rope_forward(ctx_t& ctx, T* x, const acc* cos, const acc* sin, int B, int Tn, int heads, int hd,
+                           std::size_t ld) {
+    const kernel_scope k(ctx.hook, "rope_forward");
+    ascend::rope_forward(ctx, x, cos, sin, B, Tn, heads, hd, ld);
+  }
+  static void rope_backward(ctx_t& ctx, T* dx, const acc* cos, const acc* sin, int B, int Tn, int heads, int hd,
+                            std::size_t ld) {
+    const kernel_scope k(ctx.hook, "rope_backward");
+    ascend::rope_backward(ctx, dx, cos, sin, B, Tn, heads, hd, ld);
   }
   static void residual_forward(ctx_t& ctx, T* out, const T* a, const T* b, std::size_t n) {
     const kernel_scope k(ctx.hook, "residual_forward");
@@ -284,24 +294,28 @@ struct attention<device::ascend, T, fused> {
     return impl::saved_elems(B, NH, Tn);
   }
   static constexpr std::size_t scratch_elems(std::size_t, std::size_t) { return 0; }
-  /// out (B,T,C) =; saved =; qkv (B,T,3C); key_padding (B,T) optional, non-zero = padded key
-  /// (same arguments as attention<cpu, T, fused>).
+  /// forward and backward take the key/value heads after key_padding (0 = NH; grouped-query).
+  static constexpr bool supports_gqa = true;
+  /// out (B,T,C) =; saved =; qkv (B,T,3C), or (B,T,(NH + 2 kv_heads) C/NH) with kv_heads key/value
+  /// heads; key_padding (B,T) optional, non-zero = padded key (same arguments as attention<cpu, T,
+  /// fused>, without dropout).
   static void forward(context<device::ascend>& ctx, T* out, acc* saved, const T* qkv, int B, int Tn, int C, int NH,
-                      const std::uint8_t* key_padding = nullptr) {
+                      const std::uint8_t* key_padding = nullptr, int kv_heads = 0) {
     const kernel_scope k(ctx.hook, "attention_forward");
-    impl::forward(ctx, out, saved, qkv, B, Tn, C, NH, key_padding);
+    impl::forward(ctx, out, saved, qkv, B, Tn, C, NH, key_padding, kv_heads);
   }
-  /// dqkv (B,T,3C) =. Recomputes the forward output, which this overload does not receive.
+  /// dqkv (same layout as qkv) =. Recomputes the forward output, which this overload does not receive.
   static void backward(context<device::ascend>& ctx, T* dqkv, const T* dout, const T* qkv, const acc* saved, acc*,
-                       int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+                       int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr, int kv_heads = 0) {
     const kernel_scope k(ctx.hook, "attention_backward");
-    impl::backward(ctx, dqkv, dout, qkv, nullptr, saved, B, Tn, C, NH, key_padding);
+    impl::backward(ctx, dqkv, dout, qkv, nullptr, saved, B, Tn, C, NH, key_padding, kv_heads);
   }
-  /// dqkv (B,T,3C) =, given the forward output `out` (B,T,C): no recomputation.
+  /// dqkv =, given the forward output `out` (B,T,C): no recomputation.
   static void backward(context<device::ascend>& ctx, T* dqkv, const T* dout, const T* qkv, const T* out,
-                       const acc* saved, acc*, int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+                       const acc* saved, acc*, int B, int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr,
+                       int kv_heads = 0) {
     const kernel_scope k(ctx.hook, "attention_backward");
-    impl::backward(ctx, dqkv, dout, qkv, out, saved, B, Tn, C, NH, key_padding);
+    impl::backward(ctx, dqkv, dout, qkv, out, saved, B, Tn, C, NH, key_padding, kv_heads);
   }
 };
 

@@ -598,30 +598,33 @@ class transformer {
     else ops::layernorm_backward(ctx, din, g(wr, l), g(br, l), dout, in, w(wr, l), stats, stats + cap, n, C);
   }
   /// s.atty = attention(s.qkv), saving s.att; with drop.active(), attention-probability dropout.
+  /// The optional arguments follow the implementation's signature: key padding (none), then the
+  /// dropout where it has one, then the key/value heads under grouped-query attention.
   void attention_forward(context<device>& ctx, const block_saved& s, int b, int t, int l, const dropout_state& drop) const {
-    if constexpr (gqa) {
-      const attention_dropout ad = drop.active() ? attention_drop(drop, l) : attention_dropout{};
-      attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl, nullptr, ad, KVl);
-    } else if constexpr (supports_dropout) {
-      if (drop.active()) attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl, nullptr, attention_drop(drop, l));
-      else attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl);
-    } else {
-      attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl);
-    }
+    with_attention_args(drop, l, [&](auto... extra) { attention::forward(ctx, s.atty, s.att, s.qkv, b, t, Cl, NHl, extra...); });
   }
   /// p.dqkv = d(attention input) from p.datty, with the forward's dropout masks regenerated.
   void attention_backward(context<device>& ctx, const block_saved& s, const pointers_t& p, int b, int t, int l,
                           const dropout_state& drop) const {
-    if constexpr (gqa) {
+    with_attention_args(drop, l, [&](auto... extra) {
+      attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl, extra...);
+    });
+  }
+  /// Calls f with the trailing attention arguments of layer l: none for multi-head attention
+  /// without dropout; (key_padding = null, dropout) where the implementation applies dropout;
+  /// (..., KVl) under grouped-query attention.
+  template <class F>
+  void with_attention_args(const dropout_state& drop, int l, F&& f) const {
+    const std::uint8_t* no_padding = nullptr;
+    if constexpr (supports_dropout) {
       const attention_dropout ad = drop.active() ? attention_drop(drop, l) : attention_dropout{};
-      attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl, nullptr, ad, KVl);
-    } else if constexpr (supports_dropout) {
-      if (drop.active())
-        attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl, nullptr,
-                            attention_drop(drop, l));
-      else attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl);
+      if constexpr (gqa) f(no_padding, ad, KVl);
+      else if (drop.active()) f(no_padding, ad);
+      else f();
+    } else if constexpr (gqa) {
+      f(no_padding, KVl);
     } else {
-      attention::backward(ctx, p.dqkv, p.datty, s.qkv, s.atty, s.att, p.attn_scratch, b, t, Cl, NHl);
+      f();
     }
   }
   /// The rotary tables (kernels/rope_table.hpp), (max_seq, HD/2) each; rotary recipes only.

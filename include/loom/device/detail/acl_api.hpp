@@ -41,6 +41,7 @@
 #include <aclnnop/aclnn_matmul.h>
 #include <aclnnop/aclnn_mul.h>
 #include <aclnnop/aclnn_reduce_sum.h>
+#include <aclnnop/aclnn_rotary_position_embedding.h>
 #include <hccl/hccl.h>
 // Operators whose header CANN's open-source set lacks: acl_ops_declared.hpp.
 #include <loom/device/detail/acl_ops_declared.hpp>
@@ -430,6 +431,15 @@ static_assert(HCCL_COMM_CONFIG_MAGIC_WORD == hccl_comm_config_magic_word &&
     (const aclTensor* yGrad, const aclTensor* x, int64_t dim, const aclTensor* out, uint64_t* workspaceSize,   \
      aclOpExecutor** executor))                                                                                \
   X(aclnnSwiGluGrad, aclnnStatus, LOOM_ACLNN_PHASE2)                                                           \
+  X(aclnnRotaryPositionEmbeddingGetWorkspaceSize, aclnnStatus,                                                 \
+    (const aclTensor* x, const aclTensor* cos, const aclTensor* sin, int64_t mode, aclTensor* out,            \
+     uint64_t* workspaceSize, aclOpExecutor** executor))                                                       \
+  X(aclnnRotaryPositionEmbedding, aclnnStatus, LOOM_ACLNN_PHASE2)                                              \
+  X(aclnnRotaryPositionEmbeddingGradGetWorkspaceSize, aclnnStatus,                                             \
+    (const aclTensor* dy, const aclTensor* cos, const aclTensor* sin, const aclTensor* xOptional,             \
+     int64_t mode, const aclTensor* dxOut, const aclTensor* dcosOut, const aclTensor* dsinOut,                 \
+     uint64_t* workspaceSize, aclOpExecutor** executor))                                                       \
+  X(aclnnRotaryPositionEmbeddingGrad, aclnnStatus, LOOM_ACLNN_PHASE2)                                          \
   X(aclnnGeluV2GetWorkspaceSize, aclnnStatus,                                                                  \
     (const aclTensor* x, int64_t approximate, aclTensor* y, uint64_t* workspaceSize, aclOpExecutor** executor)) \
   X(aclnnGeluV2, aclnnStatus, LOOM_ACLNN_PHASE2)                                                               \

@@ -102,6 +102,22 @@ aclnnStatus aclnnSwiGluGradGetWorkspaceSize(const aclTensor* yGrad, const aclTen
 aclnnStatus aclnnSwiGluGrad(void* workspace, uint64_t workspaceSize, aclOpExecutor* executor, aclrtStream stream);
 }
 #endif
+// aclnnRotaryPositionEmbeddingGrad's header is generated too (the forward's is open source); where
+// absent, declared from hicann/ops-transformer v9.0.0 posembedding/rotary_position_embedding_grad/
+// docs/aclnnRotaryPositionEmbeddingGrad.md ("函数原型").
+#if __has_include(<aclnnop/aclnn_rotary_position_embedding_grad.h>)
+#include <aclnnop/aclnn_rotary_position_embedding_grad.h>
+#else
+extern "C" {
+aclnnStatus aclnnRotaryPositionEmbeddingGradGetWorkspaceSize(const aclTensor* dy, const aclTensor* cos,
+                                                             const aclTensor* sin, const aclTensor* xOptional,
+                                                             int64_t mode, const aclTensor* dxOut,
+                                                             const aclTensor* dcosOut, const aclTensor* dsinOut,
+                                                             uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnRotaryPositionEmbeddingGrad(void* workspace, uint64_t workspaceSize, aclOpExecutor* executor,
+                                             aclrtStream stream);
+}
+#endif
 #if __has_include(<aclnnop/aclnn_cross_entropy_loss.h>)
 #include <aclnnop/aclnn_cross_entropy_loss.h>
 #else

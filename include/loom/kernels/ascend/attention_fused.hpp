@@ -1,8 +1,11 @@
 #pragma once
 /// \file Causal multi-head self-attention on the NPU: aclnnFlashAttentionScore(Grad).
 ///
-/// Layout: loom's qkv (B,T,3C) holds [q | k | v], head h at channels [h*HD, (h+1)*HD). q, k and v
-/// are copied out of it into contiguous (B,T,C) scratch with aclnnInplaceCopy (strided read) and
+/// Layout: loom's qkv (B,T,3C) holds [q | k | v], head h at channels [h*HD, (h+1)*HD); with
+/// grouped-query attention (kv_heads < NH) rows are [q: NH heads | k, v: kv_heads heads each] and
+/// K/V are passed with kv_heads heads (the operator reads Nkv from their shape; headNum = NH; "Nq /
+/// Nkv must be a non-zero integer", ops-transformer aclnnFlashAttentionScore.md). q, k and v
+/// are copied out of it into contiguous scratch with aclnnInplaceCopy (strided read) and
 /// passed as inputLayout "BSH" (H = NH*HD); the flash-attention docs list ND 3-D/4-D inputs but no
 /// non-contiguous support, so loom does not pass strided views. The output (B,T,C) is written in
 /// place — "BSH" is exactly loom's head-concatenated layout.
@@ -27,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/error.hpp>
 #include <loom/kernels/ascend/common.hpp>
 
 namespace loom::kernels::ascend {
@@ -55,19 +59,34 @@ struct flash_attention {
   /// fp32 elements of saved state per layer: softmaxMax and softmaxSum, [B, NH, T, 8] each.
   static constexpr std::size_t saved_elems(std::size_t B, std::size_t NH, std::size_t Tn) { return 2 * B * NH * Tn * 8; }
 
+  /// B sequences of Tn tokens, NH query heads of C / NH channels, KV key/value heads (KV = NH:
+  /// multi-head; KV < NH: grouped-query attention, query head h reading key/value head
+  /// h / (NH / KV), as the operator's (B, N2, G) axis order does).
   struct problem {
-    int B, Tn, C, NH;
+    int B, Tn, C, NH, KV;
     int64_t HD() const { return C / NH; }
+    int64_t Ckv() const { return HD() * KV; }           ///< key (and value) width
+    int64_t W() const { return C + 2 * Ckv(); }         ///< a qkv row: [q | k | v]
+    std::size_t BT() const { return std::size_t(B) * Tn; }
     double scale() const { return 1.0 / std::sqrt(double(C / NH)); }
   };
+  static problem make_problem(int B, int Tn, int C, int NH, int kv_heads) {
+    const int KV = kv_heads > 0 ? kv_heads : NH;
+    if (NH % KV != 0)
+      throw input_error("loom::kernels::attention<ascend, T, fused>: " + std::to_string(KV) + " key/value heads do not "
+                        "divide " + std::to_string(NH) + " query heads (aclnnFlashAttentionScore: Nq / Nkv must be an "
+                        "integer)");
+    return {B, Tn, C, NH, KV};
+  }
 
-  /// q, k, v (B,T,C) contiguous copies of the three slices of qkv (B,T,3C).
-  static void split_qkv(ctx_t& ctx, T* qkv_out, const T* qkv, const problem& p) {
+  /// q (B,T,C), k and v (B,T,Ckv) contiguous copies of the three slices of qkv (B,T,W).
+  static void split_qkv(ctx_t& ctx, T* q, T* k, T* v, const T* qkv, const problem& p) {
     constexpr auto dt = dtype_of<T>();
-    const std::size_t BTC = std::size_t(p.B) * p.Tn * p.C;
-    for (int s = 0; s < 3; ++s)
-      copy(ctx, tensor(ctx, qkv_out + s * BTC, dt, {p.B, p.Tn, p.C}),
-           tensor(ctx, qkv + s * p.C, dt, {p.B, p.Tn, p.C}, {int64_t(p.Tn) * 3 * p.C, 3 * int64_t(p.C), 1}));
+    const int64_t row = int64_t(p.Tn) * p.W();
+    copy(ctx, tensor(ctx, q, dt, {p.B, p.Tn, p.C}), tensor(ctx, qkv, dt, {p.B, p.Tn, p.C}, {row, p.W(), 1}));
+    copy(ctx, tensor(ctx, k, dt, {p.B, p.Tn, p.Ckv()}), tensor(ctx, qkv + p.C, dt, {p.B, p.Tn, p.Ckv()}, {row, p.W(), 1}));
+    copy(ctx, tensor(ctx, v, dt, {p.B, p.Tn, p.Ckv()}),
+         tensor(ctx, qkv + p.C + p.Ckv(), dt, {p.B, p.Tn, p.Ckv()}, {row, p.W(), 1}));
   }
 
   /// The attention mask and its mode: the cached compressed causal mask (sparseMode 2), or, with
@@ -100,7 +119,7 @@ struct flash_attention {
                           const mask_args& m) {
     constexpr auto dt = dtype_of<T>();
     const std::size_t per = std::size_t(p.B) * p.NH * p.Tn * 8;
-    tensor Q(ctx, q, dt, {p.B, p.Tn, p.C}), K(ctx, k, dt, {p.B, p.Tn, p.C}), V(ctx, v, dt, {p.B, p.Tn, p.C});
+    tensor Q(ctx, q, dt, {p.B, p.Tn, p.C}), K(ctx, k, dt, {p.B, p.Tn, p.Ckv()}), V(ctx, v, dt, {p.B, p.Tn, p.Ckv()});
     tensor O(ctx, out, dt, {p.B, p.Tn, p.C}), M(ctx, m.data, acl::dt_bool, m.dims, {});
     tensor mx(ctx, stats, acl::dt_float, {p.B, p.NH, p.Tn, 8}), sm(ctx, stats + per, acl::dt_float, {p.B, p.NH, p.Tn, 8});
     char layout[] = "BSH";
@@ -111,46 +130,53 @@ struct flash_attention {
     return key_padding ? 2 * std::size_t(p.B) * p.Tn * p.Tn : 0;
   }
 
-  /// out (B,T,C) = attention(qkv); saved (saved_elems) = softmax statistics.
+  /// out (B,T,C) = attention(qkv); saved (saved_elems) = softmax statistics. qkv (B,T,W) with
+  /// kv_heads key/value heads (0 = NH).
   static void forward(ctx_t& ctx, T* out, float* saved, const T* qkv, int B, int Tn, int C, int NH,
-                      const std::uint8_t* key_padding = nullptr) {
-    const problem p{B, Tn, C, NH};
-    scratch<T> qkvc(ctx, 3 * std::size_t(B) * Tn * C);
+                      const std::uint8_t* key_padding = nullptr, int kv_heads = 0) {
+    const problem p = make_problem(B, Tn, C, NH, kv_heads);
+    scratch<T> qkvc(ctx, p.BT() * std::size_t(p.W()));
     scratch<std::uint8_t> mask_storage(ctx, mask_bytes(p, key_padding));
     const mask_args m = make_mask(ctx, key_padding, mask_storage.data(), p);
-    split_qkv(ctx, qkvc.data(), qkv, p);
-    const std::size_t BTC = std::size_t(B) * Tn * C;
-    run_forward(ctx, out, saved, qkvc.data(), qkvc.data() + BTC, qkvc.data() + 2 * BTC, p, m);
+    T* q = qkvc.data();
+    T* k = q + p.BT() * std::size_t(C);
+    T* v = k + p.BT() * std::size_t(p.Ckv());
+    split_qkv(ctx, q, k, v, qkv, p);
+    run_forward(ctx, out, saved, q, k, v, p, m);
   }
 
-  /// dqkv (B,T,3C) =; dout (B,T,C); out = the forward output (B,T,C), or null to recompute it.
+  /// dqkv (B,T,W) =; dout (B,T,C); out = the forward output (B,T,C), or null to recompute it.
   static void backward(ctx_t& ctx, T* dqkv, const T* dout, const T* qkv, const T* out, const float* saved, int B,
-                       int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr) {
+                       int Tn, int C, int NH, const std::uint8_t* key_padding = nullptr, int kv_heads = 0) {
     constexpr auto dt = dtype_of<T>();
-    const problem p{B, Tn, C, NH};
-    const std::size_t BTC = std::size_t(B) * Tn * C, per = std::size_t(B) * NH * Tn * 8;
-    scratch<T> work(ctx, (out ? 6 : 7) * BTC);
+    const problem p = make_problem(B, Tn, C, NH, kv_heads);
+    const std::size_t BTW = p.BT() * std::size_t(p.W()), BTC = p.BT() * std::size_t(C), per = std::size_t(B) * NH * Tn * 8;
+    const int64_t Ckv = p.Ckv();
+    scratch<T> work(ctx, 2 * BTW + (out ? 0 : BTC));  // q, k, v | dq, dk, dv | the recomputed output
     scratch<std::uint8_t> mask_storage(ctx, mask_bytes(p, key_padding));
     const mask_args m = make_mask(ctx, key_padding, mask_storage.data(), p);
     T* q = work.data();
     T* k = q + BTC;
-    T* v = k + BTC;
-    T* grads = v + BTC;
-    split_qkv(ctx, q, qkv, p);
+    T* v = k + p.BT() * std::size_t(Ckv);
+    T* grads = q + BTW;  // dq (B,T,C), dk and dv (B,T,Ckv)
+    split_qkv(ctx, q, k, v, qkv, p);
     scratch<float> stats(ctx, out ? 0 : 2 * per);
     if (!out) {
-      run_forward(ctx, grads + 3 * BTC, stats.data(), q, k, v, p, m);
-      out = grads + 3 * BTC;
+      run_forward(ctx, grads + BTW, stats.data(), q, k, v, p, m);
+      out = grads + BTW;
     }
-    tensor Q(ctx, q, dt, {B, Tn, C}), K(ctx, k, dt, {B, Tn, C}), V(ctx, v, dt, {B, Tn, C}), DY(ctx, dout, dt, {B, Tn, C});
+    tensor Q(ctx, q, dt, {B, Tn, C}), K(ctx, k, dt, {B, Tn, Ckv}), V(ctx, v, dt, {B, Tn, Ckv}), DY(ctx, dout, dt, {B, Tn, C});
     tensor O(ctx, out, dt, {B, Tn, C}), M(ctx, m.data, acl::dt_bool, m.dims, {});
     tensor mx(ctx, saved, acl::dt_float, {B, NH, Tn, 8}), sm(ctx, saved + per, acl::dt_float, {B, NH, Tn, 8});
-    tensor DQ(ctx, grads, dt, {B, Tn, C}), DK(ctx, grads + BTC, dt, {B, Tn, C}), DV(ctx, grads + 2 * BTC, dt, {B, Tn, C});
+    T* dk = grads + BTC;
+    T* dv = dk + p.BT() * std::size_t(Ckv);
+    tensor DQ(ctx, grads, dt, {B, Tn, C}), DK(ctx, dk, dt, {B, Tn, Ckv}), DV(ctx, dv, dt, {B, Tn, Ckv});
     char layout[] = "BSH";
     launch(ctx, "aclnnFlashAttentionScoreGrad", ctx.api().aclnnFlashAttentionScoreGradGetWorkspaceSize, ctx.api().aclnnFlashAttentionScoreGrad, Q, K, V, DY, nullptr, nullptr, nullptr, M, mx, sm, nullptr, O, nullptr, p.scale(), 1.0, m.pre_tokens, m.next_tokens, NH, layout, m.inner_precise, m.sparse_mode, DQ, DK, DV, nullptr);
-    for (int s = 0; s < 3; ++s)
-      copy(ctx, tensor(ctx, dqkv + s * C, dt, {B, Tn, C}, {int64_t(Tn) * 3 * C, 3 * int64_t(C), 1}),
-           tensor(ctx, grads + s * BTC, dt, {B, Tn, C}));
+    const int64_t row = int64_t(Tn) * p.W();
+    copy(ctx, tensor(ctx, dqkv, dt, {B, Tn, C}, {row, p.W(), 1}), DQ);
+    copy(ctx, tensor(ctx, dqkv + C, dt, {B, Tn, Ckv}, {row, p.W(), 1}), DK);
+    copy(ctx, tensor(ctx, dqkv + C + Ckv, dt, {B, Tn, Ckv}, {row, p.W(), 1}), DV);
   }
 };
 

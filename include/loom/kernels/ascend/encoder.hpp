@@ -29,7 +29,8 @@ int64_t table_rows(const T* table, int C) {
   return int64_t(bytes / (std::size_t(C) * sizeof(T)));
 }
 
-/// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]; out (B,T,C) =; wte (V,C); wpe (>= T, C);
+/// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]; out (B,T,C) =; wte (V,C); wpe (>= T, C), or null
+/// (no learned positions: the token rows alone, as rotary models have);
 /// tokens (B,T) int32 in [0, V) (an id outside faults the kernel: device_error at the next sync).
 template <class T>
 void encoder_forward_rows(ctx_t& ctx, T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int Tn,
@@ -37,7 +38,7 @@ void encoder_forward_rows(ctx_t& ctx, T* out, const std::int32_t* tokens, const 
   constexpr auto dt = dtype_of<T>();
   tensor w(ctx, wte, dt, {V, int64_t(C)}), idx(ctx, tokens, acl::dt_int32, {B, Tn}), o(ctx, out, dt, {B, Tn, C});
   launch(ctx, "aclnnEmbedding", ctx.api().aclnnEmbeddingGetWorkspaceSize, ctx.api().aclnnEmbedding, w, idx, o);
-  add_inplace(ctx, o, tensor(ctx, wpe, dt, {Tn, C}));  // (T,C) broadcast over the batch
+  if (wpe) add_inplace(ctx, o, tensor(ctx, wpe, dt, {Tn, C}));  // (T,C) broadcast over the batch
 }
 
 template <class T>
@@ -66,14 +67,14 @@ void position_backward(ctx_t& ctx, G* dwpe, const T* dout, int B, int Tn, int C)
 }
 
 /// dwte[tokens[b,t],:] += dout[b,t,:] (aclnnEmbeddingDenseBackward into fp32 scratch, then added);
-/// dwpe[t,:] += sum_b dout[b,t,:] (position_backward).
-/// dwte (V,C) +=, dwpe (>= T, C) +=, dout (B,T,C). G is the gradient type (kernels::gradient_t);
+/// dwpe[t,:] += sum_b dout[b,t,:] (position_backward; skipped when dwpe is null).
+/// dwte (V,C) +=, dwpe (>= T, C) += or null, dout (B,T,C). G is the gradient type (kernels::gradient_t);
 /// when G != T both sums are formed in T scratch and widened into G (accumulate()).
 template <class T, class G = T>
 void encoder_backward_rows(ctx_t& ctx, G* dwte, G* dwpe, const T* dout, const std::int32_t* tokens, int B, int Tn,
                            int C, int64_t V) {
   constexpr auto dt = dtype_of<T>();
-  position_backward(ctx, dwpe, dout, B, Tn, C);
+  if (dwpe) position_backward(ctx, dwpe, dout, B, Tn, C);
   // out is float32 whatever grad's type: the CANN 8.1.RC1 header documents "数据类型支持float32类型"
   // for it (aclnnop/aclnn_embedding_dense_backward.h; 9.0 also accepts grad's types).
   scratch<float> tmp(ctx, std::size_t(V) * std::size_t(C));

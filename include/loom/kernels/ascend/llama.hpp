@@ -1,7 +1,9 @@
 #pragma once
-/// \file The Llama block's RMSNorm and SwiGLU on the NPU: aclnnRmsNorm / aclnnRmsNormGrad and
-/// aclnnSwiGlu / aclnnSwiGluGrad (hicann/ops-nn v9.0.0 docs, prototypes declared in
-/// device/detail/acl_api.hpp where CANN's generated headers are absent).
+/// \file The Llama block's RMSNorm, SwiGLU and rotary embedding on the NPU: aclnnRmsNorm /
+/// aclnnRmsNormGrad, aclnnSwiGlu / aclnnSwiGluGrad (hicann/ops-nn v9.0.0 docs) and
+/// aclnnRotaryPositionEmbedding / aclnnRotaryPositionEmbeddingGrad (hicann/ops-transformer v9.0.0
+/// docs; prototypes declared in device/detail/acl_api.hpp where CANN's generated headers are
+/// absent).
 /// Documented rules used here (A2/A3 training series): RmsNorm's gamma has x's dtype (or FLOAT32),
 /// its rstd output is FLOAT32 with x's rank and 1 in the normalised dimension, epsilon a double
 /// (narrowed to float by the kernel); RmsNormGrad takes that rstd, writes dx in x's dtype (=) and
@@ -9,6 +11,13 @@
 /// fc output rows are [gate | up], so dim = -1. SwiGluGrad writes (=) both halves of dx and
 /// documents "shape not 64-byte aligned is not supported": the fc output row (2 H elements) must
 /// be a multiple of 64 bytes (the emulation enforces it; this kernel says so first).
+/// RotaryPositionEmbedding, mode 0 ("half": rotate_half, Hugging Face's Llama): x (B, S, N, D)
+/// as BSND, cos and sin of x's dtype (documented: one dtype for all three) as (1, S, 1, D) with
+/// the full-width layout cat(freqs, freqs), out 4-D and contiguous; D even and below 896. loom's
+/// heads sit inside fused qkv rows (stride ld): x is read as a strided view (documented:
+/// non-contiguous x allowed), out goes to scratch and is copied back. The backward passes no x
+/// (no dcos/dsin: cos and sin are constants) and, as the document's example does, empty dcos/dsin
+/// tensors, which the operator requires.
 #include <string>
 
 #include <loom/core/error.hpp>
@@ -61,6 +70,62 @@ void swiglu_backward(ctx_t& ctx, T* dinp, const T* dout, const T* inp, int N, in
   tensor g(ctx, dout, dt, {N, H}), x(ctx, inp, dt, {N, 2 * H}), dx(ctx, dinp, dt, {N, 2 * H});
   launch(ctx, "aclnnSwiGluGrad", ctx.api().aclnnSwiGluGradGetWorkspaceSize, ctx.api().aclnnSwiGluGrad, g, x, int64_t(-1),
          dx);
+}
+
+namespace detail {
+/// The (S, D) cos and sin tables in T, [cos | sin], from loom's fp32 (S, D/2) halves: each half
+/// is written twice (cat(freqs, freqs)), narrowed by aclnnInplaceCopy.
+template <class T>
+void rope_tables(ctx_t& ctx, T* out, const float* cos, const float* sin, int S, int hd) {
+  constexpr auto dt = dtype_of<T>();
+  const int64_t half = hd / 2;
+  for (int which = 0; which < 2; ++which) {
+    const float* src = which == 0 ? cos : sin;
+    T* dst = out + std::size_t(which) * std::size_t(S) * std::size_t(hd);
+    for (int part = 0; part < 2; ++part)
+      copy(ctx, tensor(ctx, dst + part * half, dt, {S, half}, {hd, 1}), tensor(ctx, src, acl::dt_float, {S, half}));
+  }
+}
+}  // namespace detail
+
+/// Rotates `heads` heads of hd values in place in every (B*Tn) row of x (row stride ld), by the
+/// angles of the row's position: cos, sin are loom's fp32 (>= Tn, hd/2) tables
+/// (kernels/rope_table.hpp) in device memory. Throws loom::input_error for an odd hd or hd >= 896.
+template <class T>
+void rope_forward(ctx_t& ctx, T* x, const float* cos, const float* sin, int B, int Tn, int heads, int hd, std::size_t ld) {
+  if (hd % 2 != 0 || hd >= 896)
+    throw input_error("rotary embedding on Ascend: head size " + std::to_string(hd) + "; aclnnRotaryPositionEmbedding "
+                      "documents an even D below 896 on A2/A3");
+  constexpr auto dt = dtype_of<T>();
+  const std::size_t SD = std::size_t(Tn) * hd, n = std::size_t(B) * heads * SD;
+  scratch<T> work(ctx, 2 * SD + n);
+  detail::rope_tables(ctx, work.data(), cos, sin, Tn, hd);
+  const int64_t L = int64_t(ld);
+  tensor X(ctx, x, dt, {B, Tn, heads, hd}, {Tn * L, L, hd, 1}), O(ctx, work.data() + 2 * SD, dt, {B, Tn, heads, hd});
+  tensor C(ctx, work.data(), dt, {1, Tn, 1, hd}), S(ctx, work.data() + SD, dt, {1, Tn, 1, hd});
+  launch(ctx, "aclnnRotaryPositionEmbedding", ctx.api().aclnnRotaryPositionEmbeddingGetWorkspaceSize,
+         ctx.api().aclnnRotaryPositionEmbedding, X, C, S, int64_t(0), O);
+  copy(ctx, X, O);
+}
+
+/// Backward of rope_forward, in place on dx (same layout and tables): the transposed rotation.
+template <class T>
+void rope_backward(ctx_t& ctx, T* dx, const float* cos, const float* sin, int B, int Tn, int heads, int hd,
+                   std::size_t ld) {
+  if (hd % 2 != 0 || hd >= 896)
+    throw input_error("rotary embedding on Ascend: head size " + std::to_string(hd) + "; aclnnRotaryPositionEmbeddingGrad "
+                      "documents an even D below 896 on A2/A3");
+  constexpr auto dt = dtype_of<T>();
+  const std::size_t SD = std::size_t(Tn) * hd, n = std::size_t(B) * heads * SD;
+  scratch<T> work(ctx, 2 * SD + n);
+  detail::rope_tables(ctx, work.data(), cos, sin, Tn, hd);
+  const int64_t L = int64_t(ld);
+  tensor DY(ctx, dx, dt, {B, Tn, heads, hd}, {Tn * L, L, hd, 1}), DX(ctx, work.data() + 2 * SD, dt, {B, Tn, heads, hd});
+  tensor C(ctx, work.data(), dt, {1, Tn, 1, hd}), S(ctx, work.data() + SD, dt, {1, Tn, 1, hd});
+  tensor none_c(ctx, work.data(), dt, {1, 1, 1, 0}), none_s(ctx, work.data(), dt, {1, 1, 1, 0});
+  launch(ctx, "aclnnRotaryPositionEmbeddingGrad", ctx.api().aclnnRotaryPositionEmbeddingGradGetWorkspaceSize,
+         ctx.api().aclnnRotaryPositionEmbeddingGrad, DY, C, S, nullptr, int64_t(0), DX, none_c, none_s);
+  copy(ctx, DY, DX);
 }
 
 }  // namespace loom::kernels::ascend
