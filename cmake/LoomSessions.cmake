@@ -38,6 +38,7 @@ if(LOOM_WITH_ASCEND)  # the main job on an NPU (CI: on the emulation)
   list(APPEND _loom_default_sessions
     quickstart/fp32/tp1pp1/ascend/fused quickstart/bf16/tp1pp1/ascend/fused
     quickstart_bpe/fp32/tp1pp1/ascend/fused quickstart_bpe/bf16/tp1pp1/ascend/fused
+    llama_quickstart/bf16/tp1pp1/ascend/fused
     bench_small/bf16/tp1pp1/ascend/fused)
 endif()
 set(LOOM_SESSIONS "${_loom_default_sessions}" CACHE STRING
