@@ -103,14 +103,14 @@ inline loom::io::run_state state_at(long s) {
   return st;
 }
 
-/// One rank on the whole global batch of `global_windows` windows: steps [from, to),
-/// optionally loading `load` first (then steps before `from` are not run); dropout probability
-/// `dropout` (0: off).
-template <class Prec>
+/// One rank of `Model` (tiny_parallel, or another config of its vocabulary) on the whole global
+/// batch of `global_windows` windows: steps [from, to), optionally loading `load` first (then
+/// steps before `from` are not run); dropout probability `dropout` (0: off).
+template <class Prec, class Model = M>
 curve one_rank(int global_windows, long from, long to, const fs::path& load = {}, double dropout = 0) {
   const one_thread guard;
   loom::context<cpu> ctx;
-  loom::train::trainer<M, loom::policy<cpu, Prec>, B, T, loom::kernels::fused, scaler_for<Prec>> tr(
+  loom::train::trainer<Model, loom::policy<cpu, Prec>, B, T, loom::kernels::fused, scaler_for<Prec>> tr(
       ctx, config(global_windows / B, dropout));
   if (!load.empty()) loom::io::load_checkpoint(ctx, load, tr);
   curve c;
@@ -125,14 +125,14 @@ curve one_rank(int global_windows, long from, long to, const fs::path& load = {}
 /// zero1, over its world communicator (collective): steps [0, steps) with a collective save
 /// after step save_at into `save` (if given), or steps [save_at, steps) after loading `load`.
 /// Returns this rank's curve (the same on every rank).
-template <class Prec, int TP, int PP, class Comm>
+template <class Prec, int TP, int PP, class Model = M, class Comm>
 curve layout_rank(Comm& world, int global_windows, bool zero1, const fs::path& save, const fs::path& load = {},
                   double dropout = 0) {
   const one_thread guard;
   loom::context<cpu> ctx;
   const int dp = world.size() / (TP * PP);
   const int share = global_windows / dp;
-  loom::train::parallel_trainer<M, loom::policy<cpu, Prec, loom::layout<TP, PP>>, B, T, Comm, loom::kernels::fused,
+  loom::train::parallel_trainer<Model, loom::policy<cpu, Prec, loom::layout<TP, PP>>, B, T, Comm, loom::kernels::fused,
                                 scaler_for<Prec>>
       tr(ctx, config(share / B, dropout), world, loom::parallel::ddp_options{.bucket_mb = 0.002, .zero1 = zero1});
   const long from = load.empty() ? 0 : save_at;
@@ -147,13 +147,14 @@ curve layout_rank(Comm& world, int global_windows, bool zero1, const fs::path& s
 
 /// The checks of one cell. `run(save, load)` runs the layout (see the file comment) and returns
 /// world rank 0's curve; `dir` is a directory every rank can write and read; `report`: print the
-/// deviations (one process of an MPI run does); `dropout`: the probability the run trains with.
-template <class Prec, class Run>
+/// deviations (one process of an MPI run does); `dropout`: the probability the run trains with;
+/// `Model`: the config `run` trains (the one-rank reference trains it too).
+template <class Prec, class Model = M, class Run>
 void check_cell(const std::string& what, int global_windows, const fs::path& dir, Run&& run, bool report = true,
                 double dropout = 0) {
   CAPTURE(what);
   const double tol = tolerance<Prec>();
-  const curve ref = one_rank<Prec>(global_windows, 0, steps, {}, dropout);
+  const curve ref = one_rank<Prec, Model>(global_windows, 0, steps, {}, dropout);
   const curve got = run(dir, fs::path());
   REQUIRE(got.loss.size() == std::size_t(steps));
   double worst = 0;
@@ -171,7 +172,7 @@ void check_cell(const std::string& what, int global_windows, const fs::path& dir
   REQUIRE(resumed.loss.size() == std::size_t(steps - save_at));
   CHECK(std::memcmp(resumed.loss.data(), got.loss.data() + save_at, resumed.loss.size() * sizeof(double)) == 0);
   // reshard onto one rank: within the tolerance of the layout's own continuation
-  const curve single = one_rank<Prec>(global_windows, save_at, steps, ckpt, dropout);
+  const curve single = one_rank<Prec, Model>(global_windows, save_at, steps, ckpt, dropout);
   double worst_reshard = 0;
   for (std::size_t i = 0; i < single.loss.size(); ++i)
     worst_reshard = std::max(worst_reshard, std::abs(single.loss[i] / got.loss[save_at + i] - 1));

@@ -6,7 +6,8 @@
 //     scale and skipped steps as one rank;
 //   - a checkpoint saved after step 2 resumes on the same layout bit for bit (losses of steps
 //     3..4), and loads onto one rank (resharded) within the tolerance;
-//   - the same with dropout 0.1 for fp32 TP, PP and TP x DP (the masks do not depend on the layout).
+//   - the same with dropout 0.1 for fp32 TP, PP and TP x DP (the masks do not depend on the layout);
+//   - the Llama recipe (llama_tiny) in bf16 and fp16 on TP x PP x DP with ZeRO-1, TP x DP, PP.
 // CI runs a covering subset (every pair of precision, layout kind and ZeRO setting appears
 // together at least once: TEST_CASE "layout matrix (covering subset)"); the whole product is the
 // skipped TEST_CASE "layout matrix [full]" (run it with build/tests/loom_tests -tc='*full*'
@@ -26,17 +27,17 @@ namespace lm = loom_test::layout_matrix;
 constexpr int global_windows = 8;  // per step: micro * micro_batch * dp for dp = 2; dp = 1 runs 4 micro-batches
 
 /// One cell over comm::threads: TP * PP * dp threads per run.
-template <class Prec, int TP, int PP>
+template <class Prec, int TP, int PP, class Model = lm::M>
 void matrix_case(int dp, bool zero1, double dropout = 0) {
   loom_test::temp_dir dir;
   const std::string name =
-      lm::cell_name<Prec>(TP, PP, dp, zero1) + (dropout > 0 ? " dropout " + std::to_string(dropout).substr(0, 3) : "");
-  lm::check_cell<Prec>(
+      std::string(Model::name) + " " + lm::cell_name<Prec>(TP, PP, dp, zero1) + (dropout > 0 ? " dropout " + std::to_string(dropout).substr(0, 3) : "");
+  lm::check_cell<Prec, Model>(
       name, global_windows, dir.path,
       [&](const lm::fs::path& save, const lm::fs::path& load) {
         lm::curve out;
         comm::run_threads(TP * PP * dp, [&](comm::threads& world) {
-          auto c = lm::layout_rank<Prec, TP, PP>(world, global_windows, zero1, save, load, dropout);
+          auto c = lm::layout_rank<Prec, TP, PP, Model>(world, global_windows, zero1, save, load, dropout);
           if (world.rank() == 0) out = std::move(c);
         });
         return out;
@@ -65,6 +66,15 @@ TEST_CASE("layout matrix (covering subset): every layout trains like one rank, r
   matrix_case<precision::fp16, 1, 2>(1, false);
   matrix_case<precision::fp16, 2, 2>(1, false);
   matrix_case<precision::fp16, 2, 2>(2, false);
+}
+
+TEST_CASE("layout matrix, Llama (grouped-query attention, SwiGLU sections split by TP): 16-bit layouts") {
+  // fp32 layouts of llama_tiny: tests/unit/io/test_checkpoint_parallel.cpp; here bf16 and fp16
+  // (dynamic loss scaler) on TP x PP, with DP and ZeRO-1, resumed and resharded.
+  using L = models::llama_tiny;
+  matrix_case<precision::bf16, 2, 2, L>(2, true);
+  matrix_case<precision::fp16, 2, 1, L>(2, false);
+  matrix_case<precision::fp16, 1, 2, L>(1, false);
 }
 
 TEST_CASE("layout matrix with dropout 0.1: fp32 TP, PP, TP x DP equal one rank, resume bit for bit") {
