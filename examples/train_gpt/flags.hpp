@@ -72,6 +72,11 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--dropout", o.dropout,
                  "dropout probability P, 0 <= P < 1, on the embedding, the attention probabilities and both residual "
                  "branches while training (not in validation or sampling); 0 (default): off; CPU only");
+  app.add_option("--recompute", o.recompute,
+                 "activation recomputation: none (default), selective (rerun the attention core and the MLP "
+                 "activation in backward) or full (keep each block's input only, rerun the block); same losses, "
+                 "less activation memory, more time")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_option("--val-fraction", o.val_fraction, "held out for validation: a fraction of a text file's bytes, of a dataset's documents");
   app.add_option("--eval-every", o.eval_every, "steps between validation evaluations (0: only at the end)")
       ->check(whole_number(0));

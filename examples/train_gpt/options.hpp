@@ -7,6 +7,7 @@
 #include <utility>
 
 #include <loom/core/error.hpp>
+#include <loom/nn/activations.hpp>
 
 namespace train_gpt_cli {
 
@@ -17,6 +18,7 @@ struct options {
   int micro_batch = 0, seq_len = 0, grad_accum = 1;
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, max_grad_norm = 1.0, val_fraction = 0.1;
   double dropout = 0;  // --dropout P: training dropout probability, 0 <= P < 1 (nn/dropout.hpp)
+  std::string recompute = "none";  // --recompute none|selective|full (nn::recompute)
   long warmup = 100;
   long eval_every = 250;
   long early_stop = 0;  // --early-stop PATIENCE: evaluations without improvement before stopping (0: off)
@@ -55,6 +57,12 @@ struct options {
 };
 
 /// "tp<T>pp<P>" -> {T, P}; throws loom::input_error for anything else.
+/// --recompute's value as nn::recompute (the flag accepts only these three words).
+inline loom::nn::recompute recompute_mode(const std::string& s) {
+  return s == "full" ? loom::nn::recompute::full : s == "selective" ? loom::nn::recompute::selective
+                                                                     : loom::nn::recompute::none;
+}
+
 inline std::pair<int, int> parse_layout(const std::string& s) {
   std::smatch m;
   static const std::regex re("tp([1-9][0-9]?)pp([1-9][0-9]?)");

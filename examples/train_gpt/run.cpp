@@ -161,6 +161,7 @@ loom::train::session_args session_args_of(const options& o, rank_profile& prof,
   cfg.adamw.max_grad_norm = o.max_grad_norm;
   cfg.seed = o.seed;
   cfg.dropout = o.dropout;
+  cfg.recompute = train_gpt_cli::recompute_mode(o.recompute);
   cfg.loss_scaler.initial_scale = o.loss_scale;
   a.ddp = {.bucket_mb = o.bucket_mb, .overlap = !o.no_overlap, .zero1 = o.zero1, .check_every = o.replica_check_every};
   a.hook = prof.hook();
@@ -205,9 +206,12 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
   const std::string staging = layered && mem.dp_buffers ? ", dp buckets " + fixed2(mem.dp_buffers / 1048576.0) + " MiB" : "";
   const std::string peak_text = std::isfinite(peak) ? std::to_string(std::llround(peak)) + " GFLOP/s" : "unknown";
   std::printf("peak %s (%s) | memory%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB%s, "
-              "activations %.2f MiB\n",
+              "activations %.2f MiB%s\n",
               peak_text.c_str(), peak_source.c_str(), layered ? " of rank 0 (tp 0, stage 0)" : "", mem.parameters / 1048576.0,
-              mem.gradients / 1048576.0, mem.optimizer / 1048576.0, staging.c_str(), mem.activations / 1048576.0);
+              mem.gradients / 1048576.0, mem.optimizer / 1048576.0, staging.c_str(), mem.activations / 1048576.0,
+              c.recompute == loom::nn::recompute::none
+                  ? ""
+                  : (std::string(" (recompute ") + loom::nn::recompute_name(c.recompute) + ")").c_str());
   if (mem.device_reserved > 0)
     std::printf("NPU memory of rank 0 (caching allocator): %.2f MiB in use, %.2f MiB peak, %.2f MiB reserved\n",
                 mem.device_allocated / 1048576.0, mem.device_peak / 1048576.0, mem.device_reserved / 1048576.0);

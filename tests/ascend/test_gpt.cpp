@@ -9,6 +9,7 @@
 #include <cmath>
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <span>
@@ -144,6 +145,39 @@ TEST_CASE("llama on ascend/fp32 (RMSNorm, RoPE, SwiGLU, grouped-query flash atte
 
 TEST_CASE("llama on ascend/bf16 (emulated): fp32 gradients; loss, every gradient and an AdamW step match cpu/bf16") {
   compare_with_cpu<loom::precision::bf16, loom::precision::bf16, llama_npu>(2e-2, 5e-4, 5e-4);
+}
+
+TEST_CASE("recompute on ascend (emulated): selective and full give bitwise the loss and gradients of none (llama bf16)") {
+  using npu_model = loom::gpt<llama_npu, loom::policy<npu, loom::precision::bf16>, loom::kernels::fused>;
+  constexpr int B = 3, T = 9;
+  const int b = 2, t = 7;
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  std::vector<std::int32_t> in(std::size_t(b) * t), tg(std::size_t(b) * t);
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    in[i] = std::int32_t((i * 29 + 3) % llama_npu::vocab);
+    tg[i] = std::int32_t((i * 17 + 11) % llama_npu::vocab);
+  }
+  auto din = upload<std::int32_t>(ctx, in), dtg = upload<std::int32_t>(ctx, tg);
+  npu_model m(ctx, 7);
+  std::vector<float> ref;
+  float ref_loss = 0;
+  for (auto r : {loom::nn::recompute::none, loom::nn::recompute::selective, loom::nn::recompute::full}) {
+    CAPTURE(loom::nn::recompute_name(r));
+    typename npu_model::template activations<B, T> acts(ctx, r);
+    m.zero_grad(ctx);
+    const float loss = m.forward(ctx, acts, din.data(), dtg.data(), b, t, 1.0f / float(b * t));
+    m.backward(ctx, acts, din.data(), b, t);
+    const auto g = download(ctx, m.gradients().data(), m.gradients().size());
+    if (r == loom::nn::recompute::none) {
+      ref = g;
+      ref_loss = loss;
+      continue;
+    }
+    CHECK(std::memcmp(&loss, &ref_loss, sizeof loss) == 0);
+    REQUIRE(g.size() == ref.size());
+    CHECK(std::memcmp(g.data(), ref.data(), g.size() * sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE("trainer<tiny> on ascend/fp32 (emulated): three steps with gradient accumulation track cpu/fp32") {

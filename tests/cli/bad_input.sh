@@ -60,6 +60,7 @@ expect_error "--allow-fp32-matmul is for --device ascend" "$t" --data "$work/ok.
 expect_error "--allow-fp32-matmul is for --precision fp32" "$t" --data "$work/ok.txt" --device ascend --precision bf16 --allow-fp32-matmul
 expect_error "--dropout 0.1 with --device ascend.*--dropout 0, or --device cpu" "$t" --data "$work/ok.txt" --device ascend --precision bf16 --dropout 0.1
 expect_error "--npu 1 with --ranks 2" "$t" --data "$work/ok.txt" --device ascend --precision bf16 --ranks 2 --npu 1
+expect_error "--recompute: block not in .none,selective,full." "$t" --data "$work/ok.txt" --model char_tiny --recompute block
 expect_error "--dropout 1 is not a dropout probability.*0 <= p < 1" "$t" --data "$work/ok.txt" --model char_tiny --dropout 1
 expect_error "--dropout -0.1 is not a dropout probability" "$t" --data "$work/ok.txt" --model char_tiny --dropout -0.1
 expect_error "--out '.*' is a directory.*model.safetensors" "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --out "$work/"

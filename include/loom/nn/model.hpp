@@ -268,13 +268,19 @@ class transformer {
                   "position embeddings exist only for max_seq positions)");
     static constexpr int batch = B, seq = T;
     static constexpr std::size_t BT = std::size_t(B) * T;
-    /// Element counts of every activation (nn/activations.hpp), for this rank's widths.
-    static inline const activation_sizes sizes = activation_table(
-        activation_dims{.B = B, .T = T, .layers = L, .C = C, .qkv = QKVl, .att_out = Cl, .mlp_in = FCl, .hidden = Hl,
-                        .logits = Vl,
-                        .attn_saved = attention::saved_elems(B, NHl, T),
-                        .attn_scratch = attention::scratch_elems(std::size_t(max_threads()), T),
-                        .ce_scratch = TP > 1 ? parallel::vocab_parallel_crossentropy_scratch(int(BT)) : 0});
+    /// Element counts of every activation (nn/activations.hpp), for this rank's widths, under
+    /// recompute mode r.
+    static activation_sizes sizes_of(recompute r = recompute::none) {
+      return activation_table(
+          activation_dims{.B = B, .T = T, .layers = L, .C = C, .qkv = QKVl, .att_out = Cl, .mlp_in = FCl, .hidden = Hl,
+                          .logits = Vl,
+                          .attn_saved = attention::saved_elems(B, NHl, T),
+                          .attn_scratch = attention::scratch_elems(std::size_t(max_threads()), T),
+                          .ce_scratch = TP > 1 ? parallel::vocab_parallel_crossentropy_scratch(int(BT)) : 0,
+                          .mode = r});
+    }
+    recompute mode;               // what backward reruns (nn/activations.hpp)
+    activation_sizes sizes;       // this table's element counts (sizes_of(mode))
     buffer<device, storage_t> s;  // storage-type activations
     buffer<device, acc_t> a;      // accumulator-type activations
     /// The dropout of the last forward on this table (written by forward, read by backward, which
@@ -286,7 +292,9 @@ class transformer {
     /// TP = 1), pinned host memory they are copied to on the stream, and forward() returns 0 —
     /// read them after synchronizing (train::basic_trainer reads them with the gradient norm).
     acc_t* host_losses = nullptr;
-    explicit activations(context<device>& ctx) : s(sizes.storage_total, ctx.stream), a(sizes.acc_total, ctx.stream) {}
+    /// The table for recompute mode r (default: every block keeps what its backward reads).
+    explicit activations(context<device>& ctx, recompute r = recompute::none)
+        : mode(r), sizes(sizes_of(r)), s(sizes.storage_total, ctx.stream), a(sizes.acc_total, ctx.stream) {}
     /// Bytes held by this activation table.
     std::size_t bytes() const noexcept { return s.bytes() + a.bytes(); }
 
@@ -309,21 +317,24 @@ class transformer {
       p.ce_scratch = acc(sizes.ce_scratch); p.attn_scratch = acc(sizes.attn_scratch);
       return p;
     }
-    /// Block l's saved state.
+    /// Block l's saved state: its own tensors, or under recompute the one slot the rerun
+    /// rewrites (layer 0's place) for the tensors the mode does not keep; res3 is l's own.
     block_saved block(int l) const noexcept {
       const auto p = ptrs();
-      const std::size_t i = std::size_t(l);
-      return {p.ln1 + i * BT * C,        p.qkv + i * BT * QKVl,   p.atty + i * BT * Cl,
-              p.residual2 + i * BT * C,  p.ln2 + i * BT * C,      p.fch + i * BT * FCl,
-              p.fch_gelu + i * BT * Hl,  p.residual3 + i * BT * C,
-              p.ln_stats + (2 * i) * 2 * BT, p.ln_stats + (2 * i + 1) * 2 * BT,
-              p.att + i * attention::saved_elems(B, NHl, T), BT};
+      const std::size_t i = mode == recompute::full ? 0 : std::size_t(l);  // kept per layer
+      const std::size_t r = mode == recompute::none ? std::size_t(l) : 0;   // rerun by selective
+      const auto& z = sizes.layer;  // one layer's slice of each per-layer tensor
+      return {p.ln1 + i * z.C,      p.qkv + i * z.qkv,   p.atty + r * z.atty,
+              p.residual2 + i * z.C, p.ln2 + i * z.C,    p.fch + i * z.fch,
+              p.fch_gelu + r * z.fchg, p.residual3 + std::size_t(l) * z.C,
+              p.ln_stats + z.stats + (2 * i) * z.stats, p.ln_stats + z.stats + (2 * i + 1) * z.stats,
+              p.att + r * z.att, BT};
     }
     /// The stage's input (b*t, C): written by the embedding on the first stage, by the caller
     /// (received from stage s-1) before forward() on the others.
     storage_t* input() const noexcept { return ptrs().encoded; }
     /// The stage's output (b*t, C) after forward() on stages other than the last.
-    storage_t* output() const noexcept { return L > 0 ? ptrs().residual3 + std::size_t(L - 1) * BT * C : input(); }
+    storage_t* output() const noexcept { return L > 0 ? ptrs().residual3 + std::size_t(L - 1) * sizes.layer.C : input(); }
     /// Gradient of the stage's output (b*t, C): written by the caller (received from stage s+1)
     /// before backward() on stages other than the last. backward() turns it, in place, into
     /// input_grad(), the gradient of the stage's input, to send to stage s-1.
@@ -390,6 +401,9 @@ class transformer {
   /// gradient). Accumulates (+=) this rank's parameter gradients; the activation buffers'
   /// gradient scratch is overwritten; on stages other than the first leaves the input gradient
   /// in acts.input_grad(). inputs, b, t as given to forward. Collective over tp when TP > 1.
+  /// Under acts.mode's recomputation (nn::recompute) each block first reruns the forward parts
+  /// the table did not keep (full: the whole block, with its tp collectives; selective: the
+  /// attention core and the MLP activation).
   /// `ready(layer)` is called as soon as this pass will not touch some gradients again (data
   /// parallelism starts their reduction while backward goes on, train/data_parallel.hpp):
   ///   ready(L)            after the LM head and the final norm: the rows only the last stage
@@ -407,7 +421,14 @@ class transformer {
     if (last_stage()) head_backward(ctx, p, acts.output(), n, tp);
     ready(L);
     for (int l = L - 1; l >= 0; --l) {
-      block_backward(ctx, acts.block(l), p, l == 0 ? p.encoded : acts.block(l - 1).res3, l, n, b, t, tp, drop);
+      const block_saved s = acts.block(l);
+      const storage_t* residual = l == 0 ? p.encoded : acts.block(l - 1).res3;
+      if (acts.mode == recompute::full) block_forward(ctx, s, p.proj_out, residual, l, n, b, t, tp, drop);
+      if (acts.mode == recompute::selective) {
+        attention_forward(ctx, s, b, t, l, drop);
+        mlp_activation_forward(ctx, s, n);
+      }
+      block_backward(ctx, s, p, residual, l, n, b, t, tp, drop);
       ready(l);
     }
     if (first_stage()) {
@@ -545,8 +566,7 @@ class transformer {
     ops::residual_forward(ctx, s.res2, residual, proj, N * C);
     norm_forward(ctx, s.ln2, s.st2, s.cap, s.res2, role::ln2_w, role::ln2_b, l, n);
     linear_forward<split::column>(ctx, s.fch, s.ln2, role::fc_w, role::fc_b, l, n, C, FCl, tp);
-    if constexpr (swiglu) ops::swiglu_forward(ctx, s.fchg, s.fch, n, Hl);
-    else ops::gelu_forward(ctx, s.fchg, s.fch, N * Hl);
+    mlp_activation_forward(ctx, s, n);
     linear_forward<split::row>(ctx, proj, s.fchg, role::fcproj_w, role::fcproj_b, l, n, Hl, C, tp);
     if constexpr (supports_dropout)
       if (drop.active()) ops::dropout(ctx, proj, proj, N * C, drop.mask(dropout_site::mlp_residual, global_layer(l)));
@@ -596,6 +616,11 @@ class transformer {
                      std::size_t cap, role wr, role br, int l, int n) {
     if constexpr (rms) ops::rmsnorm_backward(ctx, din, g(wr, l), dout, in, w(wr, l), stats + cap, n, C);
     else ops::layernorm_backward(ctx, din, g(wr, l), g(br, l), dout, in, w(wr, l), stats, stats + cap, n, C);
+  }
+  /// s.fchg (n, Hl) = the MLP activation of s.fch: GELU, or SwiGLU of its [gate | up] sections.
+  void mlp_activation_forward(context<device>& ctx, const block_saved& s, int n) const {
+    if constexpr (swiglu) ops::swiglu_forward(ctx, s.fchg, s.fch, n, Hl);
+    else ops::gelu_forward(ctx, s.fchg, s.fch, std::size_t(n) * Hl);
   }
   /// s.atty = attention(s.qkv), saving s.att; with drop.active(), attention-probability dropout.
   /// The optional arguments follow the implementation's signature: key padding (none), then the
@@ -666,8 +691,8 @@ class transformer {
     acc_t* stf = lnf_stats(p);
     norm_backward(ctx, p.dres, p.dln, last, stf, p.cap, role::lnf_w, role::lnf_b, 0, n);
   }
-  /// The final norm's mean and rstd follow the 2L block norms' (cap rows each).
-  static acc_t* lnf_stats(const pointers_t& p) noexcept { return p.ln_stats + std::size_t(2 * L) * 2 * p.cap; }
+  /// The final norm's mean and rstd come first in the statistics (cap rows each), the blocks' after.
+  static acc_t* lnf_stats(const pointers_t& p) noexcept { return p.ln_stats; }
 
   /// Pointer to the local tensor of role p (layer l's slice for per-layer rows); null when the
   /// recipe has no such tensor (a bias of a bias-free recipe: the kernels then skip it) and for

@@ -8,6 +8,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/kernels/ops.hpp>
+#include <loom/nn/activations.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
 #include <loom/train/loss_scaler.hpp>
@@ -28,6 +29,11 @@ struct trainer_config {
   /// only on (seed, step, global micro-batch, layer, position), so a resumed run repeats the
   /// uninterrupted one. CPU only so far: p > 0 on device::ascend is refused at construction.
   double dropout = 0;
+  /// Activation recomputation (train_gpt --recompute; nn::recompute in nn/activations.hpp):
+  /// none keeps every block's activations, selective reruns the attention core and the MLP
+  /// activation in backward, full keeps only each block's input and reruns the block. The
+  /// activation tables are sized for it; losses and gradients are bitwise those of none.
+  nn::recompute recompute = nn::recompute::none;
   loss_scaler_config loss_scaler;  ///< dynamic loss scaling (used when the trainer has a loss scaler)
 };
 

@@ -432,7 +432,7 @@ class basic_trainer {
         plan_(parallel::one_f_one_b(PP, cfg_.grad_accum, g_.pp.rank())) {
     const int ring = parallel::max_in_flight(PP, cfg_.grad_accum, g_.pp.rank());
     acts_.reserve(std::size_t(ring));
-    for (int i = 0; i < ring; ++i) acts_.emplace_back(ctx);
+    for (int i = 0; i < ring; ++i) acts_.emplace_back(ctx, cfg_.recompute);
   }
 
   /// Installs the data-parallel engine; with ZeRO-1 the sharded optimizer over its ranges takes

@@ -53,6 +53,20 @@ TEST_CASE("train_gpt flags: a Llama model trains on layouts its key/value heads 
                        doctest::Contains("2 key/value heads, not divisible by TP=3"), loom::input_error);
 }
 
+TEST_CASE("train_gpt flags: --recompute takes none, selective or full") {
+  parsed a;
+  parse(a, {"--data", "x.txt"});
+  CHECK(train_gpt_cli::recompute_mode(a.o.recompute) == loom::nn::recompute::none);
+  parsed b;
+  parse(b, {"--data", "x.txt", "--recompute", "full"});
+  CHECK(train_gpt_cli::recompute_mode(b.o.recompute) == loom::nn::recompute::full);
+  parsed c;
+  parse(c, {"--data", "x.txt", "--recompute", "selective"});
+  CHECK(train_gpt_cli::recompute_mode(c.o.recompute) == loom::nn::recompute::selective);
+  parsed d;
+  CHECK_THROWS_AS(parse(d, {"--data", "x.txt", "--recompute", "block"}), CLI::ValidationError);
+}
+
 TEST_CASE("train_gpt flags: non-finite and oversized numbers are input errors, not undefined conversions") {
   // --comm-timeout nan or 1e300 became static_cast<long long>(...) milliseconds, --bucket-mb nan
   // or 1e300 a size_t(...) bucket capacity: both undefined. NaN passes CLI11's range checks

@@ -322,9 +322,9 @@ TEST_CASE("gpt<tiny> fp64 with fused attention: activation table shrinks to L*B*
   constexpr int B = 3, T = 9;
   using fused_acts = nn::gpt<M, P, kernels::fused>::activations<B, T>;
   using ref_acts = nn::gpt<M, P, kernels::reference>::activations<B, T>;
-  CHECK(fused_acts::sizes.att == std::size_t(M::n_layer) * B * M::n_head * T);
-  CHECK(ref_acts::sizes.att == std::size_t(M::n_layer) * B * M::n_head * T * T);
-  CHECK(fused_acts::sizes.acc_total < ref_acts::sizes.acc_total + fused_acts::sizes.attn_scratch);
+  CHECK(fused_acts::sizes_of().att == std::size_t(M::n_layer) * nn::padded(B * M::n_head * T));
+  CHECK(ref_acts::sizes_of().att == std::size_t(M::n_layer) * nn::padded(B * M::n_head * T * T));
+  CHECK(fused_acts::sizes_of().acc_total < ref_acts::sizes_of().acc_total + fused_acts::sizes_of().attn_scratch);
 }
 
 TEST_CASE("gpt<tiny> fp64 with fused attention: parameter gradients match central differences and the reference model") {
