@@ -112,12 +112,17 @@ std::unique_ptr<train::session> make_${id}(const train::session_args& a, train::
   using P = policy<device::${device}, precision::${policy_prec}, parallel::layout<${tp}, ${pp}>>;
   return train::make_session<models::${model}, P, ${B}, ${T}, kernels::${attn}>(a, w);
 }
+train::memory_plan plan_${id}(const train::session_args& a, int world_size, int dp_rank, int stage) {
+  using P = policy<device::${device}, precision::${policy_prec}, parallel::layout<${tp}, ${pp}>>;
+  return train::plan_session<models::${model}, P, ${B}, ${T}, kernels::${attn}>(a, world_size, dp_rank, stage);
+}
 }  // namespace loom::sessions
 ")
     list(APPEND sources "${src}")
-    string(APPEND decls "std::unique_ptr<train::session> make_${id}(const train::session_args&, train::world_ref);\n")
+    string(APPEND decls "std::unique_ptr<train::session> make_${id}(const train::session_args&, train::world_ref);\n"
+                        "train::memory_plan plan_${id}(const train::session_args&, int, int, int);\n")
     string(APPEND rows "    {\"${model}\", \"${prec}\", ${tp}, ${pp}, \"${device}\", \"${attn}\", ${B}, ${T}, &make_${id}, "
-                       "&whole_${model}},\n")
+                       "&whole_${model}, &plan_${id}},\n")
   endforeach()
   list(REMOVE_DUPLICATES models)
   set(wdecls "")

@@ -56,13 +56,13 @@ struct options {
   bool list_instances = false;     // --list-instances: print the compiled instances and exit
 };
 
-/// "tp<T>pp<P>" -> {T, P}; throws loom::input_error for anything else.
 /// --recompute's value as nn::recompute (the flag accepts only these three words).
 inline loom::nn::recompute recompute_mode(const std::string& s) {
   return s == "full" ? loom::nn::recompute::full : s == "selective" ? loom::nn::recompute::selective
                                                                      : loom::nn::recompute::none;
 }
 
+/// "tp<T>pp<P>" -> {T, P}; throws loom::input_error for anything else.
 inline std::pair<int, int> parse_layout(const std::string& s) {
   std::smatch m;
   static const std::regex re("tp([1-9][0-9]?)pp([1-9][0-9]?)");

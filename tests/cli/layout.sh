@@ -13,7 +13,8 @@
 # on one rank; fp16 (dynamic loss scaler) stopped at step 3 resumes on tp2pp2 bit for bit (losses,
 # loss scales, scaler state, weights). The tp2pp2 run profiles steps 2:4: one trace.json with a
 # track per rank holding its kernels, its tp all-reduces and pipeline send/recv of one (B,T,C)
-# activation (tests/cli/check_trace.py). Given mpiexec (and its flags), also the 3D case under MPI:
+# activation (tests/cli/check_trace.py). examples/plan's stage-0 row for tp2pp2 and for tp2pp1 x
+# dp 2 with ZeRO-1 equals the memory rank 0 printed. Given mpiexec (and its flags), also the 3D case under MPI:
 # `mpiexec -n 8 train_gpt --comm mpi --layout tp2pp2 --grad-accum 2` (profiled too: the ranks'
 # traces travel to rank 0 over MPI), and ZeRO-1 on the dp groups of
 # `mpiexec -n 4 train_gpt --comm mpi --layout tp2pp1 --grad-accum 2 --zero1`.
@@ -72,6 +73,27 @@ opt = [next(json.loads(l)["memory/optimizer_mib"] for l in open(p) if "memory/op
 assert abs(opt[1] / opt[0] - 0.5) < 0.02, opt  # rank 0 holds 1/DP of its cell's moments
 print(f"tp2pp1 x dp 2: optimizer memory of rank 0 {opt[0]:.4f} MiB, with --zero1 {opt[1]:.4f} MiB")
 PY
+# examples/plan before the run: its stage-0 row equals the memory rank 0 printed (2 decimals)
+plan_matches() {  # run name, then plan's flags
+  local name="$1"; shift
+  "$bin/plan" --model char_tiny --micro-batch 4 --peak-gflops 100 "$@" > "$work/$name.plan" 2>&1 ||
+    { echo "plan for $name failed:"; cat "$work/$name.plan"; exit 1; }
+  python3 - "$work/$name.txt" "$work/$name.plan" <<'PY'
+import re, sys
+run, plan = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+m = re.search(r"parameters ([0-9.]+) MiB, gradients ([0-9.]+) MiB, optimizer ([0-9.]+) MiB(?:, dp buckets ([0-9.]+) MiB)?, activations ([0-9.]+) MiB", run)
+row = re.search(r"^\| 0 \| (.*) \|$", plan, re.M)
+assert m and row, (run, plan)
+p, g, master, moments, act, buckets, total = (float(x) for x in row.group(1).split(" | "))
+got = {"parameters": float(m[1]), "gradients": float(m[2]), "optimizer": float(m[3]), "activations": float(m[5])}
+want = {"parameters": p, "gradients": g, "optimizer": master + moments, "activations": act}
+assert all(abs(got[k] - want[k]) <= 0.011 for k in got), (got, want)
+if m[4]: assert abs(float(m[4]) - buckets) <= 0.011, (m[4], buckets)
+print(f"{sys.argv[1].split('/')[-1]}: plan equals rank 0's memory {want}")
+PY
+}
+OMP_NUM_THREADS=4 plan_matches tp2pp2 --layout tp2pp2 --ranks 4 --grad-accum 4
+OMP_NUM_THREADS=4 plan_matches tp2pp1dp2z --layout tp2pp1 --ranks 4 --grad-accum 2 --zero1
 for r in tp2pp2 tp2pp2dp2 tp2pp1 tp1pp2 tp2pp1dp2z; do
   same "$r" one
   [[ $(grep -c '^model ' "$work/$r.txt") == 1 ]] || { echo "$r: more than one rank printed"; cat "$work/$r.txt"; exit 1; }

@@ -80,6 +80,9 @@ inline loom::train::trainer_config config(int accum, double dropout = 0) {
 struct curve {
   std::vector<double> loss, scale;
   std::vector<bool> skipped;
+  /// Ranks whose trainer did not allocate, kind by kind, what Trainer::plan said (summed over
+  /// the world; -1: not checked).
+  double plan_mismatches = -1;
   void add(const loom::train::step_result& r) {
     loss.push_back(r.loss);
     scale.push_back(r.loss_scale);
@@ -121,6 +124,18 @@ curve one_rank(int global_windows, long from, long to, const fs::path& load = {}
   return c;
 }
 
+/// True when trainer `tr`'s allocation equals its type's memory plan kind by kind (the
+/// optimizer as masters + moments; buckets when a data-parallel engine is attached).
+template <class Trainer>
+bool plan_matches(const Trainer& tr, bool zero1) {
+  const loom::parallel::ddp_options ddp{.bucket_mb = 0.002, .zero1 = zero1};
+  const auto p = Trainer::plan(tr.config(), tr.dp_size(), tr.dp_rank(), tr.stage(),
+                               tr.dp_size() > 1 || zero1 ? &ddp : nullptr);
+  const std::size_t buckets = tr.data_parallel() ? tr.data_parallel()->memory().buckets : 0;
+  return p.parameters == tr.model().parameters().bytes() && p.gradients == tr.model().gradients().bytes() &&
+         p.optimizer() == tr.optimizer_bytes() && p.activations == tr.activation_bytes() && p.buckets == buckets;
+}
+
 /// One rank of layout<TP, PP> x dp (dp = world.size() / (TP*PP)), ZeRO-1 on the dp group if
 /// zero1, over its world communicator (collective): steps [0, steps) with a collective save
 /// after step save_at into `save` (if given), or steps [save_at, steps) after loading `load`.
@@ -138,6 +153,7 @@ curve layout_rank(Comm& world, int global_windows, bool zero1, const fs::path& s
   const long from = load.empty() ? 0 : save_at;
   if (!load.empty()) loom::io::load_checkpoint(ctx, load, tr);
   curve c;
+  c.plan_mismatches = loom::parallel::sum_over(ctx, world, plan_matches(tr, zero1) ? 0.0 : 1.0);
   for (long s = from; s < steps; ++s) {
     c.add(tr.step(ctx, windows(s, tr.dp_rank() * share, share)));
     if (s + 1 == save_at && !save.empty()) loom::io::save_checkpoint(ctx, save, tr, state_at(save_at), world);
@@ -166,6 +182,7 @@ void check_cell(const std::string& what, int global_windows, const fs::path& dir
   }
   CHECK(worst <= tol);
   CHECK(ref.loss.back() < ref.loss.front());  // it trains
+  CHECK(got.plan_mismatches == 0);            // every rank allocated what Trainer::plan said
   // resume on the same layout: steps save_at.. bit for bit
   const fs::path ckpt = dir / loom::io::checkpoint_dir_name(save_at);
   const curve resumed = run(fs::path(), ckpt);

@@ -112,6 +112,12 @@ struct ddp_memory {
                             ///< storage also the parameters' all-gather buffers, half that)
 };
 
+/// What data_parallel::memory_of plans for one rank before anything is allocated.
+struct ddp_plan {
+  std::size_t buckets = 0;         ///< bytes of bucket buffers (ddp_memory::buckets once built)
+  std::size_t shard_elements = 0;  ///< elements of the ZeRO-1 shard this rank owns
+};
+
 /// The interface train::trainer drives (the communicator type is erased behind it). Call order
 /// per optimizer step, on every rank of the group: global_sum (token count); for the final
 /// micro-batch begin_backward, then grads_ready for every `ready` call of gpt::backward;
@@ -188,6 +194,95 @@ inline std::uint64_t checksum_bytes(const void* data, std::size_t bytes) noexcep
 }
 }  // namespace detail
 
+/// The bucket layout of data_parallel<G, C> (Note [DDP buckets]), which depends on the model and
+/// the group's size only: data_parallel builds its buckets from it, train::basic_trainer::plan
+/// counts their bytes before anything is allocated.
+template <class G>
+struct bucket_plan {
+  using grad_t = std::remove_cvref_t<decltype(*std::declval<const G&>().gradients().data())>;
+  using storage_t = typename G::storage_t;
+  static constexpr int L = G::L;
+  /// ZeRO-1 gathers the parameters through the gradient buckets when the types agree (fp32),
+  /// else through buffers of the storage type.
+  static constexpr bool gather_in_staging = std::is_same_v<storage_t, grad_t>;
+
+  struct segment {
+    std::size_t offset = 0;  ///< element offset in the parameter/gradient buffer
+    std::size_t length = 0;  ///< elements
+    std::size_t packed = 0;  ///< element offset inside its bucket
+    int tensor = 0;          ///< table row
+  };
+  struct geometry {
+    std::vector<segment> segs;
+    std::size_t length = 0;        ///< packed elements
+    std::size_t chunk = 0;         ///< per-rank part: length <= n * chunk
+    std::size_t lo = 0, hi = 0;    ///< this rank's part [lo, hi) of the packed elements
+    std::size_t shard_offset = 0;  ///< ZeRO-1: where its owned chunk starts in the shard
+    int last_layer = 0;            ///< the ready() call that completes it
+  };
+
+  /// The slices the model's backward finishes with ready(layer): layer l's slice of every
+  /// per-layer row, or the global rows whose nn::ready_event is `layer` (L or -1).
+  static std::vector<segment> group(int layer) {
+    std::vector<segment> g;
+    for (std::size_t k = 0; k < G::num_tensors; ++k) {
+      const auto& s = G::table[k];
+      if (s.per_layer && layer >= 0 && layer < L)
+        g.push_back({G::offsets[k] + std::size_t(layer) * s.layer_size(), s.layer_size(), 0, int(k)});
+      else if (!s.per_layer && nn::ready_event(s, L) == layer)
+        g.push_back({G::offsets[k], s.size(), 0, int(k)});
+    }
+    return g;
+  }
+
+  /// The buckets of rank r in a group of n: groups in ready order (lnf = layer L, blocks
+  /// L-1..0, embeddings = layer -1) packed into buckets of at most bucket_mb MiB (a larger group
+  /// gets its own), each split into n chunks of a multiple of 64 bytes.
+  static std::vector<geometry> plan(std::size_t n, std::size_t r, double bucket_mb) {
+    std::vector<geometry> out;
+    const std::size_t cap = std::size_t(bucket_mb * 1048576.0 / sizeof(grad_t));
+    geometry cur;
+    for (int layer = L; layer >= -1; --layer) {
+      std::vector<segment> g = group(layer);
+      std::size_t len = 0;
+      for (const auto& s : g) len += s.length;
+      if (!cur.segs.empty() && cur.length + len > cap) {
+        out.push_back(std::move(cur));
+        cur = geometry{};
+      }
+      for (auto s : g) {
+        s.packed = cur.length;
+        cur.length += s.length;
+        cur.segs.push_back(s);
+      }
+      cur.last_layer = layer;
+    }
+    if (!cur.segs.empty()) out.push_back(std::move(cur));
+    std::size_t shard = 0;
+    for (auto& b : out) {
+      constexpr std::size_t align = 64 / sizeof(grad_t) ? 64 / sizeof(grad_t) : 1;
+      b.chunk = ((b.length + n - 1) / n + align - 1) / align * align;
+      b.lo = std::min(b.length, r * b.chunk);
+      b.hi = std::min(b.length, b.lo + b.chunk);
+      b.shard_offset = shard;
+      shard += b.hi - b.lo;
+    }
+    return out;
+  }
+
+  /// What data_parallel allocates on rank r of a group of n with `options` (bucket buffers),
+  /// and the ZeRO-1 shard it gives that rank, without allocating.
+  static ddp_plan memory_of(std::size_t n, std::size_t r, const ddp_options& options) {
+    ddp_plan p;
+    for (const auto& b : plan(n, r, options.bucket_mb)) {
+      p.buckets += n * b.chunk * sizeof(grad_t);
+      if (!gather_in_staging && options.zero1) p.buckets += n * b.chunk * sizeof(storage_t);
+      p.shard_elements += b.hi - b.lo;
+    }
+    return p;
+  }
+};
+
 /// grad_sync over communicator C (comm::threads, comm::mpi, comm::hccl, ...). See the file comment.
 /// Holds references to `ctx` and `comm`, which must outlive it; `comm` must not be used by
 /// another thread while a step runs. Memory: bucket buffers of about one gradient buffer (padded to n chunks),
@@ -201,9 +296,7 @@ class data_parallel final : public grad_sync<G> {
   using grad_t = std::remove_cvref_t<decltype(*std::declval<const G&>().gradients().data())>;
   using storage_t = typename G::storage_t;
   static constexpr int L = G::L;
-  /// ZeRO-1 gathers the parameters through the gradient buckets when the types agree (fp32),
-  /// else through buffers of the storage type.
-  static constexpr bool gather_in_staging = std::is_same_v<storage_t, grad_t>;
+  static constexpr bool gather_in_staging = bucket_plan<G>::gather_in_staging;
   using update_fn = typename grad_sync<G>::update_fn;
 
   /// Plans the buckets. Throws loom::input_error for bucket_mb <= 0 or check_every < 0.
@@ -213,37 +306,12 @@ class data_parallel final : public grad_sync<G> {
                         " MiB must be > 0; pass e.g. --bucket-mb 1");
     if (opt_.check_every < 0)
       throw input_error("data parallel: replica check interval must be >= 0 (0: never)");
-    const std::size_t n = std::size_t(comm.size()), r = std::size_t(comm.rank());
-    const std::size_t cap = std::size_t(opt_.bucket_mb * 1048576.0 / sizeof(grad_t));
-    // groups in ready order: lnf (layer L), blocks L-1..0, embeddings (layer -1)
-    bucket cur;
-    for (int layer = L; layer >= -1; --layer) {
-      std::vector<segment> g = group(layer);
-      std::size_t len = 0;
-      for (const auto& s : g) len += s.length;
-      if (!cur.segs.empty() && cur.length + len > cap) {
-        close(std::move(cur));
-        cur = bucket{};
-      }
-      for (auto s : g) {
-        s.packed = cur.length;
-        cur.length += s.length;
-        cur.segs.push_back(s);
-      }
-      cur.last_layer = layer;
-    }
-    close(std::move(cur));
-    std::size_t shard = 0;
-    for (auto& b : buckets_) {
-      constexpr std::size_t align = 64 / sizeof(grad_t) ? 64 / sizeof(grad_t) : 1;
-      b.chunk = ((b.length + n - 1) / n + align - 1) / align * align;
-      b.lo = std::min(b.length, r * b.chunk);
-      b.hi = std::min(b.length, b.lo + b.chunk);
-      b.staging = buffer<device, grad_t>(n * b.chunk, ctx.stream);
+    for (auto& g : bucket_plan<G>::plan(std::size_t(comm.size()), std::size_t(comm.rank()), opt_.bucket_mb)) {
+      bucket& b = buckets_.emplace_back();
+      static_cast<typename bucket_plan<G>::geometry&>(b) = std::move(g);
+      b.staging = buffer<device, grad_t>(std::size_t(comm.size()) * b.chunk, ctx.stream);
       if constexpr (!gather_in_staging)
-        if (opt_.zero1) b.params = buffer<device, storage_t>(n * b.chunk, ctx.stream);
-      b.shard_offset = shard;
-      shard += b.hi - b.lo;
+        if (opt_.zero1) b.params = buffer<device, storage_t>(std::size_t(comm.size()) * b.chunk, ctx.stream);
     }
   }
 
@@ -414,19 +482,8 @@ class data_parallel final : public grad_sync<G> {
     ctx_->synchronize();
   }
 
-  struct segment {
-    std::size_t offset = 0;  ///< element offset in the parameter/gradient buffer
-    std::size_t length = 0;  ///< elements
-    std::size_t packed = 0;  ///< element offset inside its bucket
-    int tensor = 0;          ///< table row
-  };
-  struct bucket {
-    std::vector<segment> segs;
-    std::size_t length = 0;         ///< packed elements
-    std::size_t chunk = 0;          ///< per-rank part: length <= size() * chunk
-    std::size_t lo = 0, hi = 0;     ///< this rank's part [lo, hi) of the packed elements
-    std::size_t shard_offset = 0;   ///< ZeRO-1: where its owned chunk starts in the shard
-    int last_layer = 0;             ///< the ready() call that completes it
+  using segment = typename bucket_plan<G>::segment;
+  struct bucket : bucket_plan<G>::geometry {
     buffer<device, grad_t> staging;    ///< size() * chunk
     buffer<device, storage_t> params;  ///< ZeRO-1 all-gather buffer of the parameters (16-bit storage)
     request req;
@@ -434,23 +491,6 @@ class data_parallel final : public grad_sync<G> {
   static storage_t* gather_buffer(bucket& b) noexcept {
     if constexpr (gather_in_staging) return b.staging.data();
     else return b.params.data();
-  }
-
-  /// The slices the model's backward finishes with ready(layer): layer l's slice of every
-  /// per-layer row, or the global rows whose nn::ready_event is `layer` (L or -1).
-  static std::vector<segment> group(int layer) {
-    std::vector<segment> g;
-    for (std::size_t k = 0; k < G::num_tensors; ++k) {
-      const auto& s = G::table[k];
-      if (s.per_layer && layer >= 0 && layer < L)
-        g.push_back({G::offsets[k] + std::size_t(layer) * s.layer_size(), s.layer_size(), 0, int(k)});
-      else if (!s.per_layer && nn::ready_event(s, L) == layer)
-        g.push_back({G::offsets[k], s.size(), 0, int(k)});
-    }
-    return g;
-  }
-  void close(bucket&& b) {
-    if (!b.segs.empty()) buckets_.push_back(std::move(b));
   }
 
   template <class T>

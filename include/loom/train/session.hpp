@@ -31,6 +31,7 @@
 #include <loom/io/checkpoint/state.hpp>
 #include <loom/io/trace.hpp>
 #include <loom/models/registry.hpp>
+#include <loom/train/memory_plan.hpp>
 #include <loom/nn/generate.hpp>
 #include <loom/parallel/any_comm.hpp>
 #include <loom/parallel/comm_observer.hpp>
@@ -217,6 +218,10 @@ struct session_instance {
   /// Builds a session on `w` (a tp x pp layout needs a world). Collective over the world.
   std::unique_ptr<session> (*make)(const session_args&, world_ref w) = nullptr;
   std::unique_ptr<whole_model> (*whole)(std::uint64_t seed) = nullptr;
+  /// The bytes a session built with (args, a world of world_size ranks) allocates on the rank at
+  /// (dp_rank, stage): train::basic_trainer::plan of its trainer, without building anything.
+  /// Throws loom::input_error for settings the session would refuse.
+  memory_plan (*plan)(const session_args& args, int world_size, int dp_rank, int stage) = nullptr;
 
   std::string layout() const { return "tp" + std::to_string(tp) + "pp" + std::to_string(pp); }
   /// "quickstart bf16 tp2pp2 cpu fused".

@@ -242,4 +242,19 @@ std::unique_ptr<session> make_session(const session_args& a, world_ref w) {
   return std::make_unique<trainer_session<M, Policy, B, T, parallel::any_communicator, Attn>>(a, any_communicator_of(w));
 }
 
+/// session_instance::plan of instance (M, Policy, B, T, Attn): its trainer's plan for a world of
+/// world_size ranks (none when world_size is 1 on layout<1,1>, as train_gpt runs one rank).
+/// Throws loom::input_error when world_size is not a multiple of TP*PP or the settings are invalid.
+template <models::model_config M, class Policy, int B, int T, class Attn>
+memory_plan plan_session(const session_args& a, int world_size, int dp_rank, int stage) {
+  constexpr int TP = Policy::layout::tp, PP = Policy::layout::pp;
+  if (world_size < 1 || world_size % (TP * PP) != 0)
+    throw input_error("memory plan: " + std::to_string(world_size) + " ranks are not a multiple of TP x PP = " +
+                      std::to_string(TP * PP) + "; pass --ranks " + std::to_string(TP * PP) + " (or a multiple)");
+  const int dp = world_size / (TP * PP);
+  const bool engine = TP * PP > 1 ? dp > 1 || a.ddp.zero1 : world_size > 1;
+  using trainer_t = typename trainer_session<M, Policy, B, T, parallel::any_communicator, Attn>::trainer_t;
+  return trainer_t::plan(a.cfg, dp, dp_rank, stage, engine ? &a.ddp : nullptr);
+}
+
 }  // namespace loom::train

@@ -68,6 +68,7 @@
 #include <loom/parallel/schedule.hpp>
 #include <loom/train/checkpoint_state.hpp>
 #include <loom/train/loss_scaler.hpp>
+#include <loom/train/memory_plan.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/step.hpp>
 
@@ -169,6 +170,37 @@ class basic_trainer {
       if constexpr (TP > 1 || PP > 1) engine->count_in_norm(model_.tp_rank(), model_.stage());  // rows this rank owns
       attach(ctx, std::move(engine), ddp);
     }
+  }
+
+  /// The bytes a trainer of this type allocates on one rank (train::memory_plan), computed from
+  /// the tables it allocates from, without allocating: cfg as given to the constructor; dp_size
+  /// and dp_rank, the data-parallel group and this rank's place in it; stage, the pipeline stage
+  /// (its activation tables: parallel::max_in_flight(PP, grad_accum, stage)); ddp, the options of
+  /// the data-parallel engine (buckets; with zero1 the optimizer state sharded), or null without
+  /// one — a trainer has one when built with a dp group on layout<1,1>, and on a TP x PP layout
+  /// when dp_size > 1 or ZeRO-1. Throws loom::input_error for the settings the constructor refuses.
+  static memory_plan plan(trainer_config cfg, int dp_size, int dp_rank, int stage, const parallel::ddp_options* ddp) {
+    cfg = checked(cfg);
+    if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size || stage < 0 || stage >= PP)
+      throw input_error("memory plan: dp rank " + std::to_string(dp_rank) + " of " + std::to_string(dp_size) + ", stage " +
+                        std::to_string(stage) + " of " + std::to_string(PP) + " is not a rank of the layout");
+    constexpr std::size_t N = model_t::num_parameters;
+    memory_plan p;
+    p.parameters = N * sizeof(storage_t);
+    p.gradients = N * sizeof(grad_t);
+    std::size_t state = N;  // elements of each moment and of the master copy
+    if (ddp) {
+      const auto d = parallel::bucket_plan<model_t>::memory_of(std::size_t(dp_size), std::size_t(dp_rank), *ddp);
+      p.buckets = d.buckets;
+      if (ddp->zero1) state = d.shard_elements;
+    }
+    using master_t = typename optim::adamw<model_t>::master_t;
+    p.moments = 2 * state * sizeof(master_t);
+    p.master_weights = optim::adamw<model_t>::has_master ? state * sizeof(master_t) : 0;
+    const auto a = acts_t::sizes_of(cfg.recompute);
+    p.activations = std::size_t(parallel::max_in_flight(PP, cfg.grad_accum, stage)) *
+                    (a.storage_total * sizeof(storage_t) + a.acc_total * sizeof(acc_t));
+    return p;
   }
 
   /// Not copyable or movable: the data-parallel engine keeps a reference to the dp group.

@@ -145,3 +145,27 @@ TEST_CASE("recompute on tp2pp2 with 1F1B and dropout: losses and parameters bitw
   REQUIRE(llama_full.size() == llama_ref.size());
   CHECK(std::memcmp(llama_full.data(), llama_ref.data(), llama_ref.size()) == 0);
 }
+
+TEST_CASE("memory plan: a one-rank trainer allocates what its type's plan says, in every recompute mode") {
+  using P = policy<device::cpu, precision::bf16>;
+  using tr_t = train::trainer<models::llama_tiny, P, 3, 9>;
+  context<device::cpu> ctx;
+  std::size_t previous = 0;
+  for (auto r : {nn::recompute::full, nn::recompute::selective, nn::recompute::none}) {
+    CAPTURE(std::string(nn::recompute_name(r)));
+    train::trainer_config cfg;
+    cfg.recompute = r;
+    cfg.grad_accum = 2;
+    const auto plan = tr_t::plan(cfg, 1, 0, 0, nullptr);
+    tr_t tr(ctx, cfg);
+    CHECK(plan.parameters == tr.model().parameters().bytes());
+    CHECK(plan.gradients == tr.model().gradients().bytes());
+    CHECK(plan.optimizer() == tr.optimizer_bytes());
+    CHECK(plan.master_weights == plan.moments / 2);  // bf16 storage: fp32 masters and two fp32 moments
+    CHECK(plan.activations == tr.activation_bytes());
+    CHECK(plan.buckets == 0);
+    CHECK(plan.activations > previous);  // full < selective < none
+    previous = plan.activations;
+  }
+  CHECK_THROWS_AS(tr_t::plan({}, 2, 2, 0, nullptr), input_error);
+}
