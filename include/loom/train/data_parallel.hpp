@@ -112,7 +112,7 @@ struct ddp_memory {
                             ///< storage also the parameters' all-gather buffers, half that)
 };
 
-/// What data_parallel::memory_of plans for one rank before anything is allocated.
+/// What bucket_plan<G>::memory_of plans for one rank before anything is allocated.
 struct ddp_plan {
   std::size_t buckets = 0;         ///< bytes of bucket buffers (ddp_memory::buckets once built)
   std::size_t shard_elements = 0;  ///< elements of the ZeRO-1 shard this rank owns
@@ -270,9 +270,19 @@ struct bucket_plan {
     return out;
   }
 
+  /// Throws loom::input_error for bucket_mb <= 0 or check_every < 0.
+  static void check(const ddp_options& options) {
+    if (!(options.bucket_mb > 0))
+      throw input_error("data parallel: bucket size " + std::to_string(options.bucket_mb) +
+                        " MiB must be > 0; pass e.g. --bucket-mb 1");
+    if (options.check_every < 0)
+      throw input_error("data parallel: replica check interval must be >= 0 (0: never)");
+  }
+
   /// What data_parallel allocates on rank r of a group of n with `options` (bucket buffers),
-  /// and the ZeRO-1 shard it gives that rank, without allocating.
+  /// and the ZeRO-1 shard it gives that rank, without allocating. Throws as check().
   static ddp_plan memory_of(std::size_t n, std::size_t r, const ddp_options& options) {
+    check(options);
     ddp_plan p;
     for (const auto& b : plan(n, r, options.bucket_mb)) {
       p.buckets += n * b.chunk * sizeof(grad_t);
@@ -301,11 +311,7 @@ class data_parallel final : public grad_sync<G> {
 
   /// Plans the buckets. Throws loom::input_error for bucket_mb <= 0 or check_every < 0.
   data_parallel(context<device>& ctx, C& comm, ddp_options options) : ctx_(&ctx), comm_(&comm), opt_(options) {
-    if (!(opt_.bucket_mb > 0))
-      throw input_error("data parallel: bucket size " + std::to_string(opt_.bucket_mb) +
-                        " MiB must be > 0; pass e.g. --bucket-mb 1");
-    if (opt_.check_every < 0)
-      throw input_error("data parallel: replica check interval must be >= 0 (0: never)");
+    bucket_plan<G>::check(opt_);
     for (auto& g : bucket_plan<G>::plan(std::size_t(comm.size()), std::size_t(comm.rank()), opt_.bucket_mb)) {
       bucket& b = buckets_.emplace_back();
       static_cast<typename bucket_plan<G>::geometry&>(b) = std::move(g);

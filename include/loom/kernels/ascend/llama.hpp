@@ -86,46 +86,55 @@ void rope_tables(ctx_t& ctx, T* out, const float* cos, const float* sin, int S, 
       copy(ctx, tensor(ctx, dst + part * half, dt, {S, half}, {hd, 1}), tensor(ctx, src, acl::dt_float, {S, half}));
   }
 }
+
+/// The frame rope_forward and rope_backward share: checks hd, builds the (1, Tn, 1, hd) tables
+/// and a contiguous (B, Tn, heads, hd) output in scratch, calls f(X, C, S, O, scratch) with X the
+/// strided heads of x, then copies O back into x. `op` names the operator in the error.
+template <class T, class F>
+void rope_in_place(ctx_t& ctx, T* x, const float* cos, const float* sin, int B, int Tn, int heads, int hd,
+                   std::size_t ld, const char* op, F&& f) {
+  if (hd % 2 != 0 || hd >= 896)
+    throw input_error("rotary embedding on Ascend: head size " + std::to_string(hd) + "; " + op +
+                      " documents an even D below 896 on A2/A3");
+  constexpr auto dt = dtype_of<T>();
+  const std::size_t SD = std::size_t(Tn) * hd, n = std::size_t(B) * heads * SD;
+  scratch<T> work(ctx, 2 * SD + n);
+  rope_tables(ctx, work.data(), cos, sin, Tn, hd);
+  const int64_t L = int64_t(ld);
+  tensor X(ctx, x, dt, {B, Tn, heads, hd}, {Tn * L, L, hd, 1}), O(ctx, work.data() + 2 * SD, dt, {B, Tn, heads, hd});
+  tensor C(ctx, work.data(), dt, {1, Tn, 1, hd}), S(ctx, work.data() + SD, dt, {1, Tn, 1, hd});
+  f(X, C, S, O, work.data());
+  copy(ctx, X, O);
+}
 }  // namespace detail
 
 /// Rotates `heads` heads of hd values in place in every (B*Tn) row of x (row stride ld), by the
 /// angles of the row's position: cos, sin are loom's fp32 (>= Tn, hd/2) tables
-/// (kernels/rope_table.hpp) in device memory. Throws loom::input_error for an odd hd or hd >= 896.
+/// (kernels/rope_table.hpp) in device memory (aclnnRotaryPositionEmbedding, mode 0 = rotate-half).
+/// Throws loom::input_error for an odd hd or hd >= 896.
 template <class T>
 void rope_forward(ctx_t& ctx, T* x, const float* cos, const float* sin, int B, int Tn, int heads, int hd, std::size_t ld) {
-  if (hd % 2 != 0 || hd >= 896)
-    throw input_error("rotary embedding on Ascend: head size " + std::to_string(hd) + "; aclnnRotaryPositionEmbedding "
-                      "documents an even D below 896 on A2/A3");
-  constexpr auto dt = dtype_of<T>();
-  const std::size_t SD = std::size_t(Tn) * hd, n = std::size_t(B) * heads * SD;
-  scratch<T> work(ctx, 2 * SD + n);
-  detail::rope_tables(ctx, work.data(), cos, sin, Tn, hd);
-  const int64_t L = int64_t(ld);
-  tensor X(ctx, x, dt, {B, Tn, heads, hd}, {Tn * L, L, hd, 1}), O(ctx, work.data() + 2 * SD, dt, {B, Tn, heads, hd});
-  tensor C(ctx, work.data(), dt, {1, Tn, 1, hd}), S(ctx, work.data() + SD, dt, {1, Tn, 1, hd});
-  launch(ctx, "aclnnRotaryPositionEmbedding", ctx.api().aclnnRotaryPositionEmbeddingGetWorkspaceSize,
-         ctx.api().aclnnRotaryPositionEmbedding, X, C, S, int64_t(0), O);
-  copy(ctx, X, O);
+  detail::rope_in_place(ctx, x, cos, sin, B, Tn, heads, hd, ld, "aclnnRotaryPositionEmbedding",
+                        [&](tensor& X, tensor& C, tensor& S, tensor& O, T*) {
+                          launch(ctx, "aclnnRotaryPositionEmbedding", ctx.api().aclnnRotaryPositionEmbeddingGetWorkspaceSize,
+                                 ctx.api().aclnnRotaryPositionEmbedding, X, C, S, int64_t(0), O);
+                        });
 }
 
-/// Backward of rope_forward, in place on dx (same layout and tables): the transposed rotation.
+/// Backward of rope_forward, in place on dx (same layout and tables): the transposed rotation
+/// (aclnnRotaryPositionEmbeddingGrad without x, so dcos/dsin are empty tensors).
 template <class T>
 void rope_backward(ctx_t& ctx, T* dx, const float* cos, const float* sin, int B, int Tn, int heads, int hd,
                    std::size_t ld) {
-  if (hd % 2 != 0 || hd >= 896)
-    throw input_error("rotary embedding on Ascend: head size " + std::to_string(hd) + "; aclnnRotaryPositionEmbeddingGrad "
-                      "documents an even D below 896 on A2/A3");
-  constexpr auto dt = dtype_of<T>();
-  const std::size_t SD = std::size_t(Tn) * hd, n = std::size_t(B) * heads * SD;
-  scratch<T> work(ctx, 2 * SD + n);
-  detail::rope_tables(ctx, work.data(), cos, sin, Tn, hd);
-  const int64_t L = int64_t(ld);
-  tensor DY(ctx, dx, dt, {B, Tn, heads, hd}, {Tn * L, L, hd, 1}), DX(ctx, work.data() + 2 * SD, dt, {B, Tn, heads, hd});
-  tensor C(ctx, work.data(), dt, {1, Tn, 1, hd}), S(ctx, work.data() + SD, dt, {1, Tn, 1, hd});
-  tensor none_c(ctx, work.data(), dt, {1, 1, 1, 0}), none_s(ctx, work.data(), dt, {1, 1, 1, 0});
-  launch(ctx, "aclnnRotaryPositionEmbeddingGrad", ctx.api().aclnnRotaryPositionEmbeddingGradGetWorkspaceSize,
-         ctx.api().aclnnRotaryPositionEmbeddingGrad, DY, C, S, nullptr, int64_t(0), DX, none_c, none_s);
-  copy(ctx, DY, DX);
+  detail::rope_in_place(ctx, dx, cos, sin, B, Tn, heads, hd, ld, "aclnnRotaryPositionEmbeddingGrad",
+                        [&](tensor& DY, tensor& C, tensor& S, tensor& DX, T* base) {
+                          constexpr auto dt = dtype_of<T>();
+                          tensor none_c(ctx, base, dt, {1, 1, 1, 0}), none_s(ctx, base, dt, {1, 1, 1, 0});
+                          launch(ctx, "aclnnRotaryPositionEmbeddingGrad",
+                                 ctx.api().aclnnRotaryPositionEmbeddingGradGetWorkspaceSize,
+                                 ctx.api().aclnnRotaryPositionEmbeddingGrad, DY, C, S, nullptr, int64_t(0), DX, none_c,
+                                 none_s);
+                        });
 }
 
 }  // namespace loom::kernels::ascend
