@@ -152,11 +152,17 @@ struct ops<device::ascend, T> {
   static void rope_forward(ctx_t& ctx, T* x, const acc* cos, const acc* sin, int B, int Tn, int heads, int hd,
                            std::size_t ld) {
     const kernel_scope k(ctx.hook, "rope_forward");
+    static_assert(ascend::supports_v<ascend::op::rope, T>,
+                  "loom::kernels::ops<ascend, T>::rope_forward: aclnnRotaryPositionEmbedding has no kernel for this "
+                  "storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::rope_forward(ctx, x, cos, sin, B, Tn, heads, hd, ld);
   }
   static void rope_backward(ctx_t& ctx, T* dx, const acc* cos, const acc* sin, int B, int Tn, int heads, int hd,
                             std::size_t ld) {
     const kernel_scope k(ctx.hook, "rope_backward");
+    static_assert(ascend::supports_v<ascend::op::rope, T>,
+                  "loom::kernels::ops<ascend, T>::rope_backward: aclnnRotaryPositionEmbeddingGrad has no kernel for "
+                  "this storage type on Ascend (documented: float, Eigen::half, Eigen::bfloat16)");
     ascend::rope_backward(ctx, dx, cos, sin, B, Tn, heads, hd, ld);
   }
   static void residual_forward(ctx_t& ctx, T* out, const T* a, const T* b, std::size_t n) {

@@ -63,7 +63,8 @@ enum class op {
   adamw,           // aclnnApplyAdamWV2
   flash_attention, // aclnnFlashAttentionScore / aclnnFlashAttentionScoreGrad
   rmsnorm,         // aclnnRmsNorm / aclnnRmsNormGrad
-  swiglu           // aclnnSwiGlu / aclnnSwiGluGrad
+  swiglu,          // aclnnSwiGlu / aclnnSwiGluGrad
+  rope             // aclnnRotaryPositionEmbedding / aclnnRotaryPositionEmbeddingGrad
 };
 
 /// Whether the documented aclnn operators behind `O` take storage type T (A2/A3 training parts).

@@ -45,7 +45,7 @@ struct coverage<device::ascend, P> {
   static_assert(!fp64, "loom on Ascend: (matmul, fp64) — aclnnMatmul/aclnnAddmm have no float64 kernel on the NPU "
                        "(and neither has any other operator); use bf16 storage or precision::fp32_ascend_matmul");
   static_assert(fp64 || known, "loom on Ascend: (matmul, layernorm, gelu, embedding, crossentropy, add, adamw, "
-                               "flash_attention) x this precision — the aclnn operators document only float, "
+                               "flash_attention, rmsnorm, swiglu, rope) x this precision — the aclnn operators document only float, "
                                "Eigen::half and Eigen::bfloat16 storage");
   static_assert(!std::is_same_v<T, float> || ascend::deliberate_fp32_matmul_v<P>,
                 "loom on Ascend: (matmul, fp32) must be a deliberate choice — fp32 GEMMs run the cube unit in "
