@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -73,6 +74,15 @@ int main(int argc, char** argv) {
   try {
     const auto [tp, pp] = train_gpt_cli::parse_layout(o.layout);
     const auto instances = train::compiled_sessions();
+    if (!train::find_whole_model(instances, o.model))
+      throw input_error("--model " + o.model + ": no instance of it is compiled into this build; compiled models: " +
+                        [&] {
+                          std::string names;
+                          for (const auto& i : instances)
+                            if (names.find(std::string(i.model)) == std::string::npos)
+                              names += (names.empty() ? "" : ", ") + std::string(i.model);
+                          return names;
+                        }());
     const auto* inst = train::find_session(instances, o.model, o.precision, tp, pp, o.device, o.attention);
     if (!inst)
       throw input_error("no compiled instance " + o.model + "/" + o.precision + "/" + o.layout + "/" + o.device + "/" +
@@ -91,20 +101,27 @@ int main(int argc, char** argv) {
 #else
     const int threads = 1;
 #endif
-    const int b = o.micro_batch ? o.micro_batch : inst->micro_batch, t = o.seq_len ? o.seq_len : inst->seq_len;
-    std::printf("%s, micro-batch %d x seq %d x accum %d, %d ranks = tp %d x pp %d x dp %d%s, recompute %s, "
-                "%d thread%s per rank\n",
-                inst->describe().c_str(), b, t, o.grad_accum, o.ranks, tp, pp, dp, o.zero1 ? ", ZeRO-1" : "",
-                o.recompute.c_str(), threads, threads == 1 ? "" : "s");
-    std::printf("| stage | parameters | gradients | master weights | moments | activations | buckets | total (MiB) |\n");
-    std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    std::size_t largest = 0;
+    // every stage's plan first: a setting the trainer refuses fails before anything is printed
+    std::vector<train::memory_plan> plans;
     for (int stage = 0; stage < pp; ++stage) {
       train::memory_plan p = inst->plan(a, o.ranks, 0, stage);
       for (int r = 1; r < dp && o.zero1; ++r) {  // ZeRO-1 shards differ by a chunk's rounding: the largest
         const auto q = inst->plan(a, o.ranks, r, stage);
         if (q.total() > p.total()) p = q;
       }
+      plans.push_back(p);
+    }
+    const int b = o.micro_batch ? o.micro_batch : inst->micro_batch, t = o.seq_len ? o.seq_len : inst->seq_len;
+    std::printf("%s, micro-batch %d x seq %d x accum %d, %d rank%s = tp %d x pp %d x dp %d%s, recompute %s, "
+                "%d thread%s per rank (memory is sized for the compiled capacity %d x %d)\n",
+                inst->describe().c_str(), b, t, o.grad_accum, o.ranks, o.ranks == 1 ? "" : "s", tp, pp, dp,
+                o.zero1 ? ", ZeRO-1" : "", o.recompute.c_str(), threads, threads == 1 ? "" : "s", inst->micro_batch,
+                inst->seq_len);
+    std::printf("| stage | parameters | gradients | master weights | moments | activations | buckets | total (MiB) |\n");
+    std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    std::size_t largest = 0;
+    for (int stage = 0; stage < pp; ++stage) {
+      const auto& p = plans[std::size_t(stage)];
       largest = std::max(largest, p.total());
       std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", stage, mib(p.parameters), mib(p.gradients),
                   mib(p.master_weights), mib(p.moments), mib(p.activations), mib(p.buckets), mib(p.total()));
