@@ -114,4 +114,60 @@ constexpr activation_sizes activation_table(const activation_dims& d) {
   return s;
 }
 
+/// Every activation tensor's start in a table, in buffer order (per-layer tensors: their whole
+/// layer range); S the storage type, A the accumulator type. cap = B*T of the table.
+template <class S, class A>
+struct activation_pointers {
+  S *encoded, *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3, *lnf, *logits;
+  S *proj_out, *dres, *dln, *dqkv, *datty, *dfch, *dfch_gelu;
+  A *ln_stats, *att, *losses, *ce_scratch, *attn_scratch;
+  std::size_t cap;
+};
+
+/// What one block saves for its backward (STYLE §3.6), pointers into the table: ln1 (N,C) and its
+/// mean/rstd st1 (2 x cap; RMSNorm: rstd only, in the second half), qkv (N,QKV; q and k after
+/// RoPE), the attention's saved state att and output atty (N,C/TP), res2 (N,C), ln2 (N,C) and
+/// st2, fch (N,mlp_in) / fchg (N,hidden) before and after the activation, res3 (N,C).
+template <class S, class A>
+struct block_pointers {
+  S *ln1, *qkv, *atty, *res2, *ln2, *fch, *fchg, *res3;
+  A *st1, *st2, *att;
+  std::size_t cap;
+};
+
+/// The tensors of a table of sizes z laid out over the storage buffer s (z.storage_total
+/// elements) and the accumulator buffer a (z.acc_total), in activation_sizes' order.
+template <class S, class A>
+activation_pointers<S, A> carve(const activation_sizes& z, S* s, A* a, std::size_t cap) noexcept {
+  activation_pointers<S, A> p{};
+  p.cap = cap;
+  auto take = [&s](std::size_t n) { S* r = s; s += n; return r; };
+  p.encoded = take(z.encoded); p.ln1 = take(z.ln1); p.qkv = take(z.qkv);
+  p.atty = take(z.atty); p.residual2 = take(z.residual2); p.ln2 = take(z.ln2);
+  p.fch = take(z.fch); p.fch_gelu = take(z.fch_gelu); p.residual3 = take(z.residual3);
+  p.lnf = take(z.lnf); p.logits = take(z.logits); p.proj_out = take(z.proj_out);
+  p.dres = take(z.dres); p.dln = take(z.dln); p.dqkv = take(z.dqkv);
+  p.datty = take(z.datty); p.dfch = take(z.dfch); p.dfch_gelu = take(z.dfch_gelu);
+  auto acc = [&a](std::size_t n) { A* r = a; a += n; return r; };
+  p.ln_stats = acc(z.ln_stats); p.att = acc(z.att); p.losses = acc(z.losses);
+  p.ce_scratch = acc(z.ce_scratch); p.attn_scratch = acc(z.attn_scratch);
+  return p;
+}
+
+/// Block l's saved state in table p (sizes z, recompute mode r): its own slices, or for the
+/// tensors r does not keep the one slot the rerun rewrites (layer 0's place); res3 is always l's.
+/// The final norm's statistics come first in ln_stats, then each kept block's two norms'.
+template <class S, class A>
+block_pointers<S, A> block_of(const activation_sizes& z, const activation_pointers<S, A>& p, recompute r,
+                              int l) noexcept {
+  const std::size_t i = r == recompute::full ? 0 : std::size_t(l);  // kept per layer
+  const std::size_t k = r == recompute::none ? std::size_t(l) : 0;   // rerun by selective
+  const auto& y = z.layer;
+  return {p.ln1 + i * y.C,        p.qkv + i * y.qkv,   p.atty + k * y.atty,
+          p.residual2 + i * y.C,  p.ln2 + i * y.C,     p.fch + i * y.fch,
+          p.fch_gelu + k * y.fchg, p.residual3 + std::size_t(l) * y.C,
+          p.ln_stats + y.stats + (2 * i) * y.stats, p.ln_stats + y.stats + (2 * i + 1) * y.stats,
+          p.att + k * y.att, p.cap};
+}
+
 }  // namespace loom::nn

@@ -237,25 +237,10 @@ class transformer {
   /// Zeroes every gradient (call once per optimizer step, before the first micro-batch).
   void zero_grad(context<device>& ctx) { device::memset(grads_.data(), 0, grads_.bytes(), ctx.stream); }
 
-  /// What one block saves for its backward (STYLE §3.6), pointers into the activation table:
-  /// ln1 (N,C) and its mean/rstd st1 (2 x cap; RMSNorm: rstd only, in the second half), qkv
-  /// (N,QKVl; q and k after RoPE), the attention's saved state att and output atty (N,Cl), res2
-  /// (N,C), ln2 (N,C) and st2, fch (N,FCl) / fchg (N,Hl) before and after the activation, res3
-  /// (N,C). cap = B*T, the capacity rows of each statistics vector.
-  struct block_saved {
-    storage_t *ln1, *qkv, *atty, *res2, *ln2, *fch, *fchg, *res3;
-    acc_t *st1, *st2, *att;
-    std::size_t cap;
-  };
-
-  /// Every activation tensor's start in an activation table, in buffer order (the whole layer
-  /// range of per-layer tensors); activations<B,T>::ptrs().
-  struct act_pointers {
-    storage_t *encoded, *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3, *lnf, *logits;
-    storage_t *proj_out, *dres, *dln, *dqkv, *datty, *dfch, *dfch_gelu;
-    acc_t *ln_stats, *att, *losses, *ce_scratch, *attn_scratch;
-    std::size_t cap;  ///< B*T of the table
-  };
+  /// Pointers into an activation table (nn/activations.hpp): one block's saved state, and every
+  /// tensor's start.
+  using block_saved = block_pointers<storage_t, acc_t>;
+  using act_pointers = activation_pointers<storage_t, acc_t>;
 
   /// Saved activations and scratch of one micro-batch on this rank, capacity (B, T) (T <=
   /// max_seq, checked at compile time); allocated once. A pipeline stage needs
@@ -300,36 +285,9 @@ class transformer {
 
     using pointers = act_pointers;
     /// Every tensor's start, in buffer order (the whole layer range of per-layer tensors).
-    pointers ptrs() const noexcept {
-      pointers p{};
-      p.cap = BT;
-      storage_t* q = s.data();
-      auto take = [&q](std::size_t n) { storage_t* r = q; q += n; return r; };
-      p.encoded = take(sizes.encoded); p.ln1 = take(sizes.ln1); p.qkv = take(sizes.qkv);
-      p.atty = take(sizes.atty); p.residual2 = take(sizes.residual2); p.ln2 = take(sizes.ln2);
-      p.fch = take(sizes.fch); p.fch_gelu = take(sizes.fch_gelu); p.residual3 = take(sizes.residual3);
-      p.lnf = take(sizes.lnf); p.logits = take(sizes.logits); p.proj_out = take(sizes.proj_out);
-      p.dres = take(sizes.dres); p.dln = take(sizes.dln); p.dqkv = take(sizes.dqkv);
-      p.datty = take(sizes.datty); p.dfch = take(sizes.dfch); p.dfch_gelu = take(sizes.dfch_gelu);
-      acc_t* r = a.data();
-      auto acc = [&r](std::size_t n) { acc_t* x = r; r += n; return x; };
-      p.ln_stats = acc(sizes.ln_stats); p.att = acc(sizes.att); p.losses = acc(sizes.losses);
-      p.ce_scratch = acc(sizes.ce_scratch); p.attn_scratch = acc(sizes.attn_scratch);
-      return p;
-    }
-    /// Block l's saved state: its own tensors, or under recompute the one slot the rerun
-    /// rewrites (layer 0's place) for the tensors the mode does not keep; res3 is l's own.
-    block_saved block(int l) const noexcept {
-      const auto p = ptrs();
-      const std::size_t i = mode == recompute::full ? 0 : std::size_t(l);  // kept per layer
-      const std::size_t r = mode == recompute::none ? std::size_t(l) : 0;   // rerun by selective
-      const auto& z = sizes.layer;  // one layer's slice of each per-layer tensor
-      return {p.ln1 + i * z.C,      p.qkv + i * z.qkv,   p.atty + r * z.atty,
-              p.residual2 + i * z.C, p.ln2 + i * z.C,    p.fch + i * z.fch,
-              p.fch_gelu + r * z.fchg, p.residual3 + std::size_t(l) * z.C,
-              p.ln_stats + z.stats + (2 * i) * z.stats, p.ln_stats + z.stats + (2 * i + 1) * z.stats,
-              p.att + r * z.att, BT};
-    }
+    pointers ptrs() const noexcept { return carve(sizes, s.data(), a.data(), BT); }
+    /// Block l's saved state (nn::block_of: under recompute, the slot the rerun rewrites).
+    block_saved block(int l) const noexcept { return block_of(sizes, ptrs(), mode, l); }
     /// The stage's input (b*t, C): written by the embedding on the first stage, by the caller
     /// (received from stage s-1) before forward() on the others.
     storage_t* input() const noexcept { return ptrs().encoded; }
