@@ -155,9 +155,22 @@ struct llama_100m {
   static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;
 };
 
+/// Llama 2 7B (Touvron et al. 2023, "Llama 2", Table 1 / Hugging Face meta-llama/Llama-2-7b-hf
+/// config.json): 32 layers, width 4096, 32 heads (no grouped-query attention), SwiGLU hidden
+/// 11008, a 32000-token vocabulary, 4096 positions, untied LM head: 6.74B parameters. Planned
+/// (examples/plan), not trained, by this build: its instances are plan-only (LOOM_PLAN_SESSIONS).
+struct llama2_7b {
+  static constexpr std::string_view name = "llama2_7b";
+  static constexpr nn::recipe arch = nn::llama;
+  static constexpr int n_layer = 32, n_head = 32, n_kv_head = 32, d_model = 4096, d_ff = 11008, max_seq = 4096;
+  static constexpr int vocab = 32000, vocab_padded = 32000;
+  static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;
+};
+
 static_assert(model_config<tiny> && model_config<char_tiny> && model_config<quickstart> && model_config<bench_small> &&
               model_config<gpt2_small>);
 static_assert(model_config<quickstart_bpe> && model_config<tiny_parallel> && model_config<tiny_untied>);
-static_assert(model_config<llama_tiny> && model_config<llama_quickstart> && model_config<llama_100m>);
+static_assert(model_config<llama_tiny> && model_config<llama_quickstart> && model_config<llama_100m> &&
+              model_config<llama2_7b>);
 
 }  // namespace loom::models

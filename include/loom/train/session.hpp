@@ -209,7 +209,8 @@ class whole_model {
 };
 
 /// One compiled instance: its names, capacities, and factories. `make` builds a session on a
-/// world of any kind; `whole` builds the model's whole_model initialised with `seed`.
+/// world of any kind; `whole` builds the model's whole_model initialised with `seed`; both are
+/// null for a plan-only instance (planned_sessions()), which has only `plan`.
 struct session_instance {
   std::string_view model, precision;
   int tp = 1, pp = 1;
@@ -222,6 +223,8 @@ struct session_instance {
   /// (dp_rank, stage): train::basic_trainer::plan of its trainer, without building anything.
   /// Throws loom::input_error for settings the session would refuse.
   memory_plan (*plan)(const session_args& args, int world_size, int dp_rank, int stage) = nullptr;
+  const model_facts* facts = nullptr;  ///< the model's sizes
+  std::size_t parameters = 0;          ///< parameters of the whole model (nn::parameter_count)
 
   std::string layout() const { return "tp" + std::to_string(tp) + "pp" + std::to_string(pp); }
   /// "quickstart bf16 tp2pp2 cpu fused".
@@ -270,6 +273,11 @@ class session_io {
 /// The instances compiled into the program: defined by the generated registry of the
 /// loom::sessions library (cmake/LoomSessions.cmake), which a program using it links.
 std::span<const session_instance> compiled_sessions() noexcept;
+
+/// The instances examples/plan and train::choose_layout can plan: compiled_sessions() and the
+/// plan-only ones (LOOM_PLAN_SESSIONS: models too large to train here, e.g. llama2_7b on 64
+/// NPUs, whose make and whole are null). Defined beside compiled_sessions().
+std::span<const session_instance> planned_sessions() noexcept;
 
 /// The whole_model factory of model `name` among `instances` (any instance of it), or null.
 inline auto find_whole_model(std::span<const session_instance> instances, std::string_view name) noexcept
