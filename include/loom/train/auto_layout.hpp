@@ -1,0 +1,190 @@
+#pragma once
+/// \file train::choose_layout: the fastest layout that fits a memory limit, among compiled
+/// instances, by their memory plans (train::session_instance::plan, the tables the trainer
+/// allocates from) and the step estimate (train/step_estimate.hpp). train_gpt --layout auto and
+/// examples/plan --layout auto call it.
+///
+///   train::layout_request r{.model = "quickstart", .precision = "fp32", .device = "cpu",
+///                           .world_size = 4, .global_batch = 64, .memory_limit = 512 << 20, ...};
+///   const auto ranked = train::rank_layouts(train::compiled_sessions(), r);  // every candidate
+///   const auto best = train::choose_layout(train::compiled_sessions(), r);   // or input_error
+///
+/// A candidate is an instance (tp x pp) dividing the world, a micro-batch up to the instance's
+/// capacity whose micro-batch x dp divides the global batch (grad_accum the quotient), a
+/// recompute mode and ZeRO-1 on or off (with more than one data-parallel rank). Its footprint is
+/// the largest rank's plan (data-parallel rank 0 of each stage: ZeRO-1 gives rank 0 the largest
+/// shard) plus the stated per-rank overhead the plan does not hold (runtime, allocator slack).
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/nn/activations.hpp>
+#include <loom/train/memory_plan.hpp>
+#include <loom/train/session.hpp>
+#include <loom/train/step_estimate.hpp>
+
+namespace loom::train {
+
+/// Bytes from a size with its unit: "24GiB", "512 MiB", "64GB", "1.5TiB", "1048576" (bytes);
+/// binary units KiB/MiB/GiB/TiB, decimal KB/MB/GB/TB, B. `flag` names the setting in errors.
+/// Throws loom::input_error for anything else (a bare "G" is refused: GiB or GB?).
+inline std::size_t parse_bytes(const std::string& text, std::string_view flag) {
+  static constexpr std::pair<std::string_view, double> units[] = {
+      {"", 1},          {"B", 1},         {"KiB", 1024.0},  {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},  {"GB", 1e9},        {"TB", 1e12}};
+  std::size_t used = 0;
+  double value = -1;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  unit.erase(0, unit.find_first_not_of(' '));
+  for (const auto& [name, scale] : units)
+    if (used > 0 && unit == name && value >= 0 && value * scale < 1.8e19) return std::size_t(value * scale);
+  throw input_error(std::string(flag) + " '" + text + "' is not a size; pass a number with a unit: KiB, MiB, GiB, TiB "
+                    "(powers of 1024), KB, MB, GB, TB (of 1000) or B, e.g. 24GiB");
+}
+
+/// What to choose a layout for: the instance family (model, precision, device, attention), the
+/// world, the global batch in sequences per optimizer step (over all data-parallel ranks), the
+/// sequence length (0: the instance's capacity), the per-rank memory limit and overhead in bytes,
+/// the per-rank peak in FLOP/s, the network, and the other settings (`args`: cfg and ddp as
+/// given; micro_batch, grad_accum, recompute and ddp.zero1 are the candidate's). `recompute`:
+/// the modes to consider; zero1: whether ZeRO-1 may be chosen.
+struct layout_request {
+  std::string_view model, precision, device = "cpu", attention = "fused";
+  int world_size = 1;
+  int global_batch = 0;
+  int seq_len = 0;
+  std::size_t memory_limit = 0, overhead = 0;
+  double peak_flops = 0;
+  network net;
+  session_args args;
+  std::vector<nn::recompute> recompute = {nn::recompute::none, nn::recompute::selective, nn::recompute::full};
+  bool zero1 = true;
+};
+
+/// One candidate layout and what it costs.
+struct layout_candidate {
+  const session_instance* instance = nullptr;
+  int dp = 1, micro_batch = 1, grad_accum = 1, seq_len = 1;
+  nn::recompute recompute = nn::recompute::none;
+  bool zero1 = false;
+  memory_plan largest;        ///< the plan of the rank with the largest total
+  int largest_stage = 0;      ///< its pipeline stage
+  std::size_t footprint = 0;  ///< largest.total() + the request's overhead, bytes per rank
+  step_estimate time;
+  bool fits = false;
+
+  /// "tp2pp2 x dp 2, micro-batch 4 x 8, recompute full, ZeRO-1".
+  std::string describe() const {
+    return instance->layout() + " x dp " + std::to_string(dp) + ", micro-batch " + std::to_string(micro_batch) +
+           " x " + std::to_string(grad_accum) + ", recompute " + nn::recompute_name(recompute) +
+           (zero1 ? ", ZeRO-1" : "");
+  }
+};
+
+namespace detail {
+
+/// The candidate of instance i with these settings, or false when the instance refuses them.
+inline bool evaluate_candidate(const session_instance& i, const layout_request& r, layout_candidate& c) {
+  session_args a = r.args;
+  a.cfg.micro_batch = c.micro_batch;
+  a.cfg.seq_len = c.seq_len;
+  a.cfg.grad_accum = c.grad_accum;
+  a.cfg.recompute = c.recompute;
+  a.ddp.zero1 = c.zero1;
+  try {
+    for (int stage = 0; stage < i.pp; ++stage) {
+      const memory_plan p = i.plan(a, r.world_size, 0, stage);
+      if (stage == 0 || p.total() > c.largest.total()) c.largest = p, c.largest_stage = stage;
+    }
+  } catch (const input_error&) {
+    return false;  // settings this instance refuses (e.g. a sequence above its capacity)
+  }
+  c.footprint = c.largest.total() + r.overhead;
+  c.fits = r.memory_limit == 0 || c.footprint <= r.memory_limit;
+  const bool sixteen = i.precision != "fp32";
+  c.time = estimate_step({.facts = i.facts, .parameters = double(i.parameters), .tp = i.tp, .pp = i.pp, .dp = c.dp,
+                          .micro_batch = c.micro_batch, .grad_accum = c.grad_accum, .seq_len = c.seq_len,
+                          .recompute = c.recompute, .zero1 = c.zero1, .storage_bytes = sixteen ? 2 : 4,
+                          .grad_bytes = 4, .peak_flops = r.peak_flops},
+                         r.net);
+  return true;
+}
+
+}  // namespace detail
+
+/// Every candidate for `r` among `instances` (see the file comment): those that fit the limit
+/// first, fastest first (ties: the smaller footprint, then the larger micro-batch), then the
+/// rest, smallest footprint first.
+/// Instances without a plan or model facts are skipped. Throws loom::input_error for a request
+/// without a world, global batch or peak, or when no instance of the family is compiled.
+inline std::vector<layout_candidate> rank_layouts(std::span<const session_instance> instances,
+                                                  const layout_request& r) {
+  if (r.world_size < 1 || r.global_batch < 1 || !(r.peak_flops > 0))
+    throw input_error("layout auto: needs a world of at least one rank, a global batch of at least one sequence "
+                      "and a peak above 0");
+  std::vector<layout_candidate> out;
+  bool family = false;
+  for (const auto& i : instances) {
+    if (i.model != r.model || i.precision != r.precision || i.device != r.device || i.attention != r.attention ||
+        !i.plan || !i.facts)
+      continue;
+    family = true;
+    if (r.world_size % (i.tp * i.pp) != 0) continue;
+    const int dp = r.world_size / (i.tp * i.pp);
+    for (int b = 1; b <= i.micro_batch; ++b) {
+      if (r.global_batch % (b * dp) != 0) continue;
+      for (const auto mode : r.recompute)
+        for (const bool z : {false, true}) {
+          if (z && (!r.zero1 || dp == 1)) continue;
+          layout_candidate c;
+          c.instance = &i, c.dp = dp, c.micro_batch = b, c.grad_accum = r.global_batch / (b * dp);
+          c.seq_len = r.seq_len ? r.seq_len : i.seq_len, c.recompute = mode, c.zero1 = z;
+          if (detail::evaluate_candidate(i, r, c)) out.push_back(c);
+        }
+    }
+  }
+  if (!family)
+    throw input_error("layout auto: no compiled instance of " + std::string(r.model) + " " + std::string(r.precision) +
+                      " on " + std::string(r.device) + " (" + std::string(r.attention) +
+                      " attention); --list-instances shows what is compiled");
+  std::stable_sort(out.begin(), out.end(), [](const layout_candidate& a, const layout_candidate& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.fits && a.time.seconds() != b.time.seconds()) return a.time.seconds() < b.time.seconds();
+    if (a.footprint != b.footprint) return a.footprint < b.footprint;
+    return a.micro_batch > b.micro_batch;  // the model does not see kernel efficiency: larger GEMMs win ties
+  });
+  return out;
+}
+
+/// The fastest candidate of rank_layouts that fits. Throws loom::input_error when none fits,
+/// naming the smallest footprint, the candidate that has it and the limit or ranks that would
+/// reach it; or when no candidate exists (a world no compiled layout divides, a global batch no
+/// micro-batch x dp divides).
+inline layout_candidate choose_layout(std::span<const session_instance> instances, const layout_request& r) {
+  const auto ranked = rank_layouts(instances, r);
+  if (ranked.empty())
+    throw input_error("layout auto: no compiled layout of " + std::string(r.model) + " divides " +
+                      std::to_string(r.world_size) + " ranks with a micro-batch x dp dividing the global batch " +
+                      std::to_string(r.global_batch) + "; pass a global batch that is a multiple of the ranks");
+  if (ranked.front().fits) return ranked.front();
+  auto smallest = ranked.front();
+  for (const auto& c : ranked) smallest = c.footprint < smallest.footprint ? c : smallest;
+  const auto mib = [](std::size_t b) { return std::to_string((b + (1u << 20) - 1) >> 20); };  // rounded up
+  throw input_error("layout auto: nothing fits " + mib(r.memory_limit) + " MiB per rank: the smallest footprint is " +
+                    mib(smallest.footprint) + " MiB (" + smallest.describe() + ", stage " +
+                    std::to_string(smallest.largest_stage) + "); pass --memory-limit " + mib(smallest.footprint) +
+                    "MiB or more, or add ranks (more data-parallel ranks shard the optimizer with ZeRO-1; a larger "
+                    "tp x pp layout, compiled with cmake -DLOOM_EXTRA_SESSIONS, splits the model)");
+}
+
+}  // namespace loom::train
