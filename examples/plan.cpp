@@ -1,21 +1,24 @@
-// plan — the memory of every rank of a training run, and its compute time, before launching it.
+// plan — the memory of every rank of a training run, and its step time, before launching it;
+// or, with --layout auto, the fastest layout that fits a memory limit.
 //
 //   plan --model gpt2_small --precision bf16 --layout tp2pp2 --ranks 8 --micro-batch 4
 //        --seq-len 256 --grad-accum 8 --recompute full --zero1
+//   plan --model quickstart --layout auto --ranks 4 --global-batch 64 --memory-limit 40MiB
+//   plan --model llama2_7b --precision bf16 --device ascend --layout auto --ranks 64
+//        --global-batch 256 --memory-limit 64GB --devices-per-node 8 --link-gbps 100 --inter-node-gbps 20
 //
-// For one compiled train_gpt instance (model, precision, layout, device: the same instances
-// train_gpt runs) and the run-time settings, prints per pipeline stage (data-parallel rank 0,
-// and the largest ZeRO-1 shard over the dp ranks) the bytes of parameters, gradients, fp32
-// master weights, AdamW moments, activation tables and data-parallel buckets, from
+// For one instance (model, precision, layout, device: the instances train_gpt runs, and the
+// plan-only ones of LOOM_PLAN_SESSIONS) and the run-time settings, prints per pipeline stage
+// (data-parallel rank 0, whose ZeRO-1 shard is the largest) the bytes of parameters, gradients,
+// fp32 master weights, AdamW moments, activation tables and data-parallel buckets, from
 // train::basic_trainer::plan — the tables the trainer allocates from (the plan equals the
-// trainer's allocation, tests/support/layout_matrix.hpp) — and the compute time of a step:
-// the model FLOPs of the global batch (6 N + 12 L T C per token; full recompute adds one block
-// forward) over world size x peak (on the CPU: the measured peak of the unit the precision's
-// GEMMs run on, unless --peak-gflops), stretched by the 1F1B bubble (PP - 1) / m. Not included:
-// communication time, allocator slack and the runtime's own memory (about 80 MiB of RSS for a
-// CPU process; CANN's workspace on an NPU).
+// trainer's allocation, tests/support/layout_matrix.hpp) — plus the stated runtime overhead
+// (--overhead), and the step time of train::estimate_step: model FLOPs over world size x peak
+// (on the CPU the measured peak of the unit the precision's GEMMs run on; on an NPU the SoC's
+// table figure, device/ascend_peak.hpp), stretched by the 1F1B bubble, plus the exposed
+// communication at the links' bandwidth and latency (on the CPU measured on --ranks threads;
+// on an NPU from --link-gbps / --inter-node-gbps, hccl_test's busbw).
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -24,135 +27,222 @@
 #include <omp.h>
 #endif
 
-#include <loom/bench/peak.hpp>
 #include <loom/core/error.hpp>
-#include <loom/models/registry.hpp>
-#include <loom/nn/activations.hpp>
+#include <loom/device/ascend_peak.hpp>
+#include <loom/train/auto_layout.hpp>
 #include <loom/train/session.hpp>
 
 #include "cli.hpp"
+#include "layout_auto.hpp"
 #include "train_gpt/options.hpp"
 
 namespace {
 
 struct options {
   std::string model = "quickstart_bpe", precision = "fp32", layout = "tp1pp1", device = "cpu", attention = "fused";
-  std::string recompute = "none";
-  int ranks = 1, micro_batch = 0, seq_len = 0, grad_accum = 1, threads = 0;
+  std::string recompute = "none", memory_limit, overhead, soc = "Ascend910B";
+  int show = 2;
+  int ranks = 1, micro_batch = 0, seq_len = 0, grad_accum = 1, global_batch = 0, threads = 0, devices_per_node = 0;
   bool zero1 = false;
-  double bucket_mb = 1.0, peak_gflops = 0;
+  double bucket_mb = 1.0, peak_gflops = 0, link_gbps = 0, link_latency_us = 10, inter_gbps = 0, inter_latency_us = 20;
 };
 
 double mib(std::size_t b) { return double(b) / 1048576.0; }
+
+/// The instance's model, or an error naming the models that are planned in this build.
+void check_model(std::span<const loom::train::session_instance> all, const std::string& model) {
+  std::string names;
+  for (const auto& i : all) {
+    if (i.model == model) return;
+    if (names.find(std::string(i.model)) == std::string::npos) names += (names.empty() ? "" : ", ") + std::string(i.model);
+  }
+  throw loom::input_error("--model " + model + ": no instance of it is compiled into this build; planned models: " + names);
+}
+
+/// The per-rank peak in FLOP/s: --peak-gflops, the CPU's measured unit, or the NPU table's.
+std::pair<double, std::string> peak_of(const options& o) {
+  using namespace loom;
+  if (o.peak_gflops > 0) return {o.peak_gflops * 1e9, "--peak-gflops"};
+  if (o.device == "cpu") return loom_examples::cpu_peak(o.precision);
+  const auto row = device::ascend_peak_for(o.soc);
+  const double f = row ? row->flops(o.precision) : 0.0;
+  if (!(f > 0))
+    throw input_error("--device ascend: no peak for SoC " + o.soc + " in " + o.precision +
+                      " (device/ascend_peak.hpp); pass --peak-gflops");
+  return {f, std::string(row->product) + (row->confirmed ? "" : ", unconfirmed table figure")};
+}
+
+/// The links: on the CPU measured on --ranks threads (unless --link-gbps), on an NPU the flags.
+loom::train::network network_of(const options& o, std::string& source) {
+  using namespace loom;
+  train::network net{.intra = {o.link_gbps, o.link_latency_us}, .inter = {o.inter_gbps, o.inter_latency_us},
+                     .devices_per_node = o.devices_per_node};
+  if (o.link_gbps > 0) {
+    source = "--link-gbps";
+  } else if (o.device == "cpu" && o.ranks > 1) {
+    net.intra = loom_examples::threads_link(o.ranks);
+    source = "measured all-reduce on " + std::to_string(o.ranks) + " threads";
+  } else if (o.ranks > 1) {
+    throw input_error("--device " + o.device + " with --ranks " + std::to_string(o.ranks) +
+                      ": pass the links' bus bandwidth, --link-gbps (and --inter-node-gbps with --devices-per-node), "
+                      "as hccl_test measures it");
+  }
+  if (net.devices_per_node > 0 && o.ranks > net.devices_per_node && !(net.inter.bus_gbytes > 0))
+    throw input_error("--devices-per-node " + std::to_string(o.devices_per_node) + " < --ranks: pass --inter-node-gbps");
+  return net;
+}
+
+void print_plans(const loom::train::session_instance& inst, const options& o, const loom::train::session_args& a,
+                 int b, int t, int accum, int threads, std::size_t overhead) {
+  using namespace loom;
+  const int dp = o.ranks / (inst.tp * inst.pp);
+  std::vector<train::memory_plan> plans;  // every stage first: a refused setting prints nothing
+  for (int stage = 0; stage < inst.pp; ++stage) plans.push_back(inst.plan(a, o.ranks, 0, stage));
+  const std::string per_rank =
+      o.device == "cpu" ? ", " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") + " per rank" : "";
+  std::printf("%s, micro-batch %d x seq %d x accum %d, %d rank%s = tp %d x pp %d x dp %d%s, recompute %s%s "
+              "(memory is sized for the compiled capacity %d x %d)\n",
+              inst.describe().c_str(), b, t, accum, o.ranks, o.ranks == 1 ? "" : "s", inst.tp, inst.pp, dp,
+              a.ddp.zero1 ? ", ZeRO-1" : "", nn::recompute_name(a.cfg.recompute), per_rank.c_str(), inst.micro_batch,
+              inst.seq_len);
+  std::printf("| stage | parameters | gradients | master weights | moments | activations | buckets | total (MiB) |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::size_t largest = 0;
+  for (int stage = 0; stage < inst.pp; ++stage) {
+    const auto& p = plans[std::size_t(stage)];
+    largest = std::max(largest, p.total());
+    std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", stage, mib(p.parameters), mib(p.gradients),
+                mib(p.master_weights), mib(p.moments), mib(p.activations), mib(p.buckets), mib(p.total()));
+  }
+  std::printf("largest rank: %.1f MiB planned + %.1f MiB runtime overhead (--overhead) = %.1f MiB\n", mib(largest),
+              mib(overhead), mib(largest + overhead));
+}
+
+void print_estimate(const loom::train::step_estimate& e, double tokens, double peak, const std::string& peak_source,
+                    const loom::train::network& net, const std::string& net_source) {
+  std::printf("step estimate: %.3g FLOP (%.0f tokens), peak %.0f GFLOP/s per rank (%s); links %.1f GB/s bus, %.1f us",
+              e.flops, tokens, peak / 1e9, peak_source.c_str(), net.intra.bus_gbytes, net.intra.latency_us);
+  if (net.devices_per_node > 0 && net.inter.bus_gbytes > 0)
+    std::printf(" within %d-rank nodes, %.1f GB/s, %.1f us between", net.devices_per_node, net.inter.bus_gbytes,
+                net.inter.latency_us);
+  std::printf(" (%s)\n", net_source.c_str());
+  std::printf("  compute %.3g s at 100 %% of peak, bubble +%.0f %%, tensor-parallel %.3g s, pipeline %.3g s, "
+              "data-parallel %.3g s exposed: %.3g s per step (%.3g s at 50 %% MFU)\n",
+              e.compute, 100 * e.bubble, e.tp_comm, e.pp_comm, e.dp_comm, e.seconds(),
+              e.seconds() + e.compute * (1 + e.bubble));
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace loom;
   options o;
-  CLI::App app{"plan: per-rank memory and compute time of a train_gpt run, before launching it"};
-  app.add_option("--model", o.model, "model config: " + models::model_names());
-  app.add_option("--precision", o.precision, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--layout", o.layout, "tp<N>pp<M>: tensor x pipeline parallel degrees");
-  app.add_option("--device", o.device, "cpu or ascend")->check(CLI::IsMember({"cpu", "ascend"}));
-  app.add_option("--attention", o.attention, "fused or reference")->check(CLI::IsMember({"fused", "reference"}));
+  CLI::App app{"plan: per-rank memory and step time of a train_gpt run before launching it, or (--layout auto) the "
+               "fastest layout that fits a memory limit"};
+  app.add_option("--model", o.model, "model config (the compiled and plan-only instances' models)")->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
+  app.add_option("--layout", o.layout, "tp<N>pp<M>: tensor x pipeline parallel degrees, or auto (needs --memory-limit)")
+      ->capture_default_str();
+  app.add_option("--device", o.device, "cpu or ascend")->check(CLI::IsMember({"cpu", "ascend"}))->capture_default_str();
+  app.add_option("--attention", o.attention, "fused or reference")
+      ->check(CLI::IsMember({"fused", "reference"}))->capture_default_str();
   app.add_option("--ranks", o.ranks, "world size (a multiple of TP x PP; the rest is data parallel)")
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (0: the instance's capacity)");
-  app.add_option("--seq-len", o.seq_len, "tokens per sequence (0: the instance's capacity)");
-  app.add_option("--grad-accum", o.grad_accum, "micro-batches per step (the pipeline's m)")->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (0: the instance's capacity)")
+      ->capture_default_str();
+  app.add_option("--seq-len", o.seq_len, "tokens per sequence (0: the instance's capacity)")->capture_default_str();
+  app.add_option("--grad-accum", o.grad_accum, "micro-batches per step (the pipeline's m)")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--global-batch", o.global_batch,
+                 "--layout auto: sequences per step over all ranks (0: micro-batch x grad-accum x ranks)")
+      ->check(CLI::Range(0, 1 << 30))->capture_default_str();
+  app.add_option("--show", o.show, "--layout auto: print this many ranked candidates")->capture_default_str();
+  app.add_option("--memory-limit", o.memory_limit, "--layout auto: bytes per rank, e.g. 24GiB, 64GB, 512MiB");
+  app.add_option("--overhead", o.overhead,
+                 "runtime memory per rank the plan does not hold (default: 100MiB on the cpu, 3GiB on an NPU; "
+                 "docs/memory.md)");
   app.add_option("--recompute", o.recompute, "none, selective or full")
-      ->check(CLI::IsMember({"none", "selective", "full"}));
+      ->check(CLI::IsMember({"none", "selective", "full"}))->capture_default_str();
   app.add_flag("--zero1", o.zero1, "shard the AdamW state over the data-parallel ranks (ZeRO-1)");
-  app.add_option("--bucket-mb", o.bucket_mb, "data-parallel bucket size (MiB)")->check(CLI::PositiveNumber);
+  app.add_option("--bucket-mb", o.bucket_mb, "data-parallel bucket size (MiB)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--threads-per-rank", o.threads,
-                 "OpenMP threads of each rank, which size the CPU attention's scratch (default: as train_gpt --ranks "
+                 "OpenMP threads of each rank, which size the CPU attention's scratch (0: as train_gpt --ranks "
                  "shares this machine's threads)")
-      ->check(CLI::Range(0, 1 << 16));
-  app.add_option("--peak-gflops", o.peak_gflops, "per-rank peak for the time estimate (default on the CPU: measured)");
+      ->check(CLI::Range(0, 1 << 16))->capture_default_str();
+  app.add_option("--peak-gflops", o.peak_gflops, "per-rank peak (0: the CPU's measured, the NPU's table figure)")
+      ->capture_default_str();
+  app.add_option("--soc", o.soc, "--device ascend: the SoC whose table peak to use")->capture_default_str();
+  app.add_option("--link-gbps", o.link_gbps, "all-reduce bus bandwidth within a node, GB/s (0: measured on the cpu)")
+      ->capture_default_str();
+  app.add_option("--link-latency-us", o.link_latency_us, "latency of one collective step within a node, us")
+      ->capture_default_str();
+  app.add_option("--devices-per-node", o.devices_per_node, "ranks per node (0: one node)")->capture_default_str();
+  app.add_option("--inter-node-gbps", o.inter_gbps, "bus bandwidth between nodes, GB/s")->capture_default_str();
+  app.add_option("--inter-node-latency-us", o.inter_latency_us, "latency between nodes, us")->capture_default_str();
   loom_examples::parse_or_exit(app, argc, argv);
   try {
-    const auto [tp, pp] = train_gpt_cli::parse_layout(o.layout);
-    const auto instances = train::compiled_sessions();
-    if (!train::find_whole_model(instances, o.model))
-      throw input_error("--model " + o.model + ": no instance of it is compiled into this build; compiled models: " +
-                        [&] {
-                          std::string names;
-                          for (const auto& i : instances)
-                            if (names.find(std::string(i.model)) == std::string::npos)
-                              names += (names.empty() ? "" : ", ") + std::string(i.model);
-                          return names;
-                        }());
-    const auto* inst = train::find_session(instances, o.model, o.precision, tp, pp, o.device, o.attention);
-    if (!inst)
+    const auto all = train::planned_sessions();
+    check_model(all, o.model);
+    const bool automatic = o.layout == "auto";
+    if (automatic && o.memory_limit.empty())
+      throw input_error("--layout auto needs --memory-limit (bytes per rank, e.g. 24GiB)");
+    if (!automatic && !o.memory_limit.empty())
+      throw input_error("--memory-limit is for --layout auto; drop it or pass --layout auto");
+    const auto [tp, pp] = automatic ? std::pair{1, 1} : train_gpt_cli::parse_layout(o.layout);
+    const auto* inst = automatic ? nullptr : train::find_session(all, o.model, o.precision, tp, pp, o.device, o.attention);
+    if (!automatic && !inst)
       throw input_error("no compiled instance " + o.model + "/" + o.precision + "/" + o.layout + "/" + o.device + "/" +
                         o.attention + "; add it with cmake -DLOOM_EXTRA_SESSIONS=" + o.model + "/" + o.precision + "/" +
-                        o.layout + "/" + o.device + "/" + o.attention + " and rebuild");
+                        o.layout + "/" + o.device + "/" + o.attention + " (or LOOM_PLAN_SESSIONS) and rebuild");
+    const std::size_t overhead = train::parse_bytes(
+        !o.overhead.empty() ? o.overhead : o.device == "cpu" ? "100MiB" : "3GiB", "--overhead");
+#ifdef _OPENMP
+    const int threads = o.threads > 0 ? o.threads : std::max(1, omp_get_max_threads() / o.ranks);
+#else
+    const int threads = 1;
+#endif
+    std::string net_source;
+    const auto net = network_of(o, net_source);  // before the peak: the probe uses every thread
+#ifdef _OPENMP
+    omp_set_num_threads(threads);  // the plan reads the calling thread's team size, as a rank does
+#endif
+    const auto [peak, peak_source] = peak_of(o);
     train::session_args a;
     a.cfg.micro_batch = o.micro_batch;
     a.cfg.seq_len = o.seq_len;
     a.cfg.grad_accum = o.grad_accum;
     a.cfg.recompute = train_gpt_cli::recompute_mode(o.recompute);
     a.ddp = {.bucket_mb = o.bucket_mb, .zero1 = o.zero1};
-    const int dp = o.ranks / std::max(1, tp * pp);
-#ifdef _OPENMP
-    const int threads = o.threads > 0 ? o.threads : std::max(1, omp_get_max_threads() / o.ranks);
-    omp_set_num_threads(threads);  // the plan reads the calling thread's team size, as a rank does
-#else
-    const int threads = 1;
-#endif
-    // every stage's plan first: a setting the trainer refuses fails before anything is printed
-    std::vector<train::memory_plan> plans;
-    for (int stage = 0; stage < pp; ++stage) {
-      train::memory_plan p = inst->plan(a, o.ranks, 0, stage);
-      for (int r = 1; r < dp && o.zero1; ++r) {  // ZeRO-1 shards differ by a chunk's rounding: the largest
-        const auto q = inst->plan(a, o.ranks, r, stage);
-        if (q.total() > p.total()) p = q;
-      }
-      plans.push_back(p);
+    if (automatic) {
+      train::layout_request r{.model = o.model, .precision = o.precision, .device = o.device, .attention = o.attention,
+                              .world_size = o.ranks, .seq_len = o.seq_len,
+                              .memory_limit = train::parse_bytes(o.memory_limit, "--memory-limit"),
+                              .overhead = overhead, .peak_flops = peak, .net = net, .args = a};
+      int capacity = 0;
+      for (const auto& i : all)
+        if (i.model == o.model) capacity = std::max(capacity, i.micro_batch);
+      r.global_batch = o.global_batch ? o.global_batch : (o.micro_batch ? o.micro_batch : capacity) * o.grad_accum * o.ranks;
+      const auto best = loom_examples::choose_and_print(all, r, "plan", std::size_t(std::max(o.show, 0)));
+      inst = best.instance;
+      a.cfg.micro_batch = best.micro_batch;
+      a.cfg.grad_accum = best.grad_accum;
+      a.cfg.recompute = best.recompute;
+      a.ddp.zero1 = best.zero1;
+      o.grad_accum = best.grad_accum;
+      o.micro_batch = best.micro_batch;
     }
     const int b = o.micro_batch ? o.micro_batch : inst->micro_batch, t = o.seq_len ? o.seq_len : inst->seq_len;
-    std::printf("%s, micro-batch %d x seq %d x accum %d, %d rank%s = tp %d x pp %d x dp %d%s, recompute %s, "
-                "%d thread%s per rank (memory is sized for the compiled capacity %d x %d)\n",
-                inst->describe().c_str(), b, t, o.grad_accum, o.ranks, o.ranks == 1 ? "" : "s", tp, pp, dp,
-                o.zero1 ? ", ZeRO-1" : "", o.recompute.c_str(), threads, threads == 1 ? "" : "s", inst->micro_batch,
-                inst->seq_len);
-    std::printf("| stage | parameters | gradients | master weights | moments | activations | buckets | total (MiB) |\n");
-    std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    std::size_t largest = 0;
-    for (int stage = 0; stage < pp; ++stage) {
-      const auto& p = plans[std::size_t(stage)];
-      largest = std::max(largest, p.total());
-      std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", stage, mib(p.parameters), mib(p.gradients),
-                  mib(p.master_weights), mib(p.moments), mib(p.activations), mib(p.buckets), mib(p.total()));
-    }
-    std::printf("largest rank: %.1f MiB (parameters, gradients, optimizer, activations, buckets; not the runtime's own "
-                "memory or allocator slack)\n",
-                mib(largest));
-    // compute time: model FLOPs of the global batch over world x peak, stretched by the bubble
-    const auto whole = inst->whole(1);  // the single-rank model: its parameter count and sizes
-    const models::model_facts& f = whole->model();
-    const double n = double(whole->parameters().size());
-    const double fpt = 6.0 * n + 12.0 * f.n_layer * t * f.d_model;
-    const double block_forward = 2.0 * (n - double(f.vocab_padded) * f.d_model) + 4.0 * f.n_layer * t * f.d_model;
-    const double per_token = fpt + (o.recompute == "full" ? block_forward : 0.0);
-    const double tokens = double(b) * t * o.grad_accum * dp;
-    double peak = o.peak_gflops;
-    std::string source = "--peak-gflops";
-    if (!(peak > 0) && o.device == "cpu") {  // the unit the precision's GEMMs run on, measured
-      const bool dot = o.precision != "fp32" && bench::peak_unit_available(bench::peak_unit::bf16_dot);
-      peak = (dot ? bench::measure_peak(bench::peak_unit::bf16_dot) : bench::measure_fp32_peak()).gflops;
-      source = dot ? "this CPU's VDPBF16PS peak, measured" : "this CPU's fp32 FMA peak, measured";
-    }
-    if (peak > 0) {
-      const double bubble = pp > 1 ? double(pp - 1) / o.grad_accum : 0.0;
-      const double seconds = per_token * tokens / (double(o.ranks) * peak * 1e9) * (1.0 + bubble);
-      std::printf("compute: %.3g FLOP per step (%.0f tokens), peak %.0f GFLOP/s per rank (%s), bubble %.0f %%: "
-                  "%.3g s per step at 100 %% MFU, %.3g s at 50 %%; communication not included\n",
-                  per_token * tokens, tokens, peak, source.c_str(), 100 * bubble, seconds, 2 * seconds);
-    } else {
-      std::printf("compute: no time estimate without --peak-gflops for --device %s\n", o.device.c_str());
-    }
+    print_plans(*inst, o, a, b, t, o.grad_accum, threads, overhead);
+    const int dp = o.ranks / (inst->tp * inst->pp);
+    const auto e = train::estimate_step({.facts = inst->facts, .parameters = double(inst->parameters), .tp = inst->tp,
+                                         .pp = inst->pp, .dp = dp, .micro_batch = b, .grad_accum = o.grad_accum,
+                                         .seq_len = t, .recompute = a.cfg.recompute, .zero1 = a.ddp.zero1,
+                                         .storage_bytes = o.precision == "fp32" ? 4 : 2, .grad_bytes = 4,
+                                         .peak_flops = peak},
+                                        net);
+    print_estimate(e, double(b) * t * o.grad_accum * dp, peak, peak_source, net, net_source);
     return 0;
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "plan: error: %s\n", e.what());

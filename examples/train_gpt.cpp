@@ -37,7 +37,9 @@
 //
 // Tensor and pipeline parallel (docs/tensor_pipeline.md): --layout tp2pp2 splits the model over
 // TP*PP ranks (Megatron-LM's layout); the world is TP*PP*DP ranks, data parallel on top.
-// --grad-accum is the pipeline's micro-batch count.
+// --grad-accum is the pipeline's micro-batch count. --layout auto --memory-limit 512MiB chooses
+// the fastest compiled layout, micro-batch, recompute mode and ZeRO-1 whose memory plan fits
+// (train::choose_layout; docs/memory.md), from this CPU's measured peak and links.
 //
 // Every (model, precision, layout, device, attention) train_gpt accepts is a compiled instance of
 // train::session (cmake/LoomSessions.cmake; --list-instances prints them); the loop here and in
@@ -81,6 +83,7 @@
 #endif
 
 #include "cli.hpp"  // parse_or_exit
+#include "layout_auto.hpp"  // --layout auto
 #include "train_gpt/flags.hpp"
 #include "train_gpt/options.hpp"
 #include "train_gpt/run.hpp"  // the run loop, compiled once (train_gpt/run.cpp)
@@ -169,6 +172,52 @@ const loom::train::session_instance& choose_instance(const options& o, int tp, i
                           "with cmake -DLOOM_EXTRA_SESSIONS=" + entry + " and rebuild");
 }
 
+/// --layout auto: train::choose_layout among the compiled instances of --model, --precision,
+/// --device, --attention for --ranks threads, by their memory plans (+ 100 MiB of runtime
+/// overhead per rank, docs/memory.md) against --memory-limit and the step estimate from this
+/// CPU's measured peak per rank and the measured all-reduce of --ranks threads. Prints the
+/// choice and the runner-up, writes the chosen --layout, --micro-batch, --grad-accum, --recompute
+/// and --zero1 into `o`, and returns {TP, PP}. Throws loom::input_error when nothing fits (naming
+/// the smallest footprint) and for MPI or an NPU, whose links it cannot measure before the ranks
+/// start (examples/plan --layout auto takes their figures).
+std::pair<int, int> choose_auto_layout(options& o, const CLI::App& app) {
+  if (o.comm == "mpi" || o.device != "cpu")
+    throw loom::input_error("--layout auto measures this machine's links on --ranks threads before the ranks start; "
+                            "with " + std::string(o.comm == "mpi" ? "--comm mpi" : "--device " + o.device) +
+                            " run examples/plan --layout auto with your network's figures (--link-gbps) and pass the "
+                            "layout it chooses");
+  const auto all = loom::train::compiled_sessions();
+  int capacity = 0;
+  for (const auto& i : all)
+    if (i.model == o.model && i.precision == o.precision && i.device == o.device && i.attention == o.attention)
+      capacity = std::max(capacity, i.micro_batch);
+  loom::train::layout_request r;
+  r.model = o.model, r.precision = o.precision, r.device = o.device, r.attention = o.attention;
+  r.world_size = o.ranks, r.seq_len = o.seq_len;
+  r.memory_limit = loom::train::parse_bytes(o.memory_limit, "--memory-limit");
+  r.overhead = std::size_t(100) << 20;
+  r.global_batch = o.global_batch ? o.global_batch : (o.micro_batch ? o.micro_batch : capacity) * o.grad_accum * o.ranks;
+  r.args.cfg.seq_len = o.seq_len;
+  r.args.ddp = {.bucket_mb = o.bucket_mb, .overlap = !o.no_overlap, .zero1 = false, .check_every = 0};
+  if (app.count("--recompute") > 0) r.recompute = {train_gpt_cli::recompute_mode(o.recompute)};
+  r.net.intra = loom_examples::threads_link(o.ranks);
+#ifdef _OPENMP
+  const int all_threads = omp_get_max_threads();
+  omp_set_num_threads(std::max(1, all_threads / o.ranks));  // a rank's share of the cores: its peak and its plan
+#endif
+  r.peak_flops = o.peak_gflops > 0 ? o.peak_gflops * 1e9 : loom_examples::cpu_peak(o.precision).first;
+  const auto best = loom_examples::choose_and_print(all, r, "train_gpt");
+#ifdef _OPENMP
+  omp_set_num_threads(all_threads);
+#endif
+  o.layout = best.instance->layout();
+  o.micro_batch = best.micro_batch;
+  o.grad_accum = best.grad_accum;
+  o.recompute = loom::nn::recompute_name(best.recompute);
+  o.zero1 = best.zero1;
+  return {best.instance->tp, best.instance->pp};
+}
+
 /// The CANN runtime for --device ascend (device::ascend_runtime::load: ASCEND_HOME_PATH, the
 /// toolkit's usual places, the loader path), loaded before any rank starts or any model is built.
 /// Without one, throws loom::input_error with what doctor prints: where it looked and the fix.
@@ -213,7 +262,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    const auto [tp, pp] = train_gpt_cli::check_flags(o, app, loom::data::indexed_dataset_prefix(o.data).has_value());
+    auto layout = train_gpt_cli::check_flags(o, app, loom::data::indexed_dataset_prefix(o.data).has_value());
+    if (o.layout == "auto") layout = choose_auto_layout(o, app);  // a compiled layout: it fits the model and --ranks
+    const auto [tp, pp] = layout;
     const auto kind = o.comm == "mpi" ? world_ref::kind::mpi : o.ranks > 1 || tp * pp > 1 ? world_ref::kind::threads
                                                                                           : world_ref::kind::none;
     const auto& inst = choose_instance(o, tp, pp);  // before any rank starts

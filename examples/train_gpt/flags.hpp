@@ -142,7 +142,15 @@ inline void add_flags(CLI::App& app, options& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--layout", o.layout,
                  "tensor x pipeline parallel degrees tp<TP>pp<PP> (those compiled for the model: --list-instances); "
-                 "the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top");
+                 "the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top; or auto: the fastest "
+                 "compiled layout, micro-batch, recompute mode and ZeRO-1 whose memory plan fits --memory-limit");
+  app.add_option("--memory-limit", o.memory_limit,
+                 "--layout auto: memory per rank, e.g. 24GiB, 512MiB, 64GB (the plan plus 100 MiB of runtime overhead "
+                 "must fit)");
+  app.add_option("--global-batch", o.global_batch,
+                 "--layout auto: sequences per optimizer step over all ranks (default: --micro-batch, or the "
+                 "capacity, x --grad-accum x --ranks)")
+      ->check(CLI::Range(1, 1 << 30));
   app.add_option("--device", o.device,
                  "where to train: cpu, or ascend (one NPU per rank through CANN from ASCEND_HOME_PATH, HCCL between "
                  "ranks; docs/ascend.md)")
@@ -191,7 +199,8 @@ inline std::chrono::milliseconds comm_timeout_ms(const options& o) {
 /// for: a number that is not finite, --comm-timeout or --bucket-mb beyond the limits above, a
 /// dropout outside [0, 1), a missing --resume, a --profile-steps window outside the run, an
 /// --early-stop without periodic evaluations, an --out naming a directory, a --layout that is
-/// malformed, does not divide the model or does not fit --ranks, a missing --data. Whether the
+/// malformed, does not divide the model or does not fit --ranks, a missing --data. With --layout
+/// auto returns {0, 0}: main() chooses the layout, then calls this again. Whether the
 /// combination is compiled is train_gpt's main() question (train::compiled_sessions()).
 inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool data_is_dataset) {
   if (o.data.empty()) throw loom::input_error("--data is required: pass a UTF-8 text file or a prepare_data dataset");
@@ -270,6 +279,13 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
   if (o.device != "ascend" && (o.allow_fp32_matmul || o.npu >= 0 || o.no_device_timing))
     throw loom::input_error(std::string(o.npu >= 0 ? "--npu" : o.no_device_timing ? "--no-device-timing" : "--allow-fp32-matmul") +
                             " is for --device ascend; drop it or pass --device ascend");
+  if ((o.layout == "auto") != !o.memory_limit.empty())
+    throw loom::input_error(o.memory_limit.empty() ? "--layout auto needs --memory-limit (bytes per rank, e.g. 24GiB)"
+                                                   : "--memory-limit is for --layout auto; drop it or pass --layout auto");
+  if (app.count("--global-batch") > 0 && o.layout != "auto")
+    throw loom::input_error("--global-batch is for --layout auto (otherwise it is --micro-batch x --grad-accum x DP); "
+                            "drop it or pass --layout auto");
+  if (o.layout == "auto") return {0, 0};  // train_gpt chooses it (train::choose_layout), then checks it here again
   const auto [tp, pp] = parse_layout(o.layout);
   const auto* m = loom::models::find_model(o.model);  // CLI11 checked the name
   if (const auto problem = m ? m->layout_problem(tp, pp) : std::string(); !problem.empty())

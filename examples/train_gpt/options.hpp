@@ -43,7 +43,9 @@ struct options {
   long replica_check_every = 100;
   double comm_timeout = 600;  // seconds a collective may take before the run ends with an error naming it
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (docs/precision.md)
-  std::string layout = "tp1pp1";   // tensor x pipeline parallel degrees, tp<T>pp<P> (docs/tensor_pipeline.md)
+  std::string layout = "tp1pp1";   // tensor x pipeline parallel degrees, tp<T>pp<P> (docs/tensor_pipeline.md), or auto
+  std::string memory_limit;        // --layout auto: bytes per rank (train::parse_bytes: 24GiB, 512MiB)
+  int global_batch = 0;            // --layout auto: sequences per step over all ranks (0: micro x accum x ranks)
   std::string device = "cpu";      // cpu | ascend (an NPU per rank, HCCL; docs/ascend.md)
   bool allow_fp32_matmul = false;  // --device ascend --precision fp32: the deliberate fp32-matmul opt-in
   int npu = -1;                    // --device ascend: this rank's NPU ordinal (-1: the world rank)
