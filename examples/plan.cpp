@@ -6,7 +6,8 @@
 // For one compiled train_gpt instance (model, precision, layout, device: the same instances
 // train_gpt runs) and the run-time settings, prints per pipeline stage (data-parallel rank 0,
 // and the largest ZeRO-1 shard over the dp ranks) the bytes of parameters, gradients, fp32
-// master weights, AdamW moments, activation tables and data-parallel buckets, from
+// master weights, AdamW moments, activation tables and data-parallel buckets (with
+// --offload-optimizer, --device ascend: masters and moments 0 and a host optimizer column), from
 // train::basic_trainer::plan — the tables the trainer allocates from (the plan equals the
 // trainer's allocation, tests/support/layout_matrix.hpp) — and the compute time of a step:
 // the model FLOPs of the global batch (6 N + 12 L T C per token; full recompute adds one block
@@ -39,7 +40,7 @@ struct options {
   std::string model = "quickstart_bpe", precision = "fp32", layout = "tp1pp1", device = "cpu", attention = "fused";
   std::string recompute = "none";
   int ranks = 1, micro_batch = 0, seq_len = 0, grad_accum = 1, threads = 0;
-  bool zero1 = false;
+  bool zero1 = false, offload_optimizer = false;
   double bucket_mb = 1.0, peak_gflops = 0;
 };
 
@@ -64,6 +65,9 @@ int main(int argc, char** argv) {
   app.add_option("--recompute", o.recompute, "none, selective or full")
       ->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_flag("--zero1", o.zero1, "shard the AdamW state over the data-parallel ranks (ZeRO-1)");
+  app.add_flag("--offload-optimizer", o.offload_optimizer,
+               "--device ascend: AdamW state in pinned host memory (train_gpt --offload-optimizer); the plan adds a "
+               "host optimizer column");
   app.add_option("--bucket-mb", o.bucket_mb, "data-parallel bucket size (MiB)")->check(CLI::PositiveNumber);
   app.add_option("--threads-per-rank", o.threads,
                  "OpenMP threads of each rank, which size the CPU attention's scratch (default: as train_gpt --ranks "
@@ -93,6 +97,7 @@ int main(int argc, char** argv) {
     a.cfg.seq_len = o.seq_len;
     a.cfg.grad_accum = o.grad_accum;
     a.cfg.recompute = train_gpt_cli::recompute_mode(o.recompute);
+    a.cfg.offload_optimizer = o.offload_optimizer;
     a.ddp = {.bucket_mb = o.bucket_mb, .zero1 = o.zero1};
     const int dp = o.ranks / std::max(1, tp * pp);
 #ifdef _OPENMP
@@ -117,18 +122,22 @@ int main(int argc, char** argv) {
                 inst->describe().c_str(), b, t, o.grad_accum, o.ranks, o.ranks == 1 ? "" : "s", tp, pp, dp,
                 o.zero1 ? ", ZeRO-1" : "", o.recompute.c_str(), threads, threads == 1 ? "" : "s", inst->micro_batch,
                 inst->seq_len);
-    std::printf("| stage | parameters | gradients | master weights | moments | activations | buckets | total (MiB) |\n");
-    std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    const bool off = o.offload_optimizer;  // one more column: the pinned host memory of the offloaded state
+    std::printf("| stage | parameters | gradients | master weights | moments | activations | buckets | total (MiB) |%s\n",
+                off ? " host optimizer (MiB) |" : "");
+    std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |%s\n", off ? " ---: |" : "");
     std::size_t largest = 0;
     for (int stage = 0; stage < pp; ++stage) {
       const auto& p = plans[std::size_t(stage)];
       largest = std::max(largest, p.total());
-      std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", stage, mib(p.parameters), mib(p.gradients),
+      std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |", stage, mib(p.parameters), mib(p.gradients),
                   mib(p.master_weights), mib(p.moments), mib(p.activations), mib(p.buckets), mib(p.total()));
+      if (off) std::printf(" %.2f |", mib(p.host_optimizer));
+      std::printf("\n");
     }
     std::printf("largest rank: %.1f MiB (parameters, gradients, optimizer, activations, buckets; not the runtime's own "
-                "memory or allocator slack)\n",
-                mib(largest));
+                "memory or allocator slack)%s\n",
+                mib(largest), off ? "; the offloaded optimizer state is in pinned host memory, not in the total" : "");
     // compute time: model FLOPs of the global batch over world x peak, stretched by the bubble
     const auto whole = inst->whole(1);  // the single-rank model: its parameter count and sizes
     const models::model_facts& f = whole->model();
