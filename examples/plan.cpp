@@ -43,7 +43,7 @@ struct options {
   std::string recompute = "none", memory_limit, overhead, soc = "Ascend910B";
   int show = 2;
   int ranks = 1, micro_batch = 0, seq_len = 0, grad_accum = 1, global_batch = 0, threads = 0, devices_per_node = 0;
-  bool zero1 = false;
+  bool zero1 = false, offload_optimizer = false;
   double bucket_mb = 1.0, peak_gflops = 0, link_gbps = 0, link_latency_us = 10, inter_gbps = 0, inter_latency_us = 20;
 };
 
@@ -105,17 +105,22 @@ void print_plans(const loom::train::session_instance& inst, const options& o, co
               inst.describe().c_str(), b, t, accum, o.ranks, o.ranks == 1 ? "" : "s", inst.tp, inst.pp, dp,
               a.ddp.zero1 ? ", ZeRO-1" : "", nn::recompute_name(a.cfg.recompute), per_rank.c_str(), inst.micro_batch,
               inst.seq_len);
-  std::printf("| stage | parameters | gradients | master weights | moments | activations | buckets | total (MiB) |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  const bool off = a.cfg.offload_optimizer;  // one more column: the pinned host memory of the offloaded state
+  std::printf("| stage | parameters | gradients | master weights | moments | activations | buckets | total (MiB) |%s\n",
+              off ? " host optimizer (MiB) |" : "");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |%s\n", off ? " ---: |" : "");
   std::size_t largest = 0;
   for (int stage = 0; stage < inst.pp; ++stage) {
     const auto& p = plans[std::size_t(stage)];
     largest = std::max(largest, p.total());
-    std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", stage, mib(p.parameters), mib(p.gradients),
+    std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |", stage, mib(p.parameters), mib(p.gradients),
                 mib(p.master_weights), mib(p.moments), mib(p.activations), mib(p.buckets), mib(p.total()));
+    if (off) std::printf(" %.2f |", mib(p.host_optimizer));
+    std::printf("\n");
   }
-  std::printf("largest rank: %.1f MiB planned + %.1f MiB runtime overhead (--overhead) = %.1f MiB\n", mib(largest),
-              mib(overhead), mib(largest + overhead));
+  std::printf("largest rank: %.1f MiB planned + %.1f MiB runtime overhead (--overhead) = %.1f MiB%s\n", mib(largest),
+              mib(overhead), mib(largest + overhead),
+              off ? "; the offloaded optimizer state is in pinned host memory, not in the total" : "");
 }
 
 void print_estimate(const loom::train::step_estimate& e, double tokens, double peak, const std::string& peak_source,
@@ -165,6 +170,9 @@ int main(int argc, char** argv) {
   app.add_option("--recompute", o.recompute, "none, selective or full")
       ->check(CLI::IsMember({"none", "selective", "full"}))->capture_default_str();
   app.add_flag("--zero1", o.zero1, "shard the AdamW state over the data-parallel ranks (ZeRO-1)");
+  app.add_flag("--offload-optimizer", o.offload_optimizer,
+               "--device ascend: AdamW state in pinned host memory (train_gpt --offload-optimizer); the plan adds a "
+               "host optimizer column");
   app.add_option("--bucket-mb", o.bucket_mb, "data-parallel bucket size (MiB)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--threads-per-rank", o.threads,
@@ -214,6 +222,7 @@ int main(int argc, char** argv) {
     a.cfg.seq_len = o.seq_len;
     a.cfg.grad_accum = o.grad_accum;
     a.cfg.recompute = train_gpt_cli::recompute_mode(o.recompute);
+    a.cfg.offload_optimizer = o.offload_optimizer;
     a.ddp = {.bucket_mb = o.bucket_mb, .zero1 = o.zero1};
     if (automatic) {
       train::layout_request r{.model = o.model, .precision = o.precision, .device = o.device, .attention = o.attention,

@@ -163,6 +163,7 @@ loom::train::session_args session_args_of(const options& o, rank_profile& prof,
   cfg.dropout = o.dropout;
   cfg.recompute = train_gpt_cli::recompute_mode(o.recompute);
   cfg.loss_scaler.initial_scale = o.loss_scale;
+  cfg.offload_optimizer = o.offload_optimizer;
   a.ddp = {.bucket_mb = o.bucket_mb, .overlap = !o.no_overlap, .zero1 = o.zero1, .check_every = o.replica_check_every};
   a.hook = prof.hook();
   a.observer = prof.observer();
@@ -212,6 +213,10 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
               c.recompute == loom::nn::recompute::none
                   ? ""
                   : (std::string(" (recompute ") + loom::nn::recompute_name(c.recompute) + ")").c_str());
+  if (mem.host_optimizer > 0)
+    std::printf("optimizer offload: AdamW state (fp32 masters, moments, staging) in pinned host memory, %.2f MiB per "
+                "rank; the update runs on the host\n",
+                mem.host_optimizer / 1048576.0);
   if (mem.device_reserved > 0)
     std::printf("NPU memory of rank 0 (caching allocator): %.2f MiB in use, %.2f MiB peak, %.2f MiB reserved\n",
                 mem.device_allocated / 1048576.0, mem.device_peak / 1048576.0, mem.device_reserved / 1048576.0);
@@ -533,6 +538,9 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   if (const auto msg = prof.finish(s); !msg.empty() && lead) con.message(msg);
   if (!evaluator) return 0;  // the other dp replicas are done: replica 0 validates, rank 0 saves and samples
   if (lead) con.finish();
+  if (const auto dm = s.memory(); lead && dm.device_reserved > 0)  // the high-water mark of the whole run
+    std::printf("NPU memory of rank 0 after training: %.2f MiB peak (caching allocator), %.2f MiB reserved\n",
+                dm.device_peak / 1048576.0, dm.device_reserved / 1048576.0);
   // --early-stop: the final validation, the weights and the sample are those of the best evaluation
   // (the checkpoints above hold the last state, to resume from)
   if (stopper.enabled() && stopper.best_step() >= 0 && stopper.best_step() != step) {

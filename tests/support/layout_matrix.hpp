@@ -133,7 +133,8 @@ bool plan_matches(const Trainer& tr, bool zero1) {
                                tr.dp_size() > 1 || zero1 ? &ddp : nullptr);
   const std::size_t buckets = tr.data_parallel() ? tr.data_parallel()->memory().buckets : 0;
   return p.parameters == tr.model().parameters().bytes() && p.gradients == tr.model().gradients().bytes() &&
-         p.optimizer() == tr.optimizer_bytes() && p.activations == tr.activation_bytes() && p.buckets == buckets;
+         p.optimizer() == tr.optimizer_bytes() && p.host_optimizer == tr.host_optimizer_bytes() &&
+         p.activations == tr.activation_bytes() && p.buckets == buckets;
 }
 
 /// One rank of layout<TP, PP> x dp (dp = world.size() / (TP*PP)), ZeRO-1 on the dp group if

@@ -22,6 +22,8 @@
 ///   * ascend_stream, ascend_event   RAII over aclrtStream / aclrtEvent (timing: TIME_LINE events).
 ///   * ascend_device    one thread's handle on one NPU: guard + compute stream + context.
 ///   * ascend_copy_engine   a copy stream beside a context's compute stream (the trainer's batches).
+///   * ascend_transfer_stream   copies both ways on a stream of their own (device/ascend_transfer.hpp:
+///                      the offloaded optimizer's chunks).
 ///   * context<ascend>  {stream, device ordinal, kernel constants (causal mask, ones vectors)}.
 /// Every ACL call goes through the runtime's function table (ascend_runtime, loaded at run time,
 /// nothing linked) and is checked: failures throw loom::device_error(code, api,
@@ -187,6 +189,7 @@ inline bool aligned64(const void* p) noexcept { return reinterpret_cast<std::uin
 }  // namespace detail
 
 class ascend_copy_engine;
+class ascend_transfer_stream;
 
 /// The Ascend NPU as a device policy (STYLE §3.2). All functions act on the calling thread's
 /// current NPU (see device_guard / ascend_device) and order their work on the given stream.
@@ -200,6 +203,8 @@ struct ascend {
   static constexpr int max_devices = 64;
   /// Host-to-device copies on a stream of their own (train::basic_trainer's batches).
   using copy_engine = ascend_copy_engine;
+  /// Copies both ways beside the compute stream (optim::offload_adamw; device/ascend_transfer.hpp).
+  using transfer_stream = ascend_transfer_stream;
 
   /// The caching allocator of NPU `device`, created on first use with `runtime` (which it keeps
   /// alive). Throws input_error for an ordinal outside [0, 64).
@@ -610,3 +615,5 @@ class ascend_copy_engine {
 };
 
 }  // namespace loom::device
+
+#include <loom/device/ascend_transfer.hpp>  // defines ascend::transfer_stream

@@ -54,6 +54,10 @@ class adamw {
     requires(!has_master)
       : cfg_(cfg), m_(G::num_parameters, ctx.stream), v_(G::num_parameters, ctx.stream), master_(0, ctx.stream) {}
 
+  /// No state at all (as after release()), nothing allocated: counts steps only, for a trainer
+  /// whose state lives elsewhere (optim::offload_adamw in host memory).
+  explicit adamw(adamw_config cfg) noexcept : cfg_(cfg) {}
+
   const adamw_config& config() const noexcept { return cfg_; }
   /// Completed optimizer steps (the t of bias correction is step() + 1 during an update).
   long step() const noexcept { return t_; }

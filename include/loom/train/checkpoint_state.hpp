@@ -22,6 +22,8 @@ namespace loom::train::detail {
 /// when the precision keeps master weights) and "adam_m"/"adam_v"; with ZeRO-1 the sharded
 /// optimizer's (optim::zero1) flat shards "adam_m", "adam_v" and "master" with their ranges;
 /// step, optimizer step, loss scaler, and the configuration the manifest records. The pointers are the trainer's buffers (a load writes through them).
+/// With optimizer offload (basic_trainer::offload_optimizer()) "master"/"adam_m"/"adam_v" point
+/// into its pinned host memory and are marked io::state_tensor::host (memcpy, not device copies).
 /// Copies go through ctx's stream, which must outlive the view.
 template <class Trainer>
 io::state_view state_view_of(context<typename Trainer::device>& ctx, const Trainer& tr) {
@@ -64,15 +66,26 @@ io::state_view state_view_of(context<typename Trainer::device>& ctx, const Train
     v.rows.push_back({std::string(s.name), g, std::move(logical),
                       std::vector<std::int64_t>(s.shape.begin(), s.shape.begin() + s.ndim), s.used, s.decay,
                       G::offsets[k], s.size()});
+    // a view of device::cpu on another device is host memory (the offloaded optimizer's state)
     auto add = [&](const char* kind, auto view) {
-      v.tensors.push_back({kind, k, std::string(io::detail::tensor_dtype<std::remove_const_t<typename decltype(view)::element_type>>()),
-                           bytes(view), view.bytes()});
+      using V = decltype(view);
+      constexpr bool host = !std::is_same_v<typename V::device_type, D> && device::host_accessible_v<typename V::device_type>;
+      v.tensors.push_back({kind, k, std::string(io::detail::tensor_dtype<std::remove_const_t<typename V::element_type>>()),
+                           bytes(view), view.bytes(), host});
+    };
+    auto add_optimizer = [&](const auto& o) {
+      if constexpr (has_master) add("master", o.master_weights().subview(G::offsets[k], s.size()));
+      add("adam_m", o.first_moment().subview(G::offsets[k], s.size()));
+      add("adam_v", o.second_moment().subview(G::offsets[k], s.size()));
     };
     add("param", model.parameter(k));
     if (!v.zero1) {
-      if constexpr (has_master) add("master", opt.master_weights().subview(G::offsets[k], s.size()));
-      add("adam_m", opt.first_moment().subview(G::offsets[k], s.size()));
-      add("adam_v", opt.second_moment().subview(G::offsets[k], s.size()));
+      if constexpr (requires { tr.offload_optimizer()->first_moment(); }) {
+        if (const auto* off = tr.offload_optimizer()) add_optimizer(*off);
+        else add_optimizer(opt);
+      } else {
+        add_optimizer(opt);
+      }
     }
   }
   if (v.zero1) {

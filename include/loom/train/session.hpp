@@ -91,6 +91,8 @@ struct session_args {
 /// out now, their peak, bytes held from the device); 0 on the CPU.
 struct session_memory {
   std::size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, dp_buffers = 0;
+  /// Pinned host bytes of an offloaded optimizer (trainer_config::offload_optimizer), not in total().
+  std::size_t host_optimizer = 0;
   std::size_t device_allocated = 0, device_peak = 0, device_reserved = 0;
   std::size_t total() const noexcept { return parameters + gradients + optimizer + activations + dp_buffers; }
 };

@@ -121,6 +121,7 @@ class trainer_session final : public session {
     m.parameters = tr_->model().parameters().bytes();
     m.gradients = tr_->model().gradients().bytes();
     m.optimizer = tr_->optimizer_bytes();
+    m.host_optimizer = tr_->host_optimizer_bytes();
     m.activations = tr_->activation_bytes();
     m.dp_buffers = tr_->data_parallel() ? tr_->data_parallel()->memory().buckets : 0;
     dev_.add_memory(m);

@@ -1,6 +1,7 @@
 #pragma once
 /// \file What a trainer's step takes and returns, and the checks on a batch of token ids:
 /// train::trainer_config, train::step_result, validate_tokens, count_targets, split_windows.
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -35,6 +36,13 @@ struct trainer_config {
   /// activation tables are sized for it; losses and gradients are bitwise those of none.
   nn::recompute recompute = nn::recompute::none;
   loss_scaler_config loss_scaler;  ///< dynamic loss scaling (used when the trainer has a loss scaler)
+  /// Optimizer offload (train_gpt --offload-optimizer; optim/offload.hpp, ZeRO-Offload
+  /// arXiv:2101.06840): the fp32 master weights and AdamW moments live in pinned host memory and
+  /// the update runs on the host, streamed in chunks of offload_chunk elements. Devices with a
+  /// transfer stream only (device::ascend); device::cpu refuses it (its state is host memory
+  /// already), and so does ZeRO-1.
+  bool offload_optimizer = false;
+  std::size_t offload_chunk = std::size_t(1) << 20;  ///< elements per streamed chunk (multiple of 32)
 };
 
 /// What one optimizer step did.

@@ -45,6 +45,12 @@
 /// step whose norm is not finite is skipped on every rank (the norm is reduced over every
 /// group, so every rank sees the same value and its scaler takes the same decision) and S
 /// backs off; the learning-rate schedule then follows the optimizer's step count.
+///
+/// Optimizer offload (trainer_config::offload_optimizer; ZeRO-Offload, arXiv:2101.06840): the
+/// optimizer is optim::offload_adamw (offload_optimizer()), whose masters and moments live in
+/// pinned host memory and whose update streams the gradients to the host and the parameters back
+/// in chunks; optimizer() then holds no state and counts the steps. Devices with a transfer
+/// stream only (device::ascend); not with ZeRO-1.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -61,6 +67,7 @@
 #include <loom/nn/gpt_parallel.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
+#include <loom/optim/offload.hpp>
 #include <loom/optim/zero1.hpp>
 #include <loom/parallel/comm.hpp>
 #include <loom/train/data_parallel.hpp>
@@ -123,6 +130,10 @@ class basic_trainer {
       requires(context<device>& c, storage_t* p, acc_t* a, const std::int32_t* t) {
         model_t::ops::crossentropy(c, p, a, t, 1, 1, 1, true, acc_t(1), a);
       };
+  /// The offloaded optimizer's type (optim::offload_adamw) on a device that can stream it, else
+  /// an empty stand-in (trainer_config::offload_optimizer is refused there).
+  struct no_offload {};
+  using offload_t = std::conditional_t<optim::can_offload_v<device>, optim::offload_adamw<model_t>, no_offload>;
   static_assert(!local || (TP == 1 && PP == 1),
                 "loom::train::trainer runs the whole model on each rank (layout<1,1>, data parallel on top); "
                 "for layout<TP,PP> use train::parallel_trainer<M, Policy, B, T, Comm> with a world communicator");
@@ -195,8 +206,13 @@ class basic_trainer {
       if (ddp->zero1) state = d.shard_elements;
     }
     using master_t = typename optim::adamw<model_t>::master_t;
-    p.moments = 2 * state * sizeof(master_t);
-    p.master_weights = optim::adamw<model_t>::has_master ? state * sizeof(master_t) : 0;
+    if (cfg.offload_optimizer) {
+      check_offload(cfg, ddp);
+      if constexpr (optim::can_offload_v<device>) p.host_optimizer = offload_t::host_bytes_of(N, cfg.offload_chunk);
+    } else {
+      p.moments = 2 * state * sizeof(master_t);
+      p.master_weights = optim::adamw<model_t>::has_master ? state * sizeof(master_t) : 0;
+    }
     const auto a = acts_t::sizes_of(cfg.recompute);
     p.activations = std::size_t(parallel::max_in_flight(PP, cfg.grad_accum, stage)) *
                     (a.storage_total * sizeof(storage_t) + a.acc_total * sizeof(acc_t));
@@ -220,11 +236,17 @@ class basic_trainer {
   /// laid out by its ranges()); null otherwise.
   optim::zero1<model_t>* zero1_optimizer() noexcept { return zero_.get(); }
   const optim::zero1<model_t>* zero1_optimizer() const noexcept { return zero_.get(); }
+  /// With trainer_config::offload_optimizer, the offloaded optimizer (masters and moments in
+  /// pinned host memory: optim::offload_adamw); null otherwise.
+  offload_t* offload_optimizer() noexcept { return offload_.get(); }
+  const offload_t* offload_optimizer() const noexcept { return offload_.get(); }
   /// Master weights = parameters, after weights were loaded into model() from elsewhere
   /// (io::import_gpt2, nn::load_global_parameters). No-op for precisions without master weights.
   void sync_master_weights(context<device>& ctx) {
     opt_.sync_master_weights(ctx, model_);
     if (zero_) zero_->sync_master_weights(ctx, model_);
+    if constexpr (optim::can_offload_v<device>)
+      if (offload_) offload_->sync_master_weights(ctx, model_);
   }
   /// The loss scaler (its state() / set_state() go into checkpoints; identical on every rank).
   Scaler& loss_scaler() noexcept { return scaler_; }
@@ -252,8 +274,13 @@ class basic_trainer {
   parallel::grad_sync<model_t>* data_parallel() const noexcept { return sync_.get(); }
   /// Bytes of optimizer state this rank holds: the two AdamW moments of its cell plus fp32
   /// master weights when the precision keeps them; with ZeRO-1 all three for the owned chunks
-  /// only (1/dp of them, up to the chunks' padding).
+  /// only (1/dp of them, up to the chunks' padding). 0 with optimizer offload.
   std::size_t optimizer_bytes() const noexcept { return zero_ ? zero_->bytes() : opt_.bytes(); }
+  /// Pinned host bytes of the offloaded optimizer (optim::offload_adamw::host_bytes()); 0 without.
+  std::size_t host_optimizer_bytes() const noexcept {
+    if constexpr (optim::can_offload_v<device>) return offload_ ? offload_->host_bytes() : 0;
+    else return 0;
+  }
 
   /// Steps taken, skipped ones included. Without a loss scaler the schedule follows this count
   /// (a skipped step advances it); with one it follows optimizer().step().
@@ -402,6 +429,13 @@ class basic_trainer {
       zero_->set_step(t);
       opt_.set_step(t);
       if (on_phase && !device_clock) ctx.synchronize();
+    } else if (offload_) {
+      if constexpr (optim::can_offload_v<device>) {
+        const long t = opt_.step() + 1;
+        offload_->update(ctx, model_, r.lr, coef, t);
+        opt_.set_step(t);
+      }
+      if (on_phase && !device_clock) ctx.synchronize();
     } else {
       opt_.update(ctx, model_, r.lr, coef);
       if (on_phase && !device_clock) ctx.synchronize();  // the host clock's optimizer phase
@@ -455,7 +489,8 @@ class basic_trainer {
   /// The shared part of every constructor (the int tag only selects it).
   basic_trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm>&& groups, int)
       : cfg_(checked(cfg)), g_(std::move(groups)), model_(ctx, g_.tp.rank(), g_.pp.rank(), cfg_.seed),
-        opt_(ctx, cfg_.adamw, model_), scaler_(cfg_.loss_scaler), inputs_(std::size_t(cfg_.grad_accum) * B * T, ctx.stream),
+        opt_(cfg_.offload_optimizer ? optim::adamw<model_t>(cfg_.adamw) : optim::adamw<model_t>(ctx, cfg_.adamw, model_)),
+        offload_(make_offload(ctx, cfg_, model_)), scaler_(cfg_.loss_scaler), inputs_(std::size_t(cfg_.grad_accum) * B * T, ctx.stream),
         targets_(inputs_.size(), ctx.stream), host_in_(pinned<std::int32_t>(inputs_.size())),
         host_tg_(pinned<std::int32_t>(inputs_.size())),
         host_losses_(deferred_loss ? pinned<acc_t>(std::size_t(cfg_.grad_accum) * nn::host_loss_stride(std::size_t(B) * T))
@@ -470,6 +505,7 @@ class basic_trainer {
   /// Installs the data-parallel engine; with ZeRO-1 the sharded optimizer over its ranges takes
   /// the place of the unsharded state (released).
   void attach(context<device>& ctx, std::unique_ptr<parallel::grad_sync<model_t>> engine, const parallel::ddp_options& ddp) {
+    check_offload(cfg_, &ddp);
     if (ddp.zero1) {
       zero_ = std::make_unique<optim::zero1<model_t>>(ctx, cfg_.adamw, model_, engine->shard_ranges());
       opt_.release();
@@ -511,6 +547,19 @@ class basic_trainer {
                                                         drop, host_losses, plan_);
   }
 
+  /// The offloaded optimizer when cfg asks for it (cfg is checked), else null.
+  static std::unique_ptr<offload_t> make_offload(context<device>& ctx, const trainer_config& cfg, const model_t& model) {
+    if constexpr (optim::can_offload_v<device>)
+      if (cfg.offload_optimizer) return std::make_unique<offload_t>(ctx, cfg.adamw, model, cfg.offload_chunk);
+    return nullptr;
+  }
+  /// Refuses optimizer offload with ZeRO-1 (ddp, when given, the data-parallel options).
+  static void check_offload(const trainer_config& c, const parallel::ddp_options* ddp) {
+    if (c.offload_optimizer && ddp && ddp->zero1)
+      throw input_error("--offload-optimizer with --zero1: the offloaded optimizer holds the whole state, not a ZeRO-1 "
+                        "shard; drop --zero1 (offload already moves the optimizer state off the device) or drop "
+                        "--offload-optimizer");
+  }
   static trainer_config checked(trainer_config c) {
     if (c.micro_batch == 0) c.micro_batch = B;
     if (c.seq_len == 0) c.seq_len = T;
@@ -529,6 +578,14 @@ class basic_trainer {
     c.schedule.validate();
     check_dropout_probability(c.dropout, "dropout (--dropout)");
     model_t::check_dropout({c.dropout, 0});  // refuses p > 0 where dropout is not implemented
+    if (c.offload_optimizer) {
+      if constexpr (!optim::can_offload_v<device>)
+        throw input_error("--offload-optimizer on device " + std::string(device::name) +
+                          ": the optimizer state is in host memory already; drop --offload-optimizer (it moves "
+                          "the state off an NPU: --device ascend)");
+      else
+        offload_t::check_chunk(c.offload_chunk);
+    }
     return c;
   }
   void mark(phase p, bool begin) {
@@ -544,6 +601,7 @@ class basic_trainer {
   model_t model_;
   optim::adamw<model_t> opt_;
   std::unique_ptr<optim::zero1<model_t>> zero_;  // ZeRO-1's sharded optimizer, or null
+  std::unique_ptr<offload_t> offload_;           // the offloaded optimizer, or null
   Scaler scaler_;
   std::unique_ptr<parallel::grad_sync<model_t>> sync_;  // the dp reduction (data_parallel), or null on one dp rank
   std::vector<acts_t> acts_;

@@ -164,8 +164,15 @@ TEST_CASE("memory plan: a one-rank trainer allocates what its type's plan says, 
     CHECK(plan.master_weights == plan.moments / 2);  // bf16 storage: fp32 masters and two fp32 moments
     CHECK(plan.activations == tr.activation_bytes());
     CHECK(plan.buckets == 0);
+    CHECK(plan.host_optimizer == tr.host_optimizer_bytes());
+    CHECK(plan.host_optimizer == 0);
     CHECK(plan.activations > previous);  // full < selective < none
     previous = plan.activations;
   }
   CHECK_THROWS_AS(tr_t::plan({}, 2, 2, 0, nullptr), input_error);
+  // optimizer offload is for a device with its own memory: on the CPU the state is host memory already
+  train::trainer_config off;
+  off.offload_optimizer = true;
+  CHECK_THROWS_WITH_AS(tr_t::plan(off, 1, 0, 0, nullptr), doctest::Contains("host memory already"), input_error);
+  CHECK_THROWS_WITH_AS(tr_t(ctx, off), doctest::Contains("drop --offload-optimizer"), input_error);
 }

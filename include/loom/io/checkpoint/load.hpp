@@ -315,9 +315,10 @@ inline checkpoint_info load_checkpoint(const std::filesystem::path& dir, const s
   struct copy_job {
     std::span<const std::byte> src;
     std::byte* dst;
+    bool host = false;  // dst is host memory (state_tensor::host)
   };
   std::vector<copy_job> jobs;
-  for (const auto& t : v.tensors) jobs.push_back({src.local(t.kind, t.row, t.dtype), t.data});
+  for (const auto& t : v.tensors) jobs.push_back({src.local(t.kind, t.row, t.dtype), t.data, t.host});
   for (const auto& s : v.shards) {  // ZeRO-1 here: the cell's whole flat array, cut by this rank's ranges
     const std::size_t es = detail::dtype_size(s.dtype);
     auto whole = src.keep(std::vector<std::byte>(v.cell_elems * es));
@@ -330,7 +331,10 @@ inline checkpoint_info load_checkpoint(const std::filesystem::path& dir, const s
                       s.data + q.shard_offset * es});
   }
   checkpoint_info out = detail::read_scalars(j, v, dir, saved);
-  for (const auto& job : jobs) v.to_device(job.dst, job.src.data(), job.src.size());
+  for (const auto& job : jobs) {
+    if (job.host) std::memcpy(job.dst, job.src.data(), job.src.size());
+    else v.to_device(job.dst, job.src.data(), job.src.size());
+  }
   v.synchronize();
   out.manifest = std::move(j);
   return out;

@@ -118,9 +118,14 @@ inline std::pair<std::vector<rank_file>, nlohmann::json> snapshot(const state_vi
     if (staging.size() < total) staging.resize(total);
   }
   std::size_t used = 0;
-  auto bytes_of = [&](const std::byte* data, std::size_t n, const std::string& dtype, const std::string& name) {
+  auto bytes_of = [&](const std::byte* data, std::size_t n, const std::string& dtype, const std::string& name,
+                      bool host) {
     std::span<const std::byte> bytes(data, n);
-    if (copy) {
+    if (copy && host) {  // host memory on any device (an offloaded optimizer): copied now
+      std::memcpy(staging.data() + used, data, n);
+      bytes = {staging.data() + used, n};
+      used += n;
+    } else if (copy) {
       v.to_host(staging.data() + used, data, n);
       bytes = {staging.data() + used, n};
       used += n;
@@ -140,7 +145,7 @@ inline std::pair<std::vector<rank_file>, nlohmann::json> snapshot(const state_vi
     for (const auto& t : v.tensors) {
       const auto& r = v.rows[t.row];
       const std::string name = t.kind + "." + r.name;
-      file.tensors.push_back({name, t.dtype, r.local_shape, bytes_of(t.data, t.bytes, t.dtype, name)});
+      file.tensors.push_back({name, t.dtype, r.local_shape, bytes_of(t.data, t.bytes, t.dtype, name, t.host)});
     }
     file.metadata = {{"format", "loom.checkpoint.rank"},
                      {"step", std::to_string(v.step)},
@@ -158,7 +163,7 @@ inline std::pair<std::vector<rank_file>, nlohmann::json> snapshot(const state_vi
     }
     for (const auto& s : v.shards)
       o.tensors.push_back({s.kind, s.dtype, {std::int64_t(s.elems)},
-                           bytes_of(s.data, s.elems * dtype_size(s.dtype), s.dtype, s.kind + " (ZeRO-1 shard)")});
+                           bytes_of(s.data, s.elems * dtype_size(s.dtype), s.dtype, s.kind + " (ZeRO-1 shard)", false)});
     o.tensors.push_back({"ranges", "I64", {std::int64_t(v.ranges.size()), 3}, std::span<const std::byte>(o.owned)});
     o.metadata = {{"format", "loom.checkpoint.zero1"}, {"step", std::to_string(v.step)},
                   {"ranges", "rows (param_offset, length, shard_offset) in elements of the parameter buffer"}};

@@ -31,14 +31,17 @@ struct state_row {
 };
 
 /// One tensor of the state on this rank: "<kind>.<row name>", kind one of param, master,
-/// adam_m, adam_v. `data` is where its bytes live (device memory of the view's device); a save
-/// reads them, a load writes them.
+/// adam_m, adam_v. `data` is where its bytes live (device memory of the view's device, or host
+/// memory when `host` is set); a save reads them, a load writes them.
 struct state_tensor {
   std::string kind;   ///< "param", "master", "adam_m", "adam_v"
   std::size_t row;    ///< index into state_view::rows
   std::string dtype;  ///< safetensors dtype: "F32", "BF16", "F16"
   std::byte* data = nullptr;
   std::size_t bytes = 0;
+  /// The bytes are in host memory whatever the view's device (an offloaded optimizer's state,
+  /// optim::offload_adamw): read and written with memcpy, never through to_host / to_device.
+  bool host = false;
 };
 
 /// A flat array of state sharded across data-parallel ranks (ZeRO-1: AdamW moments and, in 16-bit

@@ -1,0 +1,210 @@
+#pragma once
+/// \file optim::offload_adamw: AdamW whose state lives in pinned host memory and whose update runs
+/// on the host, streamed chunk by chunk between the device and the host. Source: Ren et al.,
+/// "ZeRO-Offload: Democratizing Billion-Scale Model Training", arXiv:2101.06840 (§4: fp32
+/// master weights and moments on the CPU, the update on the CPU, fp16 parameters back to the
+/// device); MindSpore's optimizer offload does the same.
+///
+/// Per step (update()), for the parameter buffer cut into chunks of chunk() elements:
+///   1. the transfer stream waits for the compute stream (the gradients are final);
+///   2. chunk i's fp32 gradients (and, without master weights, its parameters) go device ->
+///      host into staging slot i % 2, while the host updates chunk i - 1;
+///   3. the host runs the CPU AdamW kernels (kernels::cpu::adamw_update_master, or
+///      kernels::cpu::adamw_update without master weights) on the chunk, tensor row by tensor row
+///      so that weight decay follows the table: masters and moments updated in place in host
+///      memory, the parameters' storage-type rounding written into the staging slot;
+///   4. the slot's parameters go host -> device; the compute stream's next work waits for them.
+/// Two slots, one in-order transfer stream: chunk i + 1's download is enqueued before the host
+/// starts chunk i, and chunk i's upload after it, so the copies run beside the host's update.
+/// The host waits on chunk i's download, which follows chunk i - 2's upload on the stream, so a
+/// slot is never overwritten while an upload still reads it. The last uploads are not waited for
+/// by the host: the next step's forward waits for them on the device. It does not overlap the
+/// next forward itself (that would need per-layer readiness of the parameters).
+///
+/// Elementwise this is the CPU kernel's AdamW on the same bits of gradients and state, so it
+/// equals optim::adamw on device::cpu exactly; against the device's own AdamW it differs by the
+/// two kernels' rounding (see docs/memory.md, "Optimizer offload").
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include <loom/core/context.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/view.hpp>
+#include <loom/device/cpu.hpp>
+#include <loom/kernels/cpu/adamw.hpp>
+#include <loom/nn/params.hpp>
+#include <loom/optim/adamw.hpp>
+#include <loom/precision/policy.hpp>
+
+namespace loom::optim {
+
+/// True when device D can stream an offloaded optimizer: it has a transfer stream
+/// (device::ascend::transfer_stream). device::cpu has none: its optimizer state is host memory.
+template <class D>
+inline constexpr bool can_offload_v = requires { typename D::transfer_stream; };
+
+/// AdamW for model G on a device with a transfer stream, its state (first and second moments,
+/// and fp32 master weights when the storage is 16-bit) in pinned host memory
+/// (D::allocate_host: aclrtMallocHost on an NPU). See the file comment for the step.
+/// Host memory: host_bytes_of(G::num_parameters, chunk) bytes; device memory: none.
+template <class G>
+class offload_adamw {
+ public:
+  using device = typename G::device;
+  using master_t = typename G::precision::master;
+  using storage_t = typename G::storage_t;
+  using grad_t = typename G::grad_t;
+  static constexpr bool has_master = precision::has_master_copy_v<typename G::precision>;
+  static_assert(can_offload_v<device>,
+                "loom::optim::offload_adamw: the device has no transfer stream; on device::cpu the optimizer state is "
+                "in host memory already (use optim::adamw)");
+  static_assert(!has_master || std::is_same_v<grad_t, master_t>,
+                "loom::optim::offload_adamw: with master weights the gradients must be fp32 (G::grad_t)");
+  /// Default elements per chunk: 1 Mi (4 MiB of fp32 gradients per copy).
+  static constexpr std::size_t default_chunk = std::size_t(1) << 20;
+  /// A chunk's elements must be a multiple of this, so every chunk starts 64-byte aligned in
+  /// 2- and 4-byte arrays (what asynchronous NPU copies need).
+  static constexpr std::size_t chunk_multiple = 32;
+
+  /// Pinned host bytes for n parameters in chunks of `chunk` elements: the moments (2 n),
+  /// masters (n, with has_master) and two staging slots of min(chunk, n) gradients and
+  /// parameters. What host_bytes() returns; train::basic_trainer::plan counts it.
+  static constexpr std::size_t host_bytes_of(std::size_t n, std::size_t chunk) noexcept {
+    const std::size_t c = std::min(chunk, n);
+    return (2 + (has_master ? 1 : 0)) * n * sizeof(master_t) + 2 * c * (sizeof(grad_t) + sizeof(storage_t));
+  }
+  /// Throws loom::input_error unless chunk is a positive multiple of chunk_multiple.
+  static void check_chunk(std::size_t chunk) {
+    if (chunk == 0 || chunk % chunk_multiple != 0)
+      throw input_error("optimizer offload: chunk of " + std::to_string(chunk) + " elements is not a positive multiple of " +
+                        std::to_string(chunk_multiple) + " (64-byte aligned copies); pass e.g. " +
+                        std::to_string(default_chunk));
+  }
+
+  /// Moments zero; masters (has_master) = `model`'s parameters, widened (read back from the
+  /// device through the staging slots). Synchronizes ctx.stream. Throws loom::input_error for a
+  /// bad chunk, device_error from the device.
+  offload_adamw(context<device>& ctx, adamw_config cfg, const G& model, std::size_t chunk = default_chunk)
+      : cfg_(cfg), chunk_((check_chunk(chunk), std::min(chunk, G::num_parameters))), m_(pinned<master_t>(N)),
+        v_(pinned<master_t>(N)), master_(pinned<master_t>(has_master ? N : 0)), stage_g_(pinned<grad_t>(2 * chunk_)),
+        stage_p_(pinned<storage_t>(2 * chunk_)), xfer_(ctx) {
+    std::memset(m_.get(), 0, N * sizeof(master_t));
+    std::memset(v_.get(), 0, N * sizeof(master_t));
+    sync_master_weights(ctx, model);
+  }
+  offload_adamw(const offload_adamw&) = delete;
+  offload_adamw& operator=(const offload_adamw&) = delete;
+
+  const adamw_config& config() const noexcept { return cfg_; }
+  /// Elements per streamed chunk (the last chunk may be shorter).
+  std::size_t chunk() const noexcept { return chunk_; }
+  /// Pinned host bytes held (host_bytes_of(G::num_parameters, chunk())).
+  std::size_t host_bytes() const noexcept { return host_bytes_of(N, chunk_); }
+  /// The moments and (has_master) fp32 master weights, parameter-buffer layout, in host memory:
+  /// views of device::cpu, so a checkpoint reads and writes them with the host's memcpy.
+  view<loom::device::cpu, master_t> first_moment() const noexcept { return {m_.get(), N}; }
+  view<loom::device::cpu, master_t> second_moment() const noexcept { return {v_.get(), N}; }
+  view<loom::device::cpu, master_t> master_weights() const noexcept
+    requires(has_master)
+  {
+    return {master_.get(), N};
+  }
+
+  /// Masters = `model`'s parameters, widened (after loading weights into the model from
+  /// elsewhere). No-op without masters. Synchronizes ctx.stream and the transfer stream.
+  void sync_master_weights(context<device>& ctx, const G& model) {
+    if constexpr (has_master) {
+      const storage_t* p = model.parameters().data();
+      xfer_.after_compute(ctx);
+      for (std::size_t a = 0; a < N; a += chunk_) {
+        const std::size_t n = std::min(chunk_, N - a);
+        xfer_.to_host(stage_p_.get(), p + a, n * sizeof(storage_t));
+        xfer_.record(0);
+        xfer_.wait(0);
+        kernels::cpu::cast(master_.get() + a, stage_p_.get(), n);
+      }
+    }
+  }
+
+  /// AdamW step t (1-based) at learning rate lr on `model`'s gradients multiplied by grad_scale
+  /// (clip coefficient and unscaling): the chunk pipeline of the file comment. Writes the host
+  /// masters and moments and `model`'s parameters (their rounding; in place without masters);
+  /// work enqueued on ctx.stream afterwards sees the new parameters. Returns once the host
+  /// update is done (the last uploads may still run). Throws device_error.
+  void update(context<device>& ctx, G& model, double lr, double grad_scale, long t) {
+    storage_t* params = model.parameters().data();
+    const grad_t* grads = model.gradients().data();
+    const std::size_t chunks = (N + chunk_ - 1) / chunk_;
+    auto download = [&](std::size_t i) {
+      const std::size_t a = i * chunk_, n = std::min(chunk_, N - a);
+      const int s = int(i % 2);
+      xfer_.to_host(stage_g_.get() + s * chunk_, grads + a, n * sizeof(grad_t));
+      if constexpr (!has_master) xfer_.to_host(stage_p_.get() + s * chunk_, params + a, n * sizeof(storage_t));
+      xfer_.record(s);
+    };
+    xfer_.after_compute(ctx);
+    download(0);
+    for (std::size_t i = 0; i < chunks; ++i) {
+      if (i + 1 < chunks) download(i + 1);
+      const std::size_t a = i * chunk_, n = std::min(chunk_, N - a);
+      const int s = int(i % 2);
+      xfer_.wait(s);  // chunk i is on the host; the upload of chunk i - 2 from this slot has finished
+      update_chunk(a, n, stage_p_.get() + s * chunk_, stage_g_.get() + s * chunk_, lr, grad_scale, t);
+      xfer_.to_device(params + a, stage_p_.get() + s * chunk_, n * sizeof(storage_t));
+    }
+    xfer_.before_compute(ctx);
+  }
+
+ private:
+  static constexpr std::size_t N = G::num_parameters;
+  struct host_deleter {
+    void operator()(void* p) const noexcept { device::deallocate_host(p); }
+  };
+  template <class X>
+  using host_ptr = std::unique_ptr<X[], host_deleter>;
+  template <class X>
+  static host_ptr<X> pinned(std::size_t n) {
+    return host_ptr<X>(n ? static_cast<X*>(device::allocate_host(n * sizeof(X))) : nullptr);
+  }
+
+  /// AdamW on elements [a, a + n) of the parameter buffer: gradients in `g`, parameters out (in
+  /// and out without masters) in `p`, row by row of the table for the weight decay.
+  void update_chunk(std::size_t a, std::size_t n, storage_t* p, const grad_t* g, double lr, double grad_scale, long t) {
+    const std::size_t end = a + n;
+    std::size_t k = row_of(a);
+    for (std::size_t lo = a; lo < end; ++k) {
+      const std::size_t hi = std::min(end, G::offsets[k] + G::table[k].size());
+      if (hi <= lo) continue;
+      const master_t wd = master_t(G::table[k].decay ? cfg_.weight_decay : 0.0);
+      const std::size_t o = lo - a, len = hi - lo;
+      if constexpr (has_master)
+        kernels::cpu::adamw_update_master(p + o, master_.get() + lo, m_.get() + lo, v_.get() + lo, g + o, len,
+                                          master_t(lr), master_t(cfg_.beta1), master_t(cfg_.beta2), master_t(cfg_.eps),
+                                          wd, master_t(grad_scale), t);
+      else
+        kernels::cpu::adamw_update(p + o, m_.get() + lo, v_.get() + lo, g + o, len, master_t(lr),
+                                   master_t(cfg_.beta1), master_t(cfg_.beta2), master_t(cfg_.eps), wd,
+                                   master_t(grad_scale), t);
+      lo = hi;
+    }
+  }
+  /// The table row holding parameter element i.
+  static std::size_t row_of(std::size_t i) noexcept {
+    std::size_t k = 0;
+    while (k + 1 < G::num_tensors && G::offsets[k + 1] <= i) ++k;
+    return k;
+  }
+
+  adamw_config cfg_;
+  std::size_t chunk_;
+  host_ptr<master_t> m_, v_, master_;
+  host_ptr<grad_t> stage_g_;
+  host_ptr<storage_t> stage_p_;
+  typename device::transfer_stream xfer_;
+};
+
+}  // namespace loom::optim

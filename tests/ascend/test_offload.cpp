@@ -1,0 +1,271 @@
+// Optimizer offload on device::ascend (emulated): trainer_config::offload_optimizer keeps the fp32
+// master weights and AdamW moments in pinned host memory and runs the update on the host
+// (optim::offload_adamw; ZeRO-Offload, arXiv:2101.06840).
+//
+// Why a tolerance and not bitwise equality against the device optimizer: the offloaded update is
+// loom's CPU AdamW kernel (fp32 arithmetic), the device update is aclnnApplyAdamWV2, which the
+// emulation evaluates in double and rounds to fp32 once. After the first step (the same
+// gradient bits on both sides) the two agree to about one fp32 ulp of the masters and moments; a
+// bf16 parameter then differs only where a master lies next to a bf16 rounding boundary. From the
+// second step on the gradients differ by those roundings too, and Adam's normalised update
+// amplifies tiny differences of near-zero gradients into O(lr) parameter differences, so later
+// steps are compared by their losses. Offload against offload (resume) is bitwise.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <span>
+#include <vector>
+
+#include <unistd.h>
+
+#include <loom/io/checkpoint.hpp>
+#include <loom/kernels/ascend.hpp>
+#include <loom/train/trainer.hpp>
+
+#include "support.hpp"
+
+using namespace loom_test;
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int B = 2, T = 8;
+
+/// A Llama the NPU kernels take (SwiGLU rows of 64-byte multiples; as test_gpt.cpp's llama_npu).
+struct llama_offload {
+  static constexpr std::string_view name = "llama_offload";
+  static constexpr loom::nn::recipe arch = loom::nn::llama;
+  static constexpr int n_layer = 2, n_head = 4, n_kv_head = 2, d_model = 32, d_ff = 32, max_seq = 16;
+  static constexpr int vocab = 61, vocab_padded = 64;
+};
+template <class M, class Prec>
+using npu_trainer = loom::train::trainer<M, loom::policy<npu, Prec>, B, T, loom::kernels::fused>;
+
+/// A config with a chunk that cuts the ~6k parameters into many chunks, most rows mid-way.
+loom::train::trainer_config offload_config(bool offload) {
+  loom::train::trainer_config cfg;
+  cfg.grad_accum = 2;
+  cfg.schedule = {1e-2, 1e-3, 1, 10};  // large steps: a missed update is far outside the tolerance
+  cfg.seed = 23;
+  cfg.offload_optimizer = offload;
+  cfg.offload_chunk = 224;  // a multiple of 32 that is no row's size
+  return cfg;
+}
+
+/// Random windows of step s (never constant).
+template <class M>
+std::vector<std::int32_t> windows_of(std::size_t ids, int s) {
+  std::mt19937 rng(std::uint32_t(1000 + s));
+  std::uniform_int_distribution<std::int32_t> id(0, M::vocab - 1);
+  std::vector<std::int32_t> w(ids);
+  for (auto& x : w) x = id(rng);
+  return w;
+}
+
+/// The parameters, fp32 masters (or an empty vector) and moments of a trainer.
+struct state {
+  std::vector<float> params, master, m, v;
+};
+/// What a run leaves behind: per-step losses, the state after the first and the last step, and
+/// the device's peak allocation during it.
+struct run_result {
+  std::vector<double> losses;
+  state first, last;
+  std::size_t peak = 0, optimizer_device = 0, optimizer_host = 0;
+};
+
+template <class Trainer>
+void read_state(loom::context<npu>& ctx, const Trainer& tr, state& r) {
+  const auto p = tr.model().parameters();
+  r.params = download(ctx, p.data(), p.size());
+  auto host = [](auto view) { return std::vector<float>(view.data(), view.data() + view.size()); };
+  if (const auto* off = tr.offload_optimizer()) {
+    if constexpr (loom::optim::adamw<typename Trainer::model_t>::has_master) r.master = host(off->master_weights());
+    r.m = host(off->first_moment());
+    r.v = host(off->second_moment());
+  } else {
+    const auto& o = tr.optimizer();
+    if constexpr (loom::optim::adamw<typename Trainer::model_t>::has_master) r.master = download(ctx, o.master_weights().data(), o.master_weights().size());
+    r.m = download(ctx, o.first_moment().data(), o.first_moment().size());
+    r.v = download(ctx, o.second_moment().data(), o.second_moment().size());
+  }
+}
+
+/// `steps` steps of a fresh trainer; peak allocation measured from before its construction.
+template <class M, class Prec>
+run_result run(loom::device::ascend_device& dev, bool offload, int steps) {
+  auto& ctx = dev.context();
+  ctx.synchronize();
+  dev.memory().reset_peak_stats();
+  run_result r;
+  {
+    npu_trainer<M, Prec> tr(ctx, offload_config(offload));
+    for (int s = 0; s < steps; ++s) {
+      const auto res = tr.step(ctx, windows_of<M>(tr.windows_per_step() * tr.window(), s));
+      REQUIRE_FALSE(res.skipped);
+      r.losses.push_back(res.loss);
+      if (s == 0) read_state(ctx, tr, r.first);
+    }
+    ctx.synchronize();
+    r.peak = dev.memory().stats().peak_allocated;
+    r.optimizer_device = tr.optimizer_bytes();
+    r.optimizer_host = tr.host_optimizer_bytes();
+    read_state(ctx, tr, r.last);
+  }
+  return r;
+}
+
+/// max |a - b| / (|b| + floor) over the elements.
+double max_rel(const std::vector<float>& a, const std::vector<float>& b, double floor) {
+  REQUIRE(a.size() == b.size());
+  double e = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(double(a[i]) - b[i]) / (std::abs(double(b[i])) + floor));
+  return e;
+}
+
+/// Elements of bf16 values a, b that differ by more than one bf16 ulp (2^-7 relative) plus 1e-8
+/// (the masters' rounding difference, lr * 1e-6, decides the rounding of values near zero), and
+/// the count that differ at all.
+std::pair<std::size_t, std::size_t> bf16_differences(const std::vector<float>& a, const std::vector<float>& b) {
+  std::size_t far = 0, any = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == b[i]) continue;
+    ++any;
+    if (std::abs(double(a[i]) - b[i]) > std::ldexp(std::abs(double(b[i])), -7) + 1e-8) ++far;
+  }
+  return {far, any};
+}
+
+}  // namespace
+
+TEST_CASE("optimizer offload (emulated): llama bf16, four steps match the device optimizer; the device peak falls "
+          "by the optimizer state") {
+  using M = llama_offload;
+  using P = loom::precision::bf16;
+  loom::device::ascend_device dev(runtime(), 0);
+  const auto base = run<M, P>(dev, false, 4);
+  const auto off = run<M, P>(dev, true, 4);
+  constexpr std::size_t N = npu_trainer<M, P>::model_t::num_parameters;
+  static_assert(N > 20 * 224, "the chunk must cut the parameters into many chunks");
+
+  CHECK(off.losses[0] == base.losses[0]);  // the same initial parameters
+  for (std::size_t s = 1; s < base.losses.size(); ++s) {
+    CAPTURE(s);
+    CHECK(off.losses[s] == doctest::Approx(base.losses[s]).epsilon(1e-4));
+  }
+  // after the first update, from the same gradient bits: every element, to fp32 rounding
+  CHECK(max_rel(off.first.master, base.first.master, 1e-2) < 1e-6);
+  CHECK(max_rel(off.first.m, base.first.m, 1e-9) < 1e-5);
+  CHECK(max_rel(off.first.v, base.first.v, 1e-12) < 1e-5);
+  const auto [far, any] = bf16_differences(off.first.params, base.first.params);
+  CHECK(far == 0);
+  CHECK(any <= N / 100);  // masters next to a bf16 rounding boundary only
+  // the parameters on the device are the host masters' rounding, after every step
+  for (const auto* st : {&off.first, &off.last}) {
+    std::size_t not_rounded = 0;
+    for (std::size_t i = 0; i < N; ++i) not_rounded += st->params[i] != float(Eigen::bfloat16(st->master[i]));
+    CHECK(not_rounded == 0);
+  }
+
+  const std::size_t state = 3 * N * sizeof(float);  // masters + two moments
+  CHECK(base.optimizer_device == state);
+  CHECK(off.optimizer_device == 0);
+  CHECK(off.optimizer_host >= state);
+  MESSAGE("device peak without offload " << base.peak << " B, with " << off.peak << " B; state " << state << " B");
+  CHECK(base.peak >= off.peak + state);
+}
+
+TEST_CASE("optimizer offload (emulated): fp32 storage (no masters) offloads the moments; three steps match") {
+  using M = loom::models::tiny;
+  using P = loom::precision::fp32_ascend_matmul;
+  loom::device::ascend_device dev(runtime(), 0);
+  const auto base = run<M, P>(dev, false, 3);
+  const auto off = run<M, P>(dev, true, 3);
+  constexpr std::size_t N = npu_trainer<M, P>::model_t::num_parameters;
+  CHECK(off.losses[0] == base.losses[0]);
+  for (std::size_t s = 1; s < base.losses.size(); ++s) CHECK(off.losses[s] == doctest::Approx(base.losses[s]).epsilon(1e-4));
+  CHECK(max_rel(off.first.params, base.first.params, 1e-2) < 1e-6);
+  CHECK(max_rel(off.first.m, base.first.m, 1e-9) < 1e-5);
+  CHECK(max_rel(off.first.v, base.first.v, 1e-12) < 1e-5);
+  CHECK(off.last.master.empty());
+  CHECK(off.optimizer_device == 0);
+  CHECK(base.optimizer_device == 2 * N * sizeof(float));
+  CHECK(base.peak >= off.peak + 2 * N * sizeof(float));
+}
+
+TEST_CASE("optimizer offload (emulated): a checkpoint of the host state resumes bitwise, and loads into a trainer "
+          "without offload") {
+  using M = llama_offload;
+  using P = loom::precision::bf16;
+  using trainer_t = npu_trainer<M, P>;
+  loom::device::ascend_device dev(runtime(), 0);
+  auto& ctx = dev.context();
+  const fs::path root = fs::temp_directory_path() / ("loom_offload_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  loom::io::run_state st;
+  st.data = {{"kind", "test"}};
+
+  trainer_t a(ctx, offload_config(true));
+  const std::size_t ids = a.windows_per_step() * a.window();
+  for (int s = 0; s < 2; ++s) a.step(ctx, windows_of<M>(ids, s));
+  const fs::path dir = loom::io::save_checkpoint(ctx, root, a, st);
+  const auto want = a.step(ctx, windows_of<M>(ids, 2));
+  state ra;
+  read_state(ctx, a, ra);
+
+  trainer_t b(ctx, offload_config(true));
+  loom::io::load_checkpoint(ctx, dir, b);
+  CHECK(b.optimizer().step() == 2);
+  const auto got = b.step(ctx, windows_of<M>(ids, 2));
+  state rb;
+  read_state(ctx, b, rb);
+  CHECK(got.loss == want.loss);
+  CHECK(got.grad_norm == want.grad_norm);
+  CHECK(rb.params == ra.params);
+  CHECK(rb.master == ra.master);
+  CHECK(rb.m == ra.m);
+  CHECK(rb.v == ra.v);
+
+  // the same files hold the state a device-resident optimizer loads
+  trainer_t c(ctx, offload_config(false));
+  loom::io::load_checkpoint(ctx, dir, c);
+  trainer_t d(ctx, offload_config(true));
+  loom::io::load_checkpoint(ctx, dir, d);
+  state rc, rd;
+  read_state(ctx, c, rc);
+  read_state(ctx, d, rd);
+  CHECK(rc.master == rd.master);
+  CHECK(rc.m == rd.m);
+  CHECK(rc.v == rd.v);
+  CHECK(rc.params == rd.params);
+  fs::remove_all(root);
+}
+
+TEST_CASE("optimizer offload (emulated): the plan moves the optimizer state to host memory and equals the trainer's "
+          "allocation; ZeRO-1 and a bad chunk are refused") {
+  using M = llama_offload;
+  using trainer_t = npu_trainer<M, loom::precision::bf16>;
+  loom::device::ascend_device dev(runtime(), 0);
+  for (bool offload : {false, true}) {
+    CAPTURE(offload);
+    trainer_t tr(dev.context(), offload_config(offload));
+    const auto p = trainer_t::plan(tr.config(), 1, 0, 0, nullptr);
+    CHECK(p.parameters == tr.model().parameters().bytes());
+    CHECK(p.gradients == tr.model().gradients().bytes());
+    CHECK(p.optimizer() == tr.optimizer_bytes());
+    CHECK(p.host_optimizer == tr.host_optimizer_bytes());
+    CHECK(p.activations == tr.activation_bytes());
+    CHECK((p.master_weights == 0) == offload);
+    CHECK((p.host_optimizer > 0) == offload);
+  }
+  const loom::parallel::ddp_options zero1{.zero1 = true};
+  CHECK_THROWS_WITH_AS(trainer_t::plan(offload_config(true), 2, 0, 0, &zero1), doctest::Contains("drop --zero1"),
+                       loom::input_error);
+  auto bad = offload_config(true);
+  bad.offload_chunk = 100;
+  CHECK_THROWS_AS(trainer_t(dev.context(), bad), loom::input_error);
+}
