@@ -12,7 +12,7 @@
 // the compiled capacity so that every activation page is touched. "plan" is the sum over the
 // process's ranks of train::basic_trainer::plan: parameters, gradients, master weights, moments,
 // activation tables, data-parallel buckets. The check: plan x (1 - tol) <= peak - baseline <=
-// plan x (1 + tol) + overhead, the overhead (--overhead-mib, 32 by default) being the runtime's
+// plan x (1 + tol) + overhead, the overhead (--overhead-mib, 64 by default) being the runtime's
 // own heap beyond the tables: Eigen's GEMM packing buffers, the ranks' pinned input copies and
 // loss arrays, the step's windows, allocator slack.
 #include <sys/wait.h>
@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
   if (args.size() == 8 && args[0] == "--one")
     return run_one({args[1], args[2], args[3], std::stoi(args[4]), std::stoi(args[5]), args[6] == "1", args[7]});
   bool quick = false;
-  double tol = -1, overhead_mib = 32;
+  double tol = -1, overhead_mib = 64;
   for (std::size_t k = 0; k < args.size(); ++k) {
     if (args[k] == "--quick") quick = true;
     else if (args[k] == "--check" && k + 1 < args.size()) tol = std::stod(args[++k]);
