@@ -82,12 +82,13 @@ inline double all_reduce_seconds(double bytes, int p, const link& l) noexcept {
 }
 
 /// Model FLOPs per token of the whole model: 6 N + 12 L T C for forward and backward, plus the
-/// recomputed forward: a block's (2 N_blocks + 4 L T C) with recompute::full, the attention
-/// core's (4 L T C) with recompute::selective.
+/// recomputed forward: the blocks' (2 N_blocks + 4 L T C) with recompute::full, the attention
+/// core's (4 L T C) with recompute::selective. N_blocks is N less the vocabulary matrices: the
+/// embedding and the LM head, one tied matrix for GPT-2, two for Llama.
 inline double flops_per_token(const models::model_facts& f, double parameters, int seq_len, nn::recompute r) noexcept {
   const double ltc = double(f.n_layer) * seq_len * f.d_model;
-  const double lookups = double(f.vocab_padded) * f.d_model;  // the embedding is a lookup, not a product
-  const double extra = r == nn::recompute::full        ? 2.0 * (parameters - 2 * lookups) + 4.0 * ltc
+  const double lookups = double(f.vocab_padded) * f.d_model * (f.arch == "llama" ? 2 : 1);
+  const double extra = r == nn::recompute::full        ? 2.0 * (parameters - lookups) + 4.0 * ltc
                        : r == nn::recompute::selective ? 4.0 * ltc
                                                        : 0.0;
   return 6.0 * parameters + 12.0 * ltc + std::max(0.0, extra);
