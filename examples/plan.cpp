@@ -45,6 +45,7 @@ struct options {
   int ranks = 1, micro_batch = 0, seq_len = 0, grad_accum = 1, global_batch = 0, threads = 0, devices_per_node = 0;
   bool zero1 = false, offload_optimizer = false;
   double bucket_mb = 1.0, peak_gflops = 0, link_gbps = 0, link_latency_us = 10, inter_gbps = 0, inter_latency_us = 20;
+  double host_gbps = 0;
 };
 
 double mib(std::size_t b) { return double(b) / 1048576.0; }
@@ -76,7 +77,7 @@ std::pair<double, std::string> peak_of(const options& o) {
 loom::train::network network_of(const options& o, std::string& source) {
   using namespace loom;
   train::network net{.intra = {o.link_gbps, o.link_latency_us}, .inter = {o.inter_gbps, o.inter_latency_us},
-                     .devices_per_node = o.devices_per_node};
+                     .devices_per_node = o.devices_per_node, .host = {o.host_gbps, 0}};
   if (o.link_gbps > 0) {
     source = "--link-gbps";
   } else if (o.device == "cpu" && o.ranks > 1) {
@@ -189,6 +190,10 @@ int main(int argc, char** argv) {
   app.add_option("--devices-per-node", o.devices_per_node, "ranks per node (0: one node)")->capture_default_str();
   app.add_option("--inter-node-gbps", o.inter_gbps, "bus bandwidth between nodes, GB/s")->capture_default_str();
   app.add_option("--inter-node-latency-us", o.inter_latency_us, "latency between nodes, us")->capture_default_str();
+  app.add_option("--host-gbps", o.host_gbps,
+                 "--device ascend: device <-> host copy bandwidth, GB/s; the time of --offload-optimizer, and with "
+                 "--layout auto lets it choose optimizer offload (0: offload not estimated nor chosen)")
+      ->capture_default_str();
   loom_examples::parse_or_exit(app, argc, argv);
   try {
     const auto all = train::planned_sessions();
@@ -228,7 +233,8 @@ int main(int argc, char** argv) {
       train::layout_request r{.model = o.model, .precision = o.precision, .device = o.device, .attention = o.attention,
                               .world_size = o.ranks, .seq_len = o.seq_len,
                               .memory_limit = train::parse_bytes(o.memory_limit, "--memory-limit"),
-                              .overhead = overhead, .peak_flops = peak, .net = net, .args = a};
+                              .overhead = overhead, .peak_flops = peak, .net = net, .args = a,
+                              .offload = o.device != "cpu" && o.host_gbps > 0};
       int capacity = 0;
       for (const auto& i : all)
         if (i.model == o.model) capacity = std::max(capacity, i.micro_batch);
@@ -239,6 +245,7 @@ int main(int argc, char** argv) {
       a.cfg.grad_accum = best.grad_accum;
       a.cfg.recompute = best.recompute;
       a.ddp.zero1 = best.zero1;
+      a.cfg.offload_optimizer = best.offload;
       o.grad_accum = best.grad_accum;
       o.micro_batch = best.micro_batch;
     }
@@ -248,10 +255,16 @@ int main(int argc, char** argv) {
     const auto e = train::estimate_step({.facts = inst->facts, .parameters = double(inst->parameters), .tp = inst->tp,
                                          .pp = inst->pp, .dp = dp, .micro_batch = b, .grad_accum = o.grad_accum,
                                          .seq_len = t, .recompute = a.cfg.recompute, .zero1 = a.ddp.zero1,
+                                         .offload = a.cfg.offload_optimizer && o.host_gbps > 0,
                                          .storage_bytes = o.precision == "fp32" ? 4 : 2, .grad_bytes = 4,
                                          .peak_flops = peak},
                                         net);
     print_estimate(e, double(b) * t * o.grad_accum * dp, peak, peak_source, net, net_source);
+    if (a.cfg.offload_optimizer && o.host_gbps > 0)
+      std::printf("  optimizer offload: %.3g s of copies at %.1f GB/s (--host-gbps) included; the host's AdamW pass "
+                  "is not\n", e.offload, o.host_gbps);
+    else if (a.cfg.offload_optimizer)
+      std::printf("  optimizer offload: its copies are not estimated (pass --host-gbps)\n");
     return 0;
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "plan: error: %s\n", e.what());

@@ -11,7 +11,9 @@
 ///
 /// A candidate is an instance (tp x pp) dividing the world, a micro-batch up to the instance's
 /// capacity whose micro-batch x dp divides the global batch (grad_accum the quotient), a
-/// recompute mode and ZeRO-1 on or off (with more than one data-parallel rank). Its footprint is
+/// recompute mode, ZeRO-1 on or off (with more than one data-parallel rank) and, on an NPU when
+/// asked, optimizer offload (its pinned host memory is not in the footprint: the limit is the
+/// device's). Its footprint is
 /// the largest rank's plan (data-parallel rank 0 of each stage: ZeRO-1 gives rank 0 the largest
 /// shard) plus the stated per-rank overhead the plan does not hold (runtime, allocator slack).
 #include <algorithm>
@@ -56,8 +58,10 @@ inline std::size_t parse_bytes(const std::string& text, std::string_view flag) {
 /// world, the global batch in sequences per optimizer step (over all data-parallel ranks), the
 /// sequence length (0: the instance's capacity), the per-rank memory limit and overhead in bytes,
 /// the per-rank peak in FLOP/s, the network, and the other settings (`args`: cfg and ddp as
-/// given; micro_batch, grad_accum, recompute and ddp.zero1 are the candidate's). `recompute`:
-/// the modes to consider; zero1: whether ZeRO-1 may be chosen.
+/// given; micro_batch, grad_accum, recompute, ddp.zero1 and offload_optimizer are the
+/// candidate's). `recompute`: the modes to consider; zero1: whether ZeRO-1 may be chosen;
+/// offload: whether optimizer offload may be (an NPU's instances, without ZeRO-1; its time needs
+/// net.host).
 struct layout_request {
   std::string_view model, precision, device = "cpu", attention = "fused";
   int world_size = 1;
@@ -69,6 +73,7 @@ struct layout_request {
   session_args args;
   std::vector<nn::recompute> recompute = {nn::recompute::none, nn::recompute::selective, nn::recompute::full};
   bool zero1 = true;
+  bool offload = false;
 };
 
 /// One candidate layout and what it costs.
@@ -76,7 +81,7 @@ struct layout_candidate {
   const session_instance* instance = nullptr;
   int dp = 1, micro_batch = 1, grad_accum = 1, seq_len = 1;
   nn::recompute recompute = nn::recompute::none;
-  bool zero1 = false;
+  bool zero1 = false, offload = false;
   memory_plan largest;        ///< the plan of the rank with the largest total
   int largest_stage = 0;      ///< its pipeline stage
   std::size_t footprint = 0;  ///< largest.total() + the request's overhead, bytes per rank
@@ -87,7 +92,7 @@ struct layout_candidate {
   std::string describe() const {
     return instance->layout() + " x dp " + std::to_string(dp) + ", micro-batch " + std::to_string(micro_batch) +
            " x " + std::to_string(grad_accum) + ", recompute " + nn::recompute_name(recompute) +
-           (zero1 ? ", ZeRO-1" : "");
+           (zero1 ? ", ZeRO-1" : "") + (offload ? ", optimizer offload" : "");
   }
 };
 
@@ -101,6 +106,7 @@ inline bool evaluate_candidate(const session_instance& i, const layout_request& 
   a.cfg.grad_accum = c.grad_accum;
   a.cfg.recompute = c.recompute;
   a.ddp.zero1 = c.zero1;
+  a.cfg.offload_optimizer = c.offload;
   try {
     for (int stage = 0; stage < i.pp; ++stage) {
       const memory_plan p = i.plan(a, r.world_size, 0, stage);
@@ -114,7 +120,8 @@ inline bool evaluate_candidate(const session_instance& i, const layout_request& 
   const bool sixteen = i.precision != "fp32";
   c.time = estimate_step({.facts = i.facts, .parameters = double(i.parameters), .tp = i.tp, .pp = i.pp, .dp = c.dp,
                           .micro_batch = c.micro_batch, .grad_accum = c.grad_accum, .seq_len = c.seq_len,
-                          .recompute = c.recompute, .zero1 = c.zero1, .storage_bytes = sixteen ? 2 : 4,
+                          .recompute = c.recompute, .zero1 = c.zero1, .offload = c.offload,
+                          .storage_bytes = sixteen ? 2 : 4,
                           .grad_bytes = 4, .peak_flops = r.peak_flops},
                          r.net);
   return true;
@@ -144,13 +151,14 @@ inline std::vector<layout_candidate> rank_layouts(std::span<const session_instan
     for (int b = 1; b <= i.micro_batch; ++b) {
       if (r.global_batch % (b * dp) != 0) continue;
       for (const auto mode : r.recompute)
-        for (const bool z : {false, true}) {
-          if (z && (!r.zero1 || dp == 1)) continue;
-          layout_candidate c;
-          c.instance = &i, c.dp = dp, c.micro_batch = b, c.grad_accum = r.global_batch / (b * dp);
-          c.seq_len = r.seq_len ? r.seq_len : i.seq_len, c.recompute = mode, c.zero1 = z;
-          if (detail::evaluate_candidate(i, r, c)) out.push_back(c);
-        }
+        for (const bool z : {false, true})
+          for (const bool off : {false, true}) {
+            if ((z && (!r.zero1 || dp == 1)) || (off && (!r.offload || z || i.device == "cpu"))) continue;
+            layout_candidate c;
+            c.instance = &i, c.dp = dp, c.micro_batch = b, c.grad_accum = r.global_batch / (b * dp);
+            c.seq_len = r.seq_len ? r.seq_len : i.seq_len, c.recompute = mode, c.zero1 = z, c.offload = off;
+            if (detail::evaluate_candidate(i, r, c)) out.push_back(c);
+          }
     }
   }
   if (!family)

@@ -39,6 +39,7 @@ struct link {
 struct network {
   link intra, inter;
   int devices_per_node = 0;
+  link host;  ///< device <-> host copies (PCIe), for optimizer offload; bus_gbytes 0: unknown
 
   /// The link a group of `size` ranks at rank stride `stride` uses (ranks r, r + stride, ...;
   /// the layout's order, parallel::layout: tensor fastest, then data, then pipeline).
@@ -58,6 +59,7 @@ struct step_shape {
   int micro_batch = 1, grad_accum = 1, seq_len = 1;
   nn::recompute recompute = nn::recompute::none;
   bool zero1 = false;
+  bool offload = false;  ///< optimizer offload: gradients down, parameters up every step
   int storage_bytes = 4, grad_bytes = 4;
   double peak_flops = 0;
 };
@@ -71,7 +73,8 @@ struct step_estimate {
   double pp_comm = 0;     ///< pipeline sends of activations and their gradients
   double dp_comm = 0;     ///< data-parallel gradient reduction (and ZeRO-1's all-gather) not hidden
                           ///< behind the last micro-batch's backward
-  double seconds() const noexcept { return compute * (1 + bubble) + tp_comm + pp_comm + dp_comm; }
+  double offload = 0;     ///< optimizer offload: this rank's gradients to the host and parameters back
+  double seconds() const noexcept { return compute * (1 + bubble) + tp_comm + pp_comm + dp_comm + offload; }
 };
 
 /// Seconds of a ring all-reduce of `bytes` per rank over p ranks on `l`: the 2 (p - 1)/p x bytes
@@ -97,8 +100,9 @@ inline double flops_per_token(const models::model_facts& f, double parameters, i
 /// The estimate of step `s` on `net` (see the file comment). Not modelled: kernel efficiency
 /// (the compute is at 100 % of the peak: divide by an expected MFU), overlap of tensor-parallel
 /// and pipeline communication with compute (counted exposed), the vocabulary-parallel
-/// embedding's and cross-entropy's small reductions, host time (data, launches).
-/// Throws loom::input_error for a shape without a model, ranks, batch or peak.
+/// embedding's and cross-entropy's small reductions, host time (data, launches, an offloaded
+/// optimizer's update). Throws loom::input_error for a shape without a model, ranks, batch or
+/// peak, and for offload without the host link's bandwidth.
 inline step_estimate estimate_step(const step_shape& s, const network& net) {
   if (!s.facts || s.tp < 1 || s.pp < 1 || s.dp < 1 || s.micro_batch < 1 || s.grad_accum < 1 || s.seq_len < 1 ||
       !(s.peak_flops > 0))
@@ -131,6 +135,13 @@ inline step_estimate estimate_step(const step_shape& s, const network& net) {
     const double t = all_reduce_seconds(bytes, s.dp, l);
     const double hidden = e.compute / s.grad_accum * 2.0 / 3.0;
     e.dp_comm = std::max(0.0, t - hidden);
+  }
+  // optimizer offload: the host update's copies at the host link's bandwidth (the host's AdamW
+  // pass itself and the double buffering that hides part of the copies are not modelled)
+  if (s.offload) {
+    if (!(net.host.bus_gbytes > 0))
+      throw input_error("estimate_step: optimizer offload needs the host link's bandwidth (network::host)");
+    e.offload = s.parameters / (s.tp * s.pp) * (s.grad_bytes + s.storage_bytes) / (net.host.bus_gbytes * 1e9);
   }
   return e;
 }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <loom/models/registry.hpp>
@@ -29,10 +30,12 @@ constexpr loom::models::model_facts facts{.name = "synthetic", .n_layer = 8, .n_
 template <int TP, int PP>
 lt::memory_plan fake_plan(const lt::session_args& a, int world, int, int stage) {
   if (a.cfg.micro_batch > 4) throw loom::input_error("above capacity");
+  if (a.cfg.offload_optimizer && a.ddp.zero1) throw loom::input_error("offload with ZeRO-1");
   lt::memory_plan p;
   const int dp = world / (TP * PP);
   p.parameters = 1000 / (TP * PP);
   p.moments = 3000 / (TP * PP) / (a.ddp.zero1 && dp > 1 ? 2 : 1);
+  if (a.cfg.offload_optimizer) p.host_optimizer = std::exchange(p.moments, 0);
   const std::size_t act = a.cfg.recompute == recompute::full ? 1500 : a.cfg.recompute == recompute::selective ? 5000 : 9000;
   p.activations = act / PP * (stage == 0 && PP > 1 ? 2 : 1);
   return p;
@@ -43,6 +46,7 @@ const std::vector<lt::session_instance> synthetic = {
     {"synthetic", "fp32", 2, 1, "cpu", "fused", 4, 32, nullptr, nullptr, &fake_plan<2, 1>, &facts, 200000},
     {"synthetic", "fp32", 1, 2, "cpu", "fused", 4, 32, nullptr, nullptr, &fake_plan<1, 2>, &facts, 200000},
     {"synthetic", "bf16", 1, 1, "cpu", "fused", 4, 32, nullptr, nullptr, &fake_plan<1, 1>, &facts, 200000},
+    {"synthetic", "bf16", 1, 1, "ascend", "fused", 4, 32, nullptr, nullptr, &fake_plan<1, 1>, &facts, 200000},
 };
 
 lt::layout_request request(std::size_t limit, int world = 2) {
@@ -57,7 +61,7 @@ lt::layout_request request(std::size_t limit, int world = 2) {
 
 TEST_CASE("estimate_step: each term is its formula (float64)") {
   const lt::network net{.intra = {.bus_gbytes = 20, .latency_us = 7}, .inter = {.bus_gbytes = 3, .latency_us = 30},
-                        .devices_per_node = 4};
+                        .devices_per_node = 4, .host = {}};
   const lt::step_shape s{.facts = &facts, .parameters = 123457, .tp = 2, .pp = 3, .dp = 2, .micro_batch = 3,
                          .grad_accum = 5, .seq_len = 29, .recompute = recompute::selective, .zero1 = true,
                          .storage_bytes = 2, .grad_bytes = 4, .peak_flops = 3.5e9};
@@ -123,6 +127,27 @@ TEST_CASE("choose_layout: nothing fits names the smallest footprint and the limi
   CHECK_THROWS_AS(lt::choose_layout(synthetic, r), loom::input_error);
   r.model = "nosuch";
   CHECK_THROWS_WITH_AS(lt::choose_layout(synthetic, r), doctest::Contains("no compiled instance"), loom::input_error);
+}
+
+TEST_CASE("choose_layout: on an NPU a limit only optimizer offload meets picks offload, and its copies cost time") {
+  auto r = request(1u << 30, 1);
+  r.precision = "bf16", r.device = "ascend", r.offload = true;
+  r.net.host = {.bus_gbytes = 16, .latency_us = 0};
+  const auto roomy = lt::choose_layout(synthetic, r);
+  CHECK(!roomy.offload);  // it costs copies: not chosen when the state fits
+  CHECK(roomy.recompute == recompute::none);
+  // 1000 + 0 + 1500 (full recompute) + 100 fits only offloaded; 1000 + 3000 + 1500 + 100 does not
+  r.memory_limit = 1000 + 1500 + 100;
+  const auto pick = lt::choose_layout(synthetic, r);
+  CHECK(pick.offload);
+  CHECK(pick.recompute == recompute::full);
+  CHECK(pick.largest.host_optimizer == 3000);
+  CHECK(pick.time.offload == doctest::Approx(200000.0 * (4 + 2) / 16e9));
+  CHECK(pick.describe().find("optimizer offload") != std::string::npos);
+  r.offload = false;  // not asked: nothing fits
+  CHECK_THROWS_WITH_AS(lt::choose_layout(synthetic, r), doctest::Contains("nothing fits"), loom::input_error);
+  r.offload = true, r.net.host = {};  // asked without the host link: the estimate refuses
+  CHECK_THROWS_AS(lt::choose_layout(synthetic, r), loom::input_error);
 }
 
 TEST_CASE("choose_layout: the compiled char_tiny instances by their real plans") {
