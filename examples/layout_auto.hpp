@@ -13,7 +13,7 @@
 
 #include <loom/bench/peak.hpp>
 #include <loom/parallel/comm_threads.hpp>
-#include <loom/parallel/link_probe.hpp>
+#include <loom/train/link_probe.hpp>
 #include <loom/train/auto_layout.hpp>
 
 namespace loom_examples {
@@ -28,13 +28,13 @@ inline std::pair<double, std::string> cpu_peak(const std::string& precision) {
   return {g * 1e9, dot ? "this CPU's VDPBF16PS peak, measured" : "this CPU's fp32 FMA peak, measured"};
 }
 
-/// The all-reduce link of `ranks` threads of this process (parallel::measure_link on a
+/// The all-reduce link of `ranks` threads of this process (train::measure_link on a
 /// comm::threads world); {} for one rank.
 inline loom::train::link threads_link(int ranks) {
   loom::train::link out;
   if (ranks <= 1) return out;
   loom::comm::run_threads(ranks, [&](loom::comm::threads& world) {
-    const auto l = loom::parallel::measure_link(world);
+    const auto l = loom::train::measure_link(world);
     if (world.rank() == 0) out = l;
   });
   return out;

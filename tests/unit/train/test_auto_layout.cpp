@@ -11,7 +11,7 @@
 
 #include <loom/models/registry.hpp>
 #include <loom/parallel/comm_threads.hpp>
-#include <loom/parallel/link_probe.hpp>
+#include <loom/train/link_probe.hpp>
 #include <loom/train/auto_layout.hpp>
 #include <loom/train/session.hpp>
 
@@ -201,7 +201,9 @@ TEST_CASE("parse_bytes: units, and errors naming the flag") {
 
 TEST_CASE("measure_link: a threads world's all-reduce has a positive latency and bandwidth, the same on every rank") {
   std::vector<lt::link> seen(3);
-  loom::comm::run_threads(3, [&](loom::comm::threads& w) { seen[std::size_t(w.rank())] = loom::parallel::measure_link(w, 1 << 20, 2); });
+  loom::comm::run_threads(3, [&](loom::comm::threads& w) {
+    seen[std::size_t(w.rank())] = loom::train::measure_link(w, 1 << 20, 2);
+  });
   for (const auto& l : seen) {
     CHECK(l.bus_gbytes > 0);
     CHECK(l.latency_us > 0);

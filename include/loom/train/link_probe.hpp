@@ -1,9 +1,9 @@
 #pragma once
-/// \file parallel::measure_link: the latency and bus bandwidth of a communicator's all-reduce,
+/// \file train::measure_link: the latency and bus bandwidth of a communicator's all-reduce,
 /// measured on it (a short probe, as nccl-tests / hccl_test measure busbw), for the step
 /// estimate of train/step_estimate.hpp.
 ///
-///   const train::link l = parallel::measure_link(world);  // collective; the same on every rank
+///   const train::link l = train::measure_link(world);  // collective; the same on every rank
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -12,7 +12,7 @@
 
 #include <loom/train/step_estimate.hpp>
 
-namespace loom::parallel {
+namespace loom::train {
 
 /// Measures `comm`'s fp32 all-reduce (collective over it): the latency of one ring step from a
 /// 64-byte all-reduce (its time / (2 (p - 1))), the bus bandwidth from one of `bytes`
@@ -21,7 +21,7 @@ namespace loom::parallel {
 /// them agree. A world of one rank returns {0, 0}: it never communicates.
 /// Errors: what the communicator throws.
 template <class C>
-train::link measure_link(C& comm, std::size_t bytes = std::size_t(8) << 20, int reps = 3) {
+link measure_link(C& comm, std::size_t bytes = std::size_t(8) << 20, int reps = 3) {
   const int p = comm.size();
   if (p <= 1) return {};
   auto best_of = [&](std::size_t n) {
@@ -44,4 +44,4 @@ train::link measure_link(C& comm, std::size_t bytes = std::size_t(8) << 20, int 
   return {.bus_gbytes = out[1], .latency_us = out[0]};
 }
 
-}  // namespace loom::parallel
+}  // namespace loom::train
