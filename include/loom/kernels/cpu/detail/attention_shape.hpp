@@ -1,7 +1,7 @@
 #pragma once
 /// \file Private: the shape of one fused attention call (attention_shape: sizes, layouts, mask
 /// and dropout coordinates) and the score-row helpers shared by the fp32 tile kernels
-/// (kernels/cpu/attention_fused.hpp).
+/// (kernels/cpu/attention_fused.hpp) and the bf16 ones (detail/attention_bf16.hpp).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
