@@ -2,7 +2,7 @@
 /// fused kernel on bf16 storage beside it.
 ///
 /// Usage: bench_attention [--T 128,256,512,1024] [--batch 2] [--heads 6] [--head-dim 64]
-///                        [--reps 7] [--tiles | --fusions | --step]
+///                        [--reps 7] [--tiles | --fusions | --step | --bf16]
 /// Default table: forward and backward milliseconds (best of --reps interleaved runs, all
 /// variants in the same process and the same loop, so the ratios share one machine state),
 /// the fwd+bwd speed-up of fused over reference, and the attention memory of one layer
@@ -18,6 +18,10 @@
 /// --step     one whole training step (forward, backward, AdamW; train::trainer) of a 6-layer,
 ///            6-head, width-384 model (bench_small with 1024 positions) with fused vs
 ///            reference attention, at 8 x 256 and 2 x 1024 tokens.
+/// --bf16     fused fp32 against fused bf16 storage with the bf16 tile products (VDPBF16PS) and
+///            with the fp32 products (attention_products::fp32), fwd and bwd given the output,
+///            each variant's GFLOP/s (causal: fwd 2 B NH T^2 HD, bwd 2.5x fwd) and the fp32
+///            GEMM rate of one 2048^3 cpu::gemm in the same process, for comparison.
 /// Every table starts with the load average: the project's machines are shared, and wall
 /// times on a loaded machine mostly measure the share of the cores this process got.
 /// Results and the machine they were measured on: docs/attention.md.
@@ -171,6 +175,81 @@ void attention_table(const std::vector<int>& lengths, int B, int NH, int HD, int
              "bf16: the fused kernel on bf16 storage (backward given the output); bf16/fp32 = fp32 fused fwd+bwd time\n"
              "over bf16's (above 1: bf16 is faster).\n",
              threads());
+}
+
+/// Fused attention on bf16 storage with the given products (forward, backward given the output).
+struct bf16_variant {
+  kernels::cpu::attention_products products;
+  std::vector<Eigen::bfloat16> out, dqkv;
+  std::vector<float> lse;
+  std::vector<double> fwd_ms, bwd_ms;
+  bf16_variant(const problem<Eigen::bfloat16>& p, kernels::cpu::attention_products pr)
+      : products(pr), out(std::size_t(p.B) * p.Tn * p.C), dqkv(p.qkv.size()), lse(std::size_t(p.B) * p.NH * p.Tn) {}
+  void run(const problem<Eigen::bfloat16>& p) {
+    auto t0 = clk::now();
+    kernels::cpu::attention_fused_forward_16(out.data(), lse.data(), p.qkv.data(), p.B, p.Tn, p.C, p.NH, nullptr, {}, 0,
+                                             products);
+    fwd_ms.push_back(ms_since(t0));
+    t0 = clk::now();
+    kernels::cpu::attention_fused_backward_16(dqkv.data(), p.dout.data(), p.qkv.data(), out.data(), lse.data(), p.B,
+                                              p.Tn, p.C, p.NH, nullptr, {}, 0, products);
+    bwd_ms.push_back(ms_since(t0));
+  }
+};
+
+/// fp32 GEMM rate (GFLOP/s) of cpu::gemm at n x n x n, best of reps.
+double gemm_gflops(int n, int reps) {
+  const auto a = random_floats(std::size_t(n) * n, 5), b = random_floats(std::size_t(n) * n, 6);
+  std::vector<float> c(std::size_t(n) * n);
+  std::vector<double> ms;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = clk::now();
+    kernels::cpu::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    if (r > 0) ms.push_back(ms_since(t0));
+  }
+  return 2.0 * n * n * double(n) / (best(ms) * 1e-3) / 1e9;
+}
+
+void bf16_table(const std::vector<int>& lengths, int B, int NH, int HD, int reps) {
+  using bf16 = Eigen::bfloat16;
+  using kernels::cpu::attention_products;
+  context<device::cpu> ctx;
+  const int C = NH * HD;
+  const bool dot = kernels::cpu::attention_bf16_dot_available<bf16>(HD);
+  fmt::print("B={} NH={} HD={} (C={}), {} threads, best of {} interleaved runs, bf16 products {}, {}\n", B, NH, HD, C,
+             threads(), reps, dot ? "on VDPBF16PS" : "UNAVAILABLE (fp32 twice)", load_average());
+  fmt::print("| {:>5} | {:>9} | {:>9} | {:>8} | {:>9} | {:>9} | {:>8} | {:>9} | {:>9} | {:>9} | {:>10} |\n", "T",
+             "fp32 fwd", "fp32 bwd", "GFLOP/s", "bf16 fwd", "bf16 bwd", "GFLOP/s", "b16-f32 f", "b16-f32 b",
+             "bf16/fp32", "f32p/fp32");
+  fmt::print("|------:|----------:|----------:|---------:|----------:|----------:|---------:|----------:|----------:|"
+             "----------:|-----------:|\n");
+  for (int T : lengths) {
+    const problem<> p(B, T, C, NH);
+    const problem<bf16> p16(B, T, C, NH);
+    variant<kernels::fused> f32(p);
+    bf16_variant b16(p16, dot ? attention_products::bf16_dot : attention_products::fp32);
+    bf16_variant b16f(p16, attention_products::fp32);
+    auto round = [&] {
+      f32.run(ctx, p, true);
+      b16.run(p16);
+      b16f.run(p16);
+    };
+    round();
+    for (auto* v : {&f32.fwd_ms, &f32.bwd_ms, &b16.fwd_ms, &b16.bwd_ms, &b16f.fwd_ms, &b16f.bwd_ms}) v->clear();
+    for (int r = 0; r < reps; ++r) round();
+    const double ff = best(f32.fwd_ms), fb = best(f32.bwd_ms), hf = best(b16.fwd_ms), hb = best(b16.bwd_ms);
+    const double cf = best(b16f.fwd_ms), cb = best(b16f.bwd_ms);
+    const double flops = 3.5 * 2.0 * B * NH * double(T) * T * HD;  // fwd 2 B NH T^2 HD, bwd 2.5x
+    fmt::print("| {:>5} | {:>9.2f} | {:>9.2f} | {:>8.1f} | {:>9.2f} | {:>9.2f} | {:>8.1f} | {:>9.2f} | {:>9.2f} | "
+               "{:>8.2f}x | {:>9.2f}x |\n",
+               T, ff, fb, flops / ((ff + fb) * 1e-3) / 1e9, hf, hb, flops / ((hf + hb) * 1e-3) / 1e9, cf, cb,
+               (ff + fb) / (hf + hb), (ff + fb) / (cf + cb));
+    std::fflush(stdout);
+  }
+  fmt::print("fp32 = fused on float storage; bf16 = fused on bf16 storage with the bf16 products (VDPBF16PS);\n"
+             "b16-f32 = bf16 storage with the fp32 products (the fallback). Backward given the output. GFLOP/s: causal\n"
+             "flops 3.5 x 2 B NH T^2 HD. bf16/fp32 = fp32 fwd+bwd time over bf16's; f32p/fp32 = over the fallback's.\n");
+  fmt::print("fp32 GEMM (cpu::gemm, 2048^3, best of 3): {:.1f} GFLOP/s\n", gemm_gflops(2048, 3));
 }
 
 /// Fused attention with explicit tiles (bypasses attention_traits).
@@ -371,7 +450,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Fused vs reference causal attention on the CPU (fp32; the fused kernel also on bf16)"};
   std::vector<int> lengths{128, 256, 512, 1024};
   int B = 2, NH = 6, HD = 64, reps = 7;
-  bool tiles = false, fusions = false, step = false;
+  bool tiles = false, fusions = false, step = false, bf16 = false;
   app.add_option("--T", lengths, "sequence lengths")->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--batch", B, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--heads", NH, "heads")->check(CLI::PositiveNumber);
@@ -380,6 +459,7 @@ int main(int argc, char** argv) {
   app.add_flag("--tiles", tiles, "time fused attention per tile size instead (one thread, CPU time)");
   app.add_flag("--fusions", fusions, "time the other fusions (residual+LayerNorm, GEMM+GELU) instead");
   app.add_flag("--step", step, "time whole training steps with fused vs reference attention instead");
+  app.add_flag("--bf16", bf16, "fused fp32 vs fused bf16 (bf16 products and fp32 products) and the fp32 GEMM rate");
   CLI11_PARSE(app, argc, argv);
   if (tiles)
     for (int T : lengths) tile_table(B, NH, T, reps);
@@ -387,6 +467,8 @@ int main(int argc, char** argv) {
     fusion_table(reps);
   else if (step)
     step_table(reps);
+  else if (bf16)
+    bf16_table(lengths, B, NH, HD, reps);
   else
     attention_table(lengths, B, NH, HD, reps);
   return 0;

@@ -61,9 +61,10 @@ struct attention<device::cpu, T, fused> {
   }
 };
 
-/// Fused attention for 16-bit storage (bfloat16, half): fp32 scores, softmax and accumulation,
-/// inputs and outputs rounded once (Note [fused attention in 16-bit storage] in
-/// kernels/cpu/attention_fused.hpp). Same interface as the float specialization; the saved
+/// Fused attention for 16-bit storage (bfloat16, half): fp32 softmax and accumulation; with
+/// bf16 on an AVX512-BF16 CPU the tile products take bf16 operands (P and dS rounded per tile),
+/// elsewhere fp32 ones (Note [fused attention in 16-bit storage] in
+/// kernels/cpu/attention_fused.hpp; chosen at run time). Same interface as the float specialization; the saved
 /// log-sum-exp is fp32; no scratch (a per-thread workspace instead).
 template <class T>
   requires(sizeof(T) == 2 && std::is_same_v<cpu::acc_t<T>, float>)

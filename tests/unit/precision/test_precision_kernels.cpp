@@ -286,9 +286,13 @@ void check_attention(int B, int Tn, int C, int NH, bool fused) {
   std::vector<T> out(no), dqkv(nq);
   if (fused) {
     std::vector<float> lse(std::size_t(B) * NH * Tn);
-    attention_fused_forward_16(out.data(), lse.data(), qkv.data(), B, Tn, C, NH);
+    // the fp32 products (one rounding: the outputs); the bf16 products, which round P and dS
+    // too, are checked against their own bound in tests/unit/kernels/test_attention_bf16.cpp
+    constexpr auto fp32 = attention_products::fp32;
+    attention_fused_forward_16(out.data(), lse.data(), qkv.data(), B, Tn, C, NH, nullptr, {}, 0, fp32);
     CHECK(rounding_ratio(widen(out), outr, u) <= 1.0);
-    attention_fused_backward_16(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, Tn, C, NH);
+    attention_fused_backward_16(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, Tn, C, NH, nullptr, {},
+                                0, fp32);
     // Given O, D = rowsum(dO .* O) uses the rounded O (as FlashAttention-2 does in bf16): the
     // rounding of O is an input of this backward, so the reference is the float64 fused
     // backward given the same rounded O, and the kernel adds one rounding on top of it.
@@ -300,7 +304,7 @@ void check_attention(int B, int Tn, int C, int NH, bool fused) {
     CHECK(rounding_ratio(widen(dqkv), dqkvo, u) <= 1.0);
     std::vector<T> dqkv2(nq);
     attention_fused_backward_16(dqkv2.data(), dout.data(), qkv.data(), static_cast<const T*>(nullptr), lse.data(), B,
-                                Tn, C, NH);
+                                Tn, C, NH, nullptr, {}, 0, fp32);
     CHECK(rounding_ratio(widen(dqkv2), dqkvr, u) <= 1.0);  // D recomputed in fp32: one rounding
   } else {
     std::vector<float> att(attr.size()), scratch(scratchr.size());

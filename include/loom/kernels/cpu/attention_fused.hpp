@@ -29,6 +29,8 @@
 #include <loom/core/error.hpp>
 #include <loom/kernels/cpu/attention_traits.hpp>
 #include <loom/kernels/cpu/common.hpp>
+#include <loom/kernels/cpu/detail/attention_bf16.hpp>
+#include <loom/kernels/cpu/detail/attention_shape.hpp>
 #include <loom/kernels/cpu/detail/convert.hpp>
 #include <loom/kernels/cpu/detail/workspace.hpp>
 
@@ -39,86 +41,6 @@
 namespace loom::kernels::cpu {
 
 namespace detail {
-
-/// `rows` rows of one head inside qkv/out/dqkv: HD (compile-time or Eigen::Dynamic) values
-/// per row, rows `stride` elements apart.
-template <class A, int HD>
-using head_rows = Eigen::Map<Eigen::Matrix<A, Eigen::Dynamic, HD, Eigen::RowMajor>, Eigen::Unaligned, Eigen::OuterStride<>>;
-template <class A, int HD>
-using chead_rows =
-    Eigen::Map<const Eigen::Matrix<A, Eigen::Dynamic, HD, Eigen::RowMajor>, Eigen::Unaligned, Eigen::OuterStride<>>;
-template <class A>
-using row_array = Eigen::Map<Eigen::Array<A, Eigen::Dynamic, 1>>;
-
-/// Shape of one attention call and the index arithmetic of its layouts.
-/// qkv rows hold [q: NH heads | k: nkv() heads | v: nkv() heads] of hd values; query head h
-/// reads key/value head h / group() (grouped-query attention; nkv() == NH is multi-head).
-template <class A>
-struct attention_shape {
-  int B, T, C, NH, hd;
-  A scale;                          // 1/sqrt(hd)
-  const std::uint8_t* key_padding;  // (B,T), non-zero = padded key; or null
-  dropout_mask drop{};              // attention-probability dropout; inactive = none
-  int batch0 = 0, head0 = 0;        // mask coordinates of (b, h) = (0, 0): batch and global head
-  int heads = 0;                    // global head count of the mask index
-  int kv_heads = 0;                 // key/value heads; 0 = NH
-
-  int nkv() const noexcept { return kv_heads > 0 ? kv_heads : NH; }
-  /// Query heads per key/value head.
-  int group() const noexcept { return NH / nkv(); }
-  /// Row stride of qkv and dqkv: (NH + 2 nkv) hd (3C without grouping).
-  std::ptrdiff_t ld() const noexcept { return std::ptrdiff_t(NH + 2 * nkv()) * hd; }
-  /// Offsets of q[b, t, head h] and of the key and value head h reads, in qkv and dqkv.
-  std::size_t q_at(int b, int h, int t) const noexcept { return row(b, t) + std::size_t(h) * hd; }
-  std::size_t k_at(int b, int h, int t) const noexcept { return row(b, t) + std::size_t(NH + h / group()) * hd; }
-  std::size_t v_at(int b, int h, int t) const noexcept {
-    return row(b, t) + std::size_t(NH + nkv() + h / group()) * hd;
-  }
-  std::size_t row(int b, int t) const noexcept { return (std::size_t(b) * T + t) * std::size_t(ld()); }
-  /// Offset of out[b, t, head h] in out / dout.
-  std::size_t out_at(int b, int h, int t) const noexcept { return (std::size_t(b) * T + t) * C + std::size_t(h) * hd; }
-  /// Index of row (b, h, t) in the (B,NH,T) statistics (log-sum-exp, D).
-  std::size_t row_at(int b, int h, int t) const noexcept { return (std::size_t(b) * NH + h) * T + t; }
-  /// Padding flags of batch b shifted to key j0, or null without a mask.
-  const std::uint8_t* padding(int b, int j0) const noexcept {
-    return key_padding ? key_padding + std::size_t(b) * T + j0 : nullptr;
-  }
-  /// Mask index of probability (b, h, i, key 0); key j adds j (attention_dropout_keep).
-  std::uint64_t drop_row(int b, int h, int i) const noexcept {
-    return ((std::uint64_t(batch0 + b) * std::uint64_t(heads) + std::uint64_t(head0 + h)) * std::uint64_t(T) +
-            std::uint64_t(i)) * std::uint64_t(T);
-  }
-};
-
-/// Applies dropout to the first n probabilities of score row (b, h, i) starting at key j0:
-/// row[c] *= factor(key j0 + c). Entries past n are zero already.
-template <class A>
-void apply_dropout(A* row, int n, const attention_shape<A>& p, int b, int h, int i, int j0) {
-  const std::uint64_t base = p.drop_row(b, h, i) + std::uint64_t(j0);
-  for (int c = 0; c < n; ++c) row[c] *= p.drop.template factor<A>(base + std::uint64_t(c));
-}
-
-/// Causally visible keys of query t inside the key tile [j0, j0+bk): the prefix [0, n).
-inline int causal_prefix(int t, int j0, int bk) noexcept { return std::clamp(t - j0 + 1, 0, bk); }
-
-template <class A>
-inline constexpr A neg_inf = -std::numeric_limits<A>::infinity();
-
-/// Backward's probabilities of one score row: row[c] = exp(row[c] - lse) for the n visible
-/// keys, 0 for padded and future keys and for a row with no visible key (lse = +inf). Zeros
-/// are written, never derived from exp(-inf): Eigen's SIMD exp clamps its argument.
-template <class A>
-void probability_row(A* row, int n, int bk, A lse, const std::uint8_t* pad) {
-  if (!(lse < std::numeric_limits<A>::infinity())) n = 0;
-  if (n > 0) {
-    row_array<A> r(row, n);
-    r = (r - lse).exp();
-    if (pad)
-      for (int c = 0; c < n; ++c)
-        if (pad[c]) row[c] = A(0);
-  }
-  std::fill(row + n, row + bk, A(0));
-}
 
 /// Forward of one query tile [i0, i0+bq) of head (b, h): streams every causally visible key
 /// tile, keeps running row maxima m and sums l (online softmax), accumulates the unnormalised
@@ -496,35 +418,80 @@ void fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const
 }  // namespace detail
 
 /// Note [fused attention in 16-bit storage]: for bfloat16 and half storage the fused kernel
-/// runs head by head: one thread gathers the head's q, k, v (and dO, O) into fp32 blocks,
-/// runs the same fp32 tile kernels as the float path (scores, online softmax, log-sum-exp and
-/// every accumulation in fp32), and rounds the head's output (or dq, dk, dv) to the storage
-/// type once. The only roundings are the 16-bit inputs and outputs themselves. Workspace:
-/// (4 T HD + one tile) floats per thread in forward, (11 T HD + T + two tiles) in backward, kept
-/// per thread across calls. Parallel over (batch, head) only (backward: (batch, key/value head),
-/// whose group of query heads runs in turn and sums dk, dv in fp32), so B·NH should be >= the
-/// thread count (true for every model config here).
+/// runs head by head, one thread per (batch, head) (backward: per (batch, key/value head), whose
+/// group of query heads runs in turn and sums dk, dv in fp32), so B·NH should be >= the thread
+/// count (true for every model config here). Two implementations (attention_products):
+///  - bf16_dot (bfloat16 storage, a CPU with AVX512-BF16, HD a multiple of 16; the default
+///    there): the tile products take bf16 operands and accumulate in fp32 on VDPBF16PS, P and
+///    dS rounded to bf16 per tile as FlashAttention-2 does on GPUs; the online softmax, the
+///    log-sum-exp and every accumulator stay fp32 (Note [bf16 attention products] in
+///    detail/attention_bf16.hpp, with its error bound). Workspace per thread: 3 T HD / 2 + one
+///    tile floats in forward, 13 T HD / 2 + T + 3.5 tiles in backward (T padded to 128).
+///  - fp32 (half storage, other CPUs, other head sizes, or asked for): the head's q, k, v (and
+///    dO, O) are gathered into fp32 blocks and run the float path's tile kernels; the only
+///    roundings are the 16-bit inputs and outputs themselves. Workspace: (4 T HD + one tile)
+///    floats per thread in forward, (11 T HD + T + two tiles) in backward.
+/// Workspaces are kept per thread across calls.
+
+/// Which products the 16-bit fused attention runs (Note [fused attention in 16-bit storage]).
+enum class attention_products {
+  automatic,  ///< bf16_dot where attention_bf16_dot_available(T, HD), else fp32
+  fp32,       ///< operands widened to fp32, the float path's tiles (one rounding: the outputs)
+  bf16_dot,   ///< bf16 operands, fp32 accumulation (VDPBF16PS); input_error where unavailable
+};
+
+/// True when attention_products::bf16_dot can run for storage T and head size hd on this CPU
+/// (run-time check: cpuid, as the bf16 GEMM).
+template <class T>
+bool attention_bf16_dot_available(int hd) noexcept {
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>) return detail::attention_bf16_usable(hd);
+  return false;
+}
+
+namespace detail {
+/// Resolves `automatic` for storage T and head size hd; throws when bf16_dot is asked for and
+/// unavailable.
+template <class T>
+bool use_bf16_dot(attention_products products, int hd, const char* what) {
+  const bool can = attention_bf16_dot_available<T>(hd);
+  if (products == attention_products::bf16_dot && !can)
+    throw input_error(std::string(what) + ": attention_products::bf16_dot needs bfloat16 storage, a head size that is a "
+                      "multiple of 16 (got " + std::to_string(hd) + ") and a CPU with AVX512-BF16; use automatic");
+  return products == attention_products::bf16_dot || (products == attention_products::automatic && can);
+}
+}  // namespace detail
 
 /// Forward for 16-bit storage T (bfloat16, half): as attention_fused_forward below, with the
-/// log-sum-exp in fp32. See Note [fused attention in 16-bit storage].
+/// log-sum-exp in fp32; `products` picks the implementation (default: the fastest available).
+/// See Note [fused attention in 16-bit storage].
 template <class T>
 void attention_fused_forward_16(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH,
                                 const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {},
-                                int kv_heads = 0) {
+                                int kv_heads = 0, attention_products products = attention_products::automatic) {
   const auto p = detail::checked_shape<float>("attention_fused_forward", B, Tn, C, NH, key_padding, drop, kv_heads);
+  const bool dot = detail::use_bf16_dot<T>(products, p.hd, "attention_fused_forward");
   if (B == 0 || Tn == 0) return;
-  detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) { detail::fused_forward_16<Tr>(out, lse, qkv, p); });
+  detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
+    if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+      if (dot) return detail::fused_forward_bf16<Tr>(out, lse, qkv, p);
+    detail::fused_forward_16<Tr>(out, lse, qkv, p);
+  });
 }
 
 /// Backward for 16-bit storage T: as attention_fused_backward below (out may be null), no
-/// scratch argument (per-thread workspace). See Note [fused attention in 16-bit storage].
+/// scratch argument (per-thread workspace); `products` as in the forward (it need not match).
+/// See Note [fused attention in 16-bit storage].
 template <class T>
 void attention_fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B, int Tn,
                                  int C, int NH, const std::uint8_t* key_padding = nullptr,
-                                 const attention_dropout& drop = {}, int kv_heads = 0) {
+                                 const attention_dropout& drop = {}, int kv_heads = 0,
+                                 attention_products products = attention_products::automatic) {
   const auto p = detail::checked_shape<float>("attention_fused_backward", B, Tn, C, NH, key_padding, drop, kv_heads);
+  const bool dot = detail::use_bf16_dot<T>(products, p.hd, "attention_fused_backward");
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
+    if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+      if (dot) return detail::fused_backward_bf16<Tr>(dqkv, dout, qkv, out, lse, p);
     detail::fused_backward_16<Tr>(dqkv, dout, qkv, out, lse, p);
   });
 }
@@ -616,9 +583,9 @@ void attention_fused_backward(T* dqkv, const T* dout, const T* qkv, const T* out
                                           const std::uint8_t*, const attention_dropout&, int);
 #define LOOM_CPU_FUSED_ATTENTION_16_INSTANCES(PREFIX, T)                                                       \
   PREFIX void attention_fused_forward_16<T>(T*, float*, const T*, int, int, int, int, const std::uint8_t*,      \
-                                            const attention_dropout&, int);                                     \
+                                            const attention_dropout&, int, attention_products);                 \
   PREFIX void attention_fused_backward_16<T>(T*, const T*, const T*, const T*, const float*, int, int, int, int, \
-                                             const std::uint8_t*, const attention_dropout&, int);
+                                             const std::uint8_t*, const attention_dropout&, int, attention_products);
 #ifdef LOOM_CPU_EXTERN_KERNELS
 LOOM_CPU_FUSED_ATTENTION_INSTANCES(extern template, float)
 LOOM_CPU_FUSED_ATTENTION_INSTANCES(extern template, double)

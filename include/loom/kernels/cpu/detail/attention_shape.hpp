@@ -1,0 +1,97 @@
+#pragma once
+/// \file Private: the shape of one fused attention call (attention_shape: sizes, layouts, mask
+/// and dropout coordinates) and the score-row helpers shared by the fp32 tile kernels
+/// (kernels/cpu/attention_fused.hpp) and the bf16 ones (detail/attention_bf16.hpp).
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include <loom/core/dropout.hpp>
+#include <loom/kernels/cpu/common.hpp>
+
+namespace loom::kernels::cpu::detail {
+
+/// `rows` rows of one head inside qkv/out/dqkv: HD (compile-time or Eigen::Dynamic) values
+/// per row, rows `stride` elements apart.
+template <class A, int HD>
+using head_rows = Eigen::Map<Eigen::Matrix<A, Eigen::Dynamic, HD, Eigen::RowMajor>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class A, int HD>
+using chead_rows =
+    Eigen::Map<const Eigen::Matrix<A, Eigen::Dynamic, HD, Eigen::RowMajor>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class A>
+using row_array = Eigen::Map<Eigen::Array<A, Eigen::Dynamic, 1>>;
+
+/// Shape of one attention call and the index arithmetic of its layouts.
+/// qkv rows hold [q: NH heads | k: nkv() heads | v: nkv() heads] of hd values; query head h
+/// reads key/value head h / group() (grouped-query attention; nkv() == NH is multi-head).
+template <class A>
+struct attention_shape {
+  int B, T, C, NH, hd;
+  A scale;                          // 1/sqrt(hd)
+  const std::uint8_t* key_padding;  // (B,T), non-zero = padded key; or null
+  dropout_mask drop{};              // attention-probability dropout; inactive = none
+  int batch0 = 0, head0 = 0;        // mask coordinates of (b, h) = (0, 0): batch and global head
+  int heads = 0;                    // global head count of the mask index
+  int kv_heads = 0;                 // key/value heads; 0 = NH
+
+  int nkv() const noexcept { return kv_heads > 0 ? kv_heads : NH; }
+  /// Query heads per key/value head.
+  int group() const noexcept { return NH / nkv(); }
+  /// Row stride of qkv and dqkv: (NH + 2 nkv) hd (3C without grouping).
+  std::ptrdiff_t ld() const noexcept { return std::ptrdiff_t(NH + 2 * nkv()) * hd; }
+  /// Offsets of q[b, t, head h] and of the key and value head h reads, in qkv and dqkv.
+  std::size_t q_at(int b, int h, int t) const noexcept { return row(b, t) + std::size_t(h) * hd; }
+  std::size_t k_at(int b, int h, int t) const noexcept { return row(b, t) + std::size_t(NH + h / group()) * hd; }
+  std::size_t v_at(int b, int h, int t) const noexcept {
+    return row(b, t) + std::size_t(NH + nkv() + h / group()) * hd;
+  }
+  std::size_t row(int b, int t) const noexcept { return (std::size_t(b) * T + t) * std::size_t(ld()); }
+  /// Offset of out[b, t, head h] in out / dout.
+  std::size_t out_at(int b, int h, int t) const noexcept { return (std::size_t(b) * T + t) * C + std::size_t(h) * hd; }
+  /// Index of row (b, h, t) in the (B,NH,T) statistics (log-sum-exp, D).
+  std::size_t row_at(int b, int h, int t) const noexcept { return (std::size_t(b) * NH + h) * T + t; }
+  /// Padding flags of batch b shifted to key j0, or null without a mask.
+  const std::uint8_t* padding(int b, int j0) const noexcept {
+    return key_padding ? key_padding + std::size_t(b) * T + j0 : nullptr;
+  }
+  /// Mask index of probability (b, h, i, key 0); key j adds j (attention_dropout_keep).
+  std::uint64_t drop_row(int b, int h, int i) const noexcept {
+    return ((std::uint64_t(batch0 + b) * std::uint64_t(heads) + std::uint64_t(head0 + h)) * std::uint64_t(T) +
+            std::uint64_t(i)) * std::uint64_t(T);
+  }
+};
+
+/// Applies dropout to the first n probabilities of score row (b, h, i) starting at key j0:
+/// row[c] *= factor(key j0 + c). Entries past n are zero already.
+template <class A>
+void apply_dropout(A* row, int n, const attention_shape<A>& p, int b, int h, int i, int j0) {
+  const std::uint64_t base = p.drop_row(b, h, i) + std::uint64_t(j0);
+  for (int c = 0; c < n; ++c) row[c] *= p.drop.template factor<A>(base + std::uint64_t(c));
+}
+
+/// Causally visible keys of query t inside the key tile [j0, j0+bk): the prefix [0, n).
+inline int causal_prefix(int t, int j0, int bk) noexcept { return std::clamp(t - j0 + 1, 0, bk); }
+
+template <class A>
+inline constexpr A neg_inf = -std::numeric_limits<A>::infinity();
+
+/// Backward's probabilities of one score row: row[c] = exp(row[c] - lse) for the n visible
+/// keys, 0 for padded and future keys and for a row with no visible key (lse = +inf). Zeros
+/// are written, never derived from exp(-inf): Eigen's SIMD exp clamps its argument.
+template <class A>
+void probability_row(A* row, int n, int bk, A lse, const std::uint8_t* pad) {
+  if (!(lse < std::numeric_limits<A>::infinity())) n = 0;
+  if (n > 0) {
+    row_array<A> r(row, n);
+    r = (r - lse).exp();
+    if (pad)
+      for (int c = 0; c < n; ++c)
+        if (pad[c]) row[c] = A(0);
+  }
+  std::fill(row + n, row + bk, A(0));
+}
+
+}  // namespace loom::kernels::cpu::detail
