@@ -57,7 +57,8 @@ void check_model(std::span<const loom::train::session_instance> all, const std::
     if (i.model == model) return;
     if (names.find(std::string(i.model)) == std::string::npos) names += (names.empty() ? "" : ", ") + std::string(i.model);
   }
-  throw loom::input_error("--model " + model + ": no instance of it is compiled into this build; planned models: " + names);
+  throw loom::input_error("--model " + model + ": unknown model (none of its instances is compiled into this build); "
+                          "planned models: " + names);
 }
 
 /// The per-rank peak in FLOP/s: --peak-gflops, the CPU's measured unit, or the NPU table's.
@@ -155,7 +156,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fused", "reference"}))->capture_default_str();
   app.add_option("--ranks", o.ranks, "world size (a multiple of TP x PP; the rest is data parallel)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (0: the instance's capacity)")
+  app.add_option("--micro-batch", o.micro_batch,
+                 "sequences per micro-batch (0: the instance's capacity; with --layout auto, 0: auto chooses it)")
       ->capture_default_str();
   app.add_option("--seq-len", o.seq_len, "tokens per sequence (0: the instance's capacity)")->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per step (the pipeline's m)")
@@ -231,7 +233,7 @@ int main(int argc, char** argv) {
     a.ddp = {.bucket_mb = o.bucket_mb, .zero1 = o.zero1};
     if (automatic) {
       train::layout_request r{.model = o.model, .precision = o.precision, .device = o.device, .attention = o.attention,
-                              .world_size = o.ranks, .seq_len = o.seq_len,
+                              .world_size = o.ranks, .seq_len = o.seq_len, .micro_batch = o.micro_batch,
                               .memory_limit = train::parse_bytes(o.memory_limit, "--memory-limit"),
                               .overhead = overhead, .peak_flops = peak, .net = net, .args = a,
                               .offload = o.device != "cpu" && o.host_gbps > 0};

@@ -194,6 +194,7 @@ std::pair<int, int> choose_auto_layout(options& o, const CLI::App& app) {
   loom::train::layout_request r;
   r.model = o.model, r.precision = o.precision, r.device = o.device, r.attention = o.attention;
   r.world_size = o.ranks, r.seq_len = o.seq_len;
+  if (app.count("--micro-batch") > 0) r.micro_batch = o.micro_batch;  // given: fixed, as --recompute
   r.memory_limit = loom::train::parse_bytes(o.memory_limit, "--memory-limit");
   r.overhead = std::size_t(100) << 20;
   r.global_batch = o.global_batch ? o.global_batch : (o.micro_batch ? o.micro_batch : capacity) * o.grad_accum * o.ranks;

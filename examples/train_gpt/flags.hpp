@@ -152,7 +152,8 @@ inline void add_flags(CLI::App& app, options& o) {
                  "must fit)");
   app.add_option("--global-batch", o.global_batch,
                  "--layout auto: sequences per optimizer step over all ranks (default: --micro-batch, or the "
-                 "capacity, x --grad-accum x --ranks)")
+                 "capacity, x --grad-accum x --ranks); auto chooses --grad-accum, and --micro-batch and --recompute "
+                 "when they are not given")
       ->check(CLI::Range(1, 1 << 30));
   app.add_option("--device", o.device,
                  "where to train: cpu, or ascend (one NPU per rank through CANN from ASCEND_HOME_PATH, HCCL between "

@@ -56,7 +56,8 @@ inline std::size_t parse_bytes(const std::string& text, std::string_view flag) {
 
 /// What to choose a layout for: the instance family (model, precision, device, attention), the
 /// world, the global batch in sequences per optimizer step (over all data-parallel ranks), the
-/// sequence length (0: the instance's capacity), the per-rank memory limit and overhead in bytes,
+/// sequence length (0: the instance's capacity), the micro-batch (0: any), the per-rank memory
+/// limit and overhead in bytes,
 /// the per-rank peak in FLOP/s, the network, and the other settings (`args`: cfg and ddp as
 /// given; micro_batch, grad_accum, recompute, ddp.zero1 and offload_optimizer are the
 /// candidate's). `recompute`: the modes to consider; zero1: whether ZeRO-1 may be chosen;
@@ -67,6 +68,7 @@ struct layout_request {
   int world_size = 1;
   int global_batch = 0;
   int seq_len = 0;
+  int micro_batch = 0;  ///< 0: any up to the capacity; else only this micro-batch
   std::size_t memory_limit = 0, overhead = 0;
   double peak_flops = 0;
   network net;
@@ -149,7 +151,7 @@ inline std::vector<layout_candidate> rank_layouts(std::span<const session_instan
     if (r.world_size % (i.tp * i.pp) != 0) continue;
     const int dp = r.world_size / (i.tp * i.pp);
     for (int b = 1; b <= i.micro_batch; ++b) {
-      if (r.global_batch % (b * dp) != 0) continue;
+      if (r.global_batch % (b * dp) != 0 || (r.micro_batch > 0 && b != r.micro_batch)) continue;
       for (const auto mode : r.recompute)
         for (const bool z : {false, true})
           for (const bool off : {false, true}) {
@@ -191,8 +193,8 @@ inline layout_candidate choose_layout(std::span<const session_instance> instance
   throw input_error("layout auto: nothing fits " + mib(r.memory_limit) + " MiB per rank: the smallest footprint is " +
                     mib(smallest.footprint) + " MiB (" + smallest.describe() + ", stage " +
                     std::to_string(smallest.largest_stage) + "); pass --memory-limit " + mib(smallest.footprint) +
-                    "MiB or more, or add ranks (more data-parallel ranks shard the optimizer with ZeRO-1; a larger "
-                    "tp x pp layout, compiled with cmake -DLOOM_EXTRA_SESSIONS, splits the model)");
+                    "MiB or more, or more ranks (--ranks: more data-parallel ranks shard the optimizer with ZeRO-1, "
+                    "larger tp x pp layouts split the model; cmake -DLOOM_EXTRA_SESSIONS compiles more layouts)");
 }
 
 }  // namespace loom::train
