@@ -248,20 +248,15 @@ int main(int argc, char** argv) {
       a.cfg.recompute = best.recompute;
       a.ddp.zero1 = best.zero1;
       a.cfg.offload_optimizer = best.offload;
-      o.grad_accum = best.grad_accum;
-      o.micro_batch = best.micro_batch;
     }
-    const int b = o.micro_batch ? o.micro_batch : inst->micro_batch, t = o.seq_len ? o.seq_len : inst->seq_len;
-    print_plans(*inst, o, a, b, t, o.grad_accum, threads, overhead);
+    const int b = a.cfg.micro_batch ? a.cfg.micro_batch : inst->micro_batch;
+    const int t = a.cfg.seq_len ? a.cfg.seq_len : inst->seq_len;
+    print_plans(*inst, o, a, b, t, a.cfg.grad_accum, threads, overhead);
     const int dp = o.ranks / (inst->tp * inst->pp);
-    const auto e = train::estimate_step({.facts = inst->facts, .parameters = double(inst->parameters), .tp = inst->tp,
-                                         .pp = inst->pp, .dp = dp, .micro_batch = b, .grad_accum = o.grad_accum,
-                                         .seq_len = t, .recompute = a.cfg.recompute, .zero1 = a.ddp.zero1,
-                                         .offload = a.cfg.offload_optimizer && o.host_gbps > 0,
-                                         .storage_bytes = o.precision == "fp32" ? 4 : 2, .grad_bytes = 4,
-                                         .peak_flops = peak},
-                                        net);
-    print_estimate(e, double(b) * t * o.grad_accum * dp, peak, peak_source, net, net_source);
+    auto shape = train::step_shape_of(*inst, dp, a, peak);
+    shape.offload = shape.offload && o.host_gbps > 0;  // the copies are estimated only with the host link
+    const auto e = train::estimate_step(shape, net);
+    print_estimate(e, double(b) * t * a.cfg.grad_accum * dp, peak, peak_source, net, net_source);
     if (a.cfg.offload_optimizer && o.host_gbps > 0)
       std::printf("  optimizer offload: %.3g s of copies at %.1f GB/s (--host-gbps) included; the host's AdamW pass "
                   "is not\n", e.offload, o.host_gbps);

@@ -98,6 +98,18 @@ struct layout_candidate {
   }
 };
 
+/// The step of instance `i` on `dp` data-parallel ranks under `a` (cfg's micro-batch, sequence —
+/// 0: the instance's capacities —, accumulation, recompute mode and offload; ddp.zero1) at
+/// `peak_flops` per rank, for estimate_step: bf16/fp16 instances store 2 bytes per element,
+/// every precision keeps fp32 gradients.
+inline step_shape step_shape_of(const session_instance& i, int dp, const session_args& a, double peak_flops) {
+  return {.facts = i.facts, .parameters = double(i.parameters), .tp = i.tp, .pp = i.pp, .dp = dp,
+          .micro_batch = a.cfg.micro_batch ? a.cfg.micro_batch : i.micro_batch, .grad_accum = a.cfg.grad_accum,
+          .seq_len = a.cfg.seq_len ? a.cfg.seq_len : i.seq_len, .recompute = a.cfg.recompute, .zero1 = a.ddp.zero1,
+          .offload = a.cfg.offload_optimizer, .storage_bytes = i.precision == "fp32" ? 4 : 2, .grad_bytes = 4,
+          .peak_flops = peak_flops};
+}
+
 namespace detail {
 
 /// The candidate of instance i with these settings, or false when the instance refuses them.
@@ -119,13 +131,7 @@ inline bool evaluate_candidate(const session_instance& i, const layout_request& 
   }
   c.footprint = c.largest.total() + r.overhead;
   c.fits = r.memory_limit == 0 || c.footprint <= r.memory_limit;
-  const bool sixteen = i.precision != "fp32";
-  c.time = estimate_step({.facts = i.facts, .parameters = double(i.parameters), .tp = i.tp, .pp = i.pp, .dp = c.dp,
-                          .micro_batch = c.micro_batch, .grad_accum = c.grad_accum, .seq_len = c.seq_len,
-                          .recompute = c.recompute, .zero1 = c.zero1, .offload = c.offload,
-                          .storage_bytes = sixteen ? 2 : 4,
-                          .grad_bytes = 4, .peak_flops = r.peak_flops},
-                         r.net);
+  c.time = estimate_step(step_shape_of(i, c.dp, a, r.peak_flops), r.net);
   return true;
 }
 
