@@ -90,11 +90,11 @@ struct layout_candidate {
   step_estimate time;
   bool fits = false;
 
-  /// "tp2pp2 x dp 2, micro-batch 4 x 8, recompute full, ZeRO-1".
+  /// "tp2pp2 x dp 2, micro-batch 4 x 8, recompute full, ZeRO-1" (", no ZeRO-1" with dp > 1 without it).
   std::string describe() const {
     return instance->layout() + " x dp " + std::to_string(dp) + ", micro-batch " + std::to_string(micro_batch) +
            " x " + std::to_string(grad_accum) + ", recompute " + nn::recompute_name(recompute) +
-           (zero1 ? ", ZeRO-1" : "") + (offload ? ", optimizer offload" : "");
+           (zero1 ? ", ZeRO-1" : dp > 1 ? ", no ZeRO-1" : "") + (offload ? ", optimizer offload" : "");
   }
 };
 
