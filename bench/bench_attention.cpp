@@ -18,8 +18,9 @@
 /// --step     one whole training step (forward, backward, AdamW; train::trainer) of a 6-layer,
 ///            6-head, width-384 model (bench_small with 1024 positions) with fused vs
 ///            reference attention, at 8 x 256 and 2 x 1024 tokens.
-/// --bf16     fused fp32 against fused bf16 storage with the bf16 tile products (VDPBF16PS) and
-///            with the fp32 products (attention_products::fp32), fwd and bwd given the output,
+/// --bf16     fused fp32 against fused bf16 storage with the bf16 tile products on each unit this
+///            CPU has (AMX tiles, VDPBF16PS) and with the fp32 products (attention_products::fp32),
+///            fwd and bwd given the output,
 ///            each variant's GFLOP/s (causal: fwd 2 B NH T^2 HD, bwd 2.5x fwd) and the fp32
 ///            GEMM rate of one 2048^3 cpu::gemm in the same process, for comparison.
 /// Every table starts with the load average: the project's machines are shared, and wall
@@ -215,40 +216,51 @@ void bf16_table(const std::vector<int>& lengths, int B, int NH, int HD, int reps
   using kernels::cpu::attention_products;
   context<device::cpu> ctx;
   const int C = NH * HD;
-  const bool dot = kernels::cpu::attention_bf16_dot_available<bf16>(HD);
-  fmt::print("B={} NH={} HD={} (C={}), {} threads, best of {} interleaved runs, bf16 products {}, {}\n", B, NH, HD, C,
-             threads(), reps, dot ? "on VDPBF16PS" : "UNAVAILABLE (fp32 twice)", load_average());
-  fmt::print("| {:>5} | {:>9} | {:>9} | {:>8} | {:>9} | {:>9} | {:>8} | {:>9} | {:>9} | {:>9} | {:>10} |\n", "T",
-             "fp32 fwd", "fp32 bwd", "GFLOP/s", "bf16 fwd", "bf16 bwd", "GFLOP/s", "b16-f32 f", "b16-f32 b",
-             "bf16/fp32", "f32p/fp32");
-  fmt::print("|------:|----------:|----------:|---------:|----------:|----------:|---------:|----------:|----------:|"
-             "----------:|-----------:|\n");
+  // the products bf16 storage can run on this machine, fastest unit first
+  std::vector<std::pair<std::string, attention_products>> kinds;
+  if (kernels::cpu::attention_amx_available<bf16>(HD)) kinds.emplace_back("AMX", attention_products::amx_bf16);
+  if (kernels::cpu::attention_bf16_dot_available<bf16>(HD)) kinds.emplace_back("VDPBF16PS", attention_products::bf16_dot);
+  kinds.emplace_back("fp32 prod", attention_products::fp32);
+  const auto automatic = kernels::cpu::attention_products_default<bf16>(HD);
+  std::string names;
+  for (const auto& [name, pr] : kinds) names += (names.empty() ? "" : ", ") + name + (pr == automatic ? " (automatic)" : "");
+  fmt::print("B={} NH={} HD={} (C={}), {} threads, best of {} interleaved runs; bf16 storage with the products on: {}; {}\n",
+             B, NH, HD, C, threads(), reps, names, load_average());
+  std::string head = fmt::format("| {:>5} | {:>9} | {:>9} | {:>8} |", "T", "fp32 fwd", "fp32 bwd", "GFLOP/s");
+  std::string rule = "|------:|----------:|----------:|---------:|";
+  for (const auto& k : kinds) {
+    head += fmt::format(" {:>9} | {:>9} | {:>8} | {:>7} |", k.first.substr(0, 9) + "", "bwd", "GFLOP/s", "x fp32");
+    rule += "----------:|----------:|---------:|--------:|";
+  }
+  fmt::print("{}\n{}\n", head, rule);
   for (int T : lengths) {
     const problem<> p(B, T, C, NH);
     const problem<bf16> p16(B, T, C, NH);
     variant<kernels::fused> f32(p);
-    bf16_variant b16(p16, dot ? attention_products::bf16_dot : attention_products::fp32);
-    bf16_variant b16f(p16, attention_products::fp32);
+    std::vector<bf16_variant> v16;
+    for (const auto& k : kinds) v16.emplace_back(p16, k.second);
     auto round = [&] {
       f32.run(ctx, p, true);
-      b16.run(p16);
-      b16f.run(p16);
+      for (auto& v : v16) v.run(p16);
     };
     round();
-    for (auto* v : {&f32.fwd_ms, &f32.bwd_ms, &b16.fwd_ms, &b16.bwd_ms, &b16f.fwd_ms, &b16f.bwd_ms}) v->clear();
+    f32.fwd_ms.clear(), f32.bwd_ms.clear();
+    for (auto& v : v16) v.fwd_ms.clear(), v.bwd_ms.clear();
     for (int r = 0; r < reps; ++r) round();
-    const double ff = best(f32.fwd_ms), fb = best(f32.bwd_ms), hf = best(b16.fwd_ms), hb = best(b16.bwd_ms);
-    const double cf = best(b16f.fwd_ms), cb = best(b16f.bwd_ms);
+    const double ff = best(f32.fwd_ms), fb = best(f32.bwd_ms);
     const double flops = 3.5 * 2.0 * B * NH * double(T) * T * HD;  // fwd 2 B NH T^2 HD, bwd 2.5x
-    fmt::print("| {:>5} | {:>9.2f} | {:>9.2f} | {:>8.1f} | {:>9.2f} | {:>9.2f} | {:>8.1f} | {:>9.2f} | {:>9.2f} | "
-               "{:>8.2f}x | {:>9.2f}x |\n",
-               T, ff, fb, flops / ((ff + fb) * 1e-3) / 1e9, hf, hb, flops / ((hf + hb) * 1e-3) / 1e9, cf, cb,
-               (ff + fb) / (hf + hb), (ff + fb) / (cf + cb));
+    std::string row = fmt::format("| {:>5} | {:>9.2f} | {:>9.2f} | {:>8.1f} |", T, ff, fb, flops / ((ff + fb) * 1e-3) / 1e9);
+    for (const auto& v : v16) {
+      const double hf = best(v.fwd_ms), hb = best(v.bwd_ms);
+      row += fmt::format(" {:>9.2f} | {:>9.2f} | {:>8.1f} | {:>6.2f}x |", hf, hb, flops / ((hf + hb) * 1e-3) / 1e9,
+                         (ff + fb) / (hf + hb));
+    }
+    fmt::print("{}\n", row);
     std::fflush(stdout);
   }
-  fmt::print("fp32 = fused on float storage; bf16 = fused on bf16 storage with the bf16 products (VDPBF16PS);\n"
-             "b16-f32 = bf16 storage with the fp32 products (the fallback). Backward given the output. GFLOP/s: causal\n"
-             "flops 3.5 x 2 B NH T^2 HD. bf16/fp32 = fp32 fwd+bwd time over bf16's; f32p/fp32 = over the fallback's.\n");
+  fmt::print("fp32 = fused on float storage; the other column groups: fused on bf16 storage with the tile products\n"
+             "on AMX tiles, on VDPBF16PS, or widened to fp32 (the fallback); forward, then backward given the output\n"
+             "(ms). GFLOP/s: causal flops 3.5 x 2 B NH T^2 HD. x fp32 = fp32 fwd+bwd time over the variant's.\n");
   fmt::print("fp32 GEMM (cpu::gemm, 2048^3, best of 3): {:.1f} GFLOP/s\n", gemm_gflops(2048, 3));
 }
 

@@ -191,11 +191,15 @@ void check(const shape& s) {
   }
   const attention_dropout drop{make_dropout_mask(s.drop_p, 99), 0, 0};
   const result exact = reference(s, qkv, dout, pad, drop, nullptr);
-  const bool dot = attention_bf16_dot_available<bf16>(s.hd);
+  const bool dot = attention_bf16_dot_available<bf16>(s.hd), amx = attention_amx_available<bf16>(s.hd);
   if (!dot) MESSAGE("no AVX512-BF16 on this CPU (or HD % 16 != 0): only the fp32 fallback is checked");
-  double worst_dot = 0, worst_fp32 = 0;
-  for (const auto products : {attention_products::fp32, attention_products::bf16_dot}) {
-    if (products == attention_products::bf16_dot && !dot) continue;
+  if (!amx) MESSAGE("no AMX-BF16 on this CPU (or HD % 32 != 0): the AMX products are not checked");
+  double worst_dot = 0, worst_amx = 0, worst_fp32 = 0;
+  const run fallback(s, qkv, dout, pad, drop, attention_products::fp32);
+  const run automatic(s, qkv, dout, pad, drop, attention_products::automatic);
+  for (const auto products : {attention_products::fp32, attention_products::bf16_dot, attention_products::amx_bf16}) {
+    if ((products == attention_products::bf16_dot && !dot) || (products == attention_products::amx_bf16 && !amx))
+      continue;
     CAPTURE(int(products));
     const run k(s, qkv, dout, pad, drop, products);
     const vec out = widen(k.out);
@@ -212,16 +216,17 @@ void check(const shape& s) {
     worst = std::max(worst, bound_ratio(widen(k.dqkv), given.dqkv, given.dqkv_abs, &given.dqkv_mag));
     worst = std::max(worst, bound_ratio(widen(k.dqkv_no_out), exact.dqkv, exact.dqkv_abs, &exact.dqkv_mag));
     CHECK(worst <= 1.0);
-    (products == attention_products::fp32 ? worst_fp32 : worst_dot) = worst;
-    if (products == attention_products::bf16_dot) {
-      const run fallback(s, qkv, dout, pad, drop, attention_products::fp32);
-      const run automatic(s, qkv, dout, pad, drop, attention_products::automatic);
-      CHECK(std::memcmp(k.out.data(), fallback.out.data(), k.out.size() * sizeof(bf16)) != 0);  // P rounded
+    (products == attention_products::fp32 ? worst_fp32 : products == attention_products::amx_bf16 ? worst_amx : worst_dot) =
+        worst;
+    if (products != attention_products::fp32)  // P rounded to bf16: not the fallback's bits
+      CHECK(std::memcmp(k.out.data(), fallback.out.data(), k.out.size() * sizeof(bf16)) != 0);
+    if (products == attention_products_default<bf16>(s.hd)) {  // automatic runs this machine's default
       CHECK(std::memcmp(k.dqkv.data(), automatic.dqkv.data(), k.dqkv.size() * sizeof(bf16)) == 0);
       CHECK(std::memcmp(k.out.data(), automatic.out.data(), k.out.size() * sizeof(bf16)) == 0);
     }
   }
-  MESSAGE("largest error / bound: bf16 products " << worst_dot << ", fp32 fallback " << worst_fp32);
+  MESSAGE("largest error / bound: VDPBF16PS products " << worst_dot << ", AMX products " << worst_amx
+                                                         << ", fp32 fallback " << worst_fp32);
 }
 
 }  // namespace
@@ -231,6 +236,8 @@ TEST_CASE("attention bf16 products: outputs and gradients within the bf16 roundi
   check({1, 130, 4, 2, 64});                  // grouped-query attention; T = 130: three key tiles
   check({2, 77, 3, 3, 16, false, 0.0});       // HD 16: the generic 64x64 tiles
   check({1, 130, 2, 2, 128});                 // HD 128
+  check({1, 200, 2, 2, 96});                  // HD 96: AMX in three 16-word steps; four key tiles
+  check({2, 45, 2, 1, 32, false, 0.1});       // HD 32: one AMX step; one partial tile; dropout
   check({2, 77, 3, 3, 64, true, 0.0});        // key padding, rows with no visible key
   check({2, 130, 2, 1, 64, true, 0.2});       // padding, dropout and multi-query attention
   const loom_test::thread_scope four(4);
@@ -250,4 +257,14 @@ TEST_CASE("attention bf16 products: asking for them where they cannot run is an 
                   input_error);
   CHECK_FALSE(attention_bf16_dot_available<Eigen::half>(64));
   CHECK_FALSE(attention_bf16_dot_available<bf16>(12));
+  // AMX products need HD % 32 == 0 (and bfloat16 storage): HD 16 is refused on every CPU
+  std::vector<bf16> q16(3 * 2 * 32), o16(2 * 32);
+  CHECK_THROWS_AS(attention_fused_forward_16(o16.data(), lse.data(), q16.data(), 1, 2, 32, 2, nullptr, {}, 0,
+                                             attention_products::amx_bf16),
+                  input_error);
+  CHECK_THROWS_AS(attention_fused_forward_16(oh.data(), lse.data(), qh.data(), 1, 2, 32, 2, nullptr, {}, 0,
+                                             attention_products::amx_bf16),
+                  input_error);
+  CHECK_FALSE(attention_amx_available<Eigen::half>(64));
+  CHECK_FALSE(attention_amx_available<bf16>(16));
 }

@@ -72,9 +72,7 @@ void forward_tile(A* out, A* lse, const A* qkv, const attention_shape<A>& p, int
       if (pad)
         for (int c = 0; c < n; ++c)
           if (pad[c]) row[c] = neg_inf<A>;
-      A mx = neg_inf<A>;
-      for (int c = 0; c < n; ++c) mx = std::max(mx, row[c]);
-      const A m_new = std::max(m[r], mx);
+      const A m_new = n > 0 ? std::max(m[r], row_array<A>(row, n).maxCoeff()) : m[r];  // vectorised
       if (m_new == neg_inf<A>) {  // no visible key yet: nothing to add
         std::fill(row, row + bk, A(0));
         continue;
@@ -349,7 +347,7 @@ inline attention_shape<float> one_head(const attention_shape<float>& p, int b, i
 }
 
 template <class Tr, class T>
-void fused_forward_16(T* out, float* lse, const T* qkv, const attention_shape<float>& p) {
+void fused_forward_gathered(T* out, float* lse, const T* qkv, const attention_shape<float>& p) {
   constexpr int BQ = Tr::block_q;
   const int heads = p.B * p.NH;
   const std::size_t th = std::size_t(p.T) * p.hd;
@@ -373,7 +371,7 @@ void fused_forward_16(T* out, float* lse, const T* qkv, const attention_shape<fl
 /// Backward per key/value head (the query heads of its group in turn): each query head's dq is
 /// rounded once; dk and dv are summed over the group in fp32 and rounded once.
 template <class Tr, class T>
-void fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+void fused_backward_gathered(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                        const attention_shape<float>& p) {
   constexpr int BQ = Tr::block_q, BK = Tr::block_k;
   const int kv_items = p.B * p.nkv();
@@ -420,13 +418,19 @@ void fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const
 /// Note [fused attention in 16-bit storage]: for bfloat16 and half storage the fused kernel
 /// runs head by head, one thread per (batch, head) (backward: per (batch, key/value head), whose
 /// group of query heads runs in turn and sums dk, dv in fp32), so B·NH should be >= the thread
-/// count (true for every model config here). Two implementations (attention_products):
-///  - bf16_dot (bfloat16 storage, a CPU with AVX512-BF16, HD a multiple of 16; the default
-///    there): the tile products take bf16 operands and accumulate in fp32 on VDPBF16PS, P and
-///    dS rounded to bf16 per tile as FlashAttention-2 does on GPUs; the online softmax, the
-///    log-sum-exp and every accumulator stay fp32 (Note [bf16 attention products] in
-///    detail/attention_bf16.hpp, with its error bound). Workspace per thread: 3 T HD / 2 + one
-///    tile floats in forward, 13 T HD / 2 + T + 3.5 tiles in backward (T padded to 128).
+/// count (true for every model config here). Three implementations (attention_products),
+/// chosen per machine at run time by `automatic`:
+///  - amx_bf16 (bfloat16 storage, a CPU with AMX-BF16, HD a multiple of 32; the default there):
+///    the tile products take bf16 operands and accumulate in fp32 on AMX tiles (TDPBF16PS,
+///    Note [AMX attention products] in detail/attention_amx.hpp), P and dS rounded to bf16 per
+///    tile as FlashAttention-2 does on GPUs; the online softmax, the log-sum-exp and every
+///    accumulator stay fp32 (Note [bf16 attention products] in detail/attention_bf16.hpp, with
+///    its error bound).
+///  - bf16_dot (bfloat16 storage, a CPU with AVX512-BF16, HD a multiple of 16): the same
+///    operands and roundings on VDPBF16PS; the default where the CPU has no AMX and its
+///    VDPBF16PS unit outruns its fp32 FMA (AMD Zen 4/5: detail::bf16_unit_faster_than_fp32).
+///    Workspace per thread (both bf16 kinds): 3 T HD / 2 + one tile floats in forward,
+///    13 T HD / 2 + T + 3.5 tiles in backward (T padded to 128).
 ///  - fp32 (half storage, other CPUs, other head sizes, or asked for): the head's q, k, v (and
 ///    dO, O) are gathered into fp32 blocks and run the float path's tile kernels; the only
 ///    roundings are the 16-bit inputs and outputs themselves. Workspace: (4 T HD + one tile)
@@ -435,9 +439,10 @@ void fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* out, const
 
 /// Which products the 16-bit fused attention runs (Note [fused attention in 16-bit storage]).
 enum class attention_products {
-  automatic,  ///< bf16_dot where attention_bf16_dot_available(T, HD), else fp32
+  automatic,  ///< attention_products_default<T>(HD): the fastest that runs on this machine
   fp32,       ///< operands widened to fp32, the float path's tiles (one rounding: the outputs)
   bf16_dot,   ///< bf16 operands, fp32 accumulation (VDPBF16PS); input_error where unavailable
+  amx_bf16,   ///< bf16 operands, fp32 accumulation on AMX tiles; input_error where unavailable
 };
 
 /// True when attention_products::bf16_dot can run for storage T and head size hd on this CPU
@@ -448,16 +453,37 @@ bool attention_bf16_dot_available(int hd) noexcept {
   return false;
 }
 
-namespace detail {
-/// Resolves `automatic` for storage T and head size hd; throws when bf16_dot is asked for and
-/// unavailable.
+/// True when attention_products::amx_bf16 can run for storage T and head size hd on this CPU
+/// (run-time check: cpuid and the OS's grant of the AMX tile state).
 template <class T>
-bool use_bf16_dot(attention_products products, int hd, const char* what) {
-  const bool can = attention_bf16_dot_available<T>(hd);
-  if (products == attention_products::bf16_dot && !can)
+bool attention_amx_available(int hd) noexcept {
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>) return detail::attention_amx_usable(hd);
+  return false;
+}
+
+/// What attention_products::automatic runs for storage T and head size hd on this machine:
+/// amx_bf16 where it runs; else bf16_dot where it runs and the CPU's VDPBF16PS unit outruns its
+/// fp32 FMA units (on the Intel Xeons without AMX it is half their rate, and the fp32 products
+/// measured faster: bench/bench_attention --bf16); else fp32.
+template <class T>
+attention_products attention_products_default(int hd) noexcept {
+  if (attention_amx_available<T>(hd)) return attention_products::amx_bf16;
+  if (attention_bf16_dot_available<T>(hd) && detail::bf16_unit_faster_than_fp32()) return attention_products::bf16_dot;
+  return attention_products::fp32;
+}
+
+namespace detail {
+/// Resolves `automatic` for storage T and head size hd; throws when bf16_dot or amx_bf16 is
+/// asked for and cannot run.
+template <class T>
+attention_products resolve_products(attention_products products, int hd, const char* what) {
+  if (products == attention_products::bf16_dot && !attention_bf16_dot_available<T>(hd))
     throw input_error(std::string(what) + ": attention_products::bf16_dot needs bfloat16 storage, a head size that is a "
                       "multiple of 16 (got " + std::to_string(hd) + ") and a CPU with AVX512-BF16; use automatic");
-  return products == attention_products::bf16_dot || (products == attention_products::automatic && can);
+  if (products == attention_products::amx_bf16 && !attention_amx_available<T>(hd))
+    throw input_error(std::string(what) + ": attention_products::amx_bf16 needs bfloat16 storage, a head size that is a "
+                      "multiple of 32 (got " + std::to_string(hd) + ") and a CPU with AMX-BF16; use automatic");
+  return products == attention_products::automatic ? attention_products_default<T>(hd) : products;
 }
 }  // namespace detail
 
@@ -469,12 +495,13 @@ void attention_fused_forward_16(T* out, float* lse, const T* qkv, int B, int Tn,
                                 const std::uint8_t* key_padding = nullptr, const attention_dropout& drop = {},
                                 int kv_heads = 0, attention_products products = attention_products::automatic) {
   const auto p = detail::checked_shape<float>("attention_fused_forward", B, Tn, C, NH, key_padding, drop, kv_heads);
-  const bool dot = detail::use_bf16_dot<T>(products, p.hd, "attention_fused_forward");
+  const auto run = detail::resolve_products<T>(products, p.hd, "attention_fused_forward");
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
     if constexpr (std::is_same_v<T, Eigen::bfloat16>)
-      if (dot) return detail::fused_forward_bf16<Tr>(out, lse, qkv, p);
-    detail::fused_forward_16<Tr>(out, lse, qkv, p);
+      if (run != attention_products::fp32)
+        return detail::fused_forward_bf16<Tr>(out, lse, qkv, p, run == attention_products::amx_bf16);
+    detail::fused_forward_gathered<Tr>(out, lse, qkv, p);
   });
 }
 
@@ -487,12 +514,13 @@ void attention_fused_backward_16(T* dqkv, const T* dout, const T* qkv, const T* 
                                  const attention_dropout& drop = {}, int kv_heads = 0,
                                  attention_products products = attention_products::automatic) {
   const auto p = detail::checked_shape<float>("attention_fused_backward", B, Tn, C, NH, key_padding, drop, kv_heads);
-  const bool dot = detail::use_bf16_dot<T>(products, p.hd, "attention_fused_backward");
+  const auto run = detail::resolve_products<T>(products, p.hd, "attention_fused_backward");
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
     if constexpr (std::is_same_v<T, Eigen::bfloat16>)
-      if (dot) return detail::fused_backward_bf16<Tr>(dqkv, dout, qkv, out, lse, p);
-    detail::fused_backward_16<Tr>(dqkv, dout, qkv, out, lse, p);
+      if (run != attention_products::fp32)
+        return detail::fused_backward_bf16<Tr>(dqkv, dout, qkv, out, lse, p, run == attention_products::amx_bf16);
+    detail::fused_backward_gathered<Tr>(dqkv, dout, qkv, out, lse, p);
   });
 }
 
@@ -518,11 +546,16 @@ constexpr std::size_t attention_fused_scratch_elems(std::size_t threads, std::si
 /// without dropout, else the keep factors 0 or 1/(1-p) of attention_dropout_keep (Srivastava
 /// et al. 2014; PyTorch scaled_dot_product_attention's dropout_p). lse is that of the
 /// undropped scores.
-/// Parallel over (batch, head, query tile) with OpenMP; no heap allocation.
+/// Parallel with OpenMP: float storage with B NH >= threads runs head by head, each head's q,
+/// k, v gathered into a contiguous per-thread workspace ((4 T HD + one tile) floats, allocated
+/// on the first call and kept), which measured 1.2-1.4x faster than tiles read in place from
+/// the (B,T,3C) rows (bench/bench_attention --bf16: the fp32 column beside the fp32-products
+/// one); otherwise (double, or fewer heads than threads) over (batch, head, query tile) in
+/// place, with no heap allocation.
 /// Cost: about 2 B NH T^2 HD flops (causal half of the square, plus the diagonal tiles); with
 /// dropout one 64-bit hash per visible probability.
-/// Extra memory: B NH T saved, one block_q x block_k tile per thread on the stack; the dropout
-/// mask is never stored.
+/// Extra memory: B NH T saved, one block_q x block_k tile per thread on the stack (and the
+/// per-thread workspace of the head-by-head path above); the dropout mask is never stored.
 /// Errors: loom::input_error when NH does not divide C or a size is negative, when kv_heads does
 /// not divide NH, or when the dropout's heads [head_offset, head_offset + NH) exceed its global
 /// head count.
@@ -533,7 +566,11 @@ void attention_fused_forward(T* out, T* lse, const T* qkv, int B, int Tn, int C,
   static_assert(std::is_same_v<T, acc_t<T>>, "attention_fused: storage must be float or double (Note [fused attention storage])");
   const auto p = detail::checked_shape<T>("attention_fused_forward", B, Tn, C, NH, key_padding, drop, kv_heads);
   if (B == 0 || Tn == 0) return;
-  detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) { detail::fused_forward<Tr>(out, lse, qkv, p); });
+  detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
+    if constexpr (std::is_same_v<T, float>)
+      if (B * NH >= detail::thread_count()) return detail::fused_forward_gathered<Tr>(out, lse, qkv, p);
+    detail::fused_forward<Tr>(out, lse, qkv, p);
+  });
 }
 
 /// Backward of attention_fused_forward.
@@ -548,8 +585,11 @@ void attention_fused_forward(T* out, T* lse, const T* qkv, int B, int Tn, int C,
 /// Math (FlashAttention-2, Algorithm 2): D = rowsum(dO .* O); per tile pair P = exp(S - lse),
 /// dV += P^T dO, dP = dO V^T, dS = P .* (dP - D), dQ += dS K / sqrt(HD), dK += dS^T Q / sqrt(HD);
 /// with dropout's keep factors F: dV += (P .* F)^T dO and dS = P .* (F .* dP - D).
-/// Parallel over (batch, key/value head); with fewer heads than threads, over query and key
-/// tiles in three passes (D; dk, dv; dq), which recomputes P and dP once more.
+/// Parallel over (batch, key/value head): float storage with at least as many key/value heads
+/// as threads gathers each head into a per-thread workspace ((11 T HD + T + two tiles) floats,
+/// allocated on the first call and kept; `scratch` is then unused), as the forward; otherwise
+/// in place. With fewer heads than threads, over query and key tiles in three passes (D;
+/// dk, dv; dq), which recomputes P and dP once more.
 /// Cost: about 5 B NH T^2 HD flops (+2 without out; the tile-split passes add 3).
 /// Errors: loom::input_error when NH does not divide C, kv_heads does not divide NH, or a size
 /// is negative.
@@ -561,6 +601,9 @@ void attention_fused_backward(T* dqkv, const T* dout, const T* qkv, const T* out
   const auto p = detail::checked_shape<T>("attention_fused_backward", B, Tn, C, NH, key_padding, drop, kv_heads);
   if (B == 0 || Tn == 0) return;
   detail::with_attention_traits(p.hd, [&]<class Tr>(Tr) {
+    if constexpr (std::is_same_v<T, float>)
+      if (B * p.nkv() >= detail::thread_count())
+        return detail::fused_backward_gathered<Tr>(dqkv, dout, qkv, out, lse, p);
     detail::fused_backward<Tr>(dqkv, dout, qkv, out, lse, scratch, p);
   });
 }

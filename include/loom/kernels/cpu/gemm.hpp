@@ -60,23 +60,6 @@ constexpr const char* gemm_impl_name(gemm_impl i) noexcept {
 /// True when this CPU executes AVX512-BF16 (and the compiler could build the kernel for it).
 inline bool cpu_has_avx512_bf16() noexcept { return gemm_avx512_bf16_supported(); }
 
-/// True when this CPU's VDPBF16PS unit outruns its fp32 FMA units by more than 20 % per core
-/// (bench::measure_peak on one thread, CPU time, about 10 ms, measured once per process: a
-/// property of the machine, immutable once read). False without AVX512-BF16.
-inline bool bf16_unit_faster_than_fp32() noexcept {
-  static const bool faster = [] {
-    if (!cpu_has_avx512_bf16() || !bench::peak_unit_available(bench::peak_unit::bf16_dot)) return false;
-    try {
-      const double f32 = bench::measure_peak(bench::peak_unit::fp32_fma, 1, 0.004, 1).gflops;
-      const double b16 = bench::measure_peak(bench::peak_unit::bf16_dot, 1, 0.004, 1).gflops;
-      return b16 > 1.2 * f32;
-    } catch (...) {
-      return true;  // could not measure: keep the bf16 kernel the CPU has
-    }
-  }();
-  return faster;
-}
-
 /// The implementation `automatic` resolves to for operand type T on this machine: the VDPBF16PS
 /// kernel for bf16 where the CPU has AVX512-BF16, else oneDNN when built with it, else Eigen.
 /// (Not yet by bf16_unit_faster_than_fp32(), although converting is faster where that is false:

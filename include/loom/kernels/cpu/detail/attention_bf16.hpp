@@ -36,6 +36,7 @@
 #include <cstring>
 #include <limits>
 
+#include <loom/kernels/cpu/detail/attention_amx.hpp>
 #include <loom/kernels/cpu/detail/attention_shape.hpp>
 #include <loom/kernels/cpu/detail/convert.hpp>
 #include <loom/kernels/cpu/detail/gemm_avx512_bf16.hpp>
@@ -105,6 +106,21 @@ LOOM_TARGET_AVX512_BF16 inline void attn_dot(int rows, int cols, int kp, const s
     }
   }
 }
+
+/// attn_dot for an A operand with contiguous pairs (a_pair 1), on AMX tiles when amx (Note [AMX
+/// attention products]: the caller's padding) and on VDPBF16PS otherwise.
+LOOM_TARGET_AVX512_BF16 inline void attn_dot_pairs(bool amx, int rows, int cols, int kp, const std::uint32_t* a,
+                                                    std::ptrdiff_t a_row, const std::uint32_t* b, std::ptrdiff_t b_pair,
+                                                    float* c, std::ptrdiff_t ldc, bool accumulate, float alpha = 1.0f) {
+#if LOOM_PEAK_X86
+  if (amx) return attn_dot_amx(rows, cols, kp, a, a_row, b, b_pair, c, ldc, accumulate, alpha);
+#endif
+  attn_dot(rows, cols, kp, a, a_row, 1, b, b_pair, c, ldc, accumulate, alpha);
+}
+
+/// Score-tile width for bk keys: a multiple of 16 (VDPBF16PS vectors), of 32 on AMX (whole
+/// 16-word contraction steps of P V and dS K).
+constexpr int attn_tile_width(int bk, bool amx) noexcept { return amx ? (bk + 31) / 32 * 32 : (bk + 15) / 16 * 16; }
 
 /// Rounds fp32 rows to bf16 in natural order: dst row r (ld_dst bf16) = round(src row r) for
 /// r < rows, cols (a multiple of 16) values each.
@@ -179,11 +195,12 @@ void attn_gather_head(std::uint32_t* natural, std::uint32_t* trans, std::uint32_
 /// Forward of query tile [i0, i0+bq) of head (b, h) on bf16 products (Note [bf16 attention
 /// products]); the online softmax as forward_tile in attention_fused.hpp. qn, kt, vi: the
 /// head's gathered arrays (Tp rows); o: block_q x hd fp32; s: block_q x block_k fp32; pw:
-/// block_q x block_k / 2 words. Writes out rows (bf16) and lse (fp32) of the tile.
+/// block_q x block_k / 2 words. amx: the products on AMX tiles (an amx_tile_scope is active).
+/// Writes out rows (bf16) and lse (fp32) of the tile.
 template <class Tr>
 void forward_tile_bf16(Eigen::bfloat16* out, float* lse, const std::uint32_t* qn, const std::uint32_t* kt,
                        const std::uint32_t* vi, const attention_shape<float>& p, int b, int h, int i0, int Tp,
-                       float* o, float* s, std::uint32_t* pw) {
+                       float* o, float* s, std::uint32_t* pw, bool amx) {
   constexpr int BQ = Tr::block_q, BK = Tr::block_k;
   const int hd = p.hd, hw = hd / 2, bq = std::min(BQ, p.T - i0);
   std::fill_n(o, std::size_t(bq) * hd, 0.0f);
@@ -192,8 +209,8 @@ void forward_tile_bf16(Eigen::bfloat16* out, float* lse, const std::uint32_t* qn
   std::fill_n(l, bq, 0.0f);
   const int kend = i0 + bq;
   for (int j0 = 0; j0 < kend; j0 += BK) {
-    const int bk = std::min(BK, kend - j0), bk16 = (bk + 15) / 16 * 16;
-    attn_dot(bq, bk16, hw, qn + std::size_t(i0) * hw, hw, 1, kt + j0, Tp, s, BK, false, p.scale);
+    const int bk = std::min(BK, kend - j0), bk16 = attn_tile_width(bk, amx);
+    attn_dot_pairs(amx, bq, bk16, hw, qn + std::size_t(i0) * hw, hw, kt + j0, Tp, s, BK, false, p.scale);
     const std::uint8_t* pad = p.padding(b, j0);
     for (int r = 0; r < bq; ++r) {
       float* row = s + std::size_t(r) * BK;
@@ -201,9 +218,7 @@ void forward_tile_bf16(Eigen::bfloat16* out, float* lse, const std::uint32_t* qn
       if (pad)
         for (int c = 0; c < n; ++c)
           if (pad[c]) row[c] = neg_inf<float>;
-      float mx = neg_inf<float>;
-      for (int c = 0; c < n; ++c) mx = std::max(mx, row[c]);
-      const float m_new = std::max(m[r], mx);
+      const float m_new = n > 0 ? std::max(m[r], row_array<float>(row, n).maxCoeff()) : m[r];  // vectorised
       if (m_new == neg_inf<float>) {
         std::fill(row, row + bk16, 0.0f);
         continue;
@@ -222,7 +237,7 @@ void forward_tile_bf16(Eigen::bfloat16* out, float* lse, const std::uint32_t* qn
       m[r] = m_new;
     }
     attn_round_rows(reinterpret_cast<std::uint16_t*>(pw), BK, s, BK, bq, bk16);
-    attn_dot(bq, hd, (bk + 1) / 2, pw, BK / 2, 1, vi + std::size_t(j0 / 2) * hd, hd, o, hd, true);
+    attn_dot_pairs(amx, bq, hd, (bk + 1) / 2, pw, BK / 2, vi + std::size_t(j0 / 2) * hd, hd, o, hd, true);
   }
   for (int r = 0; r < bq; ++r) {
     float* orow = o + std::size_t(r) * hd;
@@ -239,11 +254,13 @@ void forward_tile_bf16(Eigen::bfloat16* out, float* lse, const std::uint32_t* qn
 }
 
 /// Forward over all (batch, head) on bf16 products: per head, gather Q, K, V once, then its
-/// query tiles in turn. Workspace per thread: 2 Tp hd + block_q (hd + 1.5 block_k) floats.
+/// query tiles in turn, on AMX tiles when amx. Workspace per thread: 1.5 Tp hd + block_q (hd +
+/// 1.5 block_k) floats.
 template <class Tr>
-void fused_forward_bf16(Eigen::bfloat16* out, float* lse, const Eigen::bfloat16* qkv, const attention_shape<float>& p) {
+void fused_forward_bf16(Eigen::bfloat16* out, float* lse, const Eigen::bfloat16* qkv, const attention_shape<float>& p,
+                        bool amx) {
   constexpr int BQ = Tr::block_q, BK = Tr::block_k;
-  static_assert(attn_bf16_row_pad % BQ == 0 && attn_bf16_row_pad % BK == 0 && BK % 16 == 0);
+  static_assert(attn_bf16_row_pad % BQ == 0 && attn_bf16_row_pad % BK == 0 && BK % 32 == 0 && BQ % 32 == 0);
   const int heads = p.B * p.NH, hd = p.hd;
   const int Tp = (p.T + attn_bf16_row_pad - 1) / attn_bf16_row_pad * attn_bf16_row_pad;
   const std::size_t th = std::size_t(Tp) * hd / 2;  // words of one gathered array
@@ -254,13 +271,14 @@ void fused_forward_bf16(Eigen::bfloat16* out, float* lse, const Eigen::bfloat16*
     std::uint32_t *kt = qn + th, *vi = kt + th;
     float *o = w + 3 * th, *s = o + std::size_t(BQ) * hd;
     auto* pw = reinterpret_cast<std::uint32_t*>(s + std::size_t(BQ) * BK);
+    const amx_scope tiles(amx);
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < heads; ++bh) {
       const int b = bh / p.NH, h = bh % p.NH;
       attn_gather_head(qn, nullptr, nullptr, qkv, [&](int t) { return p.q_at(b, h, t); }, p.T, Tp, hd);
       attn_gather_head(nullptr, kt, nullptr, qkv, [&](int t) { return p.k_at(b, h, t); }, p.T, Tp, hd);
       attn_gather_head(nullptr, nullptr, vi, qkv, [&](int t) { return p.v_at(b, h, t); }, p.T, Tp, hd);
-      for (int i0 = 0; i0 < p.T; i0 += BQ) forward_tile_bf16<Tr>(out, lse, qn, kt, vi, p, b, h, i0, Tp, o, s, pw);
+      for (int i0 = 0; i0 < p.T; i0 += BQ) forward_tile_bf16<Tr>(out, lse, qn, kt, vi, p, b, h, i0, Tp, o, s, pw, amx);
     }
   }
 }
@@ -277,25 +295,26 @@ struct attn_bf16_backward_buffers {
 /// (zero for masked, padded and future keys and past bk), as probability_row.
 template <class Tr>
 void probabilities_bf16(const attn_bf16_backward_buffers& w, const float* lse, const attention_shape<float>& p, int b,
-                        int h, int i0, int j0, int bq, int bk, int Tp) {
+                        int h, int i0, int j0, int bq, int bk, int Tp, bool amx) {
   constexpr int BK = Tr::block_k;
-  const int hw = p.hd / 2, bk16 = (bk + 15) / 16 * 16;
-  attn_dot(bq, bk16, hw, w.qn + std::size_t(i0) * hw, hw, 1, w.kt + j0, Tp, w.s, BK, false, p.scale);
+  const int hw = p.hd / 2, bk16 = attn_tile_width(bk, amx);
+  attn_dot_pairs(amx, bq, bk16, hw, w.qn + std::size_t(i0) * hw, hw, w.kt + j0, Tp, w.s, BK, false, p.scale);
   const std::uint8_t* pad = p.padding(b, j0);
   for (int r = 0; r < bq; ++r)
     probability_row(w.s + std::size_t(r) * BK, causal_prefix(i0 + r, j0, bk), bk16, lse[p.row_at(b, h, i0 + r)], pad);
 }
 
 /// Backward of the tile pair (query tile i0, key tile j0) of head (b, h) on bf16 products:
-/// as backward_pair in attention_fused.hpp, adding to the fp32 w.dq, w.dk, w.dv.
+/// as backward_pair in attention_fused.hpp, adding to the fp32 w.dq, w.dk, w.dv (on AMX tiles
+/// when amx).
 template <class Tr>
 void backward_pair_bf16(const attn_bf16_backward_buffers& w, const float* lse, const attention_shape<float>& p, int b,
-                        int h, int i0, int j0, int Tp) {
+                        int h, int i0, int j0, int Tp, bool amx) {
   constexpr int BQ = Tr::block_q, BK = Tr::block_k;
   const int hd = p.hd, hw = hd / 2, bq = std::min(BQ, p.T - i0), bk = std::min(BK, i0 + bq - j0);
-  const int bk16 = (bk + 15) / 16 * 16;
-  probabilities_bf16<Tr>(w, lse, p, b, h, i0, j0, bq, bk, Tp);
-  attn_dot(bq, bk16, hw, w.dyn + std::size_t(i0) * hw, hw, 1, w.vt + j0, Tp, w.dp, BK, false);
+  const int bk16 = attn_tile_width(bk, amx);
+  probabilities_bf16<Tr>(w, lse, p, b, h, i0, j0, bq, bk, Tp, amx);
+  attn_dot_pairs(amx, bq, bk16, hw, w.dyn + std::size_t(i0) * hw, hw, w.vt + j0, Tp, w.dp, BK, false);
   for (int r = 0; r < bq; ++r) {
     float *P = w.s + std::size_t(r) * BK, *dS = w.dp + std::size_t(r) * BK;
     const float D = w.D[i0 + r];
@@ -311,23 +330,37 @@ void backward_pair_bf16(const attn_bf16_backward_buffers& w, const float* lse, c
       for (int c = 0; c < bk16; ++c) dS[c] = P[c] * (dS[c] - D) * p.scale;
     }
   }
-  attn_round_row_pairs(w.pt, BK, w.s, BK, bq, bk16);
-  attn_round_row_pairs(w.dst, BK, w.dp, BK, bq, bk16);
   attn_round_rows(reinterpret_cast<std::uint16_t*>(w.dsn), BK, w.dp, BK, bq, bk16);
   const int kq = (bq + 1) / 2, kk = (bk + 1) / 2;
-  attn_dot(bk, hd, kq, w.pt, 1, BK, w.dyi + std::size_t(i0 / 2) * hd, hd, w.dv + std::size_t(j0) * hd, hd, true);
-  attn_dot(bk, hd, kq, w.dst, 1, BK, w.qi + std::size_t(i0 / 2) * hd, hd, w.dk + std::size_t(j0) * hd, hd, true);
-  attn_dot(bq, hd, kk, w.dsn, BK / 2, 1, w.ki + std::size_t(j0 / 2) * hd, hd, w.dq + std::size_t(i0) * hd, hd, true);
+  float *dv = w.dv + std::size_t(j0) * hd, *dk = w.dk + std::size_t(j0) * hd;
+  const std::uint32_t *dyi = w.dyi + std::size_t(i0 / 2) * hd, *qi = w.qi + std::size_t(i0 / 2) * hd;
+#if LOOM_PEAK_X86
+  if (amx) {  // the transposed A operands as rows of pairs (Note [AMX attention products])
+    attn_round_pairs_transposed(w.pt, BQ / 2, w.s, BK, bq, bk16);
+    attn_round_pairs_transposed(w.dst, BQ / 2, w.dp, BK, bq, bk16);
+    attn_dot_amx(bk, hd, kq, w.pt, BQ / 2, dyi, hd, dv, hd, true);
+    attn_dot_amx(bk, hd, kq, w.dst, BQ / 2, qi, hd, dk, hd, true);
+  } else
+#endif
+  {
+    attn_round_row_pairs(w.pt, BK, w.s, BK, bq, bk16);
+    attn_round_row_pairs(w.dst, BK, w.dp, BK, bq, bk16);
+    attn_dot(bk, hd, kq, w.pt, 1, BK, dyi, hd, dv, hd, true);
+    attn_dot(bk, hd, kq, w.dst, 1, BK, qi, hd, dk, hd, true);
+  }
+  attn_dot_pairs(amx, bq, hd, kk, w.dsn, BK / 2, w.ki + std::size_t(j0 / 2) * hd, hd, w.dq + std::size_t(i0) * hd, hd,
+                 true);
 }
 
 /// Backward over all (batch, key/value head) on bf16 products, the query heads of a group in
-/// turn (dk, dv summed over the group in fp32, rounded once), as fused_backward_16.
+/// turn (dk, dv summed over the group in fp32, rounded once), as fused_backward_gathered.
 /// D = rowsum(dO .* O) from `out`, or (out null) rowsum(P .* F .* dP) over the visible tiles.
+/// amx: the products on AMX tiles.
 template <class Tr>
 void fused_backward_bf16(Eigen::bfloat16* dqkv, const Eigen::bfloat16* dout, const Eigen::bfloat16* qkv,
-                         const Eigen::bfloat16* out, const float* lse, const attention_shape<float>& p) {
+                         const Eigen::bfloat16* out, const float* lse, const attention_shape<float>& p, bool amx) {
   constexpr int BQ = Tr::block_q, BK = Tr::block_k;
-  static_assert(attn_bf16_row_pad % BQ == 0 && attn_bf16_row_pad % BK == 0 && BK % 16 == 0);
+  static_assert(attn_bf16_row_pad % BQ == 0 && attn_bf16_row_pad % BK == 0 && BK % 32 == 0 && BQ % 32 == 0);
   const int kv_items = p.B * p.nkv(), hd = p.hd, hw = hd / 2;
   const int Tp = (p.T + attn_bf16_row_pad - 1) / attn_bf16_row_pad * attn_bf16_row_pad;
   const std::size_t th = std::size_t(Tp) * hw, tile = std::size_t(BQ) * BK;
@@ -341,6 +374,7 @@ void fused_backward_bf16(Eigen::bfloat16* dqkv, const Eigen::bfloat16* dout, con
     w.dq = base + 7 * th, w.dk = w.dq + 2 * th, w.dv = w.dk + 2 * th, w.D = w.dv + 2 * th;
     w.s = w.D + Tp, w.dp = w.s + tile;
     w.pt = reinterpret_cast<std::uint32_t*>(w.dp + tile), w.dst = w.pt + tile / 2, w.dsn = w.dst + tile / 2;
+    const amx_scope tiles(amx);
 #pragma omp for schedule(dynamic, 1)
     for (int kv = 0; kv < kv_items; ++kv) {
       const int b = kv / p.nkv(), h0 = kv % p.nkv() * p.group();
@@ -366,11 +400,11 @@ void fused_backward_bf16(Eigen::bfloat16* dqkv, const Eigen::bfloat16* dout, con
           }
           std::fill_n(w.D + i0, bq, 0.0f);
           for (int j0 = 0; j0 < i0 + bq; j0 += BK) {
-            const int bk = std::min(BK, i0 + bq - j0), bk16 = (bk + 15) / 16 * 16;
-            probabilities_bf16<Tr>(w, lse, p, b, h, i0, j0, bq, bk, Tp);
+            const int bk = std::min(BK, i0 + bq - j0), bk16 = attn_tile_width(bk, amx);
+            probabilities_bf16<Tr>(w, lse, p, b, h, i0, j0, bq, bk, Tp, amx);
             if (p.drop.active())
               for (int r = 0; r < bq; ++r) apply_dropout(w.s + std::size_t(r) * BK, bk, p, b, h, i0 + r, j0);
-            attn_dot(bq, bk16, hw, w.dyn + std::size_t(i0) * hw, hw, 1, w.vt + j0, Tp, w.dp, BK, false);
+            attn_dot_pairs(amx, bq, bk16, hw, w.dyn + std::size_t(i0) * hw, hw, w.vt + j0, Tp, w.dp, BK, false);
             for (int r = 0; r < bq; ++r) {
               float d = 0;
               for (int c = 0; c < bk16; ++c) d += w.s[std::size_t(r) * BK + c] * w.dp[std::size_t(r) * BK + c];
@@ -379,7 +413,7 @@ void fused_backward_bf16(Eigen::bfloat16* dqkv, const Eigen::bfloat16* dout, con
           }
         }
         for (int j0 = 0; j0 < p.T; j0 += BK)
-          for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ) backward_pair_bf16<Tr>(w, lse, p, b, h, i0, j0, Tp);
+          for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ) backward_pair_bf16<Tr>(w, lse, p, b, h, i0, j0, Tp, amx);
         for (int t = 0; t < p.T; ++t) narrow(dqkv + p.q_at(b, h, t), w.dq + std::size_t(t) * hd, hd);
       }
       for (int t = 0; t < p.T; ++t) {
@@ -393,12 +427,12 @@ void fused_backward_bf16(Eigen::bfloat16* dqkv, const Eigen::bfloat16* dout, con
 #else  // no compiler support: never called (attention_bf16_usable() is false)
 
 template <class Tr>
-void fused_forward_bf16(Eigen::bfloat16*, float*, const Eigen::bfloat16*, const attention_shape<float>&) {
+void fused_forward_bf16(Eigen::bfloat16*, float*, const Eigen::bfloat16*, const attention_shape<float>&, bool) {
   throw error("loom::kernels::cpu: this compiler cannot build the AVX512-BF16 attention kernels");
 }
 template <class Tr>
 void fused_backward_bf16(Eigen::bfloat16*, const Eigen::bfloat16*, const Eigen::bfloat16*, const Eigen::bfloat16*,
-                         const float*, const attention_shape<float>&) {
+                         const float*, const attention_shape<float>&, bool) {
   throw error("loom::kernels::cpu: this compiler cannot build the AVX512-BF16 attention kernels");
 }
 

@@ -32,6 +32,7 @@
 #include <new>
 #include <type_traits>
 
+#include <loom/bench/peak.hpp>
 #include <loom/core/error.hpp>
 #include <loom/kernels/cpu/detail/workspace.hpp>
 
@@ -62,6 +63,23 @@ inline bool gemm_avx512_bf16_supported() noexcept {
 #else
   return false;
 #endif
+}
+
+/// True when this CPU's VDPBF16PS unit outruns its fp32 FMA units by more than 20 % per core
+/// (bench::measure_peak on one thread, CPU time, about 10 ms, measured once per process: a
+/// property of the machine, immutable once read). False without AVX512-BF16.
+inline bool bf16_unit_faster_than_fp32() noexcept {
+  static const bool faster = [] {
+    if (!gemm_avx512_bf16_supported() || !bench::peak_unit_available(bench::peak_unit::bf16_dot)) return false;
+    try {
+      const double f32 = bench::measure_peak(bench::peak_unit::fp32_fma, 1, 0.004, 1).gflops;
+      const double b16 = bench::measure_peak(bench::peak_unit::bf16_dot, 1, 0.004, 1).gflops;
+      return b16 > 1.2 * f32;
+    } catch (...) {
+      return true;  // could not measure: keep the bf16 kernel the CPU has
+    }
+  }();
+  return faster;
 }
 
 /// Blocking of the bf16 kernel (micro-tile MR x NR; K block in pairs; M block in rows).
