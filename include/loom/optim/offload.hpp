@@ -21,8 +21,9 @@
 /// by the host: the next step's forward waits for them on the device.
 ///
 /// Overlapped with the next forward (update_overlapped(); train::trainer_config::offload_overlap,
-/// the trainer's default), after ZeRO-Offload's one-step-delayed-free schedule (§4.2) but without
-/// its staleness: the same pipeline runs on a host thread owned by this object, over the chunks of
+/// the trainer's default). ZeRO-Offload overlaps the host step with the next iteration through
+/// its one-step delayed parameter update (DPU, §4.2), which trains on stale parameters; here the
+/// forward waits per layer instead, so nothing is stale: the same pipeline runs on a host thread owned by this object, over the chunks of
 /// forward_chunks<G> (optim/offload_order.hpp: the parameter buffer in the order the forward reads
 /// it, embedding, block 0, block 1, ..., final norm and head), and after each chunk's upload it
 /// records a mark for every layer whose parameters are then all back. The caller returns at once
@@ -47,6 +48,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -120,9 +122,14 @@ class offload_adamw {
   }
   offload_adamw(const offload_adamw&) = delete;
   offload_adamw& operator=(const offload_adamw&) = delete;
-  /// Joins an overlapped update's host thread (its errors are dropped: call wait() to see them),
-  /// then the transfer stream drains. Never throws.
+  /// Stops the host thread of update_overlapped after its update in flight (its errors are
+  /// dropped: call wait() to see them), then the transfer stream drains. Never throws.
   ~offload_adamw() {
+    {
+      std::lock_guard lock(m_sync_);
+      stop_ = true;
+    }
+    cv_.notify_all();
     if (worker_.joinable()) worker_.join();
   }
 
@@ -189,7 +196,8 @@ class offload_adamw {
   }
 
   /// update()'s AdamW step, overlapped with the work the caller enqueues on ctx.stream next (the
-  /// next step's forward): returns at once; a host thread of this object streams the chunks of
+  /// next step's forward): returns at once; a host thread of this object (started by the first
+  /// call, with the NPU current on it: the transfer stream's bind_thread) streams the chunks of
   /// forward_chunks<G> (forward order) through the staging slots as update() does, records
   /// transfer-stream mark g + 1 after the upload of ready_after(g)'s chunk for every gate layer
   /// g, and zeroes `model`'s gradients on the transfer stream once the last chunk's are on the
@@ -201,17 +209,18 @@ class offload_adamw {
   /// update, or from its own thread's start).
   void update_overlapped(context<device>& ctx, G& model, double lr, double grad_scale, long t) {
     finish(ctx);
+    if (!worker_.joinable()) worker_ = std::thread([this] { serve(); });
     xfer_.after_compute(ctx);  // the gradients (and fp32 parameters) are final
     {
       std::lock_guard lock(m_sync_);
       done_chunks_ = 0;
       error_ = nullptr;
+      job_ = job{model.parameters().data(), model.gradients().data(), lr, grad_scale, t};
+      busy_ = true;
     }
+    cv_.notify_all();
     awaited_ = -2;
     pending_ = true;
-    worker_ = std::thread([this, p = model.parameters().data(), g = model.gradients().data(), lr, grad_scale, t] {
-      stream_forward_order(p, g, lr, grad_scale, t);
-    });
   }
   /// True from update_overlapped() until the compute stream waits for all of it (await_layer of
   /// the last gate, finish()) or the host did (wait()).
@@ -237,7 +246,7 @@ class offload_adamw {
     xfer_.compute_waits(ctx, layer + 1);
     awaited_ = layer;
     if (layer == order_.layers()) {  // the last mark follows every copy and the gradients' zeroing
-      worker_.join();
+      wait_idle();
       pending_ = false;
     }
   }
@@ -246,7 +255,8 @@ class offload_adamw {
   /// the host thread's error.
   void finish(context<device>& ctx) {
     if (!pending_) return;
-    join_worker();
+    wait_idle();
+    if (error_) return wait();  // rethrows
     xfer_.before_compute(ctx);
     pending_ = false;
   }
@@ -256,7 +266,7 @@ class offload_adamw {
   void wait() {
     if (!pending_) return;
     pending_ = false;
-    if (worker_.joinable()) worker_.join();
+    wait_idle();
     xfer_.synchronize();
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
@@ -294,12 +304,58 @@ class offload_adamw {
       lo = hi;
     }
   }
-  /// The host thread of update_overlapped: update()'s pipeline over forward_chunks' pieces, the
-  /// gate marks after their chunks, the gradients zeroed after the last download. Publishes its
-  /// progress (done_chunks_) or its error; never throws.
-  void stream_forward_order(storage_t* params, grad_t* grads, double lr, double grad_scale, long t) noexcept {
+  /// One update of update_overlapped, for the host thread.
+  struct job {
+    storage_t* params;
+    grad_t* grads;
+    double lr, grad_scale;
+    long t;
+  };
+  /// The host thread: binds itself to the NPU, then runs each job (stream_forward_order) until the
+  /// destructor stops it; when the binding fails, every job fails with its error.
+  void serve() noexcept {
     try {
       auto bound = xfer_.bind_thread();
+      for (;;) {
+        job j{};
+        {
+          std::unique_lock lock(m_sync_);
+          cv_.wait(lock, [&] { return stop_ || job_; });
+          if (!job_) return;
+          j = *std::exchange(job_, std::nullopt);
+        }
+        stream_forward_order(j.params, j.grads, j.lr, j.grad_scale, j.t);
+        {
+          std::lock_guard lock(m_sync_);
+          busy_ = false;
+        }
+        cv_.notify_all();
+      }
+    } catch (...) {
+      const std::exception_ptr e = std::current_exception();
+      std::unique_lock lock(m_sync_);
+      for (;;) {
+        if (job_) {
+          job_.reset();
+          error_ = e;
+          busy_ = false;
+          cv_.notify_all();
+        }
+        if (stop_) return;
+        cv_.wait(lock, [&] { return stop_ || job_; });
+      }
+    }
+  }
+  /// Blocks until the host thread has no job queued or running.
+  void wait_idle() {
+    std::unique_lock lock(m_sync_);
+    cv_.wait(lock, [&] { return !busy_; });
+  }
+  /// update()'s pipeline over forward_chunks' pieces, the gate marks after their chunks, the
+  /// gradients zeroed after the last download, on the host thread. Publishes its progress
+  /// (done_chunks_) or its error; never throws.
+  void stream_forward_order(storage_t* params, grad_t* grads, double lr, double grad_scale, long t) noexcept {
+    try {
       const std::size_t chunks = order_.chunks();
       auto download = [&](std::size_t i) {
         const std::size_t s = i % 2;
@@ -340,16 +396,6 @@ class offload_adamw {
       cv_.notify_all();
     }
   }
-  /// Joins the host thread; rethrows its error.
-  void join_worker() {
-    if (worker_.joinable()) worker_.join();
-    if (error_) {
-      pending_ = false;
-      xfer_.synchronize();
-      std::rethrow_exception(std::exchange(error_, nullptr));
-    }
-  }
-
   /// The table row holding parameter element i.
   static std::size_t row_of(std::size_t i) noexcept {
     std::size_t k = 0;
@@ -364,10 +410,13 @@ class offload_adamw {
   host_ptr<storage_t> stage_p_;
   forward_chunks<G> order_;  // update_overlapped's chunks, in forward order
   typename device::transfer_stream xfer_;
-  // update_overlapped: the host thread, its progress (chunks uploaded and marked) or error
+  // update_overlapped: the host thread, its job, its progress (chunks uploaded and marked) or
+  // error (guarded by m_sync_); pending_ and awaited_ belong to the calling thread
   std::thread worker_;
   std::mutex m_sync_;
   std::condition_variable cv_;
+  std::optional<job> job_;
+  bool busy_ = false, stop_ = false;
   std::size_t done_chunks_ = 0;
   std::exception_ptr error_;
   bool pending_ = false;
