@@ -227,7 +227,8 @@ class basic_trainer {
   basic_trainer& operator=(const basic_trainer&) = delete;
 
   /// This rank's part of the model (tp_rank(), stage()); parameters in param_table<M, layout>
-  /// order, local shapes. nn::gather_parameters turns them into the single-rank model's.
+  /// order, local shapes. nn::gather_parameters turns them into the single-rank model's. Waits
+  /// for an overlapped offloaded update first (its parameters are then on the device).
   model_t& model() {
     settle();
     return model_;
@@ -246,7 +247,7 @@ class basic_trainer {
   optim::zero1<model_t>* zero1_optimizer() noexcept { return zero_.get(); }
   const optim::zero1<model_t>* zero1_optimizer() const noexcept { return zero_.get(); }
   /// With trainer_config::offload_optimizer, the offloaded optimizer (masters and moments in
-  /// pinned host memory: optim::offload_adamw); null otherwise.
+  /// pinned host memory: optim::offload_adamw), its overlapped update waited for; null otherwise.
   offload_t* offload_optimizer() {
     settle();
     return offload_.get();
