@@ -258,8 +258,9 @@ int main(int argc, char** argv) {
     const auto e = train::estimate_step(shape, net);
     print_estimate(e, double(b) * t * a.cfg.grad_accum * dp, peak, peak_source, net, net_source);
     if (a.cfg.offload_optimizer && o.host_gbps > 0)
-      std::printf("  optimizer offload: %.3g s of copies at %.1f GB/s (--host-gbps) included; the host's AdamW pass "
-                  "is not\n", e.offload, o.host_gbps);
+      std::printf("  optimizer offload: %.3g s of copies at %.1f GB/s (--host-gbps), %.3g s of them hidden behind the "
+                  "next step's first forward (train_gpt --offload-overlap on), %.3g s included; the host's AdamW pass "
+                  "is not\n", e.offload_copies, o.host_gbps, e.offload_copies - e.offload, e.offload);
     else if (a.cfg.offload_optimizer)
       std::printf("  optimizer offload: its copies are not estimated (pass --host-gbps)\n");
     return 0;

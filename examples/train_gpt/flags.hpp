@@ -133,9 +133,13 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_flag("--no-overlap", o.no_overlap,
                "data parallel: run each bucket's all-reduce where it would start, blocking (communication not hidden)");
   app.add_flag("--zero1", o.zero1, "data parallel: shard the AdamW moments across ranks (ZeRO stage 1)");
-  app.add_flag("--offload-optimizer", o.offload_optimizer,
+  auto* offload = app.add_flag("--offload-optimizer", o.offload_optimizer,
                "--device ascend: keep the fp32 master weights and AdamW moments in pinned host memory and run the "
                "update on the host, streamed in chunks (ZeRO-Offload; not with --zero1; docs/memory.md)");
+  app.add_option("--offload-overlap", o.offload_overlap,
+                 "with --offload-optimizer: on (default) runs the host update beside the next step's forward, each "
+                 "layer waiting for its own parameters; off finishes the update before the next step (same results)")
+      ->needs(offload);
   app.add_option("--comm-timeout", o.comm_timeout,
                  "data parallel: seconds a collective may wait for the other ranks before the run stops with an "
                  "error naming them (0: wait forever)")

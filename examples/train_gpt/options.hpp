@@ -41,6 +41,7 @@ struct options {
   double bucket_mb = 1.0;
   bool no_overlap = false, zero1 = false;
   bool offload_optimizer = false;  // --offload-optimizer: AdamW state in pinned host memory (device ascend; optim/offload.hpp)
+  bool offload_overlap = true;     // --offload-overlap on|off: the host update beside the next forward (optim/offload.hpp)
   long replica_check_every = 100;
   double comm_timeout = 600;  // seconds a collective may take before the run ends with an error naming it
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (docs/precision.md)

@@ -164,6 +164,7 @@ loom::train::session_args session_args_of(const options& o, rank_profile& prof,
   cfg.recompute = train_gpt_cli::recompute_mode(o.recompute);
   cfg.loss_scaler.initial_scale = o.loss_scale;
   cfg.offload_optimizer = o.offload_optimizer;
+  cfg.offload_overlap = o.offload_overlap;
   a.ddp = {.bucket_mb = o.bucket_mb, .overlap = !o.no_overlap, .zero1 = o.zero1, .check_every = o.replica_check_every};
   a.hook = prof.hook();
   a.observer = prof.observer();
@@ -215,8 +216,8 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
                   : (std::string(" (recompute ") + loom::nn::recompute_name(c.recompute) + ")").c_str());
   if (mem.host_optimizer > 0)
     std::printf("optimizer offload: AdamW state (fp32 masters, moments, staging) in pinned host memory, %.2f MiB per "
-                "rank; the update runs on the host\n",
-                mem.host_optimizer / 1048576.0);
+                "rank; the update runs on the host%s\n",
+                mem.host_optimizer / 1048576.0, c.offload_overlap ? ", beside the next step's forward" : "");
   if (mem.device_reserved > 0)
     std::printf("NPU memory of rank 0 (caching allocator): %.2f MiB in use, %.2f MiB peak, %.2f MiB reserved\n",
                 mem.device_allocated / 1048576.0, mem.device_peak / 1048576.0, mem.device_reserved / 1048576.0);

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include <loom/core/context.hpp>
 #include <loom/device/ascend.hpp>
@@ -21,6 +22,14 @@ namespace loom::device {
 ///   t.wait(k);                               // the host blocks until slot k's copies finished
 ///   t.to_device(d, h, n);                    // host -> device from a pinned buffer
 ///   t.before_compute(ctx);                   // the compute stream's next work waits for every copy
+/// Overlapped with the compute stream's next work (optim::offload_adamw's overlapped update, which
+/// drives the copies from a host thread of its own):
+///   auto bound = t.bind_thread();            // on that thread: the NPU current, loom's binding made
+///   t.mark(k);                               // after the copies so far (0 <= k < marks)
+///   t.compute_waits(ctx, k);                 // ctx.stream's next work waits for mark k's last record
+///   t.zero(d, n);                            // device memory zeroed on the transfer stream
+/// A stream wait refers to the last record made before it (aclrtStreamWaitEvent): the caller
+/// orders mark(k) before compute_waits(ctx, k) on the host.
 /// Copies on the stream run in order. A host side that is not pinned (ascend::allocate_host) or
 /// an address not 64-byte aligned cannot be copied asynchronously: such a copy synchronizes the
 /// transfer stream and runs synchronously (correct, slow). Create it on the thread that holds
@@ -30,9 +39,13 @@ class ascend_transfer_stream {
  public:
   static constexpr int slots = 2;  ///< events the host can wait on separately (double buffering)
 
-  explicit ascend_transfer_stream(const loom::context<ascend>& ctx)
-      : runtime_(ctx.runtime), stream_(*runtime_), start_(*runtime_), done_(*runtime_),
-        slot_{ascend_event(*runtime_), ascend_event(*runtime_)} {}
+  /// A transfer stream beside ctx's compute stream with `marks` events for mark() (none by
+  /// default). Throws device_error from the ACL calls.
+  explicit ascend_transfer_stream(const loom::context<ascend>& ctx, int marks = 0)
+      : runtime_(ctx.runtime), ordinal_(ctx.ordinal), stream_(*runtime_), start_(*runtime_), done_(*runtime_),
+        slot_{ascend_event(*runtime_), ascend_event(*runtime_)} {
+    for (int k = 0; k < marks; ++k) marks_.push_back(std::make_unique<ascend_event>(*runtime_));
+  }
   ~ascend_transfer_stream() {
     const auto& api = runtime_->api();
     detail::acl_warn(api, api.aclrtSynchronizeStream(stream_.get()), "aclrtSynchronizeStream");
@@ -59,6 +72,22 @@ class ascend_transfer_stream {
     done_.record(stream_.get());
     done_.wait(ctx.stream);
   }
+  /// Zeroes `bytes` of device memory at `dst`, on the transfer stream (aclrtMemsetAsync).
+  void zero(void* dst, std::size_t bytes) {
+    if (!bytes) return;
+    const auto& api = runtime_->api();
+    detail::acl_check(api, api.aclrtMemsetAsync(dst, bytes, 0, bytes, stream_.get()), "aclrtMemsetAsync");
+  }
+  /// Records mark k (0 <= k < the constructor's `marks`) after the work enqueued so far.
+  void mark(int k) { marks_[std::size_t(k)]->record(stream_.get()); }
+  /// Work enqueued on ctx.stream from now on waits (on the device) for mark k's last record.
+  void compute_waits(loom::context<ascend>& ctx, int k) const { marks_[std::size_t(k)]->wait(ctx.stream); }
+  /// Makes this stream's NPU current on the calling thread (aclrtSetDevice) and binds the thread
+  /// to its runtime, for the guard's lifetime: what a host thread other than the one that
+  /// created the stream needs before it enqueues copies. Throws device_error.
+  device_guard bind_thread() const { return device_guard(*runtime_, ordinal_); }
+  /// Blocks the host until every copy enqueued so far has finished.
+  void synchronize() const { stream_.synchronize(); }
   /// The transfer stream (for tests).
   acl::aclrtStream stream() const noexcept { return stream_.get(); }
 
@@ -75,9 +104,11 @@ class ascend_transfer_stream {
   }
 
   std::shared_ptr<const ascend_runtime> runtime_;
+  int ordinal_;
   ascend_stream stream_;
   ascend_event start_, done_;
   std::array<ascend_event, slots> slot_;
+  std::vector<std::unique_ptr<ascend_event>> marks_;
 };
 
 }  // namespace loom::device

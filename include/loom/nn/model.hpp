@@ -45,6 +45,7 @@
 /// gathered model is bitwise the single-rank one.
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -234,6 +235,13 @@ class transformer {
   /// The local tensor of role p; the recipe must have it (rows_by_role).
   view<device, storage_t> parameter(role p) const noexcept { return parameter(std::size_t(rows_by_role<M>[int(p)])); }
   view<device, grad_t> gradient(role p) const noexcept { return gradient(std::size_t(rows_by_role<M>[int(p)])); }
+  /// Called by forward() before it reads a layer's parameters, with the layer: -1 before the
+  /// embedding (first stage), l before block l, L after the blocks (every stage; the final norm
+  /// and LM head follow on the last). Empty by default. An overlapped offloaded optimizer's
+  /// update (optim::offload_adamw::await_layer, installed by train::basic_trainer) makes the
+  /// stream wait for that layer's updated parameters here.
+  std::function<void(context<device>&, int layer)> before_layer;
+
   /// Zeroes every gradient (call once per optimizer step, before the first micro-batch).
   void zero_grad(context<device>& ctx) { device::memset(grads_.data(), 0, grads_.bytes(), ctx.stream); }
 
@@ -330,6 +338,7 @@ class transformer {
     const auto p = acts.ptrs();
     const int n = b * t;
     if (first_stage()) {
+      gate(ctx, -1);
       embedding_forward(ctx, p.encoded, inputs, b, t, tp);
       if constexpr (supports_dropout)
         if (drop.active())
@@ -338,9 +347,11 @@ class transformer {
     const storage_t* residual = p.encoded;
     for (int l = 0; l < L; ++l) {
       const block_saved s = acts.block(l);
+      gate(ctx, l);
       block_forward(ctx, s, p.proj_out, residual, l, n, b, t, tp, drop);
       residual = s.res3;
     }
+    gate(ctx, L);
     if (!last_stage()) return 0;
     return head_forward(ctx, p, residual, targets, n, grad_scale, tp, acts.host_losses);
   }
@@ -468,6 +479,10 @@ class transformer {
   }
 
  private:
+  /// before_layer(ctx, layer) when set.
+  void gate(context<device>& ctx, int layer) const {
+    if (before_layer) before_layer(ctx, layer);
+  }
   using pointers_t = act_pointers;
 
   // --- embedding: out (n, C) = wte[inputs] + wpe[t]; vocab-parallel when TP > 1 -------------

@@ -18,18 +18,53 @@
 /// starts chunk i, and chunk i's upload after it, so the copies run beside the host's update.
 /// The host waits on chunk i's download, which follows chunk i - 2's upload on the stream, so a
 /// slot is never overwritten while an upload still reads it. The last uploads are not waited for
-/// by the host: the next step's forward waits for them on the device. It does not overlap the
-/// next forward itself (that would need per-layer readiness of the parameters).
+/// by the host: the next step's forward waits for them on the device.
 ///
-/// Elementwise this is the CPU kernel's AdamW on the same bits of gradients and state, so it
-/// equals optim::adamw on device::cpu exactly; against the device's own AdamW it differs by the
+/// Overlapped with the next forward (update_overlapped(); train::trainer_config::offload_overlap,
+/// the trainer's default). ZeRO-Offload overlaps the host step with the next iteration through
+/// its one-step delayed parameter update (DPU, §4.2), which trains on stale parameters; here the
+/// forward waits per layer instead, so nothing is stale: the same pipeline runs on a host thread
+/// owned by this object, over the chunks of forward_chunks<G> (optim/offload_order.hpp: the
+/// parameter buffer in the order the forward reads it, embedding, block 0, block 1, ..., final
+/// norm and head), and after each chunk's upload it records a mark for every layer whose
+/// parameters are then all back. The caller returns at once
+/// and enqueues the next step; before the forward reads a layer it calls await_layer(ctx, layer)
+/// (nn::transformer::before_layer), which blocks the host only until that layer's mark is
+/// recorded and makes the compute stream wait for it on the device, so block l computes while the
+/// host updates block l + 1. Once the last chunk's gradients are on the host the thread zeroes the
+/// gradients on the transfer stream (the next step's accumulation starts from them; the last mark,
+/// which the forward waits for after the blocks, follows). wait() / finish() join it; the trainer
+/// calls wait() before anything else reads the state (checkpoints, evaluation, model(),
+/// sync_master_weights). No device memory beyond the non-overlapped design: the same two pinned
+/// staging slots, and layers + 2 events.
+///
+/// Measured on the emulation (docs/memory.md, "Optimizer offload"; 2 cores shared with another
+/// benchmark, so noisy), llama_quickstart bf16, 4 steps, runs alternating twice:
+///   LOOM_DATA_DIR=/work/shared/data ASCEND_HOME_PATH=build/ascend_emulation nice -n 19
+///   build/examples/train_gpt --device ascend --model llama_quickstart --precision bf16
+///     --data out/shakespeare --synthetic-data --steps 4 --log-every 1 --log-dir '' --eval-every 0
+///     --sample-tokens 0 --val-fraction 0.003 --offload-optimizer [--offload-overlap off]
+/// overlap on 17.1-24.1 s per step, off 17.7-18.8 s, no offload 17.5-18.5 s; NPU peak 293.57 MiB
+/// on and off (353.57 MiB without offload). The blocking update takes 98-112 ms there, 0.6 % of
+/// the emulated step (whose kernels run on the host in double), so the emulation cannot show the
+/// saving above its noise; it does show the host thread's uploads running beside the forward.
+///
+/// Elementwise this is the CPU kernel's AdamW on the same bits of gradients and state, so the
+/// overlapped update equals update() bit for bit (tests/ascend/test_offload.cpp), and both equal
+/// optim::adamw on device::cpu exactly; against the device's own AdamW it differs by the
 /// two kernels' rounding (see docs/memory.md, "Optimizer offload").
 #include <algorithm>
+#include <condition_variable>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
+#include <utility>
 
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
@@ -38,6 +73,7 @@
 #include <loom/kernels/cpu/adamw.hpp>
 #include <loom/nn/params.hpp>
 #include <loom/optim/adamw.hpp>
+#include <loom/optim/offload_order.hpp>
 #include <loom/precision/policy.hpp>
 
 namespace loom::optim {
@@ -91,13 +127,23 @@ class offload_adamw {
   offload_adamw(context<device>& ctx, adamw_config cfg, const G& model, std::size_t chunk = default_chunk)
       : cfg_(cfg), chunk_((check_chunk(chunk), std::min(chunk, G::num_parameters))), m_(pinned<master_t>(N)),
         v_(pinned<master_t>(N)), master_(pinned<master_t>(has_master ? N : 0)), stage_g_(pinned<grad_t>(2 * chunk_)),
-        stage_p_(pinned<storage_t>(2 * chunk_)), xfer_(ctx) {
+        stage_p_(pinned<storage_t>(2 * chunk_)), order_(chunk_), xfer_(ctx, order_.gates()) {
     std::memset(m_.get(), 0, N * sizeof(master_t));
     std::memset(v_.get(), 0, N * sizeof(master_t));
     sync_master_weights(ctx, model);
   }
   offload_adamw(const offload_adamw&) = delete;
   offload_adamw& operator=(const offload_adamw&) = delete;
+  /// Stops the host thread of update_overlapped after its update in flight (its errors are
+  /// dropped: call wait() to see them), then the transfer stream drains. Never throws.
+  ~offload_adamw() {
+    {
+      std::lock_guard lock(m_sync_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
 
   const adamw_config& config() const noexcept { return cfg_; }
   /// Elements per streamed chunk (the last chunk may be shorter).
@@ -117,6 +163,7 @@ class offload_adamw {
   /// Masters = `model`'s parameters, widened (after loading weights into the model from
   /// elsewhere). No-op without masters. Synchronizes ctx.stream and the transfer stream.
   void sync_master_weights(context<device>& ctx, const G& model) {
+    wait();
     if constexpr (has_master) {
       const storage_t* p = model.parameters().data();
       xfer_.after_compute(ctx);
@@ -136,6 +183,7 @@ class offload_adamw {
   /// work enqueued on ctx.stream afterwards sees the new parameters. Returns once the host
   /// update is done (the last uploads may still run). Throws device_error.
   void update(context<device>& ctx, G& model, double lr, double grad_scale, long t) {
+    finish(ctx);
     storage_t* params = model.parameters().data();
     const grad_t* grads = model.gradients().data();
     const std::size_t chunks = (N + chunk_ - 1) / chunk_;
@@ -157,6 +205,82 @@ class offload_adamw {
       xfer_.to_device(params + a, stage_p_.get() + s * chunk_, n * sizeof(storage_t));
     }
     xfer_.before_compute(ctx);
+  }
+
+  /// update()'s AdamW step, overlapped with the work the caller enqueues on ctx.stream next (the
+  /// next step's forward): returns at once; a host thread of this object (started by the first
+  /// call, with the NPU current on it: the transfer stream's bind_thread) streams the chunks of
+  /// forward_chunks<G> (forward order) through the staging slots as update() does, records
+  /// transfer-stream mark g + 1 after the upload of ready_after(g)'s chunk for every gate layer
+  /// g, and zeroes `model`'s gradients on the transfer stream once the last chunk's are on the
+  /// host. Before the forward reads layer g's parameters, call await_layer(ctx, g) (the trainer
+  /// installs it as nn::transformer::before_layer). Until then, or until finish() / wait(), the
+  /// parameters on the device, the host state and the gradients are in flux: read none of them,
+  /// zero no gradients (pending() tells). Elementwise the same kernels on the same values as
+  /// update(): the results are bitwise equal. Throws device_error (from the previous overlapped
+  /// update, or from its own thread's start).
+  void update_overlapped(context<device>& ctx, G& model, double lr, double grad_scale, long t) {
+    finish(ctx);
+    if (!worker_.joinable()) worker_ = std::thread([this] { serve(); });
+    xfer_.after_compute(ctx);  // the gradients (and fp32 parameters) are final
+    {
+      std::lock_guard lock(m_sync_);
+      done_chunks_ = 0;
+      error_ = nullptr;
+      job_ = job{model.parameters().data(), model.gradients().data(), lr, grad_scale, t};
+      busy_ = true;
+    }
+    cv_.notify_all();
+    awaited_ = -2;
+    pending_ = true;
+  }
+  /// True from update_overlapped() until the compute stream waits for all of it (await_layer of
+  /// the last gate, finish()) or the host did (wait()).
+  bool pending() const noexcept { return pending_; }
+  /// Work enqueued on ctx.stream from now on sees every parameter the forward reads up to gate
+  /// `layer` (-1 the embedding, 0..layers-1 a block, layers what follows the blocks; clamped to
+  /// that range) updated: blocks the host until the host thread has enqueued the chunks holding
+  /// them, then makes ctx.stream wait for their uploads on the device. After the last gate
+  /// nothing is pending. No-op without a pending update or for a gate already awaited. Rethrows
+  /// the host thread's error.
+  void await_layer(context<device>& ctx, int layer) {
+    if (!pending_) return;
+    layer = std::clamp(layer, -1, order_.layers());
+    if (layer <= awaited_) return;
+    const std::size_t need = order_.ready_after(layer);
+    bool failed = false;
+    {
+      std::unique_lock lock(m_sync_);
+      cv_.wait(lock, [&] { return error_ || done_chunks_ > need; });
+      failed = error_ != nullptr;
+    }
+    if (failed) return wait();  // rethrows
+    xfer_.compute_waits(ctx, layer + 1);
+    awaited_ = layer;
+    if (layer == order_.layers()) {  // the last mark follows every copy and the gradients' zeroing
+      wait_idle();
+      pending_ = false;
+    }
+  }
+  /// Work enqueued on ctx.stream from now on sees the whole overlapped update (parameters
+  /// uploaded, gradients zeroed); joins the host thread. No-op when nothing is pending. Rethrows
+  /// the host thread's error.
+  void finish(context<device>& ctx) {
+    if (!pending_) return;
+    wait_idle();
+    if (error_) return wait();  // rethrows
+    xfer_.before_compute(ctx);
+    pending_ = false;
+  }
+  /// finish() for readers without a compute stream (checkpoints, host state): joins the host
+  /// thread and synchronizes the transfer stream. No-op when nothing is pending. Rethrows the
+  /// host thread's error (or the stream's).
+  void wait() {
+    if (!pending_) return;
+    pending_ = false;
+    wait_idle();
+    xfer_.synchronize();
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
@@ -192,6 +316,98 @@ class offload_adamw {
       lo = hi;
     }
   }
+  /// One update of update_overlapped, for the host thread.
+  struct job {
+    storage_t* params;
+    grad_t* grads;
+    double lr, grad_scale;
+    long t;
+  };
+  /// The host thread: binds itself to the NPU, then runs each job (stream_forward_order) until the
+  /// destructor stops it; when the binding fails, every job fails with its error.
+  void serve() noexcept {
+    try {
+      auto bound = xfer_.bind_thread();
+      for (;;) {
+        job j{};
+        {
+          std::unique_lock lock(m_sync_);
+          cv_.wait(lock, [&] { return stop_ || job_; });
+          if (!job_) return;
+          j = *std::exchange(job_, std::nullopt);
+        }
+        stream_forward_order(j.params, j.grads, j.lr, j.grad_scale, j.t);
+        {
+          std::lock_guard lock(m_sync_);
+          busy_ = false;
+        }
+        cv_.notify_all();
+      }
+    } catch (...) {
+      const std::exception_ptr e = std::current_exception();
+      std::unique_lock lock(m_sync_);
+      for (;;) {
+        if (job_) {
+          job_.reset();
+          error_ = e;
+          busy_ = false;
+          cv_.notify_all();
+        }
+        if (stop_) return;
+        cv_.wait(lock, [&] { return stop_ || job_; });
+      }
+    }
+  }
+  /// Blocks until the host thread has no job queued or running.
+  void wait_idle() {
+    std::unique_lock lock(m_sync_);
+    cv_.wait(lock, [&] { return !busy_; });
+  }
+  /// update()'s pipeline over forward_chunks' pieces, the gate marks after their chunks, the
+  /// gradients zeroed after the last download, on the host thread. Publishes its progress
+  /// (done_chunks_) or its error; never throws.
+  void stream_forward_order(storage_t* params, grad_t* grads, double lr, double grad_scale, long t) noexcept {
+    try {
+      const std::size_t chunks = order_.chunks();
+      auto download = [&](std::size_t i) {
+        const std::size_t s = i % 2;
+        order_.for_each_piece(i, [&](const chunk_piece& p) {
+          xfer_.to_host(stage_g_.get() + s * chunk_ + p.slot_at, grads + p.at, p.n * sizeof(grad_t));
+          if constexpr (!has_master)
+            xfer_.to_host(stage_p_.get() + s * chunk_ + p.slot_at, params + p.at, p.n * sizeof(storage_t));
+        });
+        xfer_.record(int(s));
+        if (i + 1 == chunks) xfer_.zero(grads, N * sizeof(grad_t));  // all on the host: the next step accumulates from 0
+      };
+      download(0);
+      int gate = -1;
+      for (std::size_t i = 0; i < chunks; ++i) {
+        if (i + 1 < chunks) download(i + 1);
+        const std::size_t s = i % 2;
+        xfer_.wait(int(s));  // as in update(): chunk i is here, and chunk i - 2's upload from this slot is done
+        storage_t* sp = stage_p_.get() + s * chunk_;
+        const grad_t* sg = stage_g_.get() + s * chunk_;
+        order_.for_each_piece(i, [&](const chunk_piece& p) {
+          update_chunk(p.at, p.n, sp + p.slot_at, sg + p.slot_at, lr, grad_scale, t);
+        });
+        order_.for_each_piece(i, [&](const chunk_piece& p) {
+          xfer_.to_device(params + p.at, sp + p.slot_at, p.n * sizeof(storage_t));
+        });
+        for (; gate <= order_.layers() && order_.ready_after(gate) <= i; ++gate) xfer_.mark(gate + 1);
+        {
+          std::lock_guard lock(m_sync_);
+          done_chunks_ = i + 1;
+        }
+        cv_.notify_all();
+      }
+    } catch (...) {
+      {
+        std::lock_guard lock(m_sync_);
+        error_ = std::current_exception();
+      }
+      cv_.notify_all();
+    }
+  }
   /// The table row holding parameter element i.
   static std::size_t row_of(std::size_t i) noexcept {
     std::size_t k = 0;
@@ -204,7 +420,19 @@ class offload_adamw {
   host_ptr<master_t> m_, v_, master_;
   host_ptr<grad_t> stage_g_;
   host_ptr<storage_t> stage_p_;
+  forward_chunks<G> order_;  // update_overlapped's chunks, in forward order
   typename device::transfer_stream xfer_;
+  // update_overlapped: the host thread, its job, its progress (chunks uploaded and marked) or
+  // error (guarded by m_sync_); pending_ and awaited_ belong to the calling thread
+  std::thread worker_;
+  std::mutex m_sync_;
+  std::condition_variable cv_;
+  std::optional<job> job_;
+  bool busy_ = false, stop_ = false;
+  std::size_t done_chunks_ = 0;
+  std::exception_ptr error_;
+  bool pending_ = false;
+  int awaited_ = -2;  // the last gate awaited
 };
 
 }  // namespace loom::optim

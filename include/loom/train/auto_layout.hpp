@@ -106,8 +106,8 @@ inline step_shape step_shape_of(const session_instance& i, int dp, const session
   return {.facts = i.facts, .parameters = double(i.parameters), .tp = i.tp, .pp = i.pp, .dp = dp,
           .micro_batch = a.cfg.micro_batch ? a.cfg.micro_batch : i.micro_batch, .grad_accum = a.cfg.grad_accum,
           .seq_len = a.cfg.seq_len ? a.cfg.seq_len : i.seq_len, .recompute = a.cfg.recompute, .zero1 = a.ddp.zero1,
-          .offload = a.cfg.offload_optimizer, .storage_bytes = i.precision == "fp32" ? 4 : 2, .grad_bytes = 4,
-          .peak_flops = peak_flops};
+          .offload = a.cfg.offload_optimizer, .offload_overlap = a.cfg.offload_overlap,
+          .storage_bytes = i.precision == "fp32" ? 4 : 2, .grad_bytes = 4, .peak_flops = peak_flops};
 }
 
 namespace detail {
@@ -138,8 +138,8 @@ inline bool evaluate_candidate(const session_instance& i, const layout_request& 
 }  // namespace detail
 
 /// Every candidate for `r` among `instances` (see the file comment): those that fit the limit
-/// first, fastest first (ties: the smaller footprint, then the larger micro-batch), then the
-/// rest, smallest footprint first.
+/// first, fastest first (ties: without optimizer offload, then the smaller footprint, then the
+/// larger micro-batch), then the rest, smallest footprint first.
 /// Instances without a plan or model facts are skipped. Throws loom::input_error for a request
 /// without a world, global batch or peak, or when no instance of the family is compiled.
 inline std::vector<layout_candidate> rank_layouts(std::span<const session_instance> instances,
@@ -176,6 +176,8 @@ inline std::vector<layout_candidate> rank_layouts(std::span<const session_instan
   std::stable_sort(out.begin(), out.end(), [](const layout_candidate& a, const layout_candidate& b) {
     if (a.fits != b.fits) return a.fits;
     if (a.fits && a.time.seconds() != b.time.seconds()) return a.time.seconds() < b.time.seconds();
+    // offload costs host memory and a host pass the estimate does not see: not for free
+    if (a.offload != b.offload) return !a.offload;
     if (a.footprint != b.footprint) return a.footprint < b.footprint;
     return a.micro_batch > b.micro_batch;  // the model does not see kernel efficiency: larger GEMMs win ties
   });

@@ -118,8 +118,9 @@ class trainer_session final : public session {
   std::size_t windows_per_step() const noexcept override { return tr_->windows_per_step(); }
   session_memory memory() const override {
     session_memory m;
-    m.parameters = tr_->model().parameters().bytes();
-    m.gradients = tr_->model().gradients().bytes();
+    // from the types, not through model(): that waits for an overlapped offloaded update
+    m.parameters = trainer_t::model_t::num_parameters * sizeof(storage_t);
+    m.gradients = trainer_t::model_t::num_parameters * sizeof(typename trainer_t::grad_t);
     m.optimizer = tr_->optimizer_bytes();
     m.host_optimizer = tr_->host_optimizer_bytes();
     m.activations = tr_->activation_bytes();

@@ -43,6 +43,11 @@ struct trainer_config {
   /// already), and so does ZeRO-1.
   bool offload_optimizer = false;
   std::size_t offload_chunk = std::size_t(1) << 20;  ///< elements per streamed chunk (multiple of 32)
+  /// With offload_optimizer: the host update overlaps the next step's forward (chunks in forward
+  /// order on a host thread of the optimizer, each layer of the forward waiting on the device for
+  /// its own parameters; optim::offload_adamw::update_overlapped), bitwise the same results as
+  /// without (train_gpt --offload-overlap off: the update finishes before the next step).
+  bool offload_overlap = true;
 };
 
 /// What one optimizer step did.

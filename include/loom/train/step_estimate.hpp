@@ -60,6 +60,8 @@ struct step_shape {
   nn::recompute recompute = nn::recompute::none;
   bool zero1 = false;
   bool offload = false;  ///< optimizer offload: gradients down, parameters up every step
+  /// With offload: the host update overlaps the next step's forward (trainer_config::offload_overlap)
+  bool offload_overlap = true;
   int storage_bytes = 4, grad_bytes = 4;
   double peak_flops = 0;
 };
@@ -73,7 +75,9 @@ struct step_estimate {
   double pp_comm = 0;     ///< pipeline sends of activations and their gradients
   double dp_comm = 0;     ///< data-parallel gradient reduction (and ZeRO-1's all-gather) not hidden
                           ///< behind the last micro-batch's backward
-  double offload = 0;     ///< optimizer offload: this rank's gradients to the host and parameters back
+  double offload = 0;     ///< optimizer offload: the part of offload_copies not hidden behind the
+                          ///< next step's first forward (all of it without offload_overlap)
+  double offload_copies = 0;  ///< this rank's gradients to the host and parameters back
   double seconds() const noexcept { return compute * (1 + bubble) + tp_comm + pp_comm + dp_comm + offload; }
 };
 
@@ -101,7 +105,7 @@ inline double flops_per_token(const models::model_facts& f, double parameters, i
 /// (the compute is at 100 % of the peak: divide by an expected MFU), overlap of tensor-parallel
 /// and pipeline communication with compute (counted exposed), the vocabulary-parallel
 /// embedding's and cross-entropy's small reductions, host time (data, launches, an offloaded
-/// optimizer's update). Throws loom::input_error for a shape without a model, ranks, batch or
+/// optimizer's AdamW pass: taken as hidden with the copies). Throws loom::input_error for a shape without a model, ranks, batch or
 /// peak, and for offload without the host link's bandwidth.
 inline step_estimate estimate_step(const step_shape& s, const network& net) {
   if (!s.facts || s.tp < 1 || s.pp < 1 || s.dp < 1 || s.micro_batch < 1 || s.grad_accum < 1 || s.seq_len < 1 ||
@@ -136,12 +140,19 @@ inline step_estimate estimate_step(const step_shape& s, const network& net) {
     const double hidden = e.compute / s.grad_accum * 2.0 / 3.0;
     e.dp_comm = std::max(0.0, t - hidden);
   }
-  // optimizer offload: the host update's copies at the host link's bandwidth (the host's AdamW
-  // pass itself and the double buffering that hides part of the copies are not modelled)
+  // optimizer offload: the host update's copies at the host link's bandwidth. Overlapped
+  // (optim::offload_adamw::update_overlapped), they run beside the next step's first forward,
+  // whose layers wait for their own parameters: the forward of one micro-batch on this rank (a
+  // third of the model FLOPs without recomputation) hides up to its own time. The host's AdamW
+  // pass is not modelled (taken as keeping pace with the copies).
   if (s.offload) {
     if (!(net.host.bus_gbytes > 0))
       throw input_error("estimate_step: optimizer offload needs the host link's bandwidth (network::host)");
-    e.offload = s.parameters / (s.tp * s.pp) * (s.grad_bytes + s.storage_bytes) / (net.host.bus_gbytes * 1e9);
+    e.offload_copies = s.parameters / (s.tp * s.pp) * (s.grad_bytes + s.storage_bytes) / (net.host.bus_gbytes * 1e9);
+    const double forward = flops_per_token(f, s.parameters, s.seq_len, nn::recompute::none) / 3.0 /
+                           flops_per_token(f, s.parameters, s.seq_len, s.recompute);
+    const double hidden = s.offload_overlap ? e.compute / s.grad_accum * forward : 0.0;
+    e.offload = std::max(0.0, e.offload_copies - hidden);
   }
   return e;
 }

@@ -49,8 +49,11 @@
 /// Optimizer offload (trainer_config::offload_optimizer; ZeRO-Offload, arXiv:2101.06840): the
 /// optimizer is optim::offload_adamw (offload_optimizer()), whose masters and moments live in
 /// pinned host memory and whose update streams the gradients to the host and the parameters back
-/// in chunks; optimizer() then holds no state and counts the steps. Devices with a transfer
-/// stream only (device::ascend); not with ZeRO-1.
+/// in chunks; optimizer() then holds no state and counts the steps. With offload_overlap (the
+/// default) the update runs beside the next step's forward, whose layers wait for their own
+/// parameters (nn::transformer::before_layer -> offload_adamw::await_layer); every accessor of
+/// the state (model(), offload_optimizer(), checkpoint_state, evaluate) waits for it first.
+/// Devices with a transfer stream only (device::ascend); not with ZeRO-1.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -224,9 +227,16 @@ class basic_trainer {
   basic_trainer& operator=(const basic_trainer&) = delete;
 
   /// This rank's part of the model (tp_rank(), stage()); parameters in param_table<M, layout>
-  /// order, local shapes. nn::gather_parameters turns them into the single-rank model's.
-  model_t& model() noexcept { return model_; }
-  const model_t& model() const noexcept { return model_; }
+  /// order, local shapes. nn::gather_parameters turns them into the single-rank model's. Waits
+  /// for an overlapped offloaded update first (its parameters are then on the device).
+  model_t& model() {
+    settle();
+    return model_;
+  }
+  const model_t& model() const {
+    settle();
+    return model_;
+  }
   /// AdamW over this rank's parameters (moments and masters of the same local shapes; empty with
   /// ZeRO-1, whose state zero1_optimizer() holds). Its step() counts the updates either way and
   /// is the step count both optimizers use: set it to resume.
@@ -237,9 +247,15 @@ class basic_trainer {
   optim::zero1<model_t>* zero1_optimizer() noexcept { return zero_.get(); }
   const optim::zero1<model_t>* zero1_optimizer() const noexcept { return zero_.get(); }
   /// With trainer_config::offload_optimizer, the offloaded optimizer (masters and moments in
-  /// pinned host memory: optim::offload_adamw); null otherwise.
-  offload_t* offload_optimizer() noexcept { return offload_.get(); }
-  const offload_t* offload_optimizer() const noexcept { return offload_.get(); }
+  /// pinned host memory: optim::offload_adamw), its overlapped update waited for; null otherwise.
+  offload_t* offload_optimizer() {
+    settle();
+    return offload_.get();
+  }
+  const offload_t* offload_optimizer() const {
+    settle();
+    return offload_.get();
+  }
   /// Master weights = parameters, after weights were loaded into model() from elsewhere
   /// (io::import_gpt2, nn::load_global_parameters). No-op for precisions without master weights.
   void sync_master_weights(context<device>& ctx) {
@@ -381,7 +397,7 @@ class basic_trainer {
     mark(phase::h2d_copy, true);
     upload();
     mark(phase::h2d_copy, false);
-    model_.zero_grad(ctx);
+    if (!offload_pending()) model_.zero_grad(ctx);  // else the overlapped update zeroes them once downloaded
     if (sync_) sync_->begin_backward(ctx);
     acc_t* host_losses = host_losses_ && !sync_ ? host_losses_.get() : nullptr;  // read with the norm
     const double loss = forward_backward(ctx, acc_t(loss_scale / double(count)), host_losses);
@@ -432,7 +448,8 @@ class basic_trainer {
     } else if (offload_) {
       if constexpr (optim::can_offload_v<device>) {
         const long t = opt_.step() + 1;
-        offload_->update(ctx, model_, r.lr, coef, t);
+        if (cfg_.offload_overlap) offload_->update_overlapped(ctx, model_, r.lr, coef, t);
+        else offload_->update(ctx, model_, r.lr, coef, t);
         opt_.set_step(t);
       }
       if (on_phase && !device_clock) ctx.synchronize();
@@ -441,7 +458,10 @@ class basic_trainer {
       if (on_phase && !device_clock) ctx.synchronize();  // the host clock's optimizer phase
     }
     mark(phase::optimizer, false);
-    if (sync_) sync_->check_replicas(ctx, model_, step_);
+    if (sync_) {
+      if (sync_->options().check_every > 0) settle();  // it reads the parameters
+      sync_->check_replicas(ctx, model_, step_);
+    }
     if constexpr (device_split) copier_.wait_source_read();  // done already: the norm's readback waited
     return r;
   }
@@ -462,6 +482,7 @@ class basic_trainer {
       throw input_error("evaluation needs one or more windows of " + std::to_string(w) + " tokens (seq_len + 1), got " +
                         std::to_string(windows.size()) + " ids");
     validate_tokens(windows, M::vocab, "evaluation batch");
+    settle();
     constexpr int tag_activation = 0;  // as the pipeline executor's
     auto& acts = acts_.front();
     const std::size_t rows = windows.size() / w;
@@ -500,6 +521,9 @@ class basic_trainer {
     const int ring = parallel::max_in_flight(PP, cfg_.grad_accum, g_.pp.rank());
     acts_.reserve(std::size_t(ring));
     for (int i = 0; i < ring; ++i) acts_.emplace_back(ctx, cfg_.recompute);
+    if constexpr (optim::can_offload_v<device>)
+      if (offload_ && cfg_.offload_overlap)
+        model_.before_layer = [o = offload_.get()](context<device>& c, int layer) { o->await_layer(c, layer); };
   }
 
   /// Installs the data-parallel engine; with ZeRO-1 the sharded optimizer over its ranges takes
@@ -590,6 +614,16 @@ class basic_trainer {
   }
   void mark(phase p, bool begin) {
     if (on_phase) on_phase(p, begin);
+  }
+  /// Whether an overlapped offloaded update is still in flight (optim::offload_adamw::pending).
+  bool offload_pending() const noexcept {
+    if constexpr (optim::can_offload_v<device>) return offload_ && offload_->pending();
+    else return false;
+  }
+  /// Waits for an overlapped offloaded update: host state final, parameters on the device.
+  void settle() const {
+    if constexpr (optim::can_offload_v<device>)
+      if (offload_) offload_->wait();
   }
   // rows of seq_len+1 ids -> inputs row[0..seq_len), targets row[1..seq_len]
   void split_windows(std::span<const std::int32_t> w, std::span<std::int32_t> in, std::span<std::int32_t> tg) const {
