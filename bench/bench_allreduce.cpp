@@ -168,12 +168,12 @@ void mpi_rows(comm::mpi& world, MPI_Comm raw, MPI_Op bf16_op, const char* dtype,
     std::vector<double> ratio;
   };
   std::vector<peer> peers;
-  peers.push_back({"mpi", [&] { world.all_reduce(std::span{x}, reduce_op::sum); }});
+  peers.push_back({"mpi", [&] { world.all_reduce(std::span{x}, reduce_op::sum); }, 1e30, {}});
   if constexpr (std::is_same_v<T, float>) {
-    peers.push_back({"MPI", [&] { MPI_Allreduce(MPI_IN_PLACE, x.data(), int(count), MPI_FLOAT, MPI_SUM, raw); }});
+    peers.push_back({"MPI", [&] { MPI_Allreduce(MPI_IN_PLACE, x.data(), int(count), MPI_FLOAT, MPI_SUM, raw); }, 1e30, {}});
   } else {
-    peers.push_back({"MPI f32", [&] { MPI_Allreduce(MPI_IN_PLACE, wide.data(), int(count), MPI_FLOAT, MPI_SUM, raw); }});
-    peers.push_back({"MPI bf16", [&] { MPI_Allreduce(MPI_IN_PLACE, x.data(), int(count), MPI_UINT16_T, bf16_op, raw); }});
+    peers.push_back({"MPI f32", [&] { MPI_Allreduce(MPI_IN_PLACE, wide.data(), int(count), MPI_FLOAT, MPI_SUM, raw); }, 1e30, {}});
+    peers.push_back({"MPI bf16", [&] { MPI_Allreduce(MPI_IN_PLACE, x.data(), int(count), MPI_UINT16_T, bf16_op, raw); }, 1e30, {}});
   }
   for (auto& p : peers) p.op();  // warm-up
   for (int rep = 0; rep < 5; ++rep) {
