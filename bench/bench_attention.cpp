@@ -229,7 +229,7 @@ void bf16_table(const std::vector<int>& lengths, int B, int NH, int HD, int reps
   std::string head = fmt::format("| {:>5} | {:>9} | {:>9} | {:>8} |", "T", "fp32 fwd", "fp32 bwd", "GFLOP/s");
   std::string rule = "|------:|----------:|----------:|---------:|";
   for (const auto& k : kinds) {
-    head += fmt::format(" {:>9} | {:>9} | {:>8} | {:>7} |", k.first.substr(0, 9) + "", "bwd", "GFLOP/s", "x fp32");
+    head += fmt::format(" {:>9} | {:>9} | {:>8} | {:>7} |", k.first.substr(0, 9), "bwd", "GFLOP/s", "x fp32");
     rule += "----------:|----------:|---------:|--------:|";
   }
   fmt::print("{}\n{}\n", head, rule);
