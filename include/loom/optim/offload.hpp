@@ -5,7 +5,9 @@
 /// master weights and moments on the CPU, the update on the CPU, fp16 parameters back to the
 /// device); MindSpore's optimizer offload does the same.
 ///
-/// Per step (update()), for the parameter buffer cut into chunks of chunk() elements:
+/// Per step (update()), for the parameter buffer cut into chunks of chunk() elements in the order
+/// the forward reads it (forward_chunks<G>, optim/offload_order.hpp; a chunk is one or more
+/// contiguous pieces):
 ///   1. the transfer stream waits for the compute stream (the gradients are final);
 ///   2. chunk i's fp32 gradients (and, without master weights, its parameters) go device ->
 ///      host into staging slot i % 2, while the host updates chunk i - 1;
@@ -184,26 +186,8 @@ class offload_adamw {
   /// update is done (the last uploads may still run). Throws device_error.
   void update(context<device>& ctx, G& model, double lr, double grad_scale, long t) {
     finish(ctx);
-    storage_t* params = model.parameters().data();
-    const grad_t* grads = model.gradients().data();
-    const std::size_t chunks = (N + chunk_ - 1) / chunk_;
-    auto download = [&](std::size_t i) {
-      const std::size_t a = i * chunk_, n = std::min(chunk_, N - a);
-      const int s = int(i % 2);
-      xfer_.to_host(stage_g_.get() + s * chunk_, grads + a, n * sizeof(grad_t));
-      if constexpr (!has_master) xfer_.to_host(stage_p_.get() + s * chunk_, params + a, n * sizeof(storage_t));
-      xfer_.record(s);
-    };
     xfer_.after_compute(ctx);
-    download(0);
-    for (std::size_t i = 0; i < chunks; ++i) {
-      if (i + 1 < chunks) download(i + 1);
-      const std::size_t a = i * chunk_, n = std::min(chunk_, N - a);
-      const int s = int(i % 2);
-      xfer_.wait(s);  // chunk i is on the host; the upload of chunk i - 2 from this slot has finished
-      update_chunk(a, n, stage_p_.get() + s * chunk_, stage_g_.get() + s * chunk_, lr, grad_scale, t);
-      xfer_.to_device(params + a, stage_p_.get() + s * chunk_, n * sizeof(storage_t));
-    }
+    stream_chunks(model.parameters().data(), model.gradients().data(), lr, grad_scale, t, false);
     xfer_.before_compute(ctx);
   }
 
@@ -323,7 +307,7 @@ class offload_adamw {
     double lr, grad_scale;
     long t;
   };
-  /// The host thread: binds itself to the NPU, then runs each job (stream_forward_order) until the
+  /// The host thread: binds itself to the NPU, then runs each job (stream_overlapped) until the
   /// destructor stops it; when the binding fails, every job fails with its error.
   void serve() noexcept {
     try {
@@ -336,7 +320,7 @@ class offload_adamw {
           if (!job_) return;
           j = *std::exchange(job_, std::nullopt);
         }
-        stream_forward_order(j.params, j.grads, j.lr, j.grad_scale, j.t);
+        stream_overlapped(j);
         {
           std::lock_guard lock(m_sync_);
           busy_ = false;
@@ -363,43 +347,50 @@ class offload_adamw {
     std::unique_lock lock(m_sync_);
     cv_.wait(lock, [&] { return !busy_; });
   }
-  /// update()'s pipeline over forward_chunks' pieces, the gate marks after their chunks, the
-  /// gradients zeroed after the last download, on the host thread. Publishes its progress
-  /// (done_chunks_) or its error; never throws.
-  void stream_forward_order(storage_t* params, grad_t* grads, double lr, double grad_scale, long t) noexcept {
-    try {
-      const std::size_t chunks = order_.chunks();
-      auto download = [&](std::size_t i) {
-        const std::size_t s = i % 2;
-        order_.for_each_piece(i, [&](const chunk_piece& p) {
-          xfer_.to_host(stage_g_.get() + s * chunk_ + p.slot_at, grads + p.at, p.n * sizeof(grad_t));
-          if constexpr (!has_master)
-            xfer_.to_host(stage_p_.get() + s * chunk_ + p.slot_at, params + p.at, p.n * sizeof(storage_t));
-        });
-        xfer_.record(int(s));
-        if (i + 1 == chunks) xfer_.zero(grads, N * sizeof(grad_t));  // all on the host: the next step accumulates from 0
-      };
-      download(0);
-      int gate = -1;
-      for (std::size_t i = 0; i < chunks; ++i) {
-        if (i + 1 < chunks) download(i + 1);
-        const std::size_t s = i % 2;
-        xfer_.wait(int(s));  // as in update(): chunk i is here, and chunk i - 2's upload from this slot is done
-        storage_t* sp = stage_p_.get() + s * chunk_;
-        const grad_t* sg = stage_g_.get() + s * chunk_;
-        order_.for_each_piece(i, [&](const chunk_piece& p) {
-          update_chunk(p.at, p.n, sp + p.slot_at, sg + p.slot_at, lr, grad_scale, t);
-        });
-        order_.for_each_piece(i, [&](const chunk_piece& p) {
-          xfer_.to_device(params + p.at, sp + p.slot_at, p.n * sizeof(storage_t));
-        });
-        for (; gate <= order_.layers() && order_.ready_after(gate) <= i; ++gate) xfer_.mark(gate + 1);
-        {
-          std::lock_guard lock(m_sync_);
-          done_chunks_ = i + 1;
-        }
-        cv_.notify_all();
+  /// The chunk pipeline of the file comment over forward_chunks' pieces (chunk i + 1 downloads
+  /// while the host updates chunk i; a slot is reused once its upload is done). overlapped: also
+  /// records gate mark g + 1 after the upload of ready_after(g)'s chunk, zeroes the gradients on
+  /// the transfer stream after the last download, and publishes its progress (done_chunks_) for
+  /// await_layer. Throws device_error.
+  void stream_chunks(storage_t* params, grad_t* grads, double lr, double grad_scale, long t, bool overlapped) {
+    const std::size_t chunks = order_.chunks();
+    auto download = [&](std::size_t i) {
+      const std::size_t s = i % 2;
+      order_.for_each_piece(i, [&](const chunk_piece& p) {
+        xfer_.to_host(stage_g_.get() + s * chunk_ + p.slot_at, grads + p.at, p.n * sizeof(grad_t));
+        if constexpr (!has_master)
+          xfer_.to_host(stage_p_.get() + s * chunk_ + p.slot_at, params + p.at, p.n * sizeof(storage_t));
+      });
+      xfer_.record(int(s));
+      if (overlapped && i + 1 == chunks) xfer_.zero(grads, N * sizeof(grad_t));  // the next step accumulates from 0
+    };
+    download(0);
+    int gate = -1;
+    for (std::size_t i = 0; i < chunks; ++i) {
+      if (i + 1 < chunks) download(i + 1);
+      const std::size_t s = i % 2;
+      xfer_.wait(int(s));  // chunk i is on the host; the upload of chunk i - 2 from this slot has finished
+      storage_t* sp = stage_p_.get() + s * chunk_;
+      const grad_t* sg = stage_g_.get() + s * chunk_;
+      order_.for_each_piece(i, [&](const chunk_piece& p) {
+        update_chunk(p.at, p.n, sp + p.slot_at, sg + p.slot_at, lr, grad_scale, t);
+      });
+      order_.for_each_piece(i, [&](const chunk_piece& p) {
+        xfer_.to_device(params + p.at, sp + p.slot_at, p.n * sizeof(storage_t));
+      });
+      if (!overlapped) continue;
+      for (; gate <= order_.layers() && order_.ready_after(gate) <= i; ++gate) xfer_.mark(gate + 1);
+      {
+        std::lock_guard lock(m_sync_);
+        done_chunks_ = i + 1;
       }
+      cv_.notify_all();
+    }
+  }
+  /// One job of the host thread: stream_chunks, overlapped; its error is published, not thrown.
+  void stream_overlapped(const job& j) noexcept {
+    try {
+      stream_chunks(j.params, j.grads, j.lr, j.grad_scale, j.t, true);
     } catch (...) {
       {
         std::lock_guard lock(m_sync_);
@@ -420,7 +411,7 @@ class offload_adamw {
   host_ptr<master_t> m_, v_, master_;
   host_ptr<grad_t> stage_g_;
   host_ptr<storage_t> stage_p_;
-  forward_chunks<G> order_;  // update_overlapped's chunks, in forward order
+  forward_chunks<G> order_;  // the streamed chunks, in forward order
   typename device::transfer_stream xfer_;
   // update_overlapped: the host thread, its job, its progress (chunks uploaded and marked) or
   // error (guarded by m_sync_); pending_ and awaited_ belong to the calling thread

@@ -1,7 +1,7 @@
 #pragma once
 /// \file optim::forward_chunks: a model's parameter buffer cut into chunks in the order its
 /// forward pass reads the parameters, and, for each layer, the last chunk the layer needs — what
-/// optim::offload_adamw's overlapped update streams, so that the next forward can start on a layer
+/// optim::offload_adamw's update streams, so that the next forward can start on a layer
 /// as soon as that layer's parameters are back on the device (per-layer readiness; ZeRO-Offload,
 /// Ren et al., arXiv:2101.06840, §4.2, overlaps the CPU update with the next forward this way).
 ///
