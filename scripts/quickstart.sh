@@ -6,7 +6,7 @@
 #   scripts/quickstart.sh [extra train_gpt flags, e.g. --steps 300]
 #   scripts/quickstart.sh --model llama_quickstart   # the same with the quickstart's Llama
 # Environment: LOOM_DATA (default ../shared/data/tinyshakespeare.txt), LOOM_BUILD_DIR (default build).
-# Writes out/shakespeare.{bin,idx,model,vocab,json} and out/<model>.safetensors (both are
+# Writes out/shakespeare.{bin,idx,model,json} and out/<model>.safetensors (both are
 # replaced by a later run; train_gpt checks that --out is writable before training).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
