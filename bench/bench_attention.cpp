@@ -11,7 +11,8 @@
 ///   fused              kernels::attention<cpu, float, fused>, backward given the output (D from O)
 ///   fused, D recomputed  the same, backward without the output (the 10-argument overload)
 /// --tiles    fused fwd+bwd CPU time on one thread per (block_q, block_k) for each tuned head
-///            size, at each --T (how attention_traits.hpp was chosen).
+///            size, at each --T (how attention_traits.hpp was chosen), on the path float
+///            storage runs with B NH >= threads (heads gathered; FMA products on AVX-512).
 /// --fusions  the other fusions beside attention, measured on bench_small's shapes (B·T = 2048,
 ///            C = 384): residual add + LayerNorm in one pass vs the two kernels, and GELU
 ///            applied per row block right after its GEMM vs GEMM then GELU over the whole.
@@ -274,14 +275,13 @@ template <int HD, int BQ, int BK>
 double time_tiles(const problem<>& p, int reps) {
   using Tr = fixed_tiles<HD, BQ, BK>;
   std::vector<float> out(std::size_t(p.B) * p.Tn * p.C), dqkv(p.qkv.size()), lse(std::size_t(p.B) * p.NH * p.Tn);
-  std::vector<float> scratch(std::size_t(threads()) * (p.Tn + 2 * BQ * BK));
   const kernels::cpu::detail::attention_shape<float> s{p.B, p.Tn, p.C, p.NH, HD, 1.f / std::sqrt(float(HD)), nullptr};
   std::vector<double> ms;
   for (int r = 0; r <= reps; ++r) {
     const double t0 = cpu_ms();
-    kernels::cpu::detail::fused_forward<Tr>(out.data(), lse.data(), p.qkv.data(), s);
-    kernels::cpu::detail::fused_backward<Tr>(dqkv.data(), p.dout.data(), p.qkv.data(), out.data(), lse.data(),
-                                             scratch.data(), s);
+    kernels::cpu::detail::fused_forward_gathered<Tr>(out.data(), lse.data(), p.qkv.data(), s);
+    kernels::cpu::detail::fused_backward_gathered<Tr>(dqkv.data(), p.dout.data(), p.qkv.data(), out.data(),
+                                                      lse.data(), s);
     if (r > 0) ms.push_back(cpu_ms() - t0);  // run 0 is the warm-up
   }
   return best(ms);

@@ -30,6 +30,7 @@
 #include <loom/kernels/cpu/attention_traits.hpp>
 #include <loom/kernels/cpu/common.hpp>
 #include <loom/kernels/cpu/detail/attention_bf16.hpp>
+#include <loom/kernels/cpu/detail/attention_fma.hpp>
 #include <loom/kernels/cpu/detail/attention_shape.hpp>
 #include <loom/kernels/cpu/detail/convert.hpp>
 #include <loom/kernels/cpu/detail/workspace.hpp>
@@ -65,30 +66,7 @@ void forward_tile(A* out, A* lse, const A* qkv, const attention_shape<A>& p, int
     chead_rows<A, HD> v(qkv + p.v_at(b, h, j0), bk, p.hd, ld);
     map<A> sc(s, bq, bk);
     sc.noalias() = p.scale * (q * k.transpose());
-    const std::uint8_t* pad = p.padding(b, j0);
-    for (int r = 0; r < bq; ++r) {
-      A* row = s + std::size_t(r) * bk;
-      const int n = causal_prefix(i0 + r, j0, bk);
-      if (pad)
-        for (int c = 0; c < n; ++c)
-          if (pad[c]) row[c] = neg_inf<A>;
-      const A m_new = n > 0 ? std::max(m[r], row_array<A>(row, n).maxCoeff()) : m[r];  // vectorised
-      if (m_new == neg_inf<A>) {  // no visible key yet: nothing to add
-        std::fill(row, row + bk, A(0));
-        continue;
-      }
-      row_array<A> e(row, n);
-      e = (e - m_new).exp();
-      if (pad)
-        for (int c = 0; c < n; ++c)
-          if (pad[c]) row[c] = A(0);
-      std::fill(row + n, row + bk, A(0));
-      const A alpha = std::exp(m[r] - m_new);  // exactly 0 while m[r] = -inf (libm exp)
-      l[r] = alpha * l[r] + e.sum();            // the normaliser sums the undropped terms
-      if (p.drop.active()) apply_dropout(row, n, p, b, h, i0 + r, j0);
-      if (alpha != A(1)) o.row(r) *= alpha;
-      m[r] = m_new;
-    }
+    online_softmax_rows(s, bk, bq, bk, bk, i0, j0, p, b, h, m, l, o.data(), p.C);
     o.noalias() += sc * v;
   }
   for (int r = 0; r < bq; ++r) {
@@ -348,6 +326,7 @@ inline attention_shape<float> one_head(const attention_shape<float>& p, int b, i
 
 template <class Tr, class T>
 void fused_forward_gathered(T* out, float* lse, const T* qkv, const attention_shape<float>& p) {
+  if (attention_fma_usable(p.hd)) return fused_forward_fma<Tr>(out, lse, qkv, p);  // Note [fp32 attention products]
   constexpr int BQ = Tr::block_q;
   const int heads = p.B * p.NH;
   const std::size_t th = std::size_t(p.T) * p.hd;
@@ -373,6 +352,7 @@ void fused_forward_gathered(T* out, float* lse, const T* qkv, const attention_sh
 template <class Tr, class T>
 void fused_backward_gathered(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                        const attention_shape<float>& p) {
+  if (attention_fma_usable(p.hd)) return fused_backward_fma<Tr>(dqkv, dout, qkv, out, lse, p);
   constexpr int BQ = Tr::block_q, BK = Tr::block_k;
   const int kv_items = p.B * p.nkv();
   const std::size_t th = std::size_t(p.T) * p.hd;

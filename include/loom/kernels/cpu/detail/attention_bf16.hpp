@@ -211,31 +211,7 @@ void forward_tile_bf16(Eigen::bfloat16* out, float* lse, const std::uint32_t* qn
   for (int j0 = 0; j0 < kend; j0 += BK) {
     const int bk = std::min(BK, kend - j0), bk16 = attn_tile_width(bk, amx);
     attn_dot_pairs(amx, bq, bk16, hw, qn + std::size_t(i0) * hw, hw, kt + j0, Tp, s, BK, false, p.scale);
-    const std::uint8_t* pad = p.padding(b, j0);
-    for (int r = 0; r < bq; ++r) {
-      float* row = s + std::size_t(r) * BK;
-      const int n = causal_prefix(i0 + r, j0, bk);
-      if (pad)
-        for (int c = 0; c < n; ++c)
-          if (pad[c]) row[c] = neg_inf<float>;
-      const float m_new = n > 0 ? std::max(m[r], row_array<float>(row, n).maxCoeff()) : m[r];  // vectorised
-      if (m_new == neg_inf<float>) {
-        std::fill(row, row + bk16, 0.0f);
-        continue;
-      }
-      row_array<float> e(row, n);
-      e = (e - m_new).exp();
-      if (pad)
-        for (int c = 0; c < n; ++c)
-          if (pad[c]) row[c] = 0.0f;
-      std::fill(row + n, row + bk16, 0.0f);
-      const float alpha = std::exp(m[r] - m_new);
-      l[r] = alpha * l[r] + e.sum();
-      if (p.drop.active()) apply_dropout(row, n, p, b, h, i0 + r, j0);
-      if (alpha != 1.0f)
-        for (int d = 0; d < hd; ++d) o[std::size_t(r) * hd + d] *= alpha;
-      m[r] = m_new;
-    }
+    online_softmax_rows(s, BK, bq, bk, bk16, i0, j0, p, b, h, m, l, o, hd);
     attn_round_rows(reinterpret_cast<std::uint16_t*>(pw), BK, s, BK, bq, bk16);
     attn_dot_pairs(amx, bq, hd, (bk + 1) / 2, pw, BK / 2, vi + std::size_t(j0 / 2) * hd, hd, o, hd, true);
   }

@@ -78,6 +78,45 @@ inline int causal_prefix(int t, int j0, int bk) noexcept { return std::clamp(t -
 template <class A>
 inline constexpr A neg_inf = -std::numeric_limits<A>::infinity();
 
+/// One key tile's online-softmax step (FlashAttention-2, arXiv:2307.08691, Algorithm 1, lines
+/// 8-10) over the bq rows of the score tile s (row stride lds), whose first bk columns hold the
+/// scaled scores of keys [j0, j0+bk) for queries i0 + r: masks padded keys and keys after each
+/// query (causal), replaces each visible score x by exp(x - m_new), zeros the rest of the row up
+/// to `width` columns (>= bk), updates the running maxima m and sums l (of the undropped terms),
+/// then applies dropout to the row, and rescales row r of the output accumulator o (row stride
+/// ldo, p.hd values) by exp(m_old - m_new). A row with no visible key yet is left all zero.
+template <class A>
+void online_softmax_rows(A* s, std::ptrdiff_t lds, int bq, int bk, int width, int i0, int j0,
+                         const attention_shape<A>& p, int b, int h, A* m, A* l, A* o, std::ptrdiff_t ldo) {
+  const std::uint8_t* pad = p.padding(b, j0);
+  for (int r = 0; r < bq; ++r) {
+    A* row = s + r * lds;
+    const int n = causal_prefix(i0 + r, j0, bk);
+    if (pad)
+      for (int c = 0; c < n; ++c)
+        if (pad[c]) row[c] = neg_inf<A>;
+    const A m_new = n > 0 ? std::max(m[r], row_array<A>(row, n).maxCoeff()) : m[r];  // vectorised
+    if (m_new == neg_inf<A>) {  // no visible key yet: nothing to add
+      std::fill(row, row + width, A(0));
+      continue;
+    }
+    row_array<A> e(row, n);
+    e = (e - m_new).exp();
+    if (pad)
+      for (int c = 0; c < n; ++c)
+        if (pad[c]) row[c] = A(0);
+    std::fill(row + n, row + width, A(0));
+    const A alpha = std::exp(m[r] - m_new);  // exactly 0 while m[r] = -inf (libm exp)
+    l[r] = alpha * l[r] + e.sum();            // the normaliser sums the undropped terms
+    if (p.drop.active()) apply_dropout(row, n, p, b, h, i0 + r, j0);
+    if (alpha != A(1)) {
+      A* orow = o + r * ldo;
+      for (int d = 0; d < p.hd; ++d) orow[d] *= alpha;
+    }
+    m[r] = m_new;
+  }
+}
+
 /// Backward's probabilities of one score row: row[c] = exp(row[c] - lse) for the n visible
 /// keys, 0 for padded and future keys and for a row with no visible key (lse = +inf). Zeros
 /// are written, never derived from exp(-inf): Eigen's SIMD exp clamps its argument.
