@@ -16,11 +16,15 @@
 //   bf16     the same element count as Eigen::bfloat16 (fp32 accumulation); bytes = count * 2
 //   naive    reduce to rank 0 + broadcast in shared memory: rank 0 sums all buffers in place, the
 //            others copy its result (3 barriers, no extra copies): the algorithm to beat
-//   mpi      comm::mpi::all_reduce (sum, in place); bf16 is widened to fp32, reduced as MPI_FLOAT
-//            and rounded once (fp32 accumulation), so it moves fp32 bytes
+//   mpi      comm::mpi::all_reduce (sum, in place); fp32 is MPI_Allreduce; bf16 is loom's ring of
+//            MPI_Sendrecv (detail::mpi_ring_all_reduce): each rank's own values travel as bf16,
+//            partial sums between hops as fp32 (none on 2 ranks), the owner adds in fp32 and
+//            rounds once, the rounded bf16 segments are all-gathered; on 2 ranks it moves half the
+//            bytes of the fp32 path and equals "sum in fp32, round once" bitwise
 //   MPI      MPI_Allreduce(MPI_IN_PLACE, ..., MPI_FLOAT, MPI_SUM) on a duplicate of MPI_COMM_WORLD
-//   MPI f32  (bf16 rows) the same on an fp32 buffer of the same element count: what loom's bf16
-//            path hands MPI, the peer with the same arithmetic
+//   MPI f32  (bf16 rows) the same on an fp32 buffer of the same element count: the peer with the
+//            same arithmetic (fp32 sum, no rounding between hops), and what comm::mpi did for
+//            bf16 before the ring (plus a widening and a narrowing pass)
 //   MPI bf16 (bf16 rows) a user-defined MPI_Op on MPI_UINT16_T adding in fp32 and rounding every
 //            partial sum to bf16: half the bytes, less accuracy (NCCL's way)
 //   In MPI mode each repetition times every algorithm in turn (5 repetitions, interleaved); time

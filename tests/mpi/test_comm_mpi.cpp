@@ -104,6 +104,82 @@ void check_all_reduce(comm::mpi& c, std::size_t count, reduce_op op, std::uint32
   CHECK(same_on_all_ranks(c, x));
 }
 
+/// count random non-zero T (bf16/fp16) of rank `rank`: sign, exponent in [lo, hi] and
+/// significand bits drawn at random, so every value is exactly representable and none is zero.
+template <class T>
+std::vector<T> rank_input_bits(int rank, std::size_t count, std::uint32_t seed, int lo, int hi) {
+  std::mt19937 gen(seed * 1000u + static_cast<std::uint32_t>(rank));
+  std::uniform_int_distribution<int> exponent(lo, hi), sign(0, 1);
+  constexpr int digits = std::is_same_v<T, bf16> ? 7 : 10;  // stored significand bits
+  std::uniform_int_distribution<int> significand(0, (1 << digits) - 1);
+  std::vector<T> v(count);
+  for (auto& e : v) {
+    const double d = std::ldexp(1.0 + std::ldexp(significand(gen), -digits), exponent(gen));
+    e = static_cast<T>(sign(gen) ? -d : d);  // exact: d has at most digits + 1 significant bits
+  }
+  return v;
+}
+
+/// bf16/fp16 all_reduce (sum or avg) of rank_input_bits inputs, checked element by element.
+/// exact == true: exponents in [-10, -1], so every value is a multiple of 2^-17 (bf16) or 2^-20
+/// (fp16) below 1 in magnitude, and every fp32 sum of them is exact (up to 127 ranks for bf16,
+/// 16 for fp16: the sum stays below 2^24 units of the last place);
+/// the result must then be bitwise T(float(s)) for the float64 sum s, or T(float(s / n)) for avg
+/// (float(s / n) is fp32's correctly rounded quotient: double has >= 2*24 + 2 bits): one rounding,
+/// whatever the order of the sum. exact == false: exponents in [-12, 12]; on 2 ranks the result
+/// must be bitwise T(float(a) + float(b)) [/ 2] (sum in fp32, round once, what MPI_Allreduce on an
+/// fp32 copy gives); on more ranks it is T(f) for an fp32 sum f of the n values in some order,
+/// |f - s| <= e = gamma_{n-1} * sum|x_i|, gamma_k = k u / (1 - k u), u = 2^-24 (recursive
+/// summation, Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., eq. 4.4; the avg
+/// division adds one more fp32 rounding, u |s/n| to first order), so |result - s| <= u_T (|s| + e)
+/// + e + eta_T, u_T = 2^-8 (bf16) or 2^-11 (fp16), eta_T half the spacing of T's subnormals
+/// (2^-25 for fp16: an average of values that cancel can land there). Also checks that every
+/// rank holds the same bytes. Returns the result.
+template <class T>
+std::vector<T> check_all_reduce_16(comm::mpi& c, std::size_t count, reduce_op op, bool exact, bool async,
+                                   std::uint32_t seed) {
+  CAPTURE(lp::detail::dtype_name<T>());
+  CAPTURE(count);
+  CAPTURE(lp::to_string(op));
+  CAPTURE(exact);
+  CAPTURE(async);
+  const int n = c.size();
+  const int lo = exact ? -10 : -12, hi = exact ? -1 : 12;
+  std::vector<std::vector<T>> in;
+  for (int r = 0; r < n; ++r) in.push_back(rank_input_bits<T>(r, count, seed, lo, hi));
+  auto x = in[static_cast<std::size_t>(c.rank())];
+  if (async) c.all_reduce_async(std::span{x}, op).wait();
+  else c.all_reduce(std::span{x}, op);
+  const bool avg = op == reduce_op::avg;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    double s = 0, sum_abs = 0;
+    for (int r = 0; r < n; ++r) {
+      const double v = to_double(in[static_cast<std::size_t>(r)][i]);
+      s += v;  // exact in double: multiples of 2^-22 below 2^20
+      sum_abs += std::abs(v);
+    }
+    const float got = static_cast<float>(x[i]);
+    if (exact) {
+      const T want = static_cast<T>(static_cast<float>(avg ? s / n : s));
+      if (std::memcmp(&want, &x[i], sizeof(T)) != 0) ++bad;
+    } else if (n == 2) {
+      const float f = static_cast<float>(in[0][i]) + static_cast<float>(in[1][i]);
+      const T want = static_cast<T>(avg ? f / 2.0f : f);
+      if (std::memcmp(&want, &x[i], sizeof(T)) != 0) ++bad;
+    } else {
+      const double ref = avg ? s / n : s;
+      const double u = std::ldexp(1.0, -24), gamma = (n - 1) * u / (1 - (n - 1) * u);
+      const double e = gamma * (avg ? sum_abs / n : sum_abs) + (avg ? 1.01 * u * std::abs(ref) : 0.0);
+      const double eta = std::is_same_v<T, f16> ? std::ldexp(1.0, -25) : std::ldexp(1.0, -134);
+      if (!(std::abs(got - ref) <= unit_roundoff<T>() * (std::abs(ref) + e) + e + eta)) ++bad;
+    }
+  }
+  CHECK(bad == 0);
+  CHECK(same_on_all_ranks(c, x));
+  return x;
+}
+
 }  // namespace
 
 TEST_CASE("comm::mpi environment: thread level and world") {
@@ -158,6 +234,76 @@ TEST_CASE("comm::mpi all_reduce of double, bf16, fp16 (fp32 accumulation), int32
     std::vector<std::int32_t> ints(3, 1);
     CHECK_THROWS_AS(c.all_reduce(std::span{ints}, reduce_op::avg), loom::input_error);
   }
+}
+
+TEST_CASE("comm::mpi all_reduce bf16/fp16 sum/avg: one rounding, sizes around pieces, segments and ranks") {
+  // Blocking 16-bit sum/avg runs loom's ring (detail::mpi_ring_all_reduce): segments per rank on
+  // 64-byte boundaries, pieces of ring_piece elements. The sizes: 0; fewer elements than ranks;
+  // one element more or less than a segment boundary (32 elements) or a piece; several pieces
+  // per segment with a short last one; pieces of unequal segments.
+  const int n = [] {
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    return size;
+  }();
+  const std::size_t piece = lp::detail::ring_piece, ranks = static_cast<std::size_t>(n);
+  const std::size_t sizes[] = {0,  1,  2,  3,  31, 33, 32 * ranks - 1, 32 * ranks + 1, 1000,
+                               piece - 1,  piece + 1, ranks * piece + 1, 2 * ranks * piece + 77};
+  for (bool timeout : {false, true}) {
+    CAPTURE(timeout);
+    comm::mpi c(MPI_COMM_WORLD, with_timeout(timeout));
+    std::uint32_t seed = 40;
+    for (std::size_t count : sizes)
+      for (reduce_op op : {reduce_op::sum, reduce_op::avg}) {
+        ++seed;
+        check_all_reduce_16<bf16>(c, count, op, true, false, seed);
+        check_all_reduce_16<f16>(c, count, op, true, false, seed);
+        if (count > 3 * piece && timeout) continue;  // the largest sizes once
+        check_all_reduce_16<bf16>(c, count, op, false, false, seed);
+        check_all_reduce_16<f16>(c, count, op, false, false, seed);
+      }
+  }
+}
+
+TEST_CASE("comm::mpi all_reduce_async bf16/fp16 matches blocking; send/recv on tag 0 meanwhile") {
+  // With MPI_THREAD_MULTIPLE the async operation runs the blocking ring on the progress thread;
+  // without, MPI_Iallreduce on an fp32 copy. Both round once: on exact inputs the results are
+  // bitwise the reference either way. The ring's messages travel on a private duplicate of the
+  // communicator, so a user's send/recv with the same tag, meanwhile, does not match them.
+  comm::mpi c(MPI_COMM_WORLD, with_timeout(true));
+  const int n = c.size(), me = c.rank();
+  const std::size_t count = 3 * lp::detail::ring_piece + 5;
+  for (reduce_op op : {reduce_op::sum, reduce_op::avg}) {
+    const auto blocking = check_all_reduce_16<bf16>(c, count, op, true, false, 71);
+    const auto async = check_all_reduce_16<bf16>(c, count, op, true, true, 71);
+    CHECK(std::memcmp(blocking.data(), async.data(), count * sizeof(bf16)) == 0);
+    check_all_reduce_16<f16>(c, count, op, false, true, 72);
+  }
+  if (n < 2) return;
+  auto x = rank_input_bits<bf16>(me, count, 73, -10, -1);
+  const auto mine = rank_input<float>(me, 100003, 74);
+  std::vector<float> got(100003);
+  lp::request h = c.all_reduce_async(std::span{x}, reduce_op::sum);
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  if (me % 2 == 0) {
+    c.send(std::span<const float>(mine), next, 0);
+    c.recv(std::span{got}, prev, 0);
+  } else {
+    c.recv(std::span{got}, prev, 0);
+    c.send(std::span<const float>(mine), next, 0);
+  }
+  h.wait();
+  CHECK(got == rank_input<float>(prev, 100003, 74));
+  std::size_t bad = 0;
+  std::vector<std::vector<bf16>> in;
+  for (int r = 0; r < n; ++r) in.push_back(rank_input_bits<bf16>(r, count, 73, -10, -1));
+  for (std::size_t i = 0; i < count; ++i) {
+    double s = 0;
+    for (const auto& v : in) s += to_double(v[i]);
+    const bf16 want = static_cast<bf16>(static_cast<float>(s));
+    if (std::memcmp(&want, &x[i], sizeof(bf16)) != 0) ++bad;
+  }
+  CHECK(bad == 0);
 }
 
 TEST_CASE("comm::mpi reduce_scatter (also bf16 and overlapping out) and all_gather (also in place)") {

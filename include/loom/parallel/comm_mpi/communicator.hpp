@@ -56,7 +56,9 @@ class mpi_communicator {
   void set_observer(comm_observer* o) noexcept { s_->observer = o; }
   comm_observer* observer() const noexcept { return s_->observer; }
 
-  /// x = op over ranks of x, in place (MPI_Allreduce with MPI_IN_PLACE). See comm.hpp.
+  /// x = op over ranks of x, in place (MPI_Allreduce with MPI_IN_PLACE; bf16/fp16 sum/avg: loom's
+  /// ring of MPI_Sendrecv with fp32 partial sums, rounded once, see detail::mpi_ring_all_reduce).
+  /// See comm.hpp.
   template <reducible T>
   void all_reduce(std::span<T> x, reduce_op op = reduce_op::sum) {
     detail::check_op<T>(op, "comm::mpi::all_reduce");
@@ -232,7 +234,10 @@ class mpi_communicator {
     progress_.reset();  // finishes queued operations, then joins
     watchdog_.reset();
     int finalized = 0;
-    if (s_->comm != MPI_COMM_NULL && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Comm_free(&s_->comm);
+    if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) {
+      if (s_->ring != MPI_COMM_NULL) MPI_Comm_free(&s_->ring);
+      if (s_->comm != MPI_COMM_NULL) MPI_Comm_free(&s_->comm);
+    }
     s_.reset();
   }
 

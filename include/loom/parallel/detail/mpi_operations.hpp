@@ -107,6 +107,10 @@ void from_float(T* __restrict dst, const float* __restrict src, std::size_t n, f
 /// What an mpi_communicator shares with its progress thread and its requests.
 struct mpi_state {
   MPI_Comm comm = MPI_COMM_NULL;
+  /// Private duplicate of `comm` for the point-to-point messages of loom's own collective
+  /// algorithms (mpi_ring_all_reduce), so they never match the caller's send/recv on `comm` or
+  /// on native(). MPI_COMM_NULL until ring_comm() creates it; freed with `comm`.
+  MPI_Comm ring = MPI_COMM_NULL;
   int rank = 0, size = 1;
   int thread_level = MPI_THREAD_SINGLE;
   comm_options options;
@@ -122,6 +126,15 @@ struct mpi_state {
       scratch_size_ = n;
     }
     return scratch_.get();
+  }
+
+  /// `ring`, created on first use by MPI_Comm_dup(comm) (with comm's MPI_ERRORS_RETURN). The dup
+  /// is collective over `comm`: call this only inside an operation that every rank of `comm`
+  /// runs at the same point of its sequence (a blocking collective, or one on the progress
+  /// thread). Throws device_error.
+  MPI_Comm ring_comm() {
+    if (ring == MPI_COMM_NULL) mpi_check(MPI_Comm_dup(comm, &ring), "MPI_Comm_dup");
+    return ring;
   }
 
  private:
@@ -320,10 +333,123 @@ class mpi_thread_request final : public request_state {
   mpi_op_info info_;
 };
 
+// The 16-bit ring all-reduce (sum/avg of bf16 or fp16 on the blocking path).
+
+/// Elements per piece of mpi_ring_all_reduce: 128 Ki, i.e. 256 KiB of received 16-bit words or
+/// 512 KiB of fp32 partial sums, so a piece is still in L2 when it is added.
+inline constexpr std::size_t ring_piece = std::size_t{1} << 17;
+
+/// partial[i] = float(recv[i]) + float(own[i]), i < n, in fp32 (no rounding to 16 bits). recv
+/// holds 16-bit lanes (the first hop) or fp32 partial sums (later hops); own is this rank's data.
+template <class R, class L>
+void ring_accumulate(float* __restrict partial, const R* __restrict recv, const L* __restrict own, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) partial[i] = widen<float>(recv[i]) + widen<float>(own[i]);
+}
+
+/// x[i] = L((float(recv[i]) + float(x[i])) / divisor), i < n, in place: the last hop adds this
+/// rank's own element in fp32, divides (avg; exact IEEE division, skipped for 1) and rounds to
+/// nearest even once.
+template <class R, class L>
+void ring_finish(L* x, const R* __restrict recv, std::size_t n, float divisor) {
+  if (divisor != 1.0f)
+    for (std::size_t i = 0; i < n; ++i) x[i] = narrow<L>((widen<float>(recv[i]) + widen<float>(x[i])) / divisor);
+  else
+    for (std::size_t i = 0; i < n; ++i) x[i] = narrow<L>(widen<float>(recv[i]) + widen<float>(x[i]));
+}
+
+/// Blocking all-reduce of bf16/fp16 `x` (sum or avg) over s.comm, in place, as a ring
+/// reduce-scatter + ring all-gather of point-to-point messages (MPI_Sendrecv on s.ring_comm()).
+///
+/// Layout: x (n) is cut into size() segments (detail::partition, 64-byte boundaries; the last
+/// ones may be short or empty); rank r owns segment r. Reduce-scatter, piece by piece (ring_piece
+/// elements of every segment at a time) in size()-1 hops: at hop k rank r sends segment r-k-1
+/// to rank r+1 and receives segment r-k-2 from rank r-1 (indices mod size()). Hop 0 sends the
+/// rank's own 16-bit words (exact: its data); later hops send fp32 partial sums; each receiver
+/// adds its own element in fp32 (ring_accumulate), and the owner adds the last one, divides for
+/// avg and rounds once into x (ring_finish). All-gather: size()-1 hops moving the rounded 16-bit
+/// segments straight into x.
+/// Result: element i of segment j is T(((x_{j+1} + x_{j+2}) + ... + x_j) [/ size()]) with the sum
+/// in fp32 in this rank order, rounded once; computed by one rank and copied to the others, so
+/// bitwise the same on every rank and every run. On 2 ranks that is exactly "sum in fp32, round
+/// once" (what MPI_Allreduce on an fp32 copy gives); on more ranks the fp32 sum order differs
+/// from MPI's, within fp32 rounding of it.
+/// Traffic: each rank sends (n/P)(2 + 4(P-2)) bytes in the reduce-scatter and 2n(P-1)/P bytes
+/// in the all-gather (P = size()): on 2 ranks 2n bytes, half of what a ring on an fp32 copy
+/// sends (4n); on 3 ranks 3.3n against 5.3n. Adding a piece is not overlapped with moving the
+/// next: Open MPI's shared-memory transport copies inside the receiver's MPI call, on the core
+/// that would add.
+/// Memory: 2 * min(ring_piece, n/P) floats of s.scratch(); no allocation after the first call.
+/// Preconditions: every rank calls this with the same n and op, where the blocking collectives
+/// of this communicator run (the caller's thread after drain(), or the progress thread), so one
+/// operation at a time uses s.ring and the scratch. n <= INT_MAX (mpi_count). Throws
+/// device_error on a failed MPI call (x is then unspecified).
+template <class T>
+  requires is_16bit_float_v<T>
+void mpi_ring_all_reduce(mpi_state& s, std::span<T> x, reduce_op op) {
+  using L = lane_t<T>;
+  const int size = s.size, me = s.rank;
+  const std::size_t n = x.size();
+  if (n == 0 || size == 1) return;  // one rank: the sum (and the average) of one value is itself
+  const MPI_Comm c = s.ring_comm();
+  const int next = (me + 1) % size, prev = (me + size - 1) % size;
+  constexpr int tag = 0;  // s.ring carries nothing else, and one operation at a time
+  auto segment = [&](int j) { return partition<T>(n, size, ((j % size) + size) % size); };
+  const std::size_t longest = segment(0).second;  // segment 0 is a longest one
+  const std::size_t piece = std::min(ring_piece, longest);
+  float* recv = s.scratch(2 * piece);  // piece received: 16-bit lanes (hop 0) or fp32
+  float* partial = recv + piece;       // fp32 partial sum to send at the next hop
+  const float divisor = op == reduce_op::avg ? static_cast<float>(size) : 1.0f;
+  L* xl = lanes(x.data());
+  auto part = [&](std::pair<std::size_t, std::size_t> seg, std::size_t off) {  // {first, count} of a piece
+    const std::size_t len = seg.second - seg.first;
+    return std::pair{seg.first + std::min(off, len), off < len ? std::min(piece, len - off) : std::size_t{0}};
+  };
+  for (std::size_t off = 0; off < longest; off += piece) {
+    for (int k = 0; k + 1 < size; ++k) {
+      const auto [send_at, send_n] = part(segment(me - k - 1), off);
+      const auto [recv_at, recv_n] = part(segment(me - k - 2), off);
+      const bool first = k == 0, last = k + 2 == size;
+      if (first)
+        mpi_check(MPI_Sendrecv(xl + send_at, static_cast<int>(send_n), MPI_UINT16_T, next, tag, recv,
+                               static_cast<int>(recv_n), MPI_UINT16_T, prev, tag, c, MPI_STATUS_IGNORE),
+                  "MPI_Sendrecv");
+      else
+        mpi_check(MPI_Sendrecv(partial, static_cast<int>(send_n), MPI_FLOAT, next, tag, recv, static_cast<int>(recv_n),
+                               MPI_FLOAT, prev, tag, c, MPI_STATUS_IGNORE),
+                  "MPI_Sendrecv");
+      const auto* recv16 = reinterpret_cast<const L*>(recv);
+      if (last && first) ring_finish(xl + recv_at, recv16, recv_n, divisor);
+      else if (last) ring_finish(xl + recv_at, static_cast<const float*>(recv), recv_n, divisor);
+      else if (first) ring_accumulate(partial, recv16, xl + recv_at, recv_n);
+      else ring_accumulate(partial, static_cast<const float*>(recv), xl + recv_at, recv_n);
+    }
+  }
+  for (int k = 0; k + 1 < size; ++k) {  // all-gather: hop k sends segment me-k, receives me-k-1
+    const auto [send_lo, send_hi] = segment(me - k);
+    const auto [recv_lo, recv_hi] = segment(me - k - 1);
+    mpi_check(MPI_Sendrecv(xl + send_lo, static_cast<int>(send_hi - send_lo), MPI_UINT16_T, next, tag, xl + recv_lo,
+                           static_cast<int>(recv_hi - recv_lo), MPI_UINT16_T, prev, tag, c, MPI_STATUS_IGNORE),
+              "MPI_Sendrecv");
+  }
+}
+
 // The collectives over an mpi_state. block = true: blocking MPI call, temporaries from the shared
 // scratch (caller's thread or progress thread); block = false: nonblocking call, temporaries
 // owned by the returned mpi_pending.
 
+/// x (n elements, in place) = op over the ranks of s.comm; avg = sum, then one division by
+/// size(). What runs:
+///   bf16/fp16, sum/avg, block:  mpi_ring_all_reduce (16-bit hops where exact, fp32 partial sums,
+///                               one rounding; nothing left for `finish`)
+///   bf16/fp16, otherwise:       widened into an fp32 temporary (s.scratch() when blocking, owned
+///                               by the result otherwise), MPI_Allreduce / MPI_Iallreduce on
+///                               MPI_FLOAT, `finish` divides for avg and rounds back once. The
+///                               nonblocking fallback (no MPI_THREAD_MULTIPLE) keeps this path:
+///                               the ring needs a sequence of MPI calls, which MPI_Wait/Test
+///                               alone would not drive.
+///   other types:                MPI_Allreduce / MPI_Iallreduce on x; `finish` divides for avg.
+/// Returns the pending operation (block: done but for `finish`). Throws input_error for more than
+/// INT_MAX elements, device_error on a failed MPI call.
 template <reducible T>
 mpi_pending mpi_all_reduce(mpi_state& s, std::span<T> x, reduce_op op, bool block) {
   mpi_pending p;
@@ -332,6 +458,10 @@ mpi_pending mpi_all_reduce(mpi_state& s, std::span<T> x, reduce_op op, bool bloc
   const MPI_Datatype type = mpi_reduce_type<T>();
   void* buf = x.data();
   if constexpr (is_16bit_float_v<T>) {
+    if (block && (op == reduce_op::sum || op == reduce_op::avg)) {
+      mpi_ring_all_reduce(s, x, op);
+      return p;
+    }
     float* t = block ? s.scratch(x.size()) : (p.owned.reset(new float[std::max<std::size_t>(x.size(), 1)]), p.owned.get());
     to_float(t, x.data(), x.size());
     buf = t;
