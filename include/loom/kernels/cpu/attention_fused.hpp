@@ -412,9 +412,12 @@ void fused_backward_gathered(T* dqkv, const T* dout, const T* qkv, const T* out,
 ///    Workspace per thread (both bf16 kinds): 3 T HD / 2 + one tile floats in forward,
 ///    13 T HD / 2 + T + 3.5 tiles in backward (T padded to 128).
 ///  - fp32 (half storage, other CPUs, other head sizes, or asked for): the head's q, k, v (and
-///    dO, O) are gathered into fp32 blocks and run the float path's tile kernels; the only
-///    roundings are the 16-bit inputs and outputs themselves. Workspace: (4 T HD + one tile)
-///    floats per thread in forward, (11 T HD + T + two tiles) in backward.
+///    dO, O) are gathered into fp32 blocks and run the float path's tile kernels (the AVX-512
+///    FMA products of Note [fp32 attention products] where the CPU has AVX-512F and HD is a
+///    multiple of 16); the only roundings are the 16-bit inputs and outputs themselves.
+///    Workspace per thread: 3 T HD + one tile + block_q HD floats in forward, 8 T HD + T + two
+///    tiles in backward (T padded to 128) on the FMA products; (4 T HD + one tile) and (11 T HD
+///    + T + two tiles) otherwise.
 /// Workspaces are kept per thread across calls.
 
 /// Which products the 16-bit fused attention runs (Note [fused attention in 16-bit storage]).
@@ -527,11 +530,12 @@ constexpr std::size_t attention_fused_scratch_elems(std::size_t threads, std::si
 /// et al. 2014; PyTorch scaled_dot_product_attention's dropout_p). lse is that of the
 /// undropped scores.
 /// Parallel with OpenMP: float storage with B NH >= threads runs head by head, each head's q,
-/// k, v gathered into a contiguous per-thread workspace ((4 T HD + one tile) floats, allocated
-/// on the first call and kept), which measured 1.2-1.4x faster than tiles read in place from
-/// the (B,T,3C) rows (bench/bench_attention --bf16: the fp32 column beside the fp32-products
-/// one); otherwise (double, or fewer heads than threads) over (batch, head, query tile) in
-/// place, with no heap allocation.
+/// k, v gathered into a contiguous per-thread workspace (allocated on the first call and kept;
+/// sizes in Note [fused attention in 16-bit storage], fp32 bullet), its tile products on
+/// loom's AVX-512 FMA micro-kernel where the CPU has AVX-512F and HD is a multiple of 16 (Note
+/// [fp32 attention products]; 1.2x Eigen's tile products at T = 1024, bench/bench_attention
+/// --bf16), else on Eigen's; otherwise (double, or fewer heads than threads) over (batch, head,
+/// query tile) in place with Eigen's products, with no heap allocation.
 /// Cost: about 2 B NH T^2 HD flops (causal half of the square, plus the diagonal tiles); with
 /// dropout one 64-bit hash per visible probability.
 /// Extra memory: B NH T saved, one block_q x block_k tile per thread on the stack (and the
@@ -566,8 +570,8 @@ void attention_fused_forward(T* out, T* lse, const T* qkv, int B, int Tn, int C,
 /// dV += P^T dO, dP = dO V^T, dS = P .* (dP - D), dQ += dS K / sqrt(HD), dK += dS^T Q / sqrt(HD);
 /// with dropout's keep factors F: dV += (P .* F)^T dO and dS = P .* (F .* dP - D).
 /// Parallel over (batch, key/value head): float storage with at least as many key/value heads
-/// as threads gathers each head into a per-thread workspace ((11 T HD + T + two tiles) floats,
-/// allocated on the first call and kept; `scratch` is then unused), as the forward; otherwise
+/// as threads gathers each head into a per-thread workspace (allocated on the first call and
+/// kept; `scratch` is then unused) and runs the forward's products; otherwise
 /// in place. With fewer heads than threads, over query and key tiles in three passes (D;
 /// dk, dv; dq), which recomputes P and dP once more.
 /// Cost: about 5 B NH T^2 HD flops (+2 without out; the tile-split passes add 3).
