@@ -19,6 +19,18 @@
 // --gpt2-small adds GPT-2 small (124M, vocab 50257, micro-batch 4 x 256 tokens) in fp32 and bf16.
 // --llama adds llama_quickstart beside quickstart_bpe (16 x 128), and with --gpt2-small llama_100m
 // (4 x 256) beside GPT-2 small, fp32 and bf16, with PyTorch's Llama (torch_step.py --arch llama).
+//
+//   build/bench/bench_step --gemm-shapes [--steps N] [--rounds R] [--gpt2-small]
+//
+// --gemm-shapes prints, instead of the table above, the step's GEMMs shape by shape beside the
+// same oneDNN matmul primitive run alone: bench_small 8 x 256 (and GPT-2 small 4 x 256 with
+// --gpt2-small), fp32 and bf16. After two warm-up steps, each of R rounds runs N training steps
+// with the context's onednn_matmul_cache timing on (calls and seconds per key: execute plus
+// stream wait), then every key alone on the same cache: as many back-to-back calls as a step
+// makes, on separate random buffers of the key's sizes (leading dimensions included), after one
+// untimed call. Medians over the rounds; ratio = in-step / alone per call, and the total weights
+// each shape by its time per step. Operands in the step come from other layers (colder caches);
+// alone they are the same buffers call after call.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -27,7 +39,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -38,6 +53,10 @@
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
 #include <loom/train/trainer.hpp>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #ifndef LOOM_BENCH_REFERENCE_DIR
 #define LOOM_BENCH_REFERENCE_DIR "bench/reference"
@@ -157,13 +176,179 @@ peak_unit unit_for(const std::string& precision, bool torch, const std::map<peak
   return peak_unit::fp32_fma;
 }
 
+namespace gemm_shapes {
+
+using loom::kernels::cpu::detail::onednn_dtype;
+using loom::kernels::cpu::detail::onednn_matmul_cache;
+using loom::kernels::cpu::detail::onednn_matmul_key;
+
+/// OpenMP threads oneDNN runs on.
+int threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+std::size_t bytes_of(onednn_dtype t) { return t == onednn_dtype::f32 ? 4 : 2; }
+const char* name_of(onednn_dtype t) { return t == onednn_dtype::f32 ? "f32" : t == onednn_dtype::bf16 ? "bf16" : "f16"; }
+
+/// Random operands for every key of a run: one 64-byte aligned buffer per role (A, B, C) and
+/// element type, sized to the largest key that uses it; values uniform in [-1, 1).
+class operand_pool {
+ public:
+  void reserve(const onednn_matmul_key& k) {
+    need(k.ab, 'a', std::size_t(k.trans_a ? k.K : k.M) * std::size_t(k.lda));
+    need(k.ab, 'b', std::size_t(k.trans_b ? k.N : k.K) * std::size_t(k.ldb));
+    need(k.c, 'c', std::size_t(k.M) * std::size_t(k.ldc));
+  }
+  /// Allocates and fills every buffer reserved so far (call once, after every reserve).
+  void fill() {
+    std::uint64_t seed = 1;
+    for (auto& [id, buf] : bufs_) {
+      buf.data.reset(static_cast<std::byte*>(::operator new[](buf.count * bytes_of(id.first), std::align_val_t(64))));
+      for (std::size_t i = 0; i < buf.count; ++i) {
+        const float v = float(2 * loom::random_uniform(seed, 0, i) - 1);
+        if (id.first == onednn_dtype::f32) reinterpret_cast<float*>(buf.data.get())[i] = v;
+        else if (id.first == onednn_dtype::bf16) reinterpret_cast<Eigen::bfloat16*>(buf.data.get())[i] = Eigen::bfloat16(v);
+        else reinterpret_cast<Eigen::half*>(buf.data.get())[i] = Eigen::half(v);
+      }
+      ++seed;
+    }
+  }
+  /// C = alpha op(A) op(B) + beta C through `cache`'s primitive of key `k`.
+  void run(onednn_matmul_cache& cache, const onednn_matmul_key& k) {
+    float alpha, beta;
+    std::memcpy(&alpha, &k.alpha_bits, 4);
+    std::memcpy(&beta, &k.beta_bits, 4);
+    auto go = [&]<class T, class OutT>(T*, OutT*) {
+      cache.run<T, OutT>(k.trans_a, k.trans_b, k.M, k.N, k.K, alpha, at<T>(k.ab, 'a'), k.lda, at<T>(k.ab, 'b'), k.ldb,
+                         beta, at<OutT>(k.c, 'c'), k.ldc);
+    };
+    const bool c32 = k.c == onednn_dtype::f32;
+    if (k.ab == onednn_dtype::f32) go((float*)nullptr, (float*)nullptr);
+    else if (k.ab == onednn_dtype::bf16) c32 ? go((Eigen::bfloat16*)nullptr, (float*)nullptr)
+                                             : go((Eigen::bfloat16*)nullptr, (Eigen::bfloat16*)nullptr);
+    else c32 ? go((Eigen::half*)nullptr, (float*)nullptr) : go((Eigen::half*)nullptr, (Eigen::half*)nullptr);
+  }
+
+ private:
+  struct aligned_free {
+    void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t(64)); }
+  };
+  struct buffer {
+    std::size_t count = 0;
+    std::unique_ptr<std::byte[], aligned_free> data;
+  };
+  void need(onednn_dtype t, char role, std::size_t n) {
+    auto& b = bufs_[{t, role}];
+    b.count = std::max(b.count, n);
+  }
+  template <class T>
+  T* at(onednn_dtype t, char role) { return reinterpret_cast<T*>(bufs_.at({t, role}).data.get()); }
+  std::map<std::pair<onednn_dtype, char>, buffer> bufs_;
+};
+
+/// One key's measurements over the rounds (microseconds per call).
+struct shape_row {
+  double calls_per_step = 0;
+  std::string impl;
+  std::vector<double> in_step_us, alone_us;
+};
+
+/// Trains bench config M (micro-batch B x T, precision Prec) with GEMM timing on and prints its
+/// table: per key, calls per step, in-step and alone microseconds per call (medians over
+/// `rounds`), GFLOP/s of each and their ratio; then the time-weighted total.
+template <class M, int B, int T, class Prec>
+void run_table(int steps, int rounds) {
+  using namespace loom;
+  using P = policy<device::cpu, Prec>;
+  context<device::cpu> ctx;
+  train::trainer_config cfg;
+  cfg.schedule = {1e-3, 1e-4, 10, 1000};
+  using scaler = std::conditional_t<Prec::needs_loss_scaling, train::dynamic_loss_scaler, train::no_loss_scaler>;
+  train::trainer<M, P, B, T, kernels::fused, scaler> tr(ctx, cfg);
+  std::vector<std::int32_t> w(tr.windows_per_step() * tr.window());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::int32_t(random_below(M::vocab, 1, 0, i));
+  for (int s = 0; s < 2; ++s) tr.step(ctx, w);  // warm-up, timing off: primitives made, buffers touched
+  fmt::print("\n{} {}, micro-batch {} x {}: ", M::name, Prec::name, B, T);
+  onednn_matmul_cache* cache = ctx.gemm_cache.get();
+  if (!cache) {
+    fmt::print("its linear layers do not use oneDNN's matmul primitive here (linear_uses_onednn_matmul)\n");
+    return;
+  }
+  if (!cache->timings().empty()) fmt::print("(unexpected: timings recorded while timing was off) ");
+
+  std::map<onednn_matmul_key, shape_row> rows;
+  operand_pool pool;
+  std::vector<double> step_ms;
+  for (int r = 0; r < rounds; ++r) {
+    cache->reset_timings();
+    cache->set_timing(true);
+    for (int s = 0; s < steps; ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      tr.step(ctx, w);
+      step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    cache->set_timing(false);
+    for (const auto& t : cache->timings()) {
+      auto& row = rows[t.key];
+      row.calls_per_step = double(t.calls) / steps;
+      row.impl = t.impl;
+      row.in_step_us.push_back(t.seconds / double(t.calls) * 1e6);
+    }
+    if (r == 0) {
+      for (const auto& [key, row] : rows) pool.reserve(key);
+      pool.fill();
+    }
+    cache->set_timing(true);
+    for (const auto& [key, row] : rows) {
+      pool.run(*cache, key);  // not counted: the key's operands into the caches, as for a benchmark
+      cache->reset_timings();
+      const int n = std::max(1, int(row.calls_per_step + 0.5));
+      for (int i = 0; i < n; ++i) pool.run(*cache, key);
+      const auto t = cache->timings();
+      rows[key].alone_us.push_back(t.at(0).seconds / double(t.at(0).calls) * 1e6);
+    }
+    cache->set_timing(false);
+  }
+
+  const double step = median(step_ms);
+  fmt::print("{} rounds of {} steps, step {:.1f} ms (median), {} threads\n", rounds, steps, step, threads());
+  fmt::print("| op | M x N x K | A,B -> C | beta | calls/step | in-step us | alone us | in-step GFLOP/s | alone GFLOP/s "
+             "| in-step/alone | oneDNN impl |\n");
+  fmt::print("|----|-----------|----------|------|-----------:|-----------:|---------:|----------------:|--------------:"
+             "|--------------:|-------------|\n");
+  double in_total = 0, alone_total = 0, calls = 0;
+  for (const auto& [k, row] : rows) {
+    const double in = median(row.in_step_us), alone = median(row.alone_us);
+    const double gflop = 2.0 * k.M * k.N * k.K * 1e-9;
+    float beta;
+    std::memcpy(&beta, &k.beta_bits, 4);
+    fmt::print("| {}{} | {} x {} x {} | {} -> {} | {:g} | {:.0f} | {:.1f} | {:.1f} | {:.0f} | {:.0f} | {:.2f} | {} |\n",
+               k.trans_a ? 'T' : 'N', k.trans_b ? 'T' : 'N', k.M, k.N, k.K, name_of(k.ab), name_of(k.c), beta,
+               row.calls_per_step, in, alone, gflop / (in * 1e-6), gflop / (alone * 1e-6), in / alone, row.impl);
+    in_total += row.calls_per_step * in;
+    alone_total += row.calls_per_step * alone;
+    calls += row.calls_per_step;
+  }
+  fmt::print("| total | {} shapes | | | {:.0f} | {:.1f} ms/step | {:.1f} ms/step | | | {:.2f} | |\n", rows.size(), calls,
+             in_total * 1e-3, alone_total * 1e-3, in_total / alone_total);
+  fmt::print("GEMMs through the cache: {:.0f} % of the step. NT: forward y = x W^T (beta 1: + bias); NN: backward "
+             "dx = dy W (beta 1: +=); TN: backward dW += dy^T x (W stored (OC,C)).\n",
+             100.0 * in_total * 1e-3 / step);
+}
+
+}  // namespace gemm_shapes
+
 }  // namespace
 
 int main(int argc, char** argv) {
   loom::device::configure_host_malloc_for_gemm();
   int steps = 3, rounds = 3;
   double peak_gflops = 0;
-  bool no_torch = false, gpt2 = false, llama = false;
+  bool no_torch = false, gpt2 = false, llama = false, gemm_mode = false;
   std::string python = "/usr/bin/python3", script = std::string(LOOM_BENCH_REFERENCE_DIR) + "/torch_step.py";
   CLI::App app{"bench_step: one training step on the CPU, loom beside PyTorch in the same run: tokens/s, MFU, memory"};
   app.add_option("--steps", steps, "timed steps per row and round (after one warm-up step)")
@@ -176,9 +361,26 @@ int main(int argc, char** argv) {
   app.add_flag("--llama", llama,
                "also the Llama rows: llama_quickstart 16 x 128 beside quickstart_bpe, and with --gpt2-small "
                "llama_100m 4 x 256 beside GPT-2 small, fp32 and bf16");
+  app.add_flag("--gemm-shapes", gemm_mode,
+               "instead: each GEMM shape of the step (bench_small; GPT-2 small with --gpt2-small) beside the same "
+               "oneDNN matmul primitive run alone; --steps steps per round, --rounds rounds");
   app.add_option("--python", python, "interpreter with torch for the reference")->capture_default_str();
   app.add_option("--torch-script", script, "the reference script")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+
+  using loom::models::bench_small, loom::models::gpt2_small, loom::models::quickstart;
+  using loom::precision::bf16, loom::precision::fp32;
+  if (gemm_mode) {
+    fmt::print("bench_step --gemm-shapes: in-step = the training step's calls, alone = the same primitive on its own "
+               "buffers; microseconds per call, medians over rounds\n");
+    gemm_shapes::run_table<bench_small, 8, 256, fp32>(steps, rounds);
+    gemm_shapes::run_table<bench_small, 8, 256, bf16>(steps, rounds);
+    if (gpt2) {
+      gemm_shapes::run_table<gpt2_small, 4, 256, fp32>(steps, rounds);
+      gemm_shapes::run_table<gpt2_small, 4, 256, bf16>(steps, rounds);
+    }
+    return 0;
+  }
 
   int threads = 1;
   const auto peaks = measure_peaks(peak_gflops, threads);
@@ -188,8 +390,6 @@ int main(int argc, char** argv) {
   fmt::print("peaks (GFLOP/s, {} threads): {}; PyTorch reference: {}\n", threads, peak_line,
              torch ? python : no_torch ? "off (--no-torch)" : python + " has no torch (Debian: python3-torch)");
 
-  using loom::models::bench_small, loom::models::gpt2_small, loom::models::quickstart;
-  using loom::precision::bf16, loom::precision::fp32;
   // rows 1 and 2 are bench_small fp32 and bf16 (the closing ratio line reads them)
   std::vector<row_shape> shapes = {shape_of<quickstart, 16, 128, fp32>(), shape_of<bench_small, 8, 256, fp32>(),
                                    shape_of<bench_small, 8, 256, bf16>()};

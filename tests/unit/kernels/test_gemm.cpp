@@ -5,6 +5,7 @@
 // oneDNN's sgemm and matmul primitive when loom is built with oneDNN).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -232,6 +233,66 @@ TEST_CASE("gemm onednn_matmul cache: one primitive per shape, reused; the worksp
   CHECK(cache.created() == 3);
   CHECK(cache.workspace_bytes() == large);
   MESSAGE("workspace: " << small << " bytes after 37x53x29, " << large << " after 512x384x384");
+}
+
+TEST_CASE("gemm onednn_matmul cache: per-key timing when on, one record per key; nothing when off") {
+  namespace d = loom::kernels::cpu::detail;
+  onednn_matmul_cache cache;
+  CHECK_FALSE(cache.timing());
+  if (!d::gemm_has_onednn_matmul) {
+    CHECK(cache.timings().empty());
+    return;
+  }
+  strided<bf16> x(37, 29, 0, 41, -1.0, 1.0), w(53, 29, 0, 42, -1.0, 1.0);
+  std::vector<float> xf(std::size_t(37) * 29, 0.5f), wf(std::size_t(53) * 29, 0.25f);
+  std::vector<bf16> y(std::size_t(37) * 53);
+  std::vector<float> yf(std::size_t(37) * 53);
+  auto fwd = [&](float beta) {  // y (37,53) = x (37,29) w (53,29)^T, bf16 result
+    d::gemm<bf16, bf16>(cache, false, true, 37, 53, 29, 1.0f, x.data.data(), 29, w.data.data(), 29, beta, y.data(), 53);
+  };
+  auto fwd32 = [&] {  // the same product on fp32 operands
+    d::gemm<float, float>(cache, false, true, 37, 53, 29, 1.0f, xf.data(), 29, wf.data(), 29, 0.0f, yf.data(), 53);
+  };
+  fwd(0.0f);  // timing off: primitives are made and run, nothing is recorded
+  fwd32();
+  CHECK(cache.size() == 2);
+  CHECK(cache.timings().empty());
+
+  cache.set_timing(true);
+  CHECK(cache.timing());
+  for (int i = 0; i < 3; ++i) fwd(0.0f);
+  for (int i = 0; i < 2; ++i) fwd(1.0f);  // beta 1: another key
+  fwd32();                                // fp32 operands: another key
+  d::gemm<float, float>(cache, false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.0f, yf.data(), 2);  // K == 0: no product
+  const auto t = cache.timings();
+  REQUIRE(t.size() == 3);
+  const d::onednn_matmul_key bf16_beta0{37, 53, 29, 29, 29, 53, false, true, d::onednn_dtype::bf16, d::onednn_dtype::bf16,
+                                        0x3f800000u, 0u};
+  std::size_t total = 0;
+  for (const auto& r : t) {
+    CHECK(r.seconds > 0.0);
+    CHECK(r.impl == cache.impl_name(r.key));
+    CHECK_FALSE(r.impl.empty());
+    CHECK(r.key.M == 37);
+    total += r.calls;
+    if (r.key == bf16_beta0) CHECK(r.calls == 3);
+    else if (r.key.ab == d::onednn_dtype::f32) CHECK(r.calls == 1);
+    else CHECK(r.calls == 2);  // bf16, beta 1
+  }
+  CHECK(total == 6);
+  CHECK(std::count_if(t.begin(), t.end(), [&](const auto& r) { return r.key == bf16_beta0; }) == 1);
+
+  cache.set_timing(false);  // off again: the records stay, nothing is added
+  fwd(0.0f);
+  const auto kept = cache.timings();
+  REQUIRE(kept.size() == 3);
+  for (std::size_t i = 0; i < kept.size(); ++i) CHECK(kept[i].calls == t[i].calls);
+  cache.reset_timings();    // dropped; primitives kept
+  CHECK(cache.timings().empty());
+  CHECK(cache.size() == 3);
+  for (const auto& r : t)
+    MESSAGE("37x53x29 NT, " << (r.key.ab == d::onednn_dtype::f32 ? "fp32" : "bf16") << " beta " << (r.key.beta_bits ? 1 : 0)
+                            << ": " << r.calls << " calls, " << r.seconds * 1e6 << " us, " << r.impl);
 }
 
 TEST_CASE("gemm onednn_matmul: only through a cache; K == 0 and alpha == 0 scale C") {

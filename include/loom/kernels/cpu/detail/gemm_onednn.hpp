@@ -18,6 +18,10 @@
 /// key, and one loom-owned workspace that is the primitives' scratchpad
 /// (scratchpad_mode::user, passed as DNNL_ARG_SCRATCHPAD), grown to the largest need.
 ///
+/// Timing (off by default): set_timing(true) makes the cache record, per key, the calls and the
+/// wall-clock seconds of the primitive's execution (execute plus stream wait), read back with
+/// timings(); bench_step --gemm-shapes compares them with the same primitive run alone.
+///
 /// fp16 operands: oneDNN 2.x implements an f16 matmul on CPUs with AVX512-FP16 only. Elsewhere
 /// (primitive creation reports "unimplemented") the cache converts A and B to contiguous fp32
 /// in the same workspace and runs the fp32 primitive; an fp16 C is then computed in fp32 in the
@@ -26,6 +30,7 @@
 /// Written against the oneDNN 2.x C++ API (Debian libdnnl-dev 2.6.3). With oneDNN 3.x the
 /// primitive descriptor takes the engine first and output scales are gone: that branch is
 /// compiled only there (not in loom's CI) and refuses alpha != 1.
+#include <chrono>
 #include <compare>
 #include <cstddef>
 #include <cstdint>
@@ -69,6 +74,19 @@ struct onednn_matmul_key {
   auto operator<=>(const onednn_matmul_key&) const = default;
 };
 
+/// What the cache measured for one key while timing was on (onednn_matmul_cache::timings()).
+struct onednn_matmul_timing {
+  onednn_matmul_key key;
+  /// Products of this key run while timing was on.
+  std::size_t calls = 0;
+  /// Their total wall-clock time in seconds (std::chrono::steady_clock): the primitive's
+  /// execute plus the stream wait, so the whole product on oneDNN's threads. Not included: the
+  /// key lookup, primitive creation, and the fp32 conversions of fp16 operands (convert path).
+  double seconds = 0;
+  /// oneDNN's implementation name (as impl_name(key)).
+  std::string impl;
+};
+
 /// Caches oneDNN matmul primitives by shape and runs them (gemm_impl::onednn_matmul).
 ///
 /// Holds: the CPU engine (index 0) and one in-order stream; one primitive per
@@ -105,6 +123,21 @@ class onednn_matmul_cache {
   /// key has no primitive yet.
   std::string impl_name(const onednn_matmul_key& key) const;
 
+  /// Turns per-key timing on or off (off after construction). While on, every run() adds one
+  /// call and the seconds of its execute plus stream wait to its key's record (two
+  /// steady_clock reads per product); while off, run() costs one branch more than without it.
+  /// Turning timing off keeps what was recorded.
+  void set_timing(bool on) noexcept { timing_ = on; }
+  /// Whether run() records timings (set_timing).
+  bool timing() const noexcept { return timing_; }
+  /// The records of every key run at least once while timing was on, in key order (one per
+  /// distinct onednn_matmul_key; see onednn_matmul_timing for what `seconds` covers). Empty
+  /// when timing was never on, after reset_timings(), and when built without oneDNN.
+  std::vector<onednn_matmul_timing> timings() const;
+  /// Drops the recorded calls and seconds of every key (the primitives stay; timing stays on
+  /// or off as it was).
+  void reset_timings() noexcept;
+
   /// C (M,N) = alpha * op(A) op(B) + beta * C, fp32 accumulation, through the primitive of
   /// this shape (created on first use, reused after). Same argument contract as
   /// loom::kernels::cpu::gemm, which the caller has checked (gemm_check), with M, N, K > 0.
@@ -127,6 +160,7 @@ class onednn_matmul_cache {
   std::map<onednn_matmul_key, std::unique_ptr<entry>> entries_;
   std::unique_ptr<std::byte[], aligned_free> workspace_;
   std::size_t workspace_bytes_ = 0, created_ = 0, executions_ = 0;
+  bool timing_ = false;
 #if defined(LOOM_WITH_ONEDNN)
   dnnl::engine engine_;
   dnnl::stream stream_;
@@ -164,6 +198,8 @@ struct onednn_matmul_cache::entry {
   // operands with set_data_handle (so a call allocates nothing on loom's side).
   dnnl::memory ma, mb, mc, msp;
   std::vector<dnnl_exec_arg_t> args;  // for the C API's execute (the C++ one copies a map per call)
+  std::size_t timed_calls = 0;        // set_timing(true): products run and their seconds
+  double timed_seconds = 0;
 };
 
 inline onednn_matmul_cache::onednn_matmul_cache() {
@@ -178,6 +214,17 @@ inline onednn_matmul_cache::onednn_matmul_cache() {
 inline std::string onednn_matmul_cache::impl_name(const onednn_matmul_key& key) const {
   const auto it = entries_.find(key);
   return it == entries_.end() ? std::string() : it->second->impl;
+}
+
+inline std::vector<onednn_matmul_timing> onednn_matmul_cache::timings() const {
+  std::vector<onednn_matmul_timing> out;
+  for (const auto& [key, e] : entries_)
+    if (e->timed_calls > 0) out.push_back({key, e->timed_calls, e->timed_seconds, e->impl});
+  return out;
+}
+
+inline void onednn_matmul_cache::reset_timings() noexcept {
+  for (auto& [key, e] : entries_) e->timed_calls = 0, e->timed_seconds = 0;
 }
 
 /// dnnl data type of an onednn_dtype.
@@ -296,9 +343,15 @@ void onednn_matmul_cache::run(bool trans_a, bool trans_b, int M, int N, int K, f
     e.mb.set_data_handle(pb);
     e.mc.set_data_handle(pc);
     if (e.scratch > 0) e.msp.set_data_handle(ws);
+    using clock = std::chrono::steady_clock;
+    const clock::time_point t0 = timing_ ? clock::now() : clock::time_point{};
     dnnl::error::wrap_c_api(dnnl_primitive_execute(e.prim.get(), stream_.get(), int(e.args.size()), e.args.data()),
                             "could not execute the matmul primitive");
     stream_.wait();
+    if (timing_) {
+      ++e.timed_calls;
+      e.timed_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+    }
   } catch (const dnnl::error& err) {
     throw device_error(int(err.status), "dnnl::matmul::execute", err.what());
   }
@@ -313,6 +366,10 @@ struct onednn_matmul_cache::entry {};
 inline onednn_matmul_cache::onednn_matmul_cache() = default;
 
 inline std::string onednn_matmul_cache::impl_name(const onednn_matmul_key&) const { return {}; }
+
+inline std::vector<onednn_matmul_timing> onednn_matmul_cache::timings() const { return {}; }
+
+inline void onednn_matmul_cache::reset_timings() noexcept {}
 
 template <class T, class OutT>
 void onednn_matmul_cache::run(bool, bool, int, int, int, float, const T*, int, const T*, int, float, OutT*, int) {
