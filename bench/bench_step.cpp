@@ -30,7 +30,8 @@
 // makes, on separate random buffers of the key's sizes (leading dimensions included), after one
 // untimed call. Medians over the rounds; ratio = in-step / alone per call, and the total weights
 // each shape by its time per step. Operands in the step come from other layers (colder caches);
-// alone they are the same buffers call after call.
+// alone they are the same buffers call after call; "cold" repeats the alone calls with every
+// thread's L2 evicted before each one (evict_l2; not timed), which is closer to the step's state.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -254,8 +255,25 @@ class operand_pool {
 struct shape_row {
   double calls_per_step = 0;
   std::string impl;
-  std::vector<double> in_step_us, alone_us;
+  std::vector<double> in_step_us, alone_us, cold_us;
 };
+
+/// Evicts every thread's L2 (and L1): each OpenMP thread reads and rewrites its own 16 MiB, four
+/// times this machine kind's 4 MiB L2, so the next product's operands come from L3 or memory,
+/// as in a training step where other kernels ran in between. L3 (shared, hundreds of MiB on a
+/// server part) is left as it is.
+void evict_l2(std::vector<std::vector<float>>& junk) {
+#pragma omp parallel
+  {
+#ifdef _OPENMP
+    auto& v = junk[std::size_t(omp_get_thread_num())];
+#else
+    auto& v = junk[0];
+#endif
+    if (v.empty()) v.assign(std::size_t(4) << 20, 1.0f);
+    for (float& x : v) x = x * 0.5f + 0.5f;
+  }
+}
 
 /// Trains bench config M (micro-batch B x T, precision Prec) with GEMM timing on and prints its
 /// table: per key, calls per step, in-step and alone microseconds per call (medians over
@@ -282,6 +300,7 @@ void run_table(int steps, int rounds) {
 
   std::map<onednn_matmul_key, shape_row> rows;
   operand_pool pool;
+  std::vector<std::vector<float>> junk(static_cast<std::size_t>(threads()));
   std::vector<double> step_ms;
   for (int r = 0; r < rounds; ++r) {
     cache->reset_timings();
@@ -310,31 +329,44 @@ void run_table(int steps, int rounds) {
       for (int i = 0; i < n; ++i) pool.run(*cache, key);
       const auto t = cache->timings();
       rows[key].alone_us.push_back(t.at(0).seconds / double(t.at(0).calls) * 1e6);
+      cache->reset_timings();
+      for (int i = 0; i < n; ++i) {  // the same calls with the caches made cold first (not timed)
+        cache->set_timing(false);
+        evict_l2(junk);
+        cache->set_timing(true);
+        pool.run(*cache, key);
+      }
+      const auto c = cache->timings();
+      rows[key].cold_us.push_back(c.at(0).seconds / double(c.at(0).calls) * 1e6);
     }
     cache->set_timing(false);
   }
 
   const double step = median(step_ms);
   fmt::print("{} rounds of {} steps, step {:.1f} ms (median), {} threads\n", rounds, steps, step, threads());
-  fmt::print("| op | M x N x K | A,B -> C | beta | calls/step | in-step us | alone us | in-step GFLOP/s | alone GFLOP/s "
-             "| in-step/alone | oneDNN impl |\n");
-  fmt::print("|----|-----------|----------|------|-----------:|-----------:|---------:|----------------:|--------------:"
-             "|--------------:|-------------|\n");
-  double in_total = 0, alone_total = 0, calls = 0;
+  fmt::print("| op | M x N x K | A,B -> C | beta | calls/step | in-step us | alone us | cold us | in-step GFLOP/s "
+             "| alone GFLOP/s | in-step/alone | in-step/cold | oneDNN impl |\n");
+  fmt::print("|----|-----------|----------|------|-----------:|-----------:|---------:|--------:|----------------:"
+             "|--------------:|--------------:|-------------:|-------------|\n");
+  double in_total = 0, alone_total = 0, cold_total = 0, calls = 0;
   for (const auto& [k, row] : rows) {
-    const double in = median(row.in_step_us), alone = median(row.alone_us);
+    const double in = median(row.in_step_us), alone = median(row.alone_us), cold = median(row.cold_us);
     const double gflop = 2.0 * k.M * k.N * k.K * 1e-9;
     float beta;
     std::memcpy(&beta, &k.beta_bits, 4);
-    fmt::print("| {}{} | {} x {} x {} | {} -> {} | {:g} | {:.0f} | {:.1f} | {:.1f} | {:.0f} | {:.0f} | {:.2f} | {} |\n",
+    fmt::print("| {}{} | {} x {} x {} | {} -> {} | {:g} | {:.0f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} | {:.0f} | {:.2f} "
+               "| {:.2f} | {} |\n",
                k.trans_a ? 'T' : 'N', k.trans_b ? 'T' : 'N', k.M, k.N, k.K, name_of(k.ab), name_of(k.c), beta,
-               row.calls_per_step, in, alone, gflop / (in * 1e-6), gflop / (alone * 1e-6), in / alone, row.impl);
+               row.calls_per_step, in, alone, cold, gflop / (in * 1e-6), gflop / (alone * 1e-6), in / alone, in / cold,
+               row.impl);
     in_total += row.calls_per_step * in;
     alone_total += row.calls_per_step * alone;
+    cold_total += row.calls_per_step * cold;
     calls += row.calls_per_step;
   }
-  fmt::print("| total | {} shapes | | | {:.0f} | {:.1f} ms/step | {:.1f} ms/step | | | {:.2f} | |\n", rows.size(), calls,
-             in_total * 1e-3, alone_total * 1e-3, in_total / alone_total);
+  fmt::print("| total | {} shapes | | | {:.0f} | {:.1f} ms/step | {:.1f} ms/step | {:.1f} ms/step | | | {:.2f} | {:.2f} | |\n",
+             rows.size(), calls, in_total * 1e-3, alone_total * 1e-3, cold_total * 1e-3, in_total / alone_total,
+             in_total / cold_total);
   fmt::print("GEMMs through the cache: {:.0f} % of the step. NT: forward y = x W^T (beta 1: + bias); NN: backward "
              "dx = dy W (beta 1: +=); TN: backward dW += dy^T x (W stored (OC,C)).\n",
              100.0 * in_total * 1e-3 / step);

@@ -43,7 +43,7 @@ struct options {
   std::string recompute = "none", memory_limit, overhead, soc = "Ascend910B";
   int show = 2;
   int ranks = 1, micro_batch = 0, seq_len = 0, grad_accum = 1, global_batch = 0, threads = 0, devices_per_node = 0;
-  bool zero1 = false, offload_optimizer = false;
+  bool zero1 = false, offload_optimizer = false, offload_overlap = true;
   double bucket_mb = 1.0, peak_gflops = 0, link_gbps = 0, link_latency_us = 10, inter_gbps = 0, inter_latency_us = 20;
   double host_gbps = 0;
 };
@@ -176,6 +176,10 @@ int main(int argc, char** argv) {
   app.add_flag("--offload-optimizer", o.offload_optimizer,
                "--device ascend: AdamW state in pinned host memory (train_gpt --offload-optimizer); the plan adds a "
                "host optimizer column");
+  app.add_option("--offload-overlap", o.offload_overlap,
+                 "with --offload-optimizer: on (default) hides the copies behind the next step's first forward, as "
+                 "train_gpt --offload-overlap on does; off counts them all")
+      ->needs(app.get_option("--offload-optimizer"));
   app.add_option("--bucket-mb", o.bucket_mb, "data-parallel bucket size (MiB)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--threads-per-rank", o.threads,
@@ -206,6 +210,13 @@ int main(int argc, char** argv) {
     if (!automatic && !o.memory_limit.empty())
       throw input_error("--memory-limit is for --layout auto; drop it or pass --layout auto");
     const auto [tp, pp] = automatic ? std::pair{1, 1} : train_gpt_cli::parse_layout(o.layout);
+    if (!automatic) {  // a layout that cannot split the model is the basic problem (as train_gpt says it)
+      const models::model_facts* f = models::find_model(o.model);
+      for (const auto& i : all)
+        if (!f && i.model == o.model) f = i.facts;
+      if (const auto problem = f ? f->layout_problem(tp, pp) : std::string(); !problem.empty())
+        throw input_error(problem);
+    }
     const auto* inst = automatic ? nullptr : train::find_session(all, o.model, o.precision, tp, pp, o.device, o.attention);
     if (!automatic && !inst)
       throw input_error("no compiled instance " + o.model + "/" + o.precision + "/" + o.layout + "/" + o.device + "/" +
@@ -230,6 +241,7 @@ int main(int argc, char** argv) {
     a.cfg.grad_accum = o.grad_accum;
     a.cfg.recompute = train_gpt_cli::recompute_mode(o.recompute);
     a.cfg.offload_optimizer = o.offload_optimizer;
+    a.cfg.offload_overlap = o.offload_overlap;
     a.ddp = {.bucket_mb = o.bucket_mb, .zero1 = o.zero1};
     if (automatic) {
       train::layout_request r{.model = o.model, .precision = o.precision, .device = o.device, .attention = o.attention,
@@ -259,8 +271,9 @@ int main(int argc, char** argv) {
     print_estimate(e, double(b) * t * a.cfg.grad_accum * dp, peak, peak_source, net, net_source);
     if (a.cfg.offload_optimizer && o.host_gbps > 0)
       std::printf("  optimizer offload: %.3g s of copies at %.1f GB/s (--host-gbps), %.3g s of them hidden behind the "
-                  "next step's first forward (train_gpt --offload-overlap on), %.3g s included; the host's AdamW pass "
-                  "is not\n", e.offload_copies, o.host_gbps, e.offload_copies - e.offload, e.offload);
+                  "next step's first forward (--offload-overlap %s), %.3g s included; the host's AdamW pass is not\n",
+                  e.offload_copies, o.host_gbps, e.offload_copies - e.offload, o.offload_overlap ? "on" : "off",
+                  e.offload);
     else if (a.cfg.offload_optimizer)
       std::printf("  optimizer offload: its copies are not estimated (pass --host-gbps)\n");
     return 0;

@@ -94,6 +94,10 @@ PY
 }
 OMP_NUM_THREADS=4 plan_matches tp2pp2 --layout tp2pp2 --ranks 4 --grad-accum 4
 OMP_NUM_THREADS=4 plan_matches tp2pp1dp2z --layout tp2pp1 --ranks 4 --grad-accum 2 --zero1
+# a layout that cannot split the model: plan says so (as train_gpt does), not "add an instance"
+rc=0; "$bin/plan" --model quickstart --layout tp4pp1 --ranks 4 --peak-gflops 100 > "$work/badplan.txt" 2>&1 || rc=$?
+[[ $rc == 2 ]] && grep -q 'not divisible by TP=4' "$work/badplan.txt" && ! grep -q LOOM_EXTRA_SESSIONS "$work/badplan.txt" ||
+  { echo "plan --layout tp4pp1 on 6 heads: exit $rc"; cat "$work/badplan.txt"; exit 1; }
 for r in tp2pp2 tp2pp2dp2 tp2pp1 tp1pp2 tp2pp1dp2z; do
   same "$r" one
   [[ $(grep -c '^model ' "$work/$r.txt") == 1 ]] || { echo "$r: more than one rank printed"; cat "$work/$r.txt"; exit 1; }
