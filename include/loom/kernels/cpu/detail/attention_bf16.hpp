@@ -361,17 +361,10 @@ void fused_backward_bf16(Eigen::bfloat16* dqkv, const Eigen::bfloat16* dout, con
         attn_gather_head(w.qn, nullptr, w.qi, qkv, [&](int t) { return p.q_at(b, h, t); }, p.T, Tp, hd);
         attn_gather_head(w.dyn, nullptr, w.dyi, dout, [&](int t) { return p.out_at(b, h, t); }, p.T, Tp, hd);
         std::fill_n(w.dq, 2 * th, 0.0f);
-        float dyr[convert_chunk], orow[convert_chunk];
         for (int i0 = 0; i0 < p.T; i0 += BQ) {
           const int bq = std::min(BQ, p.T - i0);
           if (out) {
-            for (int r = 0; r < bq; ++r) {
-              widen(dyr, dout + p.out_at(b, h, i0 + r), hd);
-              widen(orow, out + p.out_at(b, h, i0 + r), hd);
-              float d = 0;
-              for (int i = 0; i < hd; ++i) d += dyr[i] * orow[i];
-              w.D[i0 + r] = d;
-            }
+            delta_from_output(w.D, dout, out, p, b, h, i0, bq);
             continue;
           }
           std::fill_n(w.D + i0, bq, 0.0f);

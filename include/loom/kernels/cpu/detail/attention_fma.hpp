@@ -308,17 +308,10 @@ void fused_backward_fma(T* dqkv, const T* dout, const T* qkv, const T* out, cons
         attn_fma_gather(w.qn, nullptr, qkv, [&](int t) { return p.q_at(b, h, t); }, p.T, Tp, hd);
         attn_fma_gather(w.dyn, nullptr, dout, [&](int t) { return p.out_at(b, h, t); }, p.T, Tp, hd);
         std::fill_n(w.dq, th, 0.0f);
-        float orow[convert_chunk];
         for (int i0 = 0; i0 < p.T; i0 += BQ) {
           const int bq = std::min(BQ, p.T - i0);
           if (out) {
-            for (int r = 0; r < bq; ++r) {
-              widen(orow, out + p.out_at(b, h, i0 + r), hd);
-              const float* dy = w.dyn + std::size_t(i0 + r) * hd;
-              float d = 0;
-              for (int i = 0; i < hd; ++i) d += dy[i] * orow[i];
-              w.D[i0 + r] = d;
-            }
+            delta_from_output(w.D, dout, out, p, b, h, i0, bq);
             continue;
           }
           std::fill_n(w.D + i0, bq, 0.0f);

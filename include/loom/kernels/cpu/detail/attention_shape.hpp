@@ -11,6 +11,7 @@
 
 #include <loom/core/dropout.hpp>
 #include <loom/kernels/cpu/common.hpp>
+#include <loom/kernels/cpu/detail/convert.hpp>
 
 namespace loom::kernels::cpu::detail {
 
@@ -114,6 +115,21 @@ void online_softmax_rows(A* s, std::ptrdiff_t lds, int bq, int bk, int width, in
       for (int d = 0; d < p.hd; ++d) orow[d] *= alpha;
     }
     m[r] = m_new;
+  }
+}
+
+/// D[i0 + r] = rowsum(dO .* O) over the hd values of rows i0 + r, r < bq, of head (b, h), from
+/// the stored dout and out (storage T widened to fp32; FlashAttention-2, Algorithm 2, line 4).
+template <class T>
+void delta_from_output(float* D, const T* dout, const T* out, const attention_shape<float>& p, int b, int h, int i0,
+                       int bq) {
+  float dyr[convert_chunk], orow[convert_chunk];
+  for (int r = 0; r < bq; ++r) {
+    widen(dyr, dout + p.out_at(b, h, i0 + r), p.hd);
+    widen(orow, out + p.out_at(b, h, i0 + r), p.hd);
+    float d = 0;
+    for (int i = 0; i < p.hd; ++i) d += dyr[i] * orow[i];
+    D[i0 + r] = d;
   }
 }
 
