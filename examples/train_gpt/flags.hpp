@@ -270,6 +270,17 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
   if (!o.out.empty() && (o.out.back() == '/' || std::filesystem::is_directory(o.out, ec)))
     throw loom::input_error("--out '" + o.out + "' is a directory; the trained weights are one file: pass a file "
                             "name such as " + (std::filesystem::path(o.out) / "model.safetensors").string());
+  if (!o.out.empty() && std::filesystem::is_regular_file(o.out, ec)) {  // never write weights over an input
+    const std::filesystem::path out(o.out);
+    bool input = !o.data.empty() && std::filesystem::equivalent(out, o.data, ec);
+    for (const char* ext : {".bin", ".idx", ".json", ".model"})
+      input = input || (!o.data.empty() && std::filesystem::equivalent(out, o.data + ext, ec));
+    if (input || out.extension() != ".safetensors")
+      throw loom::input_error("--out '" + o.out + "' " +
+                              (input ? "is one of the run's --data files" : "exists and is not a .safetensors file") +
+                              "; the trained weights would overwrite it: pass another file name, such as " +
+                              (out.parent_path() / "model.safetensors").string());
+  }
   if (o.device == "ascend" && o.precision == "fp32" && !o.allow_fp32_matmul)
     throw loom::input_error("--device ascend --precision fp32 runs every matmul in fp32 on the NPU's cube unit, a "
                             "fraction of its bf16/fp16 rate; pass --precision bf16, or --allow-fp32-matmul to choose "

@@ -65,6 +65,14 @@ expect_error "--dropout 1 is not a dropout probability.*0 <= p < 1" "$t" --data 
 expect_error "--dropout -0.1 is not a dropout probability" "$t" --data "$work/ok.txt" --model char_tiny --dropout -0.1
 expect_error "--out '.*' is a directory.*model.safetensors" "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --out "$work/"
 expect_error "--eval-every 250 >= --steps 20 leaves no evaluation" "$t" --data "$work/ok.txt" --model char_tiny --steps 20 --early-stop 2
+cp "$work/ok.txt" "$work/ok.copy"
+expect_error "--out '.*ok.txt' is one of the run's --data files.*model.safetensors" "$t" --data "$work/ok.txt" \
+  --model char_tiny --steps 1 --out "$work/ok.txt"
+printf 'notes' > "$work/notes.md"
+expect_error "--out '.*notes.md' exists and is not a .safetensors file" "$t" --data "$work/ok.txt" --model char_tiny \
+  --steps 1 --out "$work/notes.md"
+cmp -s "$work/ok.txt" "$work/ok.copy" && [[ "$(cat "$work/notes.md")" == notes ]] ||
+  { echo "FAILED: a refused --out changed an existing file"; exit 1; }
 expect_error "--out: cannot create files" "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --out /proc/nonexistent/w.safetensors
 
 # a good run writes weights; a later failing run must leave them intact
