@@ -97,25 +97,41 @@ row_shape shape_of() {
           double(loom::nn::parameter_count<M>(false))};
 }
 
+/// The trainer every loom row runs: config M, micro-batch B x T, precision Prec, fused attention,
+/// AdamW (lr 1e-3 -> 1e-4, 10 warm-up steps), a loss scaler where Prec needs one, and one step's
+/// windows of random tokens (the same every step). step() runs one training step and returns
+/// its wall time in ms.
+template <class M, int B, int T, class Prec>
+struct bench_trainer {
+  using scaler =
+      std::conditional_t<Prec::needs_loss_scaling, loom::train::dynamic_loss_scaler, loom::train::no_loss_scaler>;
+  static loom::train::trainer_config config() {
+    loom::train::trainer_config cfg;
+    cfg.schedule = {1e-3, 1e-4, 10, 1000};
+    return cfg;
+  }
+  loom::context<loom::device::cpu> ctx;
+  loom::train::trainer<M, loom::policy<loom::device::cpu, Prec>, B, T, loom::kernels::fused, scaler> tr{ctx, config()};
+  std::vector<std::int32_t> w = [this] {
+    std::vector<std::int32_t> v(tr.windows_per_step() * tr.window());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::int32_t(loom::random_below(M::vocab, 1, 0, i));
+    return v;
+  }();
+  double step() {
+    const auto t0 = std::chrono::steady_clock::now();
+    tr.step(ctx, w);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
 /// Trains `steps` steps after one warm-up step on random tokens; median step time.
 template <class M, int B, int T, class Prec>
 loom_result run_loom(int steps) {
-  using namespace loom;
-  using P = policy<device::cpu, Prec>;
-  context<device::cpu> ctx;
-  train::trainer_config cfg;
-  cfg.schedule = {1e-3, 1e-4, 10, 1000};
-  using scaler = std::conditional_t<Prec::needs_loss_scaling, train::dynamic_loss_scaler, train::no_loss_scaler>;
-  train::trainer<M, P, B, T, kernels::fused, scaler> tr(ctx, cfg);
-  std::vector<std::int32_t> w(tr.windows_per_step() * tr.window());
-  for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::int32_t(random_below(M::vocab, 1, 0, i));
-  tr.step(ctx, w);  // warm-up: first touch of every buffer, thread pool start
+  bench_trainer<M, B, T, Prec> b;
+  auto& tr = b.tr;
+  b.step();  // warm-up: first touch of every buffer, thread pool start
   std::vector<double> ms;
-  for (int s = 0; s < steps; ++s) {
-    const auto t0 = std::chrono::steady_clock::now();
-    tr.step(ctx, w);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
+  for (int s = 0; s < steps; ++s) ms.push_back(b.step());
   loom_result r;
   r.ms = median(ms);
   r.tokens_per_s = double(B) * T / r.ms * 1e3;
@@ -280,18 +296,10 @@ void evict_l2(std::vector<std::vector<float>>& junk) {
 /// `rounds`), GFLOP/s of each and their ratio; then the time-weighted total.
 template <class M, int B, int T, class Prec>
 void run_table(int steps, int rounds) {
-  using namespace loom;
-  using P = policy<device::cpu, Prec>;
-  context<device::cpu> ctx;
-  train::trainer_config cfg;
-  cfg.schedule = {1e-3, 1e-4, 10, 1000};
-  using scaler = std::conditional_t<Prec::needs_loss_scaling, train::dynamic_loss_scaler, train::no_loss_scaler>;
-  train::trainer<M, P, B, T, kernels::fused, scaler> tr(ctx, cfg);
-  std::vector<std::int32_t> w(tr.windows_per_step() * tr.window());
-  for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::int32_t(random_below(M::vocab, 1, 0, i));
-  for (int s = 0; s < 2; ++s) tr.step(ctx, w);  // warm-up, timing off: primitives made, buffers touched
+  bench_trainer<M, B, T, Prec> b;
+  for (int s = 0; s < 2; ++s) b.step();  // warm-up, timing off: primitives made, buffers touched
   fmt::print("\n{} {}, micro-batch {} x {}: ", M::name, Prec::name, B, T);
-  onednn_matmul_cache* cache = ctx.gemm_cache.get();
+  onednn_matmul_cache* cache = b.ctx.gemm_cache.get();
   if (!cache) {
     fmt::print("its linear layers do not use oneDNN's matmul primitive here (linear_uses_onednn_matmul)\n");
     return;
@@ -305,11 +313,7 @@ void run_table(int steps, int rounds) {
   for (int r = 0; r < rounds; ++r) {
     cache->reset_timings();
     cache->set_timing(true);
-    for (int s = 0; s < steps; ++s) {
-      const auto t0 = std::chrono::steady_clock::now();
-      tr.step(ctx, w);
-      step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
+    for (int s = 0; s < steps; ++s) step_ms.push_back(b.step());
     cache->set_timing(false);
     for (const auto& t : cache->timings()) {
       auto& row = rows[t.key];
@@ -330,10 +334,8 @@ void run_table(int steps, int rounds) {
       const auto t = cache->timings();
       rows[key].alone_us.push_back(t.at(0).seconds / double(t.at(0).calls) * 1e6);
       cache->reset_timings();
-      for (int i = 0; i < n; ++i) {  // the same calls with the caches made cold first (not timed)
-        cache->set_timing(false);
+      for (int i = 0; i < n; ++i) {  // the same calls with the caches made cold first (no GEMM: not timed)
         evict_l2(junk);
-        cache->set_timing(true);
         pool.run(*cache, key);
       }
       const auto c = cache->timings();
