@@ -65,22 +65,29 @@ LOOM_TARGET_AVX512_BF16 inline void attn_dot_rows4(int kp, const std::uint32_t* 
                                                    bool accumulate, float alpha) {
   __m512 acc[4][NV];
   const std::uint32_t* ar[4];
+#pragma GCC unroll 8
   for (int i = 0; i < 4; ++i) {
     ar[i] = a + std::min(i, rows - 1) * a_row;
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v)
       acc[i][v] = accumulate && i < rows ? _mm512_loadu_ps(c + i * ldc + 16 * v) : _mm512_setzero_ps();
   }
   for (int p = 0; p < kp; ++p) {
     __m512bh bv[NV];
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + p * b_pair + 16 * v);
+#pragma GCC unroll 8
     for (int i = 0; i < 4; ++i) {
       const __m512bh ai = (__m512bh)_mm512_set1_epi32(int(ar[i][p * a_pair]));
+#pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], ai, bv[v]);
     }
   }
   const __m512 va = _mm512_set1_ps(alpha);
+#pragma GCC unroll 8
   for (int i = 0; i < 4; ++i) {
     if (i >= rows) break;
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v)
       _mm512_storeu_ps(c + i * ldc + 16 * v, accumulate ? acc[i][v] : _mm512_mul_ps(va, acc[i][v]));
   }
@@ -157,7 +164,7 @@ LOOM_TARGET_AVX512_BF16 inline void attn_round_row_pairs(std::uint32_t* dst, std
 /// Gathers rows t < T of one head (row t at src + at(t), hd values) into the word arrays of
 /// Note [bf16 attention products], rows T .. Tp zero (Tp: T padded to attn_bf16_row_pad):
 ///   natural (if non-null)  [Tp][hd/2] words, the rows as stored
-///   trans   (if non-null)  [hd/2][Tp] words: trans[p][t] = pair p of row t
+///   trans   (if non-null)  [hd/2][attn_trans_ld(Tp)] words: trans[p][t] = pair p of row t
 ///   pairs   (if non-null)  [Tp/2][hd] words: pairs[r][d] = row 2r [d] | row 2r+1 [d] << 16
 template <class At>
 void attn_gather_head(std::uint32_t* natural, std::uint32_t* trans, std::uint32_t* pairs, const Eigen::bfloat16* src,
@@ -168,20 +175,29 @@ void attn_gather_head(std::uint32_t* natural, std::uint32_t* trans, std::uint32_
     std::memcpy(&w, x, sizeof w);
     return w;
   };
+  auto ahead = [&](int t) {  // attn_prefetch_rows
+    if (t + attn_prefetch_rows < T) prefetch_bytes(src + at(t + attn_prefetch_rows), sizeof(Eigen::bfloat16) * hd);
+  };
   if (natural) {
-    for (int t = 0; t < T; ++t) std::memcpy(natural + std::size_t(t) * hw, src + at(t), sizeof(std::uint32_t) * hw);
+    for (int t = 0; t < T; ++t) {
+      ahead(t);
+      std::memcpy(natural + std::size_t(t) * hw, src + at(t), sizeof(std::uint32_t) * hw);
+    }
     std::fill(natural + std::size_t(T) * hw, natural + std::size_t(Tp) * hw, 0u);
   }
   if (trans) {
+    const std::size_t ldt = std::size_t(attn_trans_ld(Tp));
     for (int t = 0; t < T; ++t) {
+      ahead(t);
       const Eigen::bfloat16* x = src + at(t);
-      for (int p = 0; p < hw; ++p) trans[std::size_t(p) * Tp + t] = word(x + 2 * p);
+      for (int p = 0; p < hw; ++p) trans[std::size_t(p) * ldt + t] = word(x + 2 * p);
     }
-    for (int p = 0; p < hw; ++p) std::fill(trans + std::size_t(p) * Tp + T, trans + std::size_t(p + 1) * Tp, 0u);
+    for (int p = 0; p < hw; ++p) std::fill(trans + std::size_t(p) * ldt + T, trans + std::size_t(p) * ldt + Tp, 0u);
   }
   if (pairs) {
     for (int r = 0; r < Tp / 2; ++r) {
       std::uint32_t* d = pairs + std::size_t(r) * hd;
+      ahead(2 * r), ahead(2 * r + 1);
       const std::uint16_t* lo = 2 * r < T ? gemm_bits(src + at(2 * r)) : nullptr;
       const std::uint16_t* hi = 2 * r + 1 < T ? gemm_bits(src + at(2 * r + 1)) : nullptr;
       for (int i = 0; i < hd; ++i)
@@ -210,7 +226,7 @@ void forward_tile_bf16(Eigen::bfloat16* out, float* lse, const std::uint32_t* qn
   const int kend = i0 + bq;
   for (int j0 = 0; j0 < kend; j0 += BK) {
     const int bk = std::min(BK, kend - j0), bk16 = attn_tile_width(bk, amx);
-    attn_dot_pairs(amx, bq, bk16, hw, qn + std::size_t(i0) * hw, hw, kt + j0, Tp, s, BK, false, p.scale);
+    attn_dot_pairs(amx, bq, bk16, hw, qn + std::size_t(i0) * hw, hw, kt + j0, attn_trans_ld(Tp), s, BK, false, p.scale);
     online_softmax_rows(s, BK, bq, bk, bk16, i0, j0, p, b, h, m, l, o, hd);
     attn_round_rows(reinterpret_cast<std::uint16_t*>(pw), BK, s, BK, bq, bk16);
     attn_dot_pairs(amx, bq, hd, (bk + 1) / 2, pw, BK / 2, vi + std::size_t(j0 / 2) * hd, hd, o, hd, true);
@@ -230,8 +246,8 @@ void forward_tile_bf16(Eigen::bfloat16* out, float* lse, const std::uint32_t* qn
 }
 
 /// Forward over all (batch, head) on bf16 products: per head, gather Q, K, V once, then its
-/// query tiles in turn, on AMX tiles when amx. Workspace per thread: 1.5 Tp hd + block_q (hd +
-/// 1.5 block_k) floats.
+/// query tiles in turn, on AMX tiles when amx. Workspace per thread: 1.5 (Tp + 16) hd +
+/// block_q (hd + 1.5 block_k) floats.
 template <class Tr>
 void fused_forward_bf16(Eigen::bfloat16* out, float* lse, const Eigen::bfloat16* qkv, const attention_shape<float>& p,
                         bool amx) {
@@ -239,7 +255,7 @@ void fused_forward_bf16(Eigen::bfloat16* out, float* lse, const Eigen::bfloat16*
   static_assert(attn_bf16_row_pad % BQ == 0 && attn_bf16_row_pad % BK == 0 && BK % 32 == 0 && BQ % 32 == 0);
   const int heads = p.B * p.NH, hd = p.hd;
   const int Tp = (p.T + attn_bf16_row_pad - 1) / attn_bf16_row_pad * attn_bf16_row_pad;
-  const std::size_t th = std::size_t(Tp) * hd / 2;  // words of one gathered array
+  const std::size_t th = std::size_t(attn_trans_ld(Tp)) * hd / 2;  // words of one gathered array (either layout)
 #pragma omp parallel
   {
     float* w = thread_workspace(3 * th + std::size_t(BQ) * hd + std::size_t(BQ) * BK * 3 / 2);
@@ -274,7 +290,8 @@ void probabilities_bf16(const attn_bf16_backward_buffers& w, const float* lse, c
                         int h, int i0, int j0, int bq, int bk, int Tp, bool amx) {
   constexpr int BK = Tr::block_k;
   const int hw = p.hd / 2, bk16 = attn_tile_width(bk, amx);
-  attn_dot_pairs(amx, bq, bk16, hw, w.qn + std::size_t(i0) * hw, hw, w.kt + j0, Tp, w.s, BK, false, p.scale);
+  attn_dot_pairs(amx, bq, bk16, hw, w.qn + std::size_t(i0) * hw, hw, w.kt + j0, attn_trans_ld(Tp), w.s, BK, false,
+                 p.scale);
   const std::uint8_t* pad = p.padding(b, j0);
   for (int r = 0; r < bq; ++r)
     probability_row(w.s + std::size_t(r) * BK, causal_prefix(i0 + r, j0, bk), bk16, lse[p.row_at(b, h, i0 + r)], pad);
@@ -290,7 +307,7 @@ void backward_pair_bf16(const attn_bf16_backward_buffers& w, const float* lse, c
   const int hd = p.hd, hw = hd / 2, bq = std::min(BQ, p.T - i0), bk = std::min(BK, i0 + bq - j0);
   const int bk16 = attn_tile_width(bk, amx);
   probabilities_bf16<Tr>(w, lse, p, b, h, i0, j0, bq, bk, Tp, amx);
-  attn_dot_pairs(amx, bq, bk16, hw, w.dyn + std::size_t(i0) * hw, hw, w.vt + j0, Tp, w.dp, BK, false);
+  attn_dot_pairs(amx, bq, bk16, hw, w.dyn + std::size_t(i0) * hw, hw, w.vt + j0, attn_trans_ld(Tp), w.dp, BK, false);
   for (int r = 0; r < bq; ++r) {
     float *P = w.s + std::size_t(r) * BK, *dS = w.dp + std::size_t(r) * BK;
     const float D = w.D[i0 + r];
@@ -339,7 +356,7 @@ void fused_backward_bf16(Eigen::bfloat16* dqkv, const Eigen::bfloat16* dout, con
   static_assert(attn_bf16_row_pad % BQ == 0 && attn_bf16_row_pad % BK == 0 && BK % 32 == 0 && BQ % 32 == 0);
   const int kv_items = p.B * p.nkv(), hd = p.hd, hw = hd / 2;
   const int Tp = (p.T + attn_bf16_row_pad - 1) / attn_bf16_row_pad * attn_bf16_row_pad;
-  const std::size_t th = std::size_t(Tp) * hw, tile = std::size_t(BQ) * BK;
+  const std::size_t th = std::size_t(attn_trans_ld(Tp)) * hw, tile = std::size_t(BQ) * BK;  // as in forward
 #pragma omp parallel
   {
     float* base = thread_workspace(7 * th + 6 * th + Tp + 2 * tile + 3 * tile / 2);
@@ -373,7 +390,8 @@ void fused_backward_bf16(Eigen::bfloat16* dqkv, const Eigen::bfloat16* dout, con
             probabilities_bf16<Tr>(w, lse, p, b, h, i0, j0, bq, bk, Tp, amx);
             if (p.drop.active())
               for (int r = 0; r < bq; ++r) apply_dropout(w.s + std::size_t(r) * BK, bk, p, b, h, i0 + r, j0);
-            attn_dot_pairs(amx, bq, bk16, hw, w.dyn + std::size_t(i0) * hw, hw, w.vt + j0, Tp, w.dp, BK, false);
+            attn_dot_pairs(amx, bq, bk16, hw, w.dyn + std::size_t(i0) * hw, hw, w.vt + j0, attn_trans_ld(Tp), w.dp, BK,
+                           false);
             for (int r = 0; r < bq; ++r) {
               float d = 0;
               for (int c = 0; c < bk16; ++c) d += w.s[std::size_t(r) * BK + c] * w.dp[std::size_t(r) * BK + c];
@@ -383,12 +401,10 @@ void fused_backward_bf16(Eigen::bfloat16* dqkv, const Eigen::bfloat16* dout, con
         }
         for (int j0 = 0; j0 < p.T; j0 += BK)
           for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ) backward_pair_bf16<Tr>(w, lse, p, b, h, i0, j0, Tp, amx);
-        for (int t = 0; t < p.T; ++t) narrow(dqkv + p.q_at(b, h, t), w.dq + std::size_t(t) * hd, hd);
+        scatter_head_rows(dqkv, [&](int t) { return p.q_at(b, h, t); }, w.dq, p.T, hd);
       }
-      for (int t = 0; t < p.T; ++t) {
-        narrow(dqkv + p.k_at(b, h0, t), w.dk + std::size_t(t) * hd, hd);
-        narrow(dqkv + p.v_at(b, h0, t), w.dv + std::size_t(t) * hd, hd);
-      }
+      scatter_head_rows(dqkv, [&](int t) { return p.k_at(b, h0, t); }, w.dk, p.T, hd);
+      scatter_head_rows(dqkv, [&](int t) { return p.v_at(b, h0, t); }, w.dv, p.T, hd);
     }
   }
 }

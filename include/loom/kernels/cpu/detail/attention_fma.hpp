@@ -13,7 +13,8 @@
 /// broadcasts A elements from any (row, contraction) stride and loads B rows 16 floats at a
 /// time, so no tile is ever repacked:
 ///   Qn, dOn, Kn, Vn   [Tp][HD]  natural rows (Kn only in backward, Vn only in forward)
-///   Kt, Vt            [HD][Tp]  transposed: the B operand of S = Q K^T and dP = dO V^T
+///   Kt, Vt            [HD][Tp + 16]  transposed (attn_trans_ld): the B operand of S = Q K^T
+///                     and dP = dO V^T
 /// (Tp: T padded with zero rows to a multiple of 128). The products, as (A, B) -> C:
 ///   forward   S = scale Qn Kt,  O += P Vn
 ///   backward  S = scale Qn Kt,  dP = dOn Vt,  dV += P^T dOn,  dK += dS^T Qn,  dQ += dS Kn
@@ -66,22 +67,29 @@ LOOM_TARGET_AVX512F inline void attn_fma_block(int kn, const float* a, std::ptrd
                                                int rows, bool accumulate, float alpha) {
   __m512 acc[MR][NV];
   const float* ar[MR];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     ar[i] = a + std::min(i, rows - 1) * a_row;
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v)
       acc[i][v] = accumulate && i < rows ? _mm512_loadu_ps(c + i * ldc + 16 * v) : _mm512_setzero_ps();
   }
   for (int k = 0; k < kn; ++k) {
     __m512 bv[NV];
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(b + k * ldb + 16 * v);
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 ai = _mm512_set1_ps(ar[i][k * a_k]);
+#pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
     }
   }
   const __m512 va = _mm512_set1_ps(alpha);
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     if (i >= rows) break;
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v)
       _mm512_storeu_ps(c + i * ldc + 16 * v, accumulate ? acc[i][v] : _mm512_mul_ps(va, acc[i][v]));
   }
@@ -144,20 +152,22 @@ LOOM_TARGET_AVX512F inline void attn_fma(int rows, int cols, int kn, const float
 #endif  // LOOM_GEMM_HAS_AVX512_BF16
 
 /// Gathers rows t < T of one head (row t at src + at(t), hd values, widened to fp32) into
-/// natural (if non-null, [Tp][hd]) and trans (if non-null, [hd][Tp], trans[d][t] = row t [d]);
-/// rows (columns) T .. Tp are zero.
+/// natural (if non-null, [Tp][hd]) and trans (if non-null, [hd][attn_trans_ld(Tp)],
+/// trans[d][t] = row t [d]); rows (columns) T .. Tp are zero.
 template <class T, class At>
 void attn_fma_gather(float* natural, float* trans, const T* src, At at, int Tn, int Tp, int hd) {
   float row[convert_chunk];
+  const std::size_t ldt = std::size_t(attn_trans_ld(Tp));
   for (int t = 0; t < Tn; ++t) {
+    if (t + attn_prefetch_rows < Tn) prefetch_bytes(src + at(t + attn_prefetch_rows), sizeof(T) * hd);
     float* x = natural ? natural + std::size_t(t) * hd : row;
     widen(x, src + at(t), hd);
     if (trans)
-      for (int d = 0; d < hd; ++d) trans[std::size_t(d) * Tp + t] = x[d];
+      for (int d = 0; d < hd; ++d) trans[std::size_t(d) * ldt + t] = x[d];
   }
   if (natural) std::fill(natural + std::size_t(Tn) * hd, natural + std::size_t(Tp) * hd, 0.0f);
   if (trans)
-    for (int d = 0; d < hd; ++d) std::fill(trans + std::size_t(d) * Tp + Tn, trans + std::size_t(d + 1) * Tp, 0.0f);
+    for (int d = 0; d < hd; ++d) std::fill(trans + std::size_t(d) * ldt + Tn, trans + std::size_t(d) * ldt + Tp, 0.0f);
 }
 
 #if LOOM_GEMM_HAS_AVX512_BF16
@@ -178,7 +188,7 @@ void forward_tile_fma(T* out, float* lse, const float* qn, const float* kt, cons
   for (int j0 = 0; j0 < kend; j0 += BK) {
     const int bk = std::min(BK, kend - j0), bk16 = (bk + 15) / 16 * 16;
     const int shift = i0 - j0;  // score columns past a row block's last visible key stay unwritten:
-    attn_fma(bq, bk16, hd, qn + std::size_t(i0) * hd, hd, 1, kt + j0, Tp, s, BK, false, p.scale,
+    attn_fma(bq, bk16, hd, qn + std::size_t(i0) * hd, hd, 1, kt + j0, attn_trans_ld(Tp), s, BK, false, p.scale,
              {attn_causal::key_columns, shift});
     online_softmax_rows(s, BK, bq, bk, bk16, i0, j0, p, b, h, m, l, o, hd);  // zeroes them
     attn_fma(bq, hd, bk, s, BK, 1, vn + std::size_t(j0) * hd, hd, o, hd, true, 1.0f, {attn_causal::key_prefix, shift});
@@ -198,14 +208,14 @@ void forward_tile_fma(T* out, float* lse, const float* qn, const float* kt, cons
 }
 
 /// Forward over all (batch, head) on the FMA products: per head, gather Qn, Kt, Vn once, then
-/// its query tiles in turn. Workspace per thread: 3 Tp hd + block_q (hd + block_k) floats.
+/// its query tiles in turn. Workspace per thread: 3 (Tp + 16) hd + block_q (hd + block_k) floats.
 template <class Tr, class T>
 void fused_forward_fma(T* out, float* lse, const T* qkv, const attention_shape<float>& p) {
   constexpr int BQ = Tr::block_q, BK = Tr::block_k;
   static_assert(attn_fma_row_pad % BQ == 0 && attn_fma_row_pad % BK == 0);
   const int heads = p.B * p.NH, hd = p.hd;
   const int Tp = (p.T + attn_fma_row_pad - 1) / attn_fma_row_pad * attn_fma_row_pad;
-  const std::size_t th = std::size_t(Tp) * hd;
+  const std::size_t th = std::size_t(attn_trans_ld(Tp)) * hd;  // a gathered array, natural or transposed
   // Every thread takes its workspace before the dynamic loop, whether or not it gets an item,
   // so the first call grows all of them and later calls allocate nothing.
 #pragma omp parallel
@@ -225,7 +235,7 @@ void fused_forward_fma(T* out, float* lse, const T* qkv, const attention_shape<f
 
 /// The gathered arrays and tiles of one thread's FMA backward (Note [fp32 attention products]).
 struct attn_fma_backward_buffers {
-  float *qn, *dyn, *kn, *kt, *vt;  // gathered head: [Tp][hd] or [hd][Tp]
+  float *qn, *dyn, *kn, *kt, *vt;  // gathered head: [Tp][hd] or [hd][attn_trans_ld(Tp)]
   float *dq, *dk, *dv, *D;         // fp32 accumulators (Tp x hd) and D (Tp)
   float *s, *dp;                   // block_q x block_k score tiles
 };
@@ -240,11 +250,12 @@ void probabilities_fma(const attn_fma_backward_buffers& w, const float* lse, con
   constexpr int BK = Tr::block_k;
   const int hd = p.hd, bk16 = (bk + 15) / 16 * 16;
   const attn_causal columns{attn_causal::key_columns, i0 - j0};
-  attn_fma(bq, bk16, hd, w.qn + std::size_t(i0) * hd, hd, 1, w.kt + j0, Tp, w.s, BK, false, p.scale, columns);
+  const int ldt = attn_trans_ld(Tp);
+  attn_fma(bq, bk16, hd, w.qn + std::size_t(i0) * hd, hd, 1, w.kt + j0, ldt, w.s, BK, false, p.scale, columns);
   const std::uint8_t* pad = p.padding(b, j0);
   for (int r = 0; r < bq; ++r)
     probability_row(w.s + std::size_t(r) * BK, causal_prefix(i0 + r, j0, bk), bk16, lse[p.row_at(b, h, i0 + r)], pad);
-  attn_fma(bq, bk16, hd, w.dyn + std::size_t(i0) * hd, hd, 1, w.vt + j0, Tp, w.dp, BK, false, 1.0f, columns);
+  attn_fma(bq, bk16, hd, w.dyn + std::size_t(i0) * hd, hd, 1, w.vt + j0, ldt, w.dp, BK, false, 1.0f, columns);
 }
 
 /// Backward of the tile pair (query tile i0, key tile j0) of head (b, h) on the FMA products:
@@ -283,7 +294,7 @@ void backward_pair_fma(const attn_fma_backward_buffers& w, const float* lse, con
 /// Backward over all (batch, key/value head) on the FMA products, the query heads of a group in
 /// turn (dk, dv summed over the group in fp32, rounded once), as fused_backward_gathered.
 /// D = rowsum(dO .* O) from `out`, or (out null) rowsum(P .* F .* dP) over the visible tiles.
-/// Workspace per thread: 8 Tp hd + Tp + 2 block_q block_k floats.
+/// Workspace per thread: 8 (Tp + 16) hd + Tp + 2 block_q block_k floats.
 template <class Tr, class T>
 void fused_backward_fma(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                         const attention_shape<float>& p) {
@@ -291,7 +302,7 @@ void fused_backward_fma(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   static_assert(attn_fma_row_pad % BQ == 0 && attn_fma_row_pad % BK == 0);
   const int kv_items = p.B * p.nkv(), hd = p.hd;
   const int Tp = (p.T + attn_fma_row_pad - 1) / attn_fma_row_pad * attn_fma_row_pad;
-  const std::size_t th = std::size_t(Tp) * hd, tile = std::size_t(BQ) * BK;
+  const std::size_t th = std::size_t(attn_trans_ld(Tp)) * hd, tile = std::size_t(BQ) * BK;  // as in forward
 #pragma omp parallel
   {
     float* base = thread_workspace(8 * th + Tp + 2 * tile);  // as in forward: before the loop
@@ -330,12 +341,10 @@ void fused_backward_fma(T* dqkv, const T* dout, const T* qkv, const T* out, cons
         }
         for (int j0 = 0; j0 < p.T; j0 += BK)
           for (int i0 = j0 / BQ * BQ; i0 < p.T; i0 += BQ) backward_pair_fma<Tr>(w, lse, p, b, h, i0, j0, Tp);
-        for (int t = 0; t < p.T; ++t) narrow(dqkv + p.q_at(b, h, t), w.dq + std::size_t(t) * hd, hd);
+        scatter_head_rows(dqkv, [&](int t) { return p.q_at(b, h, t); }, w.dq, p.T, hd);
       }
-      for (int t = 0; t < p.T; ++t) {
-        narrow(dqkv + p.k_at(b, h0, t), w.dk + std::size_t(t) * hd, hd);
-        narrow(dqkv + p.v_at(b, h0, t), w.dv + std::size_t(t) * hd, hd);
-      }
+      scatter_head_rows(dqkv, [&](int t) { return p.k_at(b, h0, t); }, w.dk, p.T, hd);
+      scatter_head_rows(dqkv, [&](int t) { return p.v_at(b, h0, t); }, w.dv, p.T, hd);
     }
   }
 }
