@@ -60,8 +60,9 @@
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --model char_tiny --dropout 0.1
 //
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or
-// malformed flag, a sequence length above the model's maximum) exits with status 2 and one
-// line naming the problem and the fix.
+// malformed flag, a sequence length above the model's maximum, a --checkpoint-dir or --resume
+// that is a file) exits with status 2 and one line naming the problem and the fix; the flags and
+// paths are checked before the peak probe or any rank.
 #include <CLI/CLI.hpp>
 #ifdef _OPENMP
 #include <omp.h>

@@ -23,6 +23,29 @@ expect_error() {  # expect_error <pattern> <command...>
   fi
 }
 
+expect_refusal() {  # expect_refusal <pattern> <command...>: exit 2, one stderr line, nothing on stdout
+  local pattern="$1"; shift
+  local out err status
+  out="$("$@" 2>"$work/stderr")"; status=$?
+  err="$(cat "$work/stderr")"
+  local lines; lines=$(printf '%s\n' "$err" | grep -c .)
+  if [[ $status -eq 2 && "$err" =~ $pattern && $lines -eq 1 && -z "$out" ]]; then
+    pass=$((pass + 1))
+  else
+    echo "FAILED: $* -> status $status, stdout ${#out} bytes, stderr: $err (wanted status 2, no output, one line matching /$pattern/)"
+    fail=$((fail + 1))
+  fi
+}
+
+unchanged() {  # unchanged <what> <file> <sha256 before>
+  if [[ "$(sha256sum < "$2")" == "$3" ]]; then
+    pass=$((pass + 1))
+  else
+    echo "FAILED: $1 changed $2"
+    fail=$((fail + 1))
+  fi
+}
+
 printf 'hello\0world' > "$work/binary.txt"
 : > "$work/empty.txt"
 printf 'To be, or not to be' > "$work/short.txt"
@@ -94,6 +117,22 @@ expect_error "^sample: error: --sample-tokens 0 generates nothing|^sample: error
   "$s" --weights "$work/w.safetensors" --sample-tokens 0
 head -c 100 "$work/w.safetensors" > "$work/cut.safetensors"
 expect_error "truncated|safetensors" "$s" --weights "$work/cut.safetensors"
+
+# --checkpoint-dir / --resume naming a file: refused right after parsing (nothing printed: no banner,
+# no peak probe), the file left as it is
+notes_sum=$(sha256sum < "$work/notes.md")
+expect_refusal "^train_gpt: error: --checkpoint-dir '.*notes.md': '.*notes.md' is a file, and checkpoints go into a directory.*pass a directory name" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --checkpoint-dir "$work/notes.md"
+expect_refusal "^train_gpt: error: --checkpoint-dir '.*notes.md/ckpt': '.*notes.md' is a file" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --checkpoint-dir "$work/notes.md/ckpt"
+expect_refusal "^train_gpt: error: --resume '.*notes.md' is a file, and a checkpoint is a directory; pass the --checkpoint-dir of an earlier run" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/notes.md"
+unchanged "a refused --checkpoint-dir or --resume" "$work/notes.md" "$notes_sum"
+mkdir -p "$work/ck/step_00000003" && printf '{}' > "$work/ck/step_00000003/manifest.json"
+manifest_sum=$(sha256sum < "$work/ck/step_00000003/manifest.json")
+expect_refusal "--resume '.*manifest.json' is a file, and a checkpoint is a directory; pass the directory that holds it, --resume .*/ck/step_00000003$" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/ck/step_00000003/manifest.json"
+unchanged "a refused --resume" "$work/ck/step_00000003/manifest.json" "$manifest_sum"
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
