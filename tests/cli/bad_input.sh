@@ -134,5 +134,9 @@ expect_refusal "--resume '.*manifest.json' is a file, and a checkpoint is a dire
   "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/ck/step_00000003/manifest.json"
 unchanged "a refused --resume" "$work/ck/step_00000003/manifest.json" "$manifest_sum"
 
+# a one-value flag given twice
+expect_refusal "^train_gpt: error: --log-dir was given 2 times; it takes one value: pass it once" \
+  "$t" --data "$work/ok.txt" --model char_tiny --log-dir "$work/a" --log-dir "$work/b"
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
