@@ -138,5 +138,31 @@ unchanged "a refused --resume" "$work/ck/step_00000003/manifest.json" "$manifest
 expect_refusal "^train_gpt: error: --log-dir was given 2 times; it takes one value: pass it once" \
   "$t" --data "$work/ok.txt" --model char_tiny --log-dir "$work/a" --log-dir "$work/b"
 
+# a prepare_data dataset moved without its tokenizer or renamed
+# (needs a build with SentencePiece: skipped without one)
+common=(--steps 1 --micro-batch 1 --seq-len 32 --eval-every 0 --log-dir '' --peak-gflops 100 --sample-tokens 0)
+if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --vocab-size 400 --threads 1 >/dev/null 2>&1 &&
+   [[ -s "$work/ds/d.model" ]]; then
+  mkdir "$work/moved" "$work/renamed"
+  for x in bin idx json; do cp "$work/ds/d.$x" "$work/moved/d.$x"; cp "$work/ds/d.$x" "$work/renamed/e.$x"; done
+  sums_before=$(cd "$work" && sha256sum moved/* renamed/*)
+  expect_refusal "^train_gpt: error: dataset '.*moved/d': '.*moved/d.json' names its tokenizer \"d.model\" \(field \"tokenizer\", a file beside the .json\), but '.*moved/d.model' does not exist.*copy the SentencePiece .model .* to '.*moved/d.model'" \
+    "$t" --data "$work/moved/d" "${common[@]}" --out "$work/x.safetensors"
+  expect_refusal "^train_gpt: error: dataset '.*renamed/e': '.*renamed/e.json' names its tokenizer \"d.model\".*but neither '.*renamed/d.model' nor '.*renamed/e.model' exists.*to '.*renamed/e.model'" \
+    "$t" --data "$work/renamed/e" "${common[@]}" --out "$work/x.safetensors"
+  [[ "$(cd "$work" && sha256sum moved/* renamed/*)" == "$sums_before" && ! -e "$work/x.safetensors" ]] &&
+    pass=$((pass + 1)) || { echo "FAILED: a refused dataset changed files"; fail=$((fail + 1)); }
+  # renamed with its tokenizer as PREFIX.model: found, and still checked against e.json's checksum
+  cp "$work/ds/d.model" "$work/renamed/e.model"
+  "$t" --data "$work/renamed/e" "${common[@]}" --out "$work/e.safetensors" >/dev/null 2>"$work/stderr" &&
+    "$s" --weights "$work/e.safetensors" --tokens 5 >/dev/null 2>>"$work/stderr" &&
+    pass=$((pass + 1)) || { echo "FAILED: a renamed dataset with PREFIX.model: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+  printf 'x' >> "$work/renamed/e.model"
+  expect_error "tokenizer model '.*renamed/e.model' is [0-9]+ bytes but 'e.json' records" \
+    "$t" --data "$work/renamed/e" "${common[@]}" --out "$work/e2.safetensors"
+else
+  echo "note: prepare_data did not run (a build without SentencePiece?): dataset cases skipped"
+fi
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
