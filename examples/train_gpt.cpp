@@ -63,6 +63,7 @@
 // malformed flag, a sequence length above the model's maximum, a --checkpoint-dir or --resume
 // that is a file, a dataset whose tokenizer is missing) exits with status 2 and one line naming
 // the problem and the fix; the flags and paths are checked before the peak probe or any rank.
+// A dataset without PREFIX.json (nothing to verify its checksums against) trains with a warning.
 #include <CLI/CLI.hpp>
 #ifdef _OPENMP
 #include <omp.h>

@@ -138,7 +138,7 @@ unchanged "a refused --resume" "$work/ck/step_00000003/manifest.json" "$manifest
 expect_refusal "^train_gpt: error: --log-dir was given 2 times; it takes one value: pass it once" \
   "$t" --data "$work/ok.txt" --model char_tiny --log-dir "$work/a" --log-dir "$work/b"
 
-# a prepare_data dataset moved without its tokenizer or renamed
+# a prepare_data dataset moved without its tokenizer, renamed, or without its PREFIX.json
 # (needs a build with SentencePiece: skipped without one)
 common=(--steps 1 --micro-batch 1 --seq-len 32 --eval-every 0 --log-dir '' --peak-gflops 100 --sample-tokens 0)
 if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --vocab-size 400 --threads 1 >/dev/null 2>&1 &&
@@ -160,6 +160,22 @@ if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --voc
   printf 'x' >> "$work/renamed/e.model"
   expect_error "tokenizer model '.*renamed/e.model' is [0-9]+ bytes but 'e.json' records" \
     "$t" --data "$work/renamed/e" "${common[@]}" --out "$work/e2.safetensors"
+  # no PREFIX.json: trains, with a warning that nothing is verified; --no-data-checksum silences it
+  mkdir "$work/bare"
+  for x in bin idx model; do cp "$work/ds/d.$x" "$work/bare/d.$x"; done
+  bare_out="$("$t" --data "$work/bare/d" "${common[@]}" --out "$work/b.safetensors" 2>"$work/stderr")"; status=$?
+  warning="^train_gpt: warning: dataset '.*bare/d' has no '.*bare/d.json' .*not verified .*--no-data-checksum"
+  if [[ $status -eq 0 && "$(cat "$work/stderr")" =~ $warning ]] && grep -q "not verified (no .*bare/d.json)" <<<"$bare_out"; then
+    pass=$((pass + 1))
+  else
+    echo "FAILED: no PREFIX.json -> status $status, stderr: $(cat "$work/stderr")"; fail=$((fail + 1))
+  fi
+  "$t" --data "$work/bare/d" "${common[@]}" --out "$work/b.safetensors" --no-data-checksum >/dev/null 2>"$work/stderr"
+  [[ $? -eq 0 && ! -s "$work/stderr" ]] && pass=$((pass + 1)) ||
+    { echo "FAILED: --no-data-checksum without PREFIX.json: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+  for x in bin idx model; do
+    cmp -s "$work/ds/d.$x" "$work/bare/d.$x" || { echo "FAILED: bare/d.$x changed"; fail=$((fail + 1)); }
+  done
 else
   echo "note: prepare_data did not run (a build without SentencePiece?): dataset cases skipped"
 fi

@@ -325,7 +325,7 @@ class batch_source {
       case checksum_state::none_recorded: return s + "; no checksums recorded (prepared by an older prepare_data)";
       case checksum_state::no_summary: break;
     }
-    return s;
+    return s + "; not verified (no " + path_.string() + ".json)";
   }
 
   /// The next global batch of this rank: windows_per_step() rows of window() ids. Valid until

@@ -187,5 +187,12 @@ TEST_CASE("dataset tokenizer: found as recorded, or as PREFIX.model when renamed
   CHECK(dataset_tokenizer_path(bare) == bare.string() + ".model");
   CHECK(missing_dataset_tokenizer(bare)->find("has no tokenizer: there is no '" + bare.string() + ".json'") !=
         std::string::npos);
+  source_options o;
+  o.micro_batch = 2;
+  o.seq_len = 16;
+  o.vocab = 400;
+  batch_source<> unverified(bare, o);
+  CHECK(unverified.checksums() == checksum_state::no_summary);
+  CHECK(unverified.describe().find("; not verified (no " + bare.string() + ".json)") != std::string::npos);
 }
 #endif
