@@ -138,6 +138,21 @@ unchanged "a refused --resume" "$work/ck/step_00000003/manifest.json" "$manifest
 expect_refusal "^train_gpt: error: --log-dir was given 2 times; it takes one value: pass it once" \
   "$t" --data "$work/ok.txt" --model char_tiny --log-dir "$work/a" --log-dir "$work/b"
 
+# byte-level weights (trained on a text file: no tokenizer recorded) with --tokenizer: refused
+# (any existing file will do as the tokenizer: the weights decide first)
+w_sum=$(sha256sum < "$work/w.safetensors")
+expect_refusal "^sample: error: --tokenizer '.*notes.md': weights file '.*w.safetensors' was trained on the bytes of the text file '.*ok.txt'.*drop --tokenizer" \
+  "$s" --weights "$work/w.safetensors" --tokenizer "$work/notes.md"
+unchanged "sample --tokenizer on byte-level weights" "$work/w.safetensors" "$w_sum"
+# a byte-level run of a model with a larger vocabulary samples bytes without a tokenizer
+"$t" --data "$work/ok.txt" --model quickstart_bpe --steps 1 --micro-batch 1 --seq-len 32 --eval-every 0 --log-dir '' \
+  --peak-gflops 100 --sample-tokens 0 --out "$work/wb.safetensors" >/dev/null 2>&1 ||
+  { echo "FAILED: a byte-level quickstart_bpe run failed"; fail=$((fail + 1)); }
+"$s" --weights "$work/wb.safetensors" --tokens 5 >/dev/null 2>"$work/stderr" && pass=$((pass + 1)) ||
+  { echo "FAILED: sample of byte-level quickstart_bpe weights: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+expect_refusal "^sample: error: --tokenizer .*wb.safetensors' was trained on the bytes of the text file" \
+  "$s" --weights "$work/wb.safetensors" --tokenizer "$work/notes.md"
+
 # a prepare_data dataset moved without its tokenizer, renamed, or without its PREFIX.json
 # (needs a build with SentencePiece: skipped without one)
 common=(--steps 1 --micro-batch 1 --seq-len 32 --eval-every 0 --log-dir '' --peak-gflops 100 --sample-tokens 0)
@@ -176,6 +191,9 @@ if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --voc
   for x in bin idx model; do
     cmp -s "$work/ds/d.$x" "$work/bare/d.$x" || { echo "FAILED: bare/d.$x changed"; fail=$((fail + 1)); }
   done
+  # the dataset's real tokenizer on byte-level weights
+  expect_refusal "^sample: error: --tokenizer '.*ds/d.model': weights file .* was trained on the bytes" \
+    "$s" --weights "$work/w.safetensors" --tokenizer "$work/ds/d.model"
 else
   echo "note: prepare_data did not run (a build without SentencePiece?): dataset cases skipped"
 fi
