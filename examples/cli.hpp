@@ -18,9 +18,13 @@ namespace loom_examples {
 
 /// The text of a CLI11 parse error for a one-line message. CLI11 prefixes a failed check with
 /// the option's name ("--steps: " + the validator's text), so a validator that names the flag
-/// itself reads "--steps: --steps must be ..."; this drops the repeated prefix.
+/// itself reads "--steps: --steps must be ..."; this drops the repeated prefix. A one-value
+/// flag given twice ("--log-dir: At Most 1 required but received 2") says so.
 inline std::string parse_error_text(const CLI::ParseError& e) {
   std::string text = e.what();
+  constexpr std::string_view twice = ": At Most 1 required but received ";
+  if (const std::size_t at = text.find(twice); at != std::string::npos)
+    return text.substr(0, at) + " was given " + text.substr(at + twice.size()) + " times; it takes one value: pass it once";
   const std::size_t colon = text.find(": ");
   if (colon != std::string::npos && colon > 0 && text.compare(colon + 2, colon, text, 0, colon) == 0 &&
       text.compare(0, 1, "-") == 0)

@@ -10,13 +10,16 @@
 // weights' metadata (a build with LOOM_WITH_TEXT). The prompt is normalized as the training
 // text was (the normalization prepare_data recorded in PREFIX.json beside PREFIX.model: e.g.
 // full-width letters and digits become ASCII), encoded with it, and the ids decoded, a blank
-// line for each end-of-document id; the printed prompt is its normalized form. Errors (missing/corrupt file, unknown
-// model, missing tokenizer, bad flag) exit with status 2 and one line naming the problem and the fix.
+// line for each end-of-document id; the printed prompt is its normalized form. Weights trained on
+// a text file (train_gpt recorded their "data" and no "tokenizer") are byte-level: --tokenizer is
+// refused for them. Errors (missing/corrupt file, unknown model, missing tokenizer, a tokenizer
+// for byte-level weights, bad flag) exit with status 2 and one line naming the problem and the fix.
 #include "cli.hpp"  // CLI11 and parse_or_exit
 #include "generate_text.hpp"
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,6 +67,25 @@ int run(const options& o, loom::train::whole_model& model) {
   return 0;
 }
 
+/// Whether the weights' metadata says they were trained on bytes: train_gpt records the "data"
+/// of every run and, for a prepare_data dataset, its "tokenizer"; "data" without "tokenizer" is
+/// a text file read as bytes. Then --tokenizer (o.tokenizer) is refused with loom::input_error:
+/// its pieces are not the ids the model learned. Weights that record neither (not written by
+/// train_gpt) cannot be checked: a warning says so when --tokenizer is given.
+bool check_tokenizer_matches(const options& o, const std::map<std::string, std::string>& meta) {
+  const auto data = meta.find("data");
+  const bool bytes = data != meta.end() && !meta.contains("tokenizer");
+  if (bytes && !o.tokenizer.empty())
+    throw loom::input_error("--tokenizer '" + o.tokenizer + "': weights file '" + o.weights + "' was trained on the "
+                            "bytes of the text file '" + data->second + "' (no tokenizer recorded), so its ids are "
+                            "bytes, not SentencePiece pieces; drop --tokenizer");
+  if (data == meta.end() && !meta.contains("tokenizer") && !o.tokenizer.empty())
+    std::fprintf(stderr, "sample: warning: weights file '%s' records neither its training data nor a tokenizer (not "
+                 "saved by train_gpt), so whether --tokenizer '%s' is the one it was trained with cannot be checked\n",
+                 o.weights.c_str(), o.tokenizer.c_str());
+  return bytes;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -98,6 +120,7 @@ int main(int argc, char** argv) {
     (void)loom::io::verify_weights_checksum(file);  // before trusting its metadata (model, tokenizer)
     const auto it = file.metadata().find("model");
     const std::string name = it == file.metadata().end() ? "" : it->second;
+    const bool bytes = check_tokenizer_matches(o, file.metadata());
     // the tokenizer: --tokenizer, else the one train_gpt recorded (if it is still there)
     if (const auto t = file.metadata().find("tokenizer"); o.tokenizer.empty() && t != file.metadata().end()) {
       if (!std::filesystem::exists(t->second))
@@ -110,7 +133,7 @@ int main(int argc, char** argv) {
       throw loom::input_error("this sample was built without LOOM_WITH_TEXT, so it cannot use the SentencePiece tokenizer '" +
                               o.tokenizer + "'; rebuild loom with SentencePiece (scripts/setup.sh)");
 #endif
-    if ((name == "quickstart_bpe" || name == "llama_quickstart") && o.tokenizer.empty())  // others: bytes
+    if ((name == "quickstart_bpe" || name == "llama_quickstart") && o.tokenizer.empty() && !bytes)  // others: bytes
       throw loom::input_error("weights file '" + o.weights + "' is for model " + name + ", whose ids are SentencePiece "
                               "tokens; pass --tokenizer PREFIX.model, the tokenizer of the data it was trained on");
     const auto whole = loom::train::find_whole_model(loom::train::compiled_sessions(), name);

@@ -60,8 +60,10 @@
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --model char_tiny --dropout 0.1
 //
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or
-// malformed flag, a sequence length above the model's maximum) exits with status 2 and one
-// line naming the problem and the fix.
+// malformed flag, a sequence length above the model's maximum, a --checkpoint-dir or --resume
+// that is a file, a dataset whose tokenizer is missing) exits with status 2 and one line naming
+// the problem and the fix; the flags and paths are checked before the peak probe or any rank.
+// A dataset without PREFIX.json (nothing to verify its checksums against) trains with a warning.
 #include <CLI/CLI.hpp>
 #ifdef _OPENMP
 #include <omp.h>
@@ -263,7 +265,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    auto layout = train_gpt_cli::check_flags(o, app, loom::data::indexed_dataset_prefix(o.data).has_value());
+    const auto prefix = loom::data::indexed_dataset_prefix(o.data);
+    auto layout = train_gpt_cli::check_flags(o, app, prefix.has_value());
+#if LOOM_WITH_TEXT
+    if (prefix)  // the dataset's tokenizer is there, before the layout search, the peak probe and the ranks
+      if (const auto why = loom::data::missing_dataset_tokenizer(*prefix)) throw loom::input_error(*why);
+#endif
     if (o.layout == "auto") layout = choose_auto_layout(o, app);  // a compiled layout: it fits the model and --ranks
     const auto [tp, pp] = layout;
     const auto kind = o.comm == "mpi" ? world_ref::kind::mpi : o.ranks > 1 || tp * pp > 1 ? world_ref::kind::threads

@@ -200,16 +200,43 @@ inline std::chrono::milliseconds comm_timeout_ms(const options& o) {
   return std::chrono::milliseconds(static_cast<long long>(o.comm_timeout * 1000));
 }
 
+/// A file where a checkpoint directory is expected: --checkpoint-dir names an existing file
+/// (or a path through one), or --resume names a file. Throws loom::input_error saying it is a
+/// file and what to pass instead: for a file inside a checkpoint (manifest.json, a shard) or a
+/// run's root (`latest`), that directory. Reads only the file system's metadata.
+inline void check_checkpoint_paths(const options& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!o.checkpoint_dir.empty()) {
+    fs::path p(o.checkpoint_dir);  // the longest prefix that exists must be a directory
+    while (!p.empty() && !fs::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
+    if (!p.empty() && fs::exists(p, ec) && !fs::is_directory(p, ec))
+      throw loom::input_error("--checkpoint-dir '" + o.checkpoint_dir + "': '" + p.string() + "' is a file, and "
+                              "checkpoints go into a directory (step_NNNNNNNN/ and 'latest'); pass a directory name "
+                              "such as out/ckpt (the file is left as it is)");
+  }
+  if (!o.resume.empty() && fs::exists(o.resume, ec) && !fs::is_directory(o.resume, ec)) {
+    const fs::path parent = fs::path(o.resume).parent_path();
+    const bool inside =
+        !parent.empty() && (fs::exists(parent / "manifest.json", ec) || fs::exists(parent / "latest", ec));
+    throw loom::input_error("--resume '" + o.resume + "' is a file, and a checkpoint is a directory; pass " +
+                            (inside ? "the directory that holds it, --resume " + parent.string()
+                                    : std::string("the --checkpoint-dir of an earlier run (e.g. out/ckpt) or one "
+                                                  "step_NNNNNNNN directory inside it")));
+  }
+}
+
 /// The checks and defaults that follow parsing `app` into `o` (=: fills --warmup and --model
 /// when they were not given; `data_is_dataset`: --data names a prepare_data dataset, whose
 /// default model is quickstart_bpe). Returns the --layout degrees {TP, PP}. Reads nothing but
-/// the existence of --resume and --out. Throws loom::input_error naming the flag and the fix
-/// for: a number that is not finite, --comm-timeout or --bucket-mb beyond the limits above, a
-/// dropout outside [0, 1), a missing --resume, a --profile-steps window outside the run, an
-/// --early-stop without periodic evaluations, an --out naming a directory, a --layout that is
-/// malformed, does not divide the model or does not fit --ranks, a missing --data. With --layout
-/// auto returns {0, 0}: main() chooses the layout, then calls this again. Whether the
-/// combination is compiled is train_gpt's main() question (train::compiled_sessions()).
+/// the existence and kind of --resume, --checkpoint-dir and --out. Throws loom::input_error
+/// naming the flag and the fix for: a number that is not finite, --comm-timeout or --bucket-mb
+/// beyond the limits above, a dropout outside [0, 1), a missing --resume, a --resume or
+/// --checkpoint-dir that is a file (check_checkpoint_paths), a --profile-steps window outside
+/// the run, an --early-stop without periodic evaluations, an --out naming a directory, a
+/// --layout that is malformed, does not divide the model or does not fit --ranks, a missing
+/// --data. With --layout auto returns {0, 0}: main() chooses the layout, then calls this again.
+/// Whether the combination is compiled is train_gpt's main() question (train::compiled_sessions()).
 inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool data_is_dataset) {
   if (o.data.empty()) throw loom::input_error("--data is required: pass a UTF-8 text file or a prepare_data dataset");
   if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
@@ -243,6 +270,7 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
   if (!o.resume.empty() && !std::filesystem::exists(o.resume, ec))  // before the model and data banner
     throw loom::input_error("--resume '" + o.resume + "' does not exist; pass the --checkpoint-dir of an earlier run "
                             "(e.g. out/ckpt) or one step_NNNNNNNN directory inside it");
+  check_checkpoint_paths(o);
   if (const auto w = loom::io::step_window::parse(o.profile_steps); !w.empty() && w.first >= o.steps)
     throw loom::input_error("--profile-steps " + o.profile_steps + " starts after the run's last step (--steps " +
                             std::to_string(o.steps) + "): nothing would be recorded; choose a window inside 0:" +

@@ -312,6 +312,12 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
                                     .seed = o.seed, .vocab = m.vocab, .workers = o.workers, .dp_rank = r.dp_rank,
                                     .dp_size = dp, .verify_checksums = !o.no_data_checksum,
                                     .host_memory = s.host_memory()});  // pinned on an NPU: copied from as is
+  if (lead && src.kind() == data::source_kind::indexed && src.checksums() == data::checksum_state::no_summary &&
+      !o.no_data_checksum)  // prepare_data always writes one: deleted, or data from another tool (Megatron's)
+    std::fprintf(stderr, "train_gpt: warning: dataset '%s' has no '%s.json' (prepare_data's summary), so its .bin and "
+                 ".idx are not verified against recorded checksums (and prompts are not normalized); re-run "
+                 "prepare_data to write it, or pass --no-data-checksum for data that has none (e.g. Megatron's)\n",
+                 src.path().c_str(), src.path().c_str());
 #if LOOM_WITH_TEXT
   std::optional<data::text::tokenizer> tok;  // encodes the prompt, decodes the sample, counts bytes exactly
   if (prefix) {

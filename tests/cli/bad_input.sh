@@ -23,6 +23,29 @@ expect_error() {  # expect_error <pattern> <command...>
   fi
 }
 
+expect_refusal() {  # expect_refusal <pattern> <command...>: exit 2, one stderr line, nothing on stdout
+  local pattern="$1"; shift
+  local out err status
+  out="$("$@" 2>"$work/stderr")"; status=$?
+  err="$(cat "$work/stderr")"
+  local lines; lines=$(printf '%s\n' "$err" | grep -c .)
+  if [[ $status -eq 2 && "$err" =~ $pattern && $lines -eq 1 && -z "$out" ]]; then
+    pass=$((pass + 1))
+  else
+    echo "FAILED: $* -> status $status, stdout ${#out} bytes, stderr: $err (wanted status 2, no output, one line matching /$pattern/)"
+    fail=$((fail + 1))
+  fi
+}
+
+unchanged() {  # unchanged <what> <file> <sha256 before>
+  if [[ "$(sha256sum < "$2")" == "$3" ]]; then
+    pass=$((pass + 1))
+  else
+    echo "FAILED: $1 changed $2"
+    fail=$((fail + 1))
+  fi
+}
+
 printf 'hello\0world' > "$work/binary.txt"
 : > "$work/empty.txt"
 printf 'To be, or not to be' > "$work/short.txt"
@@ -94,6 +117,86 @@ expect_error "^sample: error: --sample-tokens 0 generates nothing|^sample: error
   "$s" --weights "$work/w.safetensors" --sample-tokens 0
 head -c 100 "$work/w.safetensors" > "$work/cut.safetensors"
 expect_error "truncated|safetensors" "$s" --weights "$work/cut.safetensors"
+
+# --checkpoint-dir / --resume naming a file: refused right after parsing (nothing printed: no banner,
+# no peak probe), the file left as it is
+notes_sum=$(sha256sum < "$work/notes.md")
+expect_refusal "^train_gpt: error: --checkpoint-dir '.*notes.md': '.*notes.md' is a file, and checkpoints go into a directory.*pass a directory name" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --checkpoint-dir "$work/notes.md"
+expect_refusal "^train_gpt: error: --checkpoint-dir '.*notes.md/ckpt': '.*notes.md' is a file" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --checkpoint-dir "$work/notes.md/ckpt"
+expect_refusal "^train_gpt: error: --resume '.*notes.md' is a file, and a checkpoint is a directory; pass the --checkpoint-dir of an earlier run" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/notes.md"
+unchanged "a refused --checkpoint-dir or --resume" "$work/notes.md" "$notes_sum"
+mkdir -p "$work/ck/step_00000003" && printf '{}' > "$work/ck/step_00000003/manifest.json"
+manifest_sum=$(sha256sum < "$work/ck/step_00000003/manifest.json")
+expect_refusal "--resume '.*manifest.json' is a file, and a checkpoint is a directory; pass the directory that holds it, --resume .*/ck/step_00000003$" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/ck/step_00000003/manifest.json"
+unchanged "a refused --resume" "$work/ck/step_00000003/manifest.json" "$manifest_sum"
+
+# a one-value flag given twice
+expect_refusal "^train_gpt: error: --log-dir was given 2 times; it takes one value: pass it once" \
+  "$t" --data "$work/ok.txt" --model char_tiny --log-dir "$work/a" --log-dir "$work/b"
+
+# byte-level weights (trained on a text file: no tokenizer recorded) with --tokenizer: refused
+# (any existing file will do as the tokenizer: the weights decide first)
+w_sum=$(sha256sum < "$work/w.safetensors")
+expect_refusal "^sample: error: --tokenizer '.*notes.md': weights file '.*w.safetensors' was trained on the bytes of the text file '.*ok.txt'.*drop --tokenizer" \
+  "$s" --weights "$work/w.safetensors" --tokenizer "$work/notes.md"
+unchanged "sample --tokenizer on byte-level weights" "$work/w.safetensors" "$w_sum"
+# a byte-level run of a model with a larger vocabulary samples bytes without a tokenizer
+"$t" --data "$work/ok.txt" --model quickstart_bpe --steps 1 --micro-batch 1 --seq-len 32 --eval-every 0 --log-dir '' \
+  --peak-gflops 100 --sample-tokens 0 --out "$work/wb.safetensors" >/dev/null 2>&1 ||
+  { echo "FAILED: a byte-level quickstart_bpe run failed"; fail=$((fail + 1)); }
+"$s" --weights "$work/wb.safetensors" --tokens 5 >/dev/null 2>"$work/stderr" && pass=$((pass + 1)) ||
+  { echo "FAILED: sample of byte-level quickstart_bpe weights: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+expect_refusal "^sample: error: --tokenizer .*wb.safetensors' was trained on the bytes of the text file" \
+  "$s" --weights "$work/wb.safetensors" --tokenizer "$work/notes.md"
+
+# a prepare_data dataset moved without its tokenizer, renamed, or without its PREFIX.json
+# (needs a build with SentencePiece: skipped without one)
+common=(--steps 1 --micro-batch 1 --seq-len 32 --eval-every 0 --log-dir '' --peak-gflops 100 --sample-tokens 0)
+if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --vocab-size 400 --threads 1 >/dev/null 2>&1 &&
+   [[ -s "$work/ds/d.model" ]]; then
+  mkdir "$work/moved" "$work/renamed"
+  for x in bin idx json; do cp "$work/ds/d.$x" "$work/moved/d.$x"; cp "$work/ds/d.$x" "$work/renamed/e.$x"; done
+  sums_before=$(cd "$work" && sha256sum moved/* renamed/*)
+  expect_refusal "^train_gpt: error: dataset '.*moved/d': '.*moved/d.json' names its tokenizer \"d.model\" \(field \"tokenizer\", a file beside the .json\), but '.*moved/d.model' does not exist.*copy the SentencePiece .model .* to '.*moved/d.model'" \
+    "$t" --data "$work/moved/d" "${common[@]}" --out "$work/x.safetensors"
+  expect_refusal "^train_gpt: error: dataset '.*renamed/e': '.*renamed/e.json' names its tokenizer \"d.model\".*but neither '.*renamed/d.model' nor '.*renamed/e.model' exists.*to '.*renamed/e.model'" \
+    "$t" --data "$work/renamed/e" "${common[@]}" --out "$work/x.safetensors"
+  [[ "$(cd "$work" && sha256sum moved/* renamed/*)" == "$sums_before" && ! -e "$work/x.safetensors" ]] &&
+    pass=$((pass + 1)) || { echo "FAILED: a refused dataset changed files"; fail=$((fail + 1)); }
+  # renamed with its tokenizer as PREFIX.model: found, and still checked against e.json's checksum
+  cp "$work/ds/d.model" "$work/renamed/e.model"
+  "$t" --data "$work/renamed/e" "${common[@]}" --out "$work/e.safetensors" >/dev/null 2>"$work/stderr" &&
+    "$s" --weights "$work/e.safetensors" --tokens 5 >/dev/null 2>>"$work/stderr" &&
+    pass=$((pass + 1)) || { echo "FAILED: a renamed dataset with PREFIX.model: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+  printf 'x' >> "$work/renamed/e.model"
+  expect_error "tokenizer model '.*renamed/e.model' is [0-9]+ bytes but 'e.json' records" \
+    "$t" --data "$work/renamed/e" "${common[@]}" --out "$work/e2.safetensors"
+  # no PREFIX.json: trains, with a warning that nothing is verified; --no-data-checksum silences it
+  mkdir "$work/bare"
+  for x in bin idx model; do cp "$work/ds/d.$x" "$work/bare/d.$x"; done
+  bare_out="$("$t" --data "$work/bare/d" "${common[@]}" --out "$work/b.safetensors" 2>"$work/stderr")"; status=$?
+  warning="^train_gpt: warning: dataset '.*bare/d' has no '.*bare/d.json' .*not verified .*--no-data-checksum"
+  if [[ $status -eq 0 && "$(cat "$work/stderr")" =~ $warning ]] && grep -q "not verified (no .*bare/d.json)" <<<"$bare_out"; then
+    pass=$((pass + 1))
+  else
+    echo "FAILED: no PREFIX.json -> status $status, stderr: $(cat "$work/stderr")"; fail=$((fail + 1))
+  fi
+  "$t" --data "$work/bare/d" "${common[@]}" --out "$work/b.safetensors" --no-data-checksum >/dev/null 2>"$work/stderr"
+  [[ $? -eq 0 && ! -s "$work/stderr" ]] && pass=$((pass + 1)) ||
+    { echo "FAILED: --no-data-checksum without PREFIX.json: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+  for x in bin idx model; do
+    cmp -s "$work/ds/d.$x" "$work/bare/d.$x" || { echo "FAILED: bare/d.$x changed"; fail=$((fail + 1)); }
+  done
+  # the dataset's real tokenizer on byte-level weights
+  expect_refusal "^sample: error: --tokenizer '.*ds/d.model': weights file .* was trained on the bytes" \
+    "$s" --weights "$work/w.safetensors" --tokenizer "$work/ds/d.model"
+else
+  echo "note: prepare_data did not run (a build without SentencePiece?): dataset cases skipped"
+fi
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

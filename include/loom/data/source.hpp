@@ -147,13 +147,46 @@ inline bool verify_dataset_files(const std::filesystem::path& prefix) {
   return idx && bin;
 }
 
-/// The SentencePiece model of the dataset at `prefix`: PREFIX.json's "tokenizer" (relative to
-/// the prefix's folder) if the summary exists, else PREFIX.model. The file may not exist.
+/// The SentencePiece model of the dataset at `prefix`: PREFIX.json's "tokenizer" (a file name,
+/// relative to the .json's folder) when that file exists; else PREFIX.model when it exists (the
+/// dataset was copied or renamed under another prefix, and its .json, which cannot be edited
+/// without breaking its checksum, still names the old file; tokenizer::load checks PREFIX.model
+/// against the .json's recorded checksum all the same); else the recorded name. Without a
+/// PREFIX.json, PREFIX.model. The file may not exist: missing_dataset_tokenizer says why.
 inline std::filesystem::path dataset_tokenizer_path(const std::filesystem::path& prefix) {
-  if (const auto s = read_dataset_summary(prefix)) return s->tokenizer;
-  auto p = prefix;
-  p += ".model";
-  return p;
+  auto own = prefix;
+  own += ".model";
+  const auto s = read_dataset_summary(prefix);
+  if (!s) return own;
+  std::error_code ec;
+  if (std::filesystem::exists(s->tokenizer, ec) || !std::filesystem::exists(own, ec)) return s->tokenizer;
+  return own;
+}
+
+/// Why the dataset at `prefix` has no tokenizer to load: one line naming PREFIX.json's
+/// "tokenizer" field and what it records, the files looked for, and the fix (copy the .model
+/// next to the dataset as PREFIX.model); nullopt when dataset_tokenizer_path(prefix) exists.
+/// Throws what read_dataset_summary throws.
+inline std::optional<std::string> missing_dataset_tokenizer(const std::filesystem::path& prefix) {
+  const auto path = dataset_tokenizer_path(prefix);
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) return std::nullopt;
+  auto own = prefix, json = prefix;
+  own += ".model";
+  json += ".json";
+  const std::string copy = "copy the SentencePiece .model the data was tokenized with (prepare_data's PREFIX.model) "
+                           "to '" + own.string() + "'";
+  const auto s = read_dataset_summary(prefix);
+  if (!s)
+    return "dataset '" + prefix.string() + "' has no tokenizer: there is no '" + json.string() + "' to name one and '" +
+           own.string() + "' does not exist; " + copy;
+  const std::string field = "'" + json.string() + "' names its tokenizer \"" + s->tokenizer.filename().string() +
+                            "\" (field \"tokenizer\", a file beside the .json)";
+  if (s->tokenizer == own)
+    return "dataset '" + prefix.string() + "': " + field + ", but '" + own.string() + "' does not exist (was the dataset "
+           "copied without it?); " + copy;
+  return "dataset '" + prefix.string() + "': " + field + ", but neither '" + s->tokenizer.string() + "' nor '" +
+         own.string() + "' exists (was the dataset copied or renamed without it?); " + copy;
 }
 
 /// The text of `ids` decoded by `tok`, with "\n\n" (a blank line, prepare_data's default
@@ -292,7 +325,7 @@ class batch_source {
       case checksum_state::none_recorded: return s + "; no checksums recorded (prepared by an older prepare_data)";
       case checksum_state::no_summary: break;
     }
-    return s;
+    return s + "; not verified (no " + path_.string() + ".json)";
   }
 
   /// The next global batch of this rank: windows_per_step() rows of window() ids. Valid until

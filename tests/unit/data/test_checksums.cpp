@@ -137,4 +137,62 @@ TEST_CASE("dataset checksums: recorded by prepare, checked when the dataset and 
   CHECK(unchecked.describe().find("no checksums recorded") != std::string::npos);
   CHECK_FALSE(tokenizer::verify_against_sidecar(p5.string() + ".model"));
 }
+
+TEST_CASE("dataset tokenizer: found as recorded, or as PREFIX.model when renamed (still checked); else a clear error") {
+  loom_test::scratch_dir tmp("checksums_moved");
+  const auto text = loom_test::read_file(loom_test::data_dir() / "tinyshakespeare.txt").substr(0, 20000);
+  write_bytes(tmp.path / "a.txt", text.substr(0, text.rfind("\n\n")));
+  prepare_options po;
+  po.inputs = {tmp.path / "a.txt"};
+  po.output_prefix = tmp.path / "good" / "d";
+  po.tokenizer.vocab_size = 400;
+  po.threads = 1;
+  const auto rep = prepare(po);
+  CHECK(dataset_tokenizer_path(po.output_prefix) == rep.model);
+  CHECK_FALSE(missing_dataset_tokenizer(po.output_prefix).has_value());
+  auto copy = [&](const std::filesystem::path& to, std::initializer_list<const char*> exts) {
+    std::filesystem::create_directories(to.parent_path());
+    for (const char* e : exts) std::filesystem::copy_file(po.output_prefix.string() + e, to.string() + e);
+  };
+  // moved without its tokenizer: the error names the field, what it records and the fix
+  const auto moved = tmp.path / "moved" / "d";
+  copy(moved, {".bin", ".idx", ".json"});
+  CHECK(missing_dataset_tokenizer(moved) ==
+        "dataset '" + moved.string() + "': '" + moved.string() + ".json' names its tokenizer \"d.model\" (field "
+        "\"tokenizer\", a file beside the .json), but '" + moved.string() + ".model' does not exist (was the dataset "
+        "copied without it?); copy the SentencePiece .model the data was tokenized with (prepare_data's PREFIX.model) "
+        "to '" + moved.string() + ".model'");
+  // renamed: e.json still names d.model; without e.model both are named
+  const auto renamed = tmp.path / "renamed" / "e";
+  copy(renamed, {".bin", ".idx", ".json"});
+  CHECK(missing_dataset_tokenizer(renamed)->find("but neither '" + (renamed.parent_path() / "d.model").string() +
+                                                 "' nor '" + renamed.string() + ".model' exists") != std::string::npos);
+  // with e.model: taken, checked against e.json's checksum, normalized as e.json says
+  std::filesystem::copy_file(rep.model, renamed.string() + ".model");
+  CHECK(dataset_tokenizer_path(renamed) == renamed.string() + ".model");
+  CHECK_FALSE(missing_dataset_tokenizer(renamed).has_value());
+  CHECK(tokenizer::verify_against_sidecar(renamed.string() + ".model"));
+  CHECK(tokenizer::load(renamed.string() + ".model").text_normalization() == tokenizer::load(rep.model).text_normalization());
+  CHECK(tokenizer::load(renamed.string() + ".model").text_normalization() != normalization::none());
+  flip(renamed.string() + ".model", std::filesystem::file_size(rep.model) / 2, 0x01);
+  CHECK(error_of([&] { (void)tokenizer::load(renamed.string() + ".model"); }).find("fails its checksum") !=
+        std::string::npos);
+  // the recorded name wins when it is there (e.json's tokenizer is d.model, not this e.model)
+  std::filesystem::copy_file(rep.model, renamed.parent_path() / "d.model");
+  CHECK(dataset_tokenizer_path(renamed) == renamed.parent_path() / "d.model");
+  CHECK_FALSE(tokenizer::verify_against_sidecar(renamed.string() + ".model"));
+  // no PREFIX.json: PREFIX.model, and an error without a .json to name
+  const auto bare = tmp.path / "bare" / "d";
+  copy(bare, {".bin", ".idx"});
+  CHECK(dataset_tokenizer_path(bare) == bare.string() + ".model");
+  CHECK(missing_dataset_tokenizer(bare)->find("has no tokenizer: there is no '" + bare.string() + ".json'") !=
+        std::string::npos);
+  source_options o;
+  o.micro_batch = 2;
+  o.seq_len = 16;
+  o.vocab = 400;
+  batch_source<> unverified(bare, o);
+  CHECK(unverified.checksums() == checksum_state::no_summary);
+  CHECK(unverified.describe().find("; not verified (no " + bare.string() + ".json)") != std::string::npos);
+}
 #endif

@@ -80,8 +80,11 @@ class tokenizer {
 
   /// Checks `model` against the size and XXH3-64 that the .json beside it records for it
   /// ("checksums"."tokenizer", written by prepare_data; data/detail/checksum.hpp), when that
-  /// .json exists, names this file as its "tokenizer" and records them; returns whether it did.
-  /// Throws loom::input_error naming the file when it differs or the .json is corrupt.
+  /// .json exists, records them, and names this file as its "tokenizer" — or names a file that
+  /// is not beside it while `model` is PREFIX.model (a dataset copied under another prefix:
+  /// data::dataset_tokenizer_path takes PREFIX.model then, and it must be the recorded
+  /// tokenizer). Returns whether it checked. Throws loom::input_error naming the file when it
+  /// differs or the .json is corrupt.
   static bool verify_against_sidecar(const std::filesystem::path& model) {
     auto sidecar = model;
     sidecar.replace_extension(".json");
@@ -89,7 +92,11 @@ class tokenizer {
     if (!std::filesystem::is_regular_file(sidecar, ec)) return false;
     const auto j = data::detail::read_summary_json(sidecar);
     const auto name = j.find("tokenizer");
-    if (name == j.end() || !name->is_string() || name->get<std::string>() != model.filename().string()) return false;
+    if (name == j.end() || !name->is_string()) return false;
+    const std::string recorded = name->get<std::string>();
+    const bool renamed = model.extension() == ".model" && !recorded.empty() &&
+                         !std::filesystem::exists(sidecar.parent_path() / recorded, ec);
+    if (recorded != model.filename().string() && !renamed) return false;
     return data::detail::check_recorded_file(j, "tokenizer", model, "tokenizer model", sidecar);
   }
 
