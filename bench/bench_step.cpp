@@ -30,8 +30,11 @@
 // makes, on separate random buffers of the key's sizes (leading dimensions included), after one
 // untimed call. Medians over the rounds; ratio = in-step / alone per call, and the total weights
 // each shape by its time per step. Operands in the step come from other layers (colder caches);
-// alone they are the same buffers call after call; "cold" repeats the alone calls with every
-// thread's L2 evicted before each one (evict_l2; not timed), which is closer to the step's state.
+// alone they are the same buffers call after call. Two more alone runs bracket the step's cache
+// state: "L2-cold" evicts every thread's L2 before each call, "memory-cold" every cache level
+// (twice the L3 rewritten; at most two calls per key and round, the eviction is slow); neither
+// eviction is timed. In-step times between the two say the difference is where the operands
+// are, not the calls loom makes.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -48,6 +51,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include <unistd.h>
 
 #include <loom/bench/peak.hpp>
 #include <loom/core/memory.hpp>
@@ -271,24 +276,51 @@ class operand_pool {
 struct shape_row {
   double calls_per_step = 0;
   std::string impl;
-  std::vector<double> in_step_us, alone_us, cold_us;
+  std::vector<double> in_step_us, alone_us, l2_cold_us, memory_cold_us;
 };
 
-/// Evicts every thread's L2 (and L1): each OpenMP thread reads and rewrites its own 16 MiB, four
-/// times this machine kind's 4 MiB L2, so the next product's operands come from L3 or memory,
-/// as in a training step where other kernels ran in between. L3 (shared, hundreds of MiB on a
-/// server part) is left as it is.
-void evict_l2(std::vector<std::vector<float>>& junk) {
+/// Caches to empty before an untimed call: each OpenMP thread reads and rewrites its own block of
+/// `floats` floats, first touched by that thread.
+struct cache_evictor {
+  std::size_t floats = 0;
+  std::vector<std::vector<float>> junk = std::vector<std::vector<float>>(std::size_t(threads()));
+  void operator()() {
 #pragma omp parallel
-  {
+    {
 #ifdef _OPENMP
-    auto& v = junk[std::size_t(omp_get_thread_num())];
+      auto& v = junk[std::size_t(omp_get_thread_num())];
 #else
-    auto& v = junk[0];
+      auto& v = junk[0];
 #endif
-    if (v.empty()) v.assign(std::size_t(4) << 20, 1.0f);
-    for (float& x : v) x = x * 0.5f + 0.5f;
+      if (v.empty()) v.assign(floats, 1.0f);
+      for (float& x : v) x = x * 0.5f + 0.5f;
+    }
   }
+};
+
+/// Evicts every thread's L2 (and L1): 16 MiB per thread, eight times this machine kind's 2 MiB
+/// L2, so the next product's operands come from L3 or memory. L3 is left as it is.
+cache_evictor l2_evictor() { return {std::size_t(4) << 20}; }
+
+/// Evicts every cache level: the threads together rewrite twice the L3 (sysconf; 256 MiB in all
+/// when it does not say), so the next product's operands come from memory.
+cache_evictor memory_evictor() {
+  long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (l3 <= 0) l3 = 128L << 20;
+  return {std::size_t(2 * l3) / sizeof(float) / std::size_t(threads())};
+}
+
+/// Microseconds per call of `n` calls of `key` alone, `evict` run (untimed: it runs no GEMM)
+/// before each.
+double timed_after(onednn_matmul_cache& cache, operand_pool& pool, const onednn_matmul_key& key, int n,
+                   cache_evictor& evict) {
+  cache.reset_timings();
+  for (int i = 0; i < n; ++i) {
+    evict();
+    pool.run(cache, key);
+  }
+  const auto t = cache.timings();
+  return t.at(0).seconds / double(t.at(0).calls) * 1e6;
 }
 
 /// Trains bench config M (micro-batch B x T, precision Prec) with GEMM timing on and prints its
@@ -308,7 +340,7 @@ void run_table(int steps, int rounds) {
 
   std::map<onednn_matmul_key, shape_row> rows;
   operand_pool pool;
-  std::vector<std::vector<float>> junk(static_cast<std::size_t>(threads()));
+  cache_evictor evict_l2 = l2_evictor(), evict_all = memory_evictor();
   std::vector<double> step_ms;
   for (int r = 0; r < rounds; ++r) {
     cache->reset_timings();
@@ -333,42 +365,40 @@ void run_table(int steps, int rounds) {
       for (int i = 0; i < n; ++i) pool.run(*cache, key);
       const auto t = cache->timings();
       rows[key].alone_us.push_back(t.at(0).seconds / double(t.at(0).calls) * 1e6);
-      cache->reset_timings();
-      for (int i = 0; i < n; ++i) {  // the same calls with the caches made cold first (no GEMM: not timed)
-        evict_l2(junk);
-        pool.run(*cache, key);
-      }
-      const auto c = cache->timings();
-      rows[key].cold_us.push_back(c.at(0).seconds / double(c.at(0).calls) * 1e6);
+      rows[key].l2_cold_us.push_back(timed_after(*cache, pool, key, n, evict_l2));
+      rows[key].memory_cold_us.push_back(timed_after(*cache, pool, key, std::min(n, 2), evict_all));
     }
     cache->set_timing(false);
   }
 
   const double step = median(step_ms);
   fmt::print("{} rounds of {} steps, step {:.1f} ms (median), {} threads\n", rounds, steps, step, threads());
-  fmt::print("| op | M x N x K | A,B -> C | beta | calls/step | in-step us | alone us | cold us | in-step GFLOP/s "
-             "| alone GFLOP/s | in-step/alone | in-step/cold | oneDNN impl |\n");
-  fmt::print("|----|-----------|----------|------|-----------:|-----------:|---------:|--------:|----------------:"
-             "|--------------:|--------------:|-------------:|-------------|\n");
-  double in_total = 0, alone_total = 0, cold_total = 0, calls = 0;
+  fmt::print("| op | M x N x K | A,B -> C | beta | calls/step | in-step us | alone us | L2-cold us | memory-cold us "
+             "| in-step GFLOP/s | alone GFLOP/s | in-step/alone | in-step/L2-cold | in-step/memory-cold | oneDNN impl |\n");
+  fmt::print("|----|-----------|----------|------|-----------:|-----------:|---------:|-----------:|---------------:"
+             "|----------------:|--------------:|--------------:|----------------:|--------------------:|-------------|\n");
+  double in_total = 0, alone_total = 0, l2_total = 0, mem_total = 0, calls = 0;
   for (const auto& [k, row] : rows) {
-    const double in = median(row.in_step_us), alone = median(row.alone_us), cold = median(row.cold_us);
+    const double in = median(row.in_step_us), alone = median(row.alone_us), l2 = median(row.l2_cold_us),
+                 mem = median(row.memory_cold_us);
     const double gflop = 2.0 * k.M * k.N * k.K * 1e-9;
     float beta;
     std::memcpy(&beta, &k.beta_bits, 4);
-    fmt::print("| {}{} | {} x {} x {} | {} -> {} | {:g} | {:.0f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} | {:.0f} | {:.2f} "
-               "| {:.2f} | {} |\n",
+    fmt::print("| {}{} | {} x {} x {} | {} -> {} | {:g} | {:.0f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} | {:.0f} "
+               "| {:.2f} | {:.2f} | {:.2f} | {} |\n",
                k.trans_a ? 'T' : 'N', k.trans_b ? 'T' : 'N', k.M, k.N, k.K, name_of(k.ab), name_of(k.c), beta,
-               row.calls_per_step, in, alone, cold, gflop / (in * 1e-6), gflop / (alone * 1e-6), in / alone, in / cold,
-               row.impl);
+               row.calls_per_step, in, alone, l2, mem, gflop / (in * 1e-6), gflop / (alone * 1e-6), in / alone,
+               in / l2, in / mem, row.impl);
     in_total += row.calls_per_step * in;
     alone_total += row.calls_per_step * alone;
-    cold_total += row.calls_per_step * cold;
+    l2_total += row.calls_per_step * l2;
+    mem_total += row.calls_per_step * mem;
     calls += row.calls_per_step;
   }
-  fmt::print("| total | {} shapes | | | {:.0f} | {:.1f} ms/step | {:.1f} ms/step | {:.1f} ms/step | | | {:.2f} | {:.2f} | |\n",
-             rows.size(), calls, in_total * 1e-3, alone_total * 1e-3, cold_total * 1e-3, in_total / alone_total,
-             in_total / cold_total);
+  fmt::print("| total | {} shapes | | | {:.0f} | {:.1f} ms/step | {:.1f} ms/step | {:.1f} ms/step | {:.1f} ms/step | | "
+             "| {:.2f} | {:.2f} | {:.2f} | |\n",
+             rows.size(), calls, in_total * 1e-3, alone_total * 1e-3, l2_total * 1e-3, mem_total * 1e-3,
+             in_total / alone_total, in_total / l2_total, in_total / mem_total);
   fmt::print("GEMMs through the cache: {:.0f} % of the step. NT: forward y = x W^T (beta 1: + bias); NN: backward "
              "dx = dy W (beta 1: +=); TN: backward dW += dy^T x (W stored (OC,C)).\n",
              100.0 * in_total * 1e-3 / step);
