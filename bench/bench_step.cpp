@@ -188,16 +188,6 @@ std::map<peak_unit, double> measure_peaks(double fp32_override, int& threads) {
   return peaks;
 }
 
-/// The unit a precision's GEMMs run on: loom's dispatch, or oneDNN's (which prefers AMX).
-peak_unit unit_for(const std::string& precision, bool torch, const std::map<peak_unit, double>& peaks) {
-  if (precision != "bf16") return peak_unit::fp32_fma;
-  // both run bf16 GEMMs on oneDNN's AMX tiles where the CPU has them (loom: linear_uses_onednn_matmul)
-  if (peaks.count(peak_unit::amx_bf16)) return peak_unit::amx_bf16;
-  if (peaks.count(peak_unit::bf16_dot) && (torch || loom::kernels::cpu::detail::cpu_has_avx512_bf16()))
-    return peak_unit::bf16_dot;
-  return peak_unit::fp32_fma;
-}
-
 namespace gemm_shapes {
 
 using loom::kernels::cpu::detail::onednn_dtype;
@@ -507,15 +497,15 @@ int main(int argc, char** argv) {
     for (const auto& m : mine[i]) tok.push_back(m.tokens_per_s);
     loom_tok[i] = median(tok);
     torch_tok[i] = median(theirs[i]);
-    auto mfu = [&](double tps, bool t) {
-      const peak_unit u = unit_for(s.precision, t, peaks);
+    auto mfu = [&](double tps) {  // PyTorch's oneDNN runs bf16 on the same unit as loom
+      const peak_unit u = loom::bench::step_peak_unit(s.precision);
       return fmt::format("{:5.1f} % {:>9}", 100.0 * s.flops_per_token() * tps / (peaks.at(u) * 1e9), loom::bench::unit_name(u));
     };
     const auto& m = mine[i].back();
     fmt::print("| {:<16} | {:<4} | {:2} x {:4} | {:10.1f} | {:10.0f} | {} | {:>13} | {:>17} | {:>12} | {:7.1f} | {:7.1f} | {:7.1f} |\n",
-               s.config, s.precision, s.batch, s.seq, s.params / 1e6, loom_tok[i], mfu(loom_tok[i], false),
+               s.config, s.precision, s.batch, s.seq, s.params / 1e6, loom_tok[i], mfu(loom_tok[i]),
                theirs[i].empty() ? "-" : fmt::format("{:.0f}", torch_tok[i]),
-               theirs[i].empty() ? "-" : mfu(torch_tok[i], true),
+               theirs[i].empty() ? "-" : mfu(torch_tok[i]),
                ratio[i].empty() ? "-" : fmt::format("{:.2f}", median(ratio[i])), m.param_mib, m.opt_mib, m.act_mib);
   }
   const auto mem = loom::read_process_memory();

@@ -92,8 +92,8 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--log-dir", o.log_dir, "TensorBoard events, metrics.jsonl and trace.json go here ('' = none)");
   app.add_option("--profile-steps", o.profile_steps, "record a Chrome/Perfetto timeline of steps A:B (half-open), off by default");
   app.add_option("--peak-gflops", o.peak_gflops,
-                 "peak GFLOP/s per rank for MFU (default: the fp32 peak measured at start-up on the CPU, the SoC's "
-                 "table row on an NPU)");
+                 "peak GFLOP/s per rank for MFU (default: on the CPU the peak of the unit the precision's GEMMs "
+                 "run on, measured at start-up (fp32 FMA; bf16 on AMX-BF16 or VDPBF16PS), the SoC's table row on an NPU)");
   app.add_flag("--synthetic-data", o.synthetic_data,
                "isolation switch: train on 8 batches of random ids made once in memory (no loader, no data_wait); "
                "shows whether data loading limits the step");

@@ -246,7 +246,8 @@ loom::train::step_breakdown on_device_time(loom::train::step_breakdown host,
 
 /// Per-rank peak GFLOP/s for MFU and where it came from: --peak-gflops; on an NPU the SoC's row
 /// of device::ascend_peak_table for the precision (NaN when the table has none); on the CPU the
-/// measured fp32 peak (measured by the lead rank only: the others print nothing).
+/// measured peak of the unit the precision's GEMMs run on (bench::step_peak_unit: AMX-BF16 or
+/// VDPBF16PS for bf16, fp32 FMA otherwise; measured by the lead rank only).
 std::pair<double, std::string> peak_of(const options& o, const loom::train::session& s,
                                        const loom::device::ascend_runtime* npu, bool lead) {
   if (o.peak_gflops > 0) return {o.peak_gflops, "--peak-gflops"};
@@ -258,7 +259,9 @@ std::pair<double, std::string> peak_of(const options& o, const loom::train::sess
                              (std::isnan(flops) ? ": no figure in loom's table row, no MFU"
                                                 : row->confirmed ? "" : " (unconfirmed table row)")};
   }
-  return {lead ? loom::bench::measure_fp32_peak().gflops : 1.0, "fp32, measured"};
+  const loom::bench::peak_unit unit = loom::bench::step_peak_unit(s.precision());
+  return {lead ? loom::bench::measure_peak(unit).gflops : 1.0,
+          std::string(s.precision()) + " on " + std::string(loom::bench::unit_name(unit)) + ", measured"};
 }
 
 int run(const options& o, const loom::train::session_instance& inst, loom::train::world_ref world,

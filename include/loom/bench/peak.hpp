@@ -295,6 +295,17 @@ inline bool peak_unit_available(peak_unit u) noexcept {
 #endif
 }
 
+/// The unit a CPU training step's linear layers run on for `precision` ("fp32", "bf16" or
+/// "fp16") on this CPU, for MFU: bf16 on AMX-BF16 tiles where the CPU has them (oneDNN's
+/// matmul), else on VDPBF16PS where it has AVX512-BF16 (loom's kernel), else fp32 FMA; fp32 and
+/// fp16 (computed in fp32) on fp32 FMA. Mirrors kernels::cpu's choice (docs/precision.md).
+inline peak_unit step_peak_unit(std::string_view precision) noexcept {
+  if (precision != "bf16") return peak_unit::fp32_fma;
+  if (peak_unit_available(peak_unit::amx_bf16)) return peak_unit::amx_bf16;
+  if (peak_unit_available(peak_unit::bf16_dot)) return peak_unit::bf16_dot;
+  return peak_unit::fp32_fma;
+}
+
 /// Measures the peak of unit `u` on this machine (all threads), in GFLOP/s.
 ///
 /// threads           0 = all (OpenMP's default team size, or hardware_concurrency)
