@@ -61,8 +61,9 @@
 //
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or
 // malformed flag, a sequence length above the model's maximum, a --checkpoint-dir or --resume
-// that is a file, a dataset whose tokenizer is missing) exits with status 2 and one line naming
-// the problem and the fix; the flags and paths are checked before the peak probe or any rank.
+// that is a file, a --resume directory without checkpoints, a dataset whose tokenizer is missing)
+// exits with status 2 and one line naming the problem and the fix; the flags and paths are
+// checked before the peak probe or any rank.
 // A dataset without PREFIX.json (nothing to verify its checksums against) trains with a warning.
 #include <CLI/CLI.hpp>
 #ifdef _OPENMP

@@ -134,6 +134,21 @@ expect_refusal "--resume '.*manifest.json' is a file, and a checkpoint is a dire
   "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/ck/step_00000003/manifest.json"
 unchanged "a refused --resume" "$work/ck/step_00000003/manifest.json" "$manifest_sum"
 
+# --resume naming a directory without a checkpoint: refused right after parsing too, with the
+# directory to pass where one is plain (a run's root one level down; the run of a step_NNNNNNNN
+# directory without its manifest); nothing in them changes
+mkdir -p "$work/nockpt" "$work/runs/ckpt/step_00000002" "$work/runs/ckpt/step_00000004"
+printf '{}' > "$work/runs/ckpt/step_00000002/manifest.json"
+runs_before=$(cd "$work" && find nockpt runs | sort; sha256sum runs/ckpt/step_00000002/manifest.json)
+expect_refusal "^train_gpt: error: --resume '.*nockpt' holds no checkpoint \(no manifest.json, no step_NNNNNNNN directory\); pass the --checkpoint-dir of an earlier run \(e.g. out/ckpt\) or one step_NNNNNNNN directory inside it, or start without --resume$" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/nockpt"
+expect_refusal "^train_gpt: error: --resume '.*/runs' holds no checkpoint .*; its subdirectory 'ckpt' does: pass --resume .*/runs/ckpt$" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/runs"
+expect_refusal "^train_gpt: error: --resume '.*step_00000004/' holds no checkpoint .*unfinished or damaged save: pass the run's directory, --resume .*/runs/ckpt, to resume from its newest valid checkpoint$" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/runs/ckpt/step_00000004/"
+[[ "$(cd "$work" && find nockpt runs | sort; sha256sum runs/ckpt/step_00000002/manifest.json)" == "$runs_before" ]] &&
+  pass=$((pass + 1)) || { echo "FAILED: a refused --resume changed its directory"; fail=$((fail + 1)); }
+
 # a one-value flag given twice
 expect_refusal "^train_gpt: error: --log-dir was given 2 times; it takes one value: pass it once" \
   "$t" --data "$work/ok.txt" --model char_tiny --log-dir "$work/a" --log-dir "$work/b"

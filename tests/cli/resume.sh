@@ -7,7 +7,8 @@
 #   3. SIGKILL at random moments of a run that saves every step (so often mid-save): the
 #      resumed run always finds a valid checkpoint and continues with the reference losses;
 #   4. bad input: --resume on a missing, empty or foreign directory, another model, a fresh run
-#      into another run's checkpoints -> exit 2 with one clear line;
+#      into another run's checkpoints -> exit 2 with one clear line (a path without checkpoints
+#      before the banner);
 #   5. --export-hf writes GPT-2 files, --init-from-hf starts from them;
 #   6. fp16 with the dynamic loss scaler: losses, loss scales, the scaler's good-step counter and
 #      the final weights of the resumed run equal the uninterrupted run's, bit for bit.
@@ -102,6 +103,9 @@ expect_error "does not exist" "$t" "${common[@]}" --steps 2 --resume "$work/miss
 out="$("$t" "${common[@]}" --steps 2 --resume "$work/missing" 2>/dev/null)"
 [[ -z "$out" ]] && ok || bad "--resume of a missing path printed before its error: $out"
 expect_error "holds no checkpoint" "$t" "${common[@]}" --steps 2 --resume "$work/empty"
+# ... and so is a directory without checkpoints (no banner, no peak probe first)
+out="$("$t" "${common[@]}" --steps 2 --resume "$work/empty" 2>/dev/null)"
+[[ -z "$out" ]] && ok || bad "--resume of a directory without checkpoints printed before its error: $out"
 expect_error "holds no checkpoint" "$t" "${common[@]}" --steps 2 --resume "$work/foreign"
 expect_error "saved with model char_tiny" "$t" --data "$data" --model quickstart --steps 2 --peak-gflops 1 \
   --resume "$work/a/ckpt"
