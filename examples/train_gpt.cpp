@@ -59,6 +59,9 @@
 // same masks. CPU only.
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --model char_tiny --dropout 0.1
 //
+// Logs: --log-dir, by default logs/ in --out's directory (out/logs for the default --out); a
+// new run's metrics.jsonl keeps the previous one as metrics.previous-<k>.jsonl.
+//
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or
 // malformed flag, a sequence length above the model's maximum, a --checkpoint-dir or --resume
 // that is a file, a --resume directory without checkpoints, a dataset whose tokenizer is missing)

@@ -90,7 +90,9 @@ inline void add_flags(CLI::App& app, options& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling (>= 0)")->check(whole_number(0));
   app.add_option("--time-budget", o.time_budget, "stop training after this many seconds (0: no limit)");
-  app.add_option("--log-dir", o.log_dir, "TensorBoard events, metrics.jsonl and trace.json go here ('' = none)");
+  app.add_option("--log-dir", o.log_dir,
+                 "TensorBoard events, metrics.jsonl and trace.json go here (default: logs/ in --out's directory, "
+                 "out/logs for the default --out; '' = none)");
   app.add_option("--profile-steps", o.profile_steps, "record a Chrome/Perfetto timeline of steps A:B (half-open), off by default");
   app.add_option("--peak-gflops", o.peak_gflops,
                  "peak GFLOP/s per rank for MFU (default: the fp32 peak measured at start-up on the CPU, the SoC's "
@@ -201,6 +203,13 @@ inline std::chrono::milliseconds comm_timeout_ms(const options& o) {
   return std::chrono::milliseconds(static_cast<long long>(o.comm_timeout * 1000));
 }
 
+/// --log-dir when it is not given: `logs` beside the weights, in --out's directory (out/logs
+/// for the default --out, out/<model>.safetensors; runs/a/logs for --out runs/a/w.safetensors;
+/// logs for --out w.safetensors).
+inline std::string default_log_dir(const std::string& out) {
+  return ((out.empty() ? std::filesystem::path("out") : std::filesystem::path(out).parent_path()) / "logs").string();
+}
+
 /// --resume DIR where DIR is a directory that holds no checkpoint: neither a manifest.json (one
 /// step_NNNNNNNN directory) nor a step_NNNNNNNN directory (a --checkpoint-dir; as
 /// io::find_checkpoint, which verifies them later). Throws loom::input_error naming the fix: the
@@ -259,15 +268,15 @@ inline void check_checkpoint_paths(const options& o) {
   check_resume_directory(o.resume);
 }
 
-/// The checks and defaults that follow parsing `app` into `o` (=: fills --warmup and --model
-/// when they were not given; `data_is_dataset`: --data names a prepare_data dataset, whose
-/// default model is quickstart_bpe). Returns the --layout degrees {TP, PP}. Reads nothing but
-/// the existence and kind of --resume, --checkpoint-dir and --out and the names in a --resume
-/// directory. Throws loom::input_error naming the flag and the fix for: a number that is not
-/// finite, --comm-timeout or --bucket-mb beyond the limits above, a dropout outside [0, 1), a
-/// missing --resume, a --resume or --checkpoint-dir that is a file, a --resume directory without
-/// checkpoints (check_checkpoint_paths), a --profile-steps window outside
-/// the run, an --early-stop without periodic evaluations, an --out naming a directory, a
+/// The checks and defaults that follow parsing `app` into `o` (=: fills --warmup, --model and
+/// --log-dir when they were not given: default_log_dir; `data_is_dataset`: --data names a
+/// prepare_data dataset, whose default model is quickstart_bpe). Returns the --layout degrees
+/// {TP, PP}. Reads nothing but the existence and kind of --resume, --checkpoint-dir and --out
+/// and the names in a --resume directory. Throws loom::input_error naming the flag and the fix
+/// for: a number that is not finite, --comm-timeout or --bucket-mb beyond the limits above, a
+/// dropout outside [0, 1), a missing --resume, a --resume or --checkpoint-dir that is a file, a
+/// --resume directory without checkpoints (check_checkpoint_paths), a --profile-steps window
+/// outside the run, an --early-stop without periodic evaluations, an --out naming a directory, a
 /// --layout that is malformed, does not divide the model or does not fit --ranks, a missing
 /// --data. With --layout auto returns {0, 0}: main() chooses the layout, then calls this again.
 /// Whether the combination is compiled is train_gpt's main() question (train::compiled_sessions()).
@@ -280,6 +289,7 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
                             std::to_string(o.steps));
   if (app.count("--model") == 0 && data_is_dataset) o.model = "quickstart_bpe";
   if (app.count("--log-every") > 0) o.redraw = 0;  // asked for lines every N steps: keep each one
+  if (app.count("--log-dir") == 0) o.log_dir = default_log_dir(o.out);
   using flag_value = std::pair<const char*, double>;
   for (const auto& [flag, v] : std::initializer_list<flag_value>{
            {"--lr", o.lr}, {"--min-lr", o.min_lr}, {"--weight-decay", o.weight_decay},

@@ -89,6 +89,24 @@ TEST_CASE("train_gpt flags: non-finite and oversized numbers are input errors, n
   }
 }
 
+TEST_CASE("train_gpt flags: --log-dir defaults to logs/ in --out's directory") {
+  parsed a;
+  parse(a, {"--data", "x.txt"});
+  CHECK(a.o.log_dir == "out/logs");  // the default --out, out/<model>.safetensors
+  parsed b;
+  parse(b, {"--data", "x.txt", "--out", "runs/a/w.safetensors"});
+  CHECK(b.o.log_dir == "runs/a/logs");
+  parsed c;
+  parse(c, {"--data", "x.txt", "--out", "w.safetensors"});
+  CHECK(c.o.log_dir == "logs");
+  parsed d;  // given: as given, '' included (no logs)
+  parse(d, {"--data", "x.txt", "--out", "runs/a/w.safetensors", "--log-dir", ""});
+  CHECK(d.o.log_dir.empty());
+  parsed e;
+  parse(e, {"--data", "x.txt", "--out", "runs/a/w.safetensors", "--log-dir", "elsewhere"});
+  CHECK(e.o.log_dir == "elsewhere");
+}
+
 TEST_CASE("train_gpt flags: --resume of a directory without checkpoints is refused, naming the one to pass") {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("loom_test_resume_dir_" + std::to_string(::getpid()));
