@@ -104,7 +104,9 @@ inline void add_flags(CLI::App& app, options& o) {
                "do not check a dataset's .bin and .idx against the sizes and XXH3-64 checksums in PREFIX.json "
                "(one read of both files at start-up; for datasets too large to read twice)");
   app.add_option("--summary-every", o.summary_every, "steps between breakdown tables (0: never)");
-  app.add_option("--out", o.out, "where to save the weights (default out/<model>.safetensors)");
+  app.add_option("--out", o.out,
+                 "where to save the weights (default out/<model>.safetensors); a file already there (an earlier "
+                 "run's) is kept as <name>.previous-<k>.safetensors");
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training (bytes for a text file)");
   app.add_option("--prompt", o.prompt,
                  "prompt for the sample (for a dataset: normalized as prepare_data normalized its text, see docs/data.md)");
