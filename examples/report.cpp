@@ -99,7 +99,8 @@ run_log read_log(std::string path, std::string label) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw input_error("cannot open log '" + path + "': " + std::strerror(errno) +
-                      "; pass the metrics.jsonl that train_gpt writes into its --log-dir (default out/logs)");
+                      "; pass the metrics.jsonl that train_gpt writes into its --log-dir (default: logs/ in --out's "
+                      "directory, out/logs)");
   run_log run{std::move(label), path, {}, 0, 0, 0, NAN, NAN};
   std::string line;
   std::size_t lineno = 0;

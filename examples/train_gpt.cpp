@@ -59,10 +59,18 @@
 // same masks. CPU only.
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --model char_tiny --dropout 0.1
 //
+// Weights and logs: the weights go to --out (default out/<model>.safetensors); a file already
+// there (an earlier run's, or the interrupted part's of a --resume) is kept as
+// <name>.previous-<k>.safetensors (the first free k; a line says so) when the run writes its own,
+// atomically, at the end: a run that fails or is killed first leaves it in place. The logs go
+// to --log-dir, by default logs/ in --out's directory (out/logs); a new run's metrics.jsonl keeps
+// the previous one as metrics.previous-<k>.jsonl.
+//
 // Bad input (missing/empty/binary file, a corpus shorter than one sequence, an unknown or
 // malformed flag, a sequence length above the model's maximum, a --checkpoint-dir or --resume
-// that is a file, a dataset whose tokenizer is missing) exits with status 2 and one line naming
-// the problem and the fix; the flags and paths are checked before the peak probe or any rank.
+// that is a file, a --resume directory without checkpoints, a dataset whose tokenizer is missing)
+// exits with status 2 and one line naming the problem and the fix; the flags and paths are
+// checked before the peak probe or any rank.
 // A dataset without PREFIX.json (nothing to verify its checksums against) trains with a warning.
 #include <CLI/CLI.hpp>
 #ifdef _OPENMP

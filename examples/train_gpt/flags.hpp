@@ -20,6 +20,7 @@
 
 #include <loom/core/dropout.hpp>
 #include <loom/core/error.hpp>
+#include <loom/io/checkpoint/manifest.hpp>  // list_checkpoints, parse_checkpoint_dir_name
 #include <loom/io/trace.hpp>
 #include <loom/models/registry.hpp>
 
@@ -89,7 +90,9 @@ inline void add_flags(CLI::App& app, options& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling (>= 0)")->check(whole_number(0));
   app.add_option("--time-budget", o.time_budget, "stop training after this many seconds (0: no limit)");
-  app.add_option("--log-dir", o.log_dir, "TensorBoard events, metrics.jsonl and trace.json go here ('' = none)");
+  app.add_option("--log-dir", o.log_dir,
+                 "TensorBoard events, metrics.jsonl and trace.json go here (default: logs/ in --out's directory, "
+                 "out/logs for the default --out; '' = none)");
   app.add_option("--profile-steps", o.profile_steps, "record a Chrome/Perfetto timeline of steps A:B (half-open), off by default");
   app.add_option("--peak-gflops", o.peak_gflops,
                  "peak GFLOP/s per rank for MFU (default: on the CPU the peak of the unit the precision's GEMMs "
@@ -101,7 +104,9 @@ inline void add_flags(CLI::App& app, options& o) {
                "do not check a dataset's .bin and .idx against the sizes and XXH3-64 checksums in PREFIX.json "
                "(one read of both files at start-up; for datasets too large to read twice)");
   app.add_option("--summary-every", o.summary_every, "steps between breakdown tables (0: never)");
-  app.add_option("--out", o.out, "where to save the weights (default out/<model>.safetensors)");
+  app.add_option("--out", o.out,
+                 "where to save the weights (default out/<model>.safetensors); a file already there (an earlier "
+                 "run's) is kept as <name>.previous-<k>.safetensors");
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training (bytes for a text file)");
   app.add_option("--prompt", o.prompt,
                  "prompt for the sample (for a dataset: normalized as prepare_data normalized its text, see docs/data.md)");
@@ -200,10 +205,48 @@ inline std::chrono::milliseconds comm_timeout_ms(const options& o) {
   return std::chrono::milliseconds(static_cast<long long>(o.comm_timeout * 1000));
 }
 
+/// --log-dir when it is not given: `logs` beside the weights, in --out's directory (out/logs
+/// for the default --out, out/<model>.safetensors; runs/a/logs for --out runs/a/w.safetensors;
+/// logs for --out w.safetensors).
+inline std::string default_log_dir(const std::string& out) {
+  return ((out.empty() ? std::filesystem::path("out") : std::filesystem::path(out).parent_path()) / "logs").string();
+}
+
+/// --resume DIR where DIR is a directory that holds no checkpoint: neither a manifest.json (one
+/// step_NNNNNNNN directory) nor a step_NNNNNNNN directory (a --checkpoint-dir; as
+/// io::find_checkpoint, which verifies them later). Throws loom::input_error naming the fix: the
+/// run's directory for a step_NNNNNNNN directory without its manifest (an unfinished or damaged
+/// save), a subdirectory of DIR that holds checkpoints (--resume out for out/ckpt), else an
+/// earlier run's --checkpoint-dir or no --resume. Reads only names and the file system's metadata.
+inline void check_resume_directory(const std::string& resume) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (resume.empty() || !fs::is_directory(resume, ec)) return;
+  const fs::path dir(resume);
+  if (fs::exists(dir / "manifest.json", ec) || !loom::io::list_checkpoints(dir).empty()) return;
+  const std::string what = "--resume '" + resume + "' holds no checkpoint (no manifest.json, no step_NNNNNNNN directory)";
+  fs::path named = dir.lexically_normal();
+  if (!named.has_filename()) named = named.parent_path();  // "out/ckpt/step_00000003/"
+  if (loom::io::parse_checkpoint_dir_name(named.filename().string()) && named.has_parent_path())
+    throw loom::input_error(what + "; a step_NNNNNNNN directory without manifest.json is an unfinished or damaged "
+                            "save: pass the run's directory, --resume " + named.parent_path().string() +
+                            ", to resume from its newest valid checkpoint");
+  // one level down: --resume out for out/ckpt (increment(ec): an unreadable entry ends the look)
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code ec2;
+    if (it->is_directory(ec2) && !loom::io::list_checkpoints(it->path()).empty())
+      throw loom::input_error(what + "; its subdirectory '" + it->path().filename().string() +
+                              "' does: pass --resume " + it->path().string());
+  }
+  throw loom::input_error(what + "; pass the --checkpoint-dir of an earlier run (e.g. out/ckpt) or one step_NNNNNNNN "
+                          "directory inside it, or start without --resume");
+}
+
 /// A file where a checkpoint directory is expected: --checkpoint-dir names an existing file
-/// (or a path through one), or --resume names a file. Throws loom::input_error saying it is a
-/// file and what to pass instead: for a file inside a checkpoint (manifest.json, a shard) or a
-/// run's root (`latest`), that directory. Reads only the file system's metadata.
+/// (or a path through one), or --resume names a file; or a --resume directory that holds no
+/// checkpoint (check_resume_directory). Throws loom::input_error saying what is wrong and what
+/// to pass instead: for a file inside a checkpoint (manifest.json, a shard) or a run's root
+/// (`latest`), that directory. Reads only names and the file system's metadata.
 inline void check_checkpoint_paths(const options& o) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -224,16 +267,18 @@ inline void check_checkpoint_paths(const options& o) {
                                     : std::string("the --checkpoint-dir of an earlier run (e.g. out/ckpt) or one "
                                                   "step_NNNNNNNN directory inside it")));
   }
+  check_resume_directory(o.resume);
 }
 
-/// The checks and defaults that follow parsing `app` into `o` (=: fills --warmup and --model
-/// when they were not given; `data_is_dataset`: --data names a prepare_data dataset, whose
-/// default model is quickstart_bpe). Returns the --layout degrees {TP, PP}. Reads nothing but
-/// the existence and kind of --resume, --checkpoint-dir and --out. Throws loom::input_error
-/// naming the flag and the fix for: a number that is not finite, --comm-timeout or --bucket-mb
-/// beyond the limits above, a dropout outside [0, 1), a missing --resume, a --resume or
-/// --checkpoint-dir that is a file (check_checkpoint_paths), a --profile-steps window outside
-/// the run, an --early-stop without periodic evaluations, an --out naming a directory, a
+/// The checks and defaults that follow parsing `app` into `o` (=: fills --warmup, --model and
+/// --log-dir when they were not given: default_log_dir; `data_is_dataset`: --data names a
+/// prepare_data dataset, whose default model is quickstart_bpe). Returns the --layout degrees
+/// {TP, PP}. Reads nothing but the existence and kind of --resume, --checkpoint-dir and --out
+/// and the names in a --resume directory. Throws loom::input_error naming the flag and the fix
+/// for: a number that is not finite, --comm-timeout or --bucket-mb beyond the limits above, a
+/// dropout outside [0, 1), a missing --resume, a --resume or --checkpoint-dir that is a file, a
+/// --resume directory without checkpoints (check_checkpoint_paths), a --profile-steps window
+/// outside the run, an --early-stop without periodic evaluations, an --out naming a directory, a
 /// --layout that is malformed, does not divide the model or does not fit --ranks, a missing
 /// --data. With --layout auto returns {0, 0}: main() chooses the layout, then calls this again.
 /// Whether the combination is compiled is train_gpt's main() question (train::compiled_sessions()).
@@ -246,6 +291,7 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
                             std::to_string(o.steps));
   if (app.count("--model") == 0 && data_is_dataset) o.model = "quickstart_bpe";
   if (app.count("--log-every") > 0) o.redraw = 0;  // asked for lines every N steps: keep each one
+  if (app.count("--log-dir") == 0) o.log_dir = default_log_dir(o.out);
   using flag_value = std::pair<const char*, double>;
   for (const auto& [flag, v] : std::initializer_list<flag_value>{
            {"--lr", o.lr}, {"--min-lr", o.min_lr}, {"--weight-decay", o.weight_decay},

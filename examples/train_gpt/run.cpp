@@ -56,6 +56,7 @@
 #include "profile.hpp"
 #include "resume.hpp"
 #include "run.hpp"
+#include "weights_file.hpp"
 
 namespace train_gpt_cli {
 
@@ -102,20 +103,23 @@ namespace {
 
 using loom::train::session;
 
-/// The end of a run on rank 0: saves `model` (the whole fp32 model) to `out` with `meta`,
-/// exports it with --export-hf, then prints a sample (bytes for a text file; SentencePiece ids
-/// for a dataset: prompt encoded, ids decoded with `tok`, a blank line for each end of
-/// document). `saved`: the console line's "saved weights ..." words. No sample with
+/// The end of a run on rank 0: saves `model` (the whole fp32 model) to `out` with `meta` (an
+/// earlier run's file there is kept as <stem>.previous-<k>.safetensors, with a line saying so;
+/// weights_file.hpp), exports it with --export-hf, then prints a sample (bytes for a text file;
+/// SentencePiece ids for a dataset: prompt encoded, ids decoded with `tok`, a blank line for
+/// each end of document). `saved`: the console line's "saved weights ..." words. No sample with
 /// --sample-tokens 0.
-void save_and_sample(const options& o, loom::train::whole_model& model, const std::string& out,
+void save_and_sample(const options& o, loom::train::whole_model& model, weights_file& out,
                      const std::map<std::string, std::string>& meta, const std::string& saved,
                      const loom::data::batch_source<>& src, const loom_examples::sample_tokenizer* tok) {
   using namespace loom;
   (void)src;  // for the note without LOOM_WITH_TEXT
-  const auto parent = std::filesystem::path(out).parent_path();
+  const auto parent = out.path().parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  model.save_weights(out, meta);
-  std::printf("%s to %s\n", saved.c_str(), out.c_str());
+  const auto kept = out.write([&] { model.save_weights(out.path(), meta); });
+  if (!kept.empty())
+    std::printf("weights: the previous run's %s is kept as %s\n", out.path().c_str(), kept.c_str());
+  std::printf("%s to %s\n", saved.c_str(), out.path().c_str());
   if (!o.export_hf.empty()) {
     model.export_hf(o.export_hf);
     std::printf("exported Hugging Face %s weights to %s (model.safetensors, config.json)\n",
@@ -333,8 +337,8 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   const loom_examples::sample_tokenizer* sample_tok = nullptr;
 #endif
   // fail before training, not after it, when the weights cannot be written
-  const std::string out = o.out.empty() ? "out/" + std::string(m.name) + ".safetensors" : o.out;
-  ensure_writable_directory(std::filesystem::path(out).parent_path(), "--out");
+  weights_file out(o.out.empty() ? "out/" + std::string(m.name) + ".safetensors" : o.out);
+  ensure_writable_directory(out.path().parent_path(), "--out");
   if (lead && !o.log_dir.empty()) ensure_writable_directory(o.log_dir, "--log-dir");
   // periodic evaluations: the first --eval-windows windows of the validation split (all of them
   // if it has fewer; a last partial micro-batch is evaluated too, no window twice)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bad input to the examples: each case must exit non-zero with one line on stderr that names
 # the problem (checked by a pattern), never a crash or a stack trace; and nothing on disk
-# may be damaged (an existing weights file survives a failed run).
+# may be damaged (an existing weights file survives a failed run, and is kept by a later one).
 #   tests/cli/bad_input.sh <dir with train_gpt and sample>
 set -u
 bin="$1"
@@ -106,6 +106,52 @@ expect_error "does not exist" "$t" --data "$work/missing.txt" --model char_tiny 
 [[ "$(md5sum < "$work/w.safetensors")" == "$sum_before" ]] && pass=$((pass + 1)) ||
   { echo "FAILED: weights file changed by a failed run"; fail=$((fail + 1)); }
 
+# an earlier run's weights are kept, never lost: three default runs (no --out) in an empty working
+# directory leave out/char_tiny.safetensors (the newest) and out/char_tiny.previous-1 and -2 (the
+# earlier two, byte for byte: the first free name, as the log's metrics.previous-<k>.jsonl), with
+# one line each saying so; the logs of the default --out stay in out/logs
+check() {  # check <what> <command...>: counts a pass when the command succeeds
+  local what="$1"; shift
+  if "$@"; then pass=$((pass + 1)); else echo "FAILED: $what"; fail=$((fail + 1)); fi
+}
+sha() { sha256sum < "$1"; }
+quick=(--data "$work/ok.txt" --model char_tiny --steps 2 --eval-every 0 --sample-tokens 0 --peak-gflops 100
+       --summary-every 0)
+mkdir "$work/cwd"
+for seed in 1 2 3; do
+  (cd "$work/cwd" && "$t" "${quick[@]}" --seed $seed > "$work/run$seed.txt" 2>&1) ||
+    { echo "FAILED: default run $seed: $(tail -3 "$work/run$seed.txt")"; fail=$((fail + 1)); }
+  cp "$work/cwd/out/char_tiny.safetensors" "$work/run$seed.safetensors"
+done
+o="$work/cwd/out"
+check "run 1 had nothing to keep" bash -c "! grep -q '^weights: ' '$work/run1.txt'"
+check "run 2 names where the previous weights went" \
+  grep -qx "weights: the previous run's out/char_tiny.safetensors is kept as out/char_tiny.previous-1.safetensors" "$work/run2.txt"
+check "run 3 names where the previous weights went" \
+  grep -qx "weights: the previous run's out/char_tiny.safetensors is kept as out/char_tiny.previous-2.safetensors" "$work/run3.txt"
+check "previous-1 is run 1's weights" cmp -s "$o/char_tiny.previous-1.safetensors" "$work/run1.safetensors"
+check "previous-2 is run 2's weights" cmp -s "$o/char_tiny.previous-2.safetensors" "$work/run2.safetensors"
+check "the weights are run 3's, not run 2's" bash -c "! cmp -s '$o/char_tiny.safetensors' '$work/run2.safetensors'"
+check "one kept file per run" bash -c "[[ \$(ls '$o' | grep -c safetensors) -eq 3 ]]"
+check "default --log-dir: out/logs" test -s "$o/logs/metrics.jsonl"
+check "the log is kept too" test -s "$o/logs/metrics.previous-2.jsonl"
+# --out naming an existing .safetensors file: kept the same way; the logs go beside it (logs/ in
+# --out's directory), nothing into the working directory; a refused run keeps nothing aside
+mkdir "$work/cwd2"
+(cd "$work/cwd2" && "$t" "${quick[@]}" --out "$work/keep/run.safetensors" > "$work/keep1.txt" 2>&1 &&
+  cp "$work/keep/run.safetensors" "$work/keep1.safetensors" &&
+  "$t" "${quick[@]}" --seed 9 --out "$work/keep/run.safetensors" > "$work/keep2.txt" 2>&1) ||
+  { echo "FAILED: runs with --out: $(tail -3 "$work/keep2.txt")"; fail=$((fail + 1)); }
+check "--out: the line" grep -q "weights: the previous run's .*/keep/run.safetensors is kept as .*/keep/run.previous-1.safetensors$" "$work/keep2.txt"
+check "--out: kept byte for byte" cmp -s "$work/keep/run.previous-1.safetensors" "$work/keep1.safetensors"
+check "--out: logs beside the weights" test -s "$work/keep/logs/metrics.jsonl"
+check "--out: logs kept there" test -s "$work/keep/logs/metrics.previous-1.jsonl"
+check "--out: nothing in the working directory" bash -c "[[ -z \$(ls -A '$work/cwd2') ]]"
+run_sum=$(sha "$work/keep/run.safetensors")
+expect_error "does not exist" "$t" --data "$work/missing.txt" --model char_tiny --out "$work/keep/run.safetensors"
+unchanged "a refused run" "$work/keep/run.safetensors" "$run_sum"
+check "a refused run keeps nothing aside" test ! -e "$work/keep/run.previous-2.safetensors"
+
 s="$bin/sample"
 expect_error "cannot open" "$s" --weights "$work/missing.safetensors"
 expect_error "not a safetensors file|truncated" "$s" --weights "$work/ok.txt"
@@ -133,6 +179,21 @@ manifest_sum=$(sha256sum < "$work/ck/step_00000003/manifest.json")
 expect_refusal "--resume '.*manifest.json' is a file, and a checkpoint is a directory; pass the directory that holds it, --resume .*/ck/step_00000003$" \
   "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/ck/step_00000003/manifest.json"
 unchanged "a refused --resume" "$work/ck/step_00000003/manifest.json" "$manifest_sum"
+
+# --resume naming a directory without a checkpoint: refused right after parsing too, with the
+# directory to pass where one is plain (a run's root one level down; the run of a step_NNNNNNNN
+# directory without its manifest); nothing in them changes
+mkdir -p "$work/nockpt" "$work/runs/ckpt/step_00000002" "$work/runs/ckpt/step_00000004"
+printf '{}' > "$work/runs/ckpt/step_00000002/manifest.json"
+runs_before=$(cd "$work" && find nockpt runs | sort; sha256sum runs/ckpt/step_00000002/manifest.json)
+expect_refusal "^train_gpt: error: --resume '.*nockpt' holds no checkpoint \(no manifest.json, no step_NNNNNNNN directory\); pass the --checkpoint-dir of an earlier run \(e.g. out/ckpt\) or one step_NNNNNNNN directory inside it, or start without --resume$" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/nockpt"
+expect_refusal "^train_gpt: error: --resume '.*/runs' holds no checkpoint .*; its subdirectory 'ckpt' does: pass --resume .*/runs/ckpt$" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/runs"
+expect_refusal "^train_gpt: error: --resume '.*step_00000004/' holds no checkpoint .*unfinished or damaged save: pass the run's directory, --resume .*/runs/ckpt, to resume from its newest valid checkpoint$" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/runs/ckpt/step_00000004/"
+[[ "$(cd "$work" && find nockpt runs | sort; sha256sum runs/ckpt/step_00000002/manifest.json)" == "$runs_before" ]] &&
+  pass=$((pass + 1)) || { echo "FAILED: a refused --resume changed its directory"; fail=$((fail + 1)); }
 
 # a one-value flag given twice
 expect_refusal "^train_gpt: error: --log-dir was given 2 times; it takes one value: pass it once" \

@@ -311,6 +311,7 @@ class Tally:
         self.killed_before_loading = 0  # resumed attempts killed before their "resumed from" line
         self.storms = self.storms_exact = 0
         self.unpruned = 0  # storms that ended with more than --keep checkpoints (see check_end)
+        self.weights_kept = 0  # final weights written by a killed attempt, kept by the next one (check_end)
         self.failures = []
 
     def fail(self, what):
@@ -324,7 +325,8 @@ class Tally:
                 f"({self.resumes_lagging} from an older checkpoint than the newest step_* directory, because "
                 f"`latest` had not moved yet; {self.fallbacks} fallbacks past an unusable checkpoint; "
                 f"{self.killed_before_loading} attempts killed before they loaded), {self.storms_exact} of "
-                f"{self.storms} storms bit-exact ({self.unpruned} ended with unpruned older checkpoints), "
+                f"{self.storms} storms bit-exact ({self.unpruned} ended with unpruned older checkpoints, "
+                f"{self.weights_kept} with the final weights kept by a later attempt), "
                 f"{len(self.failures)} failures")
 
 
@@ -386,6 +388,14 @@ def check_end(st, ref, storm_dir, last, tally):
         else:
             tally.fail(f"{len(snap['dirs'])} checkpoints kept, more than --keep {st.args.keep}")
     extra = sorted(p.name for p in out.iterdir() if p.name != "w.safetensors") if out.is_dir() else []
+    # an attempt killed after writing its weights (the last step done) leaves them to the next
+    # attempt, which keeps them as w.previous-<k>.safetensors: the reference's weights too
+    kept = [n for n in extra if re.fullmatch(r"w\.previous-\d+\.safetensors", n)]
+    for n in kept:
+        if sha256(out / n) != sha256(ref / "out" / "w.safetensors"):
+            tally.fail(f"the kept weights {n} differ from the uninterrupted run's")
+    tally.weights_kept += len(kept)
+    extra = [n for n in extra if n not in kept]
     if extra:
         tally.fail(f"left in the output directory: {extra}")
     return len(tally.failures) == failed

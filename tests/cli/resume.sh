@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Checkpoints as a user meets them, with separate train_gpt processes:
 #   1. exact resume: 6 steps in one run == 3 steps, stop, a new process resumes, 3 steps
-#      (every loss bit for bit, from metrics.jsonl, and the final weights byte for byte);
+#      (every loss bit for bit, from metrics.jsonl, and the final weights byte for byte; the
+#      stopped run's weights are kept as w.previous-1.safetensors);
 #   2. a damaged newest checkpoint: resume falls back to the previous one with a warning and
 #      still reproduces the losses;
 #   3. SIGKILL at random moments of a run that saves every step (so often mid-save): the
 #      resumed run always finds a valid checkpoint and continues with the reference losses;
 #   4. bad input: --resume on a missing, empty or foreign directory, another model, a fresh run
-#      into another run's checkpoints -> exit 2 with one clear line;
+#      into another run's checkpoints -> exit 2 with one clear line (a path without checkpoints
+#      before the banner);
 #   5. --export-hf writes GPT-2 files, --init-from-hf starts from them;
 #   6. fp16 with the dynamic loss scaler: losses, loss scales, the scaler's good-step counter and
 #      the final weights of the resumed run equal the uninterrupted run's, bit for bit.
@@ -37,8 +39,12 @@ losses() { grep '"train/loss"' "$1" | grep -o '"step":[0-9]*\|"train/loss":[^,}]
 "$t" "${common[@]}" --steps 6 --log-dir "$work/b/logs1" --out "$work/b/w.safetensors" \
   --checkpoint-dir "$work/b/ckpt" --stop-at-step 3 > "$work/b1.txt" 2>&1 || bad "run stopped at 3: $(tail -3 "$work/b1.txt")"
 [[ "$(cat "$work/b/ckpt/latest" 2>/dev/null)" == "step_00000003" ]] && ok || bad "latest after --stop-at-step 3"
+cp "$work/b/w.safetensors" "$work/b/w-step3.safetensors"  # the stopped run's weights, kept by the resumed run
 "$t" "${common[@]}" --steps 6 --log-dir "$work/b/logs2" --out "$work/b/w.safetensors" \
   --resume "$work/b/ckpt" > "$work/b2.txt" 2>&1 || bad "resumed run: $(tail -3 "$work/b2.txt")"
+grep -q "weights: the previous run's .*b/w.safetensors is kept as .*b/w.previous-1.safetensors$" "$work/b2.txt" && ok ||
+  bad "the resumed run did not say where the stopped run's weights went: $(tail -5 "$work/b2.txt")"
+cmp -s "$work/b/w.previous-1.safetensors" "$work/b/w-step3.safetensors" && ok || bad "the stopped run's weights were not kept"
 grep -q "resumed from .*step_00000003: step 3" "$work/b2.txt" && ok || bad "resume message: $(head -5 "$work/b2.txt")"
 grep -q "trained 3 steps (resumed at step 3, 6 in all) in" "$work/b2.txt" && ok || bad "resumed run's step count: $(tail -5 "$work/b2.txt")"
 grep -q "trained 6 steps in" "$work/a.txt" && ok || bad "uninterrupted run's step count: $(tail -5 "$work/a.txt")"
@@ -83,6 +89,11 @@ for i in 1 2 3; do
   while read -r s l; do [[ "${reference[$s]}" == "$l" ]] || same=0; done < <(losses "$d/logs1/metrics.jsonl")
   [[ $same -eq 1 ]] && ok || bad "losses after kill $i differ from the reference"
   cmp -s "$work/k/ref.safetensors" "$d/w.safetensors" && ok || bad "weights after kill $i differ from the reference"
+  if grep -q "^saved weights" "$d.log"; then  # the kill came after the end: the resumed run kept those weights
+    cmp -s "$work/k/ref.safetensors" "$d/w.previous-1.safetensors" && ok || bad "kill $i: the first run's weights not kept"
+  else  # killed before its weights: nothing to keep, the resumed run wrote the first file
+    [[ ! -e "$d/w.previous-1.safetensors" ]] && ok || bad "kill $i: a run killed before its weights left a file to keep"
+  fi
   ls -a "$d/ckpt" | grep -q '^\.tmp' && bad "a temporary directory survived the resumed run's saves" || ok
 done
 
@@ -102,6 +113,9 @@ expect_error "does not exist" "$t" "${common[@]}" --steps 2 --resume "$work/miss
 out="$("$t" "${common[@]}" --steps 2 --resume "$work/missing" 2>/dev/null)"
 [[ -z "$out" ]] && ok || bad "--resume of a missing path printed before its error: $out"
 expect_error "holds no checkpoint" "$t" "${common[@]}" --steps 2 --resume "$work/empty"
+# ... and so is a directory without checkpoints (no banner, no peak probe first)
+out="$("$t" "${common[@]}" --steps 2 --resume "$work/empty" 2>/dev/null)"
+[[ -z "$out" ]] && ok || bad "--resume of a directory without checkpoints printed before its error: $out"
 expect_error "holds no checkpoint" "$t" "${common[@]}" --steps 2 --resume "$work/foreign"
 expect_error "saved with model char_tiny" "$t" --data "$data" --model quickstart --steps 2 --peak-gflops 1 \
   --resume "$work/a/ckpt"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job in miniature: train char_tiny for 60 steps on real text, check that the loss
-# fell and the validation report and weights exist, then sample from the weights (the same
-# seed gives the same text twice; a different seed gives other text).
+# fell and the validation report, the weights and the logs beside them (the default --log-dir)
+# exist, then sample from the weights (the same seed gives the same text twice; a different
+# seed gives other text).
 #   tests/cli/train_then_sample.sh <dir with train_gpt and sample>
 set -euo pipefail
 bin="$1"
@@ -16,6 +17,7 @@ last=$(grep -oP '^step +59/60 \| loss \K[0-9.]+' "$work/log.txt")
 grep -q 'final validation' "$work/log.txt"
 grep -q 'bits/byte' "$work/log.txt"
 [[ -s "$work/w.safetensors" ]]
+[[ -s "$work/logs/metrics.jsonl" ]] || { echo "no metrics.jsonl in logs/ beside --out (the default --log-dir)"; exit 1; }
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' ||
   { echo "loss did not fall enough: $first -> $last"; cat "$work/log.txt"; exit 1; }
 s1=$("$bin/sample" --weights "$work/w.safetensors" --prompt "ROMEO:" --tokens 80 --seed 3)

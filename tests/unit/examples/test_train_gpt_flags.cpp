@@ -1,9 +1,14 @@
 // train_gpt's flags (examples/train_gpt/flags.hpp), parsed as main() parses them: the cases the
 // CLI fuzz target (tests/fuzz/fuzz_cli.cpp) feeds that used to reach undefined behaviour or an
-// exception other than loom::input_error, and the defaults check_flags fills in.
+// exception other than loom::input_error, the defaults check_flags fills in, and the paths it
+// refuses before any work.
 #include <doctest/doctest.h>
 
 #if __has_include(<CLI/CLI.hpp>)
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -82,6 +87,50 @@ TEST_CASE("train_gpt flags: non-finite and oversized numbers are input errors, n
     full.insert(full.end(), {"--data", "x.txt"});
     CHECK_THROWS_AS(parse(p, full), loom::input_error);
   }
+}
+
+TEST_CASE("train_gpt flags: --log-dir defaults to logs/ in --out's directory") {
+  parsed a;
+  parse(a, {"--data", "x.txt"});
+  CHECK(a.o.log_dir == "out/logs");  // the default --out, out/<model>.safetensors
+  parsed b;
+  parse(b, {"--data", "x.txt", "--out", "runs/a/w.safetensors"});
+  CHECK(b.o.log_dir == "runs/a/logs");
+  parsed c;
+  parse(c, {"--data", "x.txt", "--out", "w.safetensors"});
+  CHECK(c.o.log_dir == "logs");
+  parsed d;  // given: as given, '' included (no logs)
+  parse(d, {"--data", "x.txt", "--out", "runs/a/w.safetensors", "--log-dir", ""});
+  CHECK(d.o.log_dir.empty());
+  parsed e;
+  parse(e, {"--data", "x.txt", "--out", "runs/a/w.safetensors", "--log-dir", "elsewhere"});
+  CHECK(e.o.log_dir == "elsewhere");
+}
+
+TEST_CASE("train_gpt flags: --resume of a directory without checkpoints is refused, naming the one to pass") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("loom_test_resume_dir_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "empty");
+  fs::create_directories(root / "run" / "ckpt" / "step_00000002");
+  fs::create_directories(root / "run" / "ckpt" / "step_00000004");  // no manifest: an unfinished save
+  std::ofstream(root / "run" / "ckpt" / "step_00000002" / "manifest.json") << "{}";
+  parsed a;
+  CHECK_THROWS_WITH_AS(parse(a, {"--data", "x.txt", "--resume", (root / "empty").string()}),
+                       doctest::Contains("holds no checkpoint"), loom::input_error);
+  const std::string subdirectory = "pass --resume " + (root / "run" / "ckpt").string();
+  parsed b;
+  CHECK_THROWS_WITH_AS(parse(b, {"--data", "x.txt", "--resume", (root / "run").string()}),
+                       doctest::Contains(subdirectory.c_str()), loom::input_error);
+  const std::string run_root = "--resume " + (root / "run" / "ckpt").string() + ", to resume from";
+  parsed c;
+  CHECK_THROWS_WITH_AS(parse(c, {"--data", "x.txt", "--resume", (root / "run" / "ckpt" / "step_00000004").string()}),
+                       doctest::Contains(run_root.c_str()), loom::input_error);
+  parsed d;  // a run's root and one checkpoint of it pass (verified later, when the run loads them)
+  CHECK_NOTHROW(parse(d, {"--data", "x.txt", "--resume", (root / "run" / "ckpt").string()}));
+  parsed e;
+  CHECK_NOTHROW(parse(e, {"--data", "x.txt", "--resume", (root / "run" / "ckpt" / "step_00000002").string()}));
+  fs::remove_all(root);
 }
 
 TEST_CASE("train_gpt flags: a path too long for the file system is an input error, not a filesystem_error") {
