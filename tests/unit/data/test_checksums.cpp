@@ -62,16 +62,22 @@ TEST_CASE("prepare: binary input is refused, naming the file; text with a few in
   CHECK(docs.size() == 1);
 }
 
-TEST_CASE("dataset checksums: recorded by prepare, checked when the dataset and its tokenizer are opened") {
-  loom_test::scratch_dir tmp("checksums_dataset");
+/// Prepares a 400-piece BPE dataset at dir/good/d from the first 20,000 bytes of
+/// tinyshakespeare (up to its last blank line), one thread; `po` receives the options used.
+static prepare_report prepare_small(const std::filesystem::path& dir, prepare_options& po) {
   const auto text = loom_test::read_file(loom_test::data_dir() / "tinyshakespeare.txt").substr(0, 20000);
-  write_bytes(tmp.path / "a.txt", text.substr(0, text.rfind("\n\n")));
-  prepare_options po;
-  po.inputs = {tmp.path / "a.txt"};
-  po.output_prefix = tmp.path / "good" / "d";
+  write_bytes(dir / "a.txt", text.substr(0, text.rfind("\n\n")));
+  po.inputs = {dir / "a.txt"};
+  po.output_prefix = dir / "good" / "d";
   po.tokenizer.vocab_size = 400;
   po.threads = 1;
-  const auto rep = prepare(po);
+  return prepare(po);
+}
+
+TEST_CASE("dataset checksums: recorded by prepare, checked when the dataset and its tokenizer are opened") {
+  loom_test::scratch_dir tmp("checksums_dataset");
+  prepare_options po;
+  const auto rep = prepare_small(tmp.path, po);
   const auto summary = nlohmann::json::parse(loom_test::read_file(rep.summary));
   REQUIRE(summary.contains("checksums"));
   CHECK(summary["checksums"]["bin"]["bytes"] == std::filesystem::file_size(rep.bin));
@@ -140,14 +146,8 @@ TEST_CASE("dataset checksums: recorded by prepare, checked when the dataset and 
 
 TEST_CASE("dataset tokenizer: found as recorded, or as PREFIX.model when renamed (still checked); else a clear error") {
   loom_test::scratch_dir tmp("checksums_moved");
-  const auto text = loom_test::read_file(loom_test::data_dir() / "tinyshakespeare.txt").substr(0, 20000);
-  write_bytes(tmp.path / "a.txt", text.substr(0, text.rfind("\n\n")));
   prepare_options po;
-  po.inputs = {tmp.path / "a.txt"};
-  po.output_prefix = tmp.path / "good" / "d";
-  po.tokenizer.vocab_size = 400;
-  po.threads = 1;
-  const auto rep = prepare(po);
+  const auto rep = prepare_small(tmp.path, po);
   CHECK(dataset_tokenizer_path(po.output_prefix) == rep.model);
   CHECK_FALSE(missing_dataset_tokenizer(po.output_prefix).has_value());
   auto copy = [&](const std::filesystem::path& to, std::initializer_list<const char*> exts) {
