@@ -243,8 +243,8 @@ inline void check_resume_directory(const std::string& resume) {
 }
 
 /// A file where a checkpoint directory is expected: --checkpoint-dir names an existing file
-/// (or a path through one), or --resume names a file; or a --resume directory that holds no
-/// checkpoint (check_resume_directory). Throws loom::input_error saying what is wrong and what
+/// (or a path through one) or the same path as --out, or --resume names a file; or a
+/// --resume directory that holds no checkpoint (check_resume_directory). Throws loom::input_error saying what is wrong and what
 /// to pass instead: for a file inside a checkpoint (manifest.json, a shard) or a run's root
 /// (`latest`), that directory. Reads only names and the file system's metadata.
 inline void check_checkpoint_paths(const options& o) {
@@ -258,6 +258,11 @@ inline void check_checkpoint_paths(const options& o) {
                               "checkpoints go into a directory (step_NNNNNNNN/ and 'latest'); pass a directory name "
                               "such as out/ckpt (the file is left as it is)");
   }
+  if (!o.checkpoint_dir.empty() && !o.out.empty() &&
+      fs::weakly_canonical(o.checkpoint_dir, ec) == fs::weakly_canonical(o.out, ec))
+    throw loom::input_error("--checkpoint-dir and --out name the same path '" + o.out + "': the checkpoints are a "
+                            "directory and the weights a file beside them; pass e.g. --checkpoint-dir out/ckpt "
+                            "--out out/model.safetensors");
   if (!o.resume.empty() && fs::exists(o.resume, ec) && !fs::is_directory(o.resume, ec)) {
     const fs::path parent = fs::path(o.resume).parent_path();
     const bool inside =

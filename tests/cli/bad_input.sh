@@ -171,6 +171,11 @@ expect_refusal "^train_gpt: error: --checkpoint-dir '.*notes.md': '.*notes.md' i
   "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --checkpoint-dir "$work/notes.md"
 expect_refusal "^train_gpt: error: --checkpoint-dir '.*notes.md/ckpt': '.*notes.md' is a file" \
   "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --checkpoint-dir "$work/notes.md/ckpt"
+# the same path for the checkpoints and the weights: refused before anything is written there
+expect_refusal "^train_gpt: error: --checkpoint-dir and --out name the same path '.*same.safetensors'.*--checkpoint-dir out/ckpt" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --checkpoint-dir "$work/same.safetensors" \
+  --out "$work/same.safetensors"
+if [ -e "$work/same.safetensors" ]; then echo "FAILED: a refused run created $work/same.safetensors"; fail=$((fail + 1)); else pass=$((pass + 1)); fi
 expect_refusal "^train_gpt: error: --resume '.*notes.md' is a file, and a checkpoint is a directory; pass the --checkpoint-dir of an earlier run" \
   "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/notes.md"
 unchanged "a refused --checkpoint-dir or --resume" "$work/notes.md" "$notes_sum"
