@@ -467,7 +467,8 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
     if (!lead) return nats;
     con.message("step " + std::to_string(step) + " | val loss " + std::to_string(nats).substr(0, 6) + " nats/token | " +
                 std::to_string(bpb).substr(0, 6) + " bits/byte | " +
-                std::to_string(long(std::chrono::duration<double>(clock::now() - t0).count())) + " s");
+                std::to_string(long(std::chrono::duration<double>(clock::now() - t0).count())) + " s | first " +
+                std::to_string(val.size() / s.window()) + " of " + std::to_string(src.validation_rows()) + " windows");
     const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};
     if (tb) tb->add_scalars(step, sc);
     if (jsonl) jsonl->write_scalars(step, sc);
