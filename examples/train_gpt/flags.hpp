@@ -244,9 +244,10 @@ inline void check_resume_directory(const std::string& resume) {
 
 /// A file where a checkpoint directory is expected: --checkpoint-dir names an existing file
 /// (or a path through one) or the same path as --out, or --resume names a file; or a
-/// --resume directory that holds no checkpoint (check_resume_directory). Throws loom::input_error saying what is wrong and what
-/// to pass instead: for a file inside a checkpoint (manifest.json, a shard) or a run's root
-/// (`latest`), that directory. Reads only names and the file system's metadata.
+/// --resume directory that holds no checkpoint (check_resume_directory). Throws
+/// loom::input_error saying what is wrong and what to pass instead: for a file inside a
+/// checkpoint (manifest.json, a shard) or a run's root (`latest`), that directory. Reads only
+/// names and the file system's metadata.
 inline void check_checkpoint_paths(const options& o) {
   namespace fs = std::filesystem;
   std::error_code ec;

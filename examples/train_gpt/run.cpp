@@ -434,8 +434,7 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
     if (o.resume.empty() && std::filesystem::exists(log_file)) {
       // A new run starts a new log (a resumed run continues its own); the old one is kept.
       auto kept = log_file;
-      for (int k = 1; std::filesystem::exists(kept); ++k)
-        kept = std::filesystem::path(o.log_dir) / ("metrics.previous-" + std::to_string(k) + ".jsonl");
+      for (int k = 1; std::filesystem::exists(kept); ++k) kept = previous_run_name(log_file, k);
       std::filesystem::rename(log_file, kept);
       con.message("log: the previous run's " + log_file.string() + " is kept as " + kept.string());
     }

@@ -22,9 +22,10 @@
 
 namespace train_gpt_cli {
 
-/// `out` with ".previous-<k>" before its extension: out/quickstart.safetensors, 1 ->
-/// out/quickstart.previous-1.safetensors.
-inline std::filesystem::path previous_weights_name(const std::filesystem::path& out, int k) {
+/// `out` with ".previous-<k>" before its extension, the name an earlier run's file is kept
+/// under (weights and metrics log): out/quickstart.safetensors, 1 ->
+/// out/quickstart.previous-1.safetensors; out/logs/metrics.jsonl, 2 -> out/logs/metrics.previous-2.jsonl.
+inline std::filesystem::path previous_run_name(const std::filesystem::path& out, int k) {
   return out.parent_path() / (out.stem().string() + ".previous-" + std::to_string(k) + out.extension().string());
 }
 
@@ -36,7 +37,7 @@ struct kept_weights {
   bool linked = false;
 };
 
-/// Keeps the file at `out` (if any) under the first free previous_weights_name(out, k), k >= 1:
+/// Keeps the file at `out` (if any) under the first free previous_run_name(out, k), k >= 1:
 /// as a hard link, so that `out` stays in place until an atomic write replaces it (a reader
 /// always finds a complete file there); where the file system has no hard links, by a rename.
 /// Never replaces an existing file. Throws loom::error when neither the link nor the rename works.
@@ -46,7 +47,7 @@ inline kept_weights keep_previous_weights(const std::filesystem::path& out) {
   if (!fs::exists(fs::symlink_status(out, ec))) return {};
   bool links = true;
   for (int k = 1; k < 1000000; ++k) {
-    const fs::path kept = previous_weights_name(out, k);
+    const fs::path kept = previous_run_name(out, k);
     if (links) {
       if (::link(out.c_str(), kept.c_str()) == 0) return {kept, true};
       if (errno == EEXIST) continue;
@@ -59,7 +60,7 @@ inline kept_weights keep_previous_weights(const std::filesystem::path& out) {
                       ec.message() + "; move it away yourself, or pass another --out");
   }
   throw loom::error("cannot keep the previous weights '" + out.string() + "': every name up to " +
-                    previous_weights_name(out, 999999).string() + " is taken; move some away, or pass another --out");
+                    previous_run_name(out, 999999).string() + " is taken; move some away, or pass another --out");
 }
 
 /// A run's weights file: write() writes it, and the first write keeps the file an earlier run

@@ -27,9 +27,9 @@ void atomic_put(const fs::path& p, const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("weights file: previous_weights_name puts .previous-<k> before the extension") {
-  CHECK(train_gpt_cli::previous_weights_name("out/quickstart.safetensors", 1) == "out/quickstart.previous-1.safetensors");
-  CHECK(train_gpt_cli::previous_weights_name("w.safetensors", 12) == "w.previous-12.safetensors");
+TEST_CASE("weights file: previous_run_name puts .previous-<k> before the extension") {
+  CHECK(train_gpt_cli::previous_run_name("out/quickstart.safetensors", 1) == "out/quickstart.previous-1.safetensors");
+  CHECK(train_gpt_cli::previous_run_name("w.safetensors", 12) == "w.previous-12.safetensors");
 }
 
 TEST_CASE("weights file: the first write keeps an earlier run's file, at the first free name") {
