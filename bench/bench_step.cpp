@@ -300,13 +300,13 @@ cache_evictor memory_evictor() {
   return {std::size_t(2 * l3) / sizeof(float) / std::size_t(threads())};
 }
 
-/// Microseconds per call of `n` calls of `key` alone, `evict` run (untimed: it runs no GEMM)
-/// before each.
+/// Microseconds per call of `n` back-to-back calls of `key` alone, `evict` (if not null; untimed:
+/// it runs no GEMM) run before each.
 double timed_after(onednn_matmul_cache& cache, operand_pool& pool, const onednn_matmul_key& key, int n,
-                   cache_evictor& evict) {
+                   cache_evictor* evict) {
   cache.reset_timings();
   for (int i = 0; i < n; ++i) {
-    evict();
+    if (evict) (*evict)();
     pool.run(cache, key);
   }
   const auto t = cache.timings();
@@ -350,13 +350,10 @@ void run_table(int steps, int rounds) {
     cache->set_timing(true);
     for (const auto& [key, row] : rows) {
       pool.run(*cache, key);  // not counted: the key's operands into the caches, as for a benchmark
-      cache->reset_timings();
       const int n = std::max(1, int(row.calls_per_step + 0.5));
-      for (int i = 0; i < n; ++i) pool.run(*cache, key);
-      const auto t = cache->timings();
-      rows[key].alone_us.push_back(t.at(0).seconds / double(t.at(0).calls) * 1e6);
-      rows[key].l2_cold_us.push_back(timed_after(*cache, pool, key, n, evict_l2));
-      rows[key].memory_cold_us.push_back(timed_after(*cache, pool, key, std::min(n, 2), evict_all));
+      rows[key].alone_us.push_back(timed_after(*cache, pool, key, n, nullptr));
+      rows[key].l2_cold_us.push_back(timed_after(*cache, pool, key, n, &evict_l2));
+      rows[key].memory_cold_us.push_back(timed_after(*cache, pool, key, std::min(n, 2), &evict_all));
     }
     cache->set_timing(false);
   }
