@@ -260,7 +260,7 @@ inline void check_checkpoint_paths(const options& o) {
                               "such as out/ckpt (the file is left as it is)");
   }
   if (!o.checkpoint_dir.empty() && !o.out.empty() &&
-      fs::weakly_canonical(o.checkpoint_dir, ec) == fs::weakly_canonical(o.out, ec))
+      fs::weakly_canonical(fs::absolute(o.checkpoint_dir, ec), ec) == fs::weakly_canonical(fs::absolute(o.out, ec), ec))
     throw loom::input_error("--checkpoint-dir and --out name the same path '" + o.out + "': the checkpoints are a "
                             "directory and the weights a file beside them; pass e.g. --checkpoint-dir out/ckpt "
                             "--out out/model.safetensors");

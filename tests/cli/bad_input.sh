@@ -175,6 +175,10 @@ expect_refusal "^train_gpt: error: --checkpoint-dir '.*notes.md/ckpt': '.*notes.
 expect_refusal "^train_gpt: error: --checkpoint-dir and --out name the same path '.*same.safetensors'.*--checkpoint-dir out/ckpt" \
   "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --checkpoint-dir "$work/same.safetensors" \
   --out "$work/same.safetensors"
+pushd "$work" > /dev/null  # the same path spelled two ways, relative to the working directory
+expect_refusal "^train_gpt: error: --checkpoint-dir and --out name the same path" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --checkpoint-dir ./same.safetensors --out same.safetensors
+popd > /dev/null
 if [ -e "$work/same.safetensors" ]; then echo "FAILED: a refused run created $work/same.safetensors"; fail=$((fail + 1)); else pass=$((pass + 1)); fi
 expect_refusal "^train_gpt: error: --resume '.*notes.md' is a file, and a checkpoint is a directory; pass the --checkpoint-dir of an earlier run" \
   "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --resume "$work/notes.md"
