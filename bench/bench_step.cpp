@@ -214,6 +214,7 @@ class operand_pool {
     need(k.ab, 'a', std::size_t(k.trans_a ? k.K : k.M) * std::size_t(k.lda));
     need(k.ab, 'b', std::size_t(k.trans_b ? k.N : k.K) * std::size_t(k.ldb));
     need(k.c, 'c', std::size_t(k.M) * std::size_t(k.ldc));
+    if (k.bias) need(k.ab, 'x', std::size_t(k.N));
   }
   /// Allocates and fills every buffer reserved so far (call once, after every reserve).
   void fill() {
@@ -229,14 +230,15 @@ class operand_pool {
       ++seed;
     }
   }
-  /// C = alpha op(A) op(B) + beta C through `cache`'s primitive of key `k`.
+  /// C = alpha (op(A) op(B) + bias) + beta C through `cache`'s primitive of key `k` (a bias
+  /// only when the key has one).
   void run(onednn_matmul_cache& cache, const onednn_matmul_key& k) {
     float alpha, beta;
     std::memcpy(&alpha, &k.alpha_bits, 4);
     std::memcpy(&beta, &k.beta_bits, 4);
     auto go = [&]<class T, class OutT>(T*, OutT*) {
       cache.run<T, OutT>(k.trans_a, k.trans_b, k.M, k.N, k.K, alpha, at<T>(k.ab, 'a'), k.lda, at<T>(k.ab, 'b'), k.ldb,
-                         beta, at<OutT>(k.c, 'c'), k.ldc);
+                         beta, at<OutT>(k.c, 'c'), k.ldc, k.bias ? at<T>(k.ab, 'x') : nullptr);
     };
     const bool c32 = k.c == onednn_dtype::f32;
     if (k.ab == onednn_dtype::f32) go((float*)nullptr, (float*)nullptr);
@@ -371,9 +373,9 @@ void run_table(int steps, int rounds) {
     const double gflop = 2.0 * k.M * k.N * k.K * 1e-9;
     float beta;
     std::memcpy(&beta, &k.beta_bits, 4);
-    fmt::print("| {}{} | {} x {} x {} | {} -> {} | {:g} | {:.0f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} | {:.0f} "
+    fmt::print("| {}{} | {} x {} x {} | {} -> {} | {:g}{} | {:.0f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} | {:.0f} "
                "| {:.2f} | {:.2f} | {:.2f} | {} |\n",
-               k.trans_a ? 'T' : 'N', k.trans_b ? 'T' : 'N', k.M, k.N, k.K, name_of(k.ab), name_of(k.c), beta,
+               k.trans_a ? 'T' : 'N', k.trans_b ? 'T' : 'N', k.M, k.N, k.K, name_of(k.ab), name_of(k.c), beta, k.bias ? ", +bias" : "",
                row.calls_per_step, in, alone, l2, mem, gflop / (in * 1e-6), gflop / (alone * 1e-6), in / alone,
                in / l2, in / mem, row.impl);
     in_total += row.calls_per_step * in;
@@ -386,7 +388,7 @@ void run_table(int steps, int rounds) {
              "| {:.2f} | {:.2f} | {:.2f} | |\n",
              rows.size(), calls, in_total * 1e-3, alone_total * 1e-3, l2_total * 1e-3, mem_total * 1e-3,
              in_total / alone_total, in_total / l2_total, in_total / mem_total);
-  fmt::print("GEMMs through the cache: {:.0f} % of the step. NT: forward y = x W^T (beta 1: + bias); NN: backward "
+  fmt::print("GEMMs through the cache: {:.0f} % of the step. NT: forward y = x W^T (+bias: the primitive adds b); NN: backward "
              "dx = dy W (beta 1: +=); TN: backward dW += dy^T x (W stored (OC,C)).\n",
              100.0 * in_total * 1e-3 / step);
 }

@@ -17,6 +17,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/random.hpp>
 #include <loom/kernels/cpu/gemm.hpp>
+#include <loom/kernels/cpu/matmul.hpp>
 
 namespace {
 
@@ -67,10 +68,11 @@ const shape shapes[] = {{1, 1, 1},     {1, 7, 63},     {7, 1, 65},     {63, 65, 
 // is the same count. Rounding the result to T on store adds at most u_T relative (2^-8 bf16,
 // 2^-11 fp16) in the normal range, and half the subnormal spacing below it (fp16 products of
 // values in [-1, 1] do fall below 2^-14 = 6.1e-5, where the spacing is 2^-24). A wrong index, transpose or edge tile gives errors of the order of |ref| itself.
-// With a cache, the product runs through detail::gemm(cache, ...) (gemm_impl::onednn_matmul).
+// With a cache, the product runs through detail::gemm(cache, ...) (gemm_impl::onednn_matmul),
+// and with_bias adds a random bias of N values (one more fp32 addition: K + 3 in the bound).
 template <class T, class OutT>
 void check_case(gemm_impl impl, bool ta, bool tb, shape s, float alpha, float beta, std::uint64_t seed,
-                onednn_matmul_cache* cache = nullptr) {
+                onednn_matmul_cache* cache = nullptr, bool with_bias = false) {
   const int M = s.M, N = s.N, K = s.K;
   strided<T> a(ta ? K : M, ta ? M : K, 3, seed, -1.0, 1.0);
   strided<T> b(tb ? N : K, tb ? K : N, 5, seed + 1, -1.0, 1.0);
@@ -79,17 +81,18 @@ void check_case(gemm_impl impl, bool ta, bool tb, shape s, float alpha, float be
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) c.at(i, j) = OutT(std::nanf(""));
   const strided<OutT> c0 = c;
+  const strided<T> bias(1, N, 0, seed + 3, -1.0, 1.0);
 
   if (cache)
     loom::kernels::cpu::detail::gemm<T, OutT>(*cache, ta, tb, M, N, K, alpha, a.data.data(), a.ld, b.data.data(),
-                                             b.ld, beta, c.data.data(), c.ld);
+                                             b.ld, beta, c.data.data(), c.ld, with_bias ? bias.data.data() : nullptr);
   else
     loom::kernels::cpu::detail::gemm<T, OutT>(impl, ta, tb, M, N, K, alpha, a.data.data(), a.ld, b.data.data(),
                                              b.ld, beta, c.data.data(), c.ld);
 
   const double u_out = std::is_same_v<OutT, float> ? 0.0 : unit_roundoff<T>();
   const double eta_out = std::is_same_v<OutT, float> ? 0.0 : double(float(std::numeric_limits<T>::denorm_min())) / 2;
-  const double gamma = (K + 2) * std::ldexp(1.0, -24);
+  const double gamma = (K + 2 + with_bias) * std::ldexp(1.0, -24);
   double worst = 0;  // largest error / bound seen
   int bad = 0;
   for (int i = 0; i < M; ++i)
@@ -100,6 +103,7 @@ void check_case(gemm_impl impl, bool ta, bool tb, shape s, float alpha, float be
         ref += p;
         mag += std::abs(p);
       }
+      if (with_bias) ref += bias.get(0, j), mag += std::abs(bias.get(0, j));
       const double old = beta == 0.0f ? 0.0 : c0.get(i, j);
       ref = double(alpha) * ref + double(beta) * old;
       mag = std::abs(double(alpha)) * mag + std::abs(double(beta) * old);
@@ -114,7 +118,7 @@ void check_case(gemm_impl impl, bool ta, bool tb, shape s, float alpha, float be
     for (int j = N; j < c.ld; ++j)
       if (!std::isnan(c.get(i, j))) ++pad_changed;
   INFO(std::string(typeid(T).name()) << "/" << std::string(typeid(OutT).name()) << " M=" << M << " N=" << N << " K=" << K << " trans_a=" << ta << " trans_b=" << tb << " alpha=" << alpha
-            << " beta=" << beta << " worst err/bound=" << worst);
+            << " beta=" << beta << " bias=" << with_bias << " worst err/bound=" << worst);
   CHECK(bad == 0);
   CHECK(pad_changed == 0);
 }
@@ -201,6 +205,46 @@ TEST_CASE("gemm onednn_matmul: matmul primitive, bf16, fp16, fp32 operands, all 
                                        << "; fp16: " << cache.impl_name({37, 53, 29, 32, 58, 55, false, false,
                                                                          d::onednn_dtype::f16, d::onednn_dtype::f16,
                                                                          0x3f800000u, 0u}));
+}
+
+TEST_CASE("gemm onednn_matmul: the bias argument, every type, transpose, alpha and beta; K == 0") {
+  namespace d = loom::kernels::cpu::detail;
+  if (!d::gemm_has_onednn_matmul) return;  // the refusal without oneDNN is tested above
+  onednn_matmul_cache cache;
+  std::uint64_t seed = 1201;
+  const float ab[3][2] = {{0.75f, -0.5f}, {1.0f, 0.0f}, {-1.25f, 1.0f}};
+  for (const shape s : {shape{37, 53, 29}, shape{257, 383, 65}, shape{1, 7, 63}, shape{13, 1, 383}, shape{5, 9, 0}})
+    for (int t = 0; t < 4; ++t)
+      for (const auto& [alpha, beta] : ab) {
+        check_case<bf16, float>(gemm_impl::onednn_matmul, t & 1, t & 2, s, alpha, beta, seed++, &cache, true);
+        check_case<bf16, bf16>(gemm_impl::onednn_matmul, t & 1, t & 2, s, alpha, beta, seed++, &cache, true);
+        check_case<f16, f16>(gemm_impl::onednn_matmul, t & 1, t & 2, s, alpha, beta, seed++, &cache, true);
+        check_case<float, float>(gemm_impl::onednn_matmul, t & 1, t & 2, s, alpha, beta, seed++, &cache, true);
+      }
+}
+
+TEST_CASE("matmul_forward with a primitive cache: the bias argument gives bitwise the bias-then-accumulate result") {
+  // y = x W^T + b written by the primitive's bias argument must equal y prefilled with b and
+  // accumulated into (beta 1): the same two fp32 terms, one rounding, for every storage type.
+  namespace d = loom::kernels::cpu::detail;
+  if (!d::gemm_has_onednn_matmul) return;
+  onednn_matmul_cache cache;
+  auto check = [&]<class T>(T) {
+    if (!d::linear_uses_onednn_matmul<T>()) return;  // bf16 on VDPBF16PS here: no primitive, no bias argument
+    const int N = 67, C = 45, OC = 131;
+    strided<T> x(N, C, 0, 71, -1.0, 1.0), w(OC, C, 0, 72, -1.0, 1.0), b(1, OC, 0, 73, -1.0, 1.0);
+    std::vector<T> y(std::size_t(N) * OC, T(std::nanf(""))), ref(std::size_t(N) * OC);
+    loom::kernels::cpu::matmul_forward(y.data(), x.data.data(), w.data.data(), b.data.data(), N, C, OC, &cache);
+    for (int n = 0; n < N; ++n) std::copy(b.data.begin(), b.data.begin() + OC, ref.begin() + std::ptrdiff_t(n) * OC);
+    d::gemm<T, T>(cache, false, true, N, OC, C, 1.0f, x.data.data(), C, w.data.data(), C, 1.0f, ref.data(), OC);
+    int differ = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) differ += std::memcmp(&y[i], &ref[i], sizeof(T)) != 0;
+    INFO(typeid(T).name());
+    CHECK(differ == 0);
+  };
+  check(float{});
+  check(bf16{});
+  check(f16{});
 }
 
 TEST_CASE("gemm onednn_matmul cache: one primitive per shape, reused; the workspace grows") {

@@ -92,12 +92,17 @@ inline void gemm_check(bool trans_a, bool trans_b, int M, int N, int K, const vo
     throw input_error("loom::kernels::cpu::gemm: null matrix pointer for a non-empty product; pass valid A, B, C");
 }
 
-/// C = beta * C, with beta == 0 writing zeros without reading C (NaN in C does not survive).
-template <class OutT>
-void gemm_scale(int M, int N, float beta, OutT* C, int ldc) {
+/// C = beta * C (+ alpha * bias[j] in column j when bias is non-null), in fp32 and rounded once;
+/// beta == 0 writes without reading C (NaN in C does not survive).
+template <class OutT, class T = OutT>
+void gemm_scale(int M, int N, float beta, OutT* C, int ldc, float alpha = 0.0f, const T* bias = nullptr) {
   for (int i = 0; i < M; ++i) {
     OutT* c = C + std::size_t(i) * std::size_t(ldc);
-    for (int j = 0; j < N; ++j) c[j] = beta == 0.0f ? OutT(0.0f) : OutT(beta * static_cast<float>(c[j]));
+    for (int j = 0; j < N; ++j) {
+      float v = beta == 0.0f ? 0.0f : beta * static_cast<float>(c[j]);
+      if (bias) v += alpha * static_cast<float>(bias[j]);
+      c[j] = OutT(v);
+    }
   }
 }
 
@@ -133,10 +138,12 @@ void gemm(gemm_impl impl, bool trans_a, bool trans_b, int M, int N, int K, float
 
 /// cpu::gemm through oneDNN's matmul primitive (gemm_impl::onednn_matmul), with the primitive
 /// of this shape taken from (or created once into) `cache`:
-///   C (M,N) = alpha * op(A) * op(B) + beta * C, fp32 accumulation, C fp32 or rounded to T.
-/// Shapes, leading dimensions, beta == 0 (C not read), K == 0 or alpha == 0 (C = beta * C) and
-/// the input checks are those of cpu::gemm. T: float, Eigen::bfloat16 or Eigen::half; OutT:
-/// float or T. Writes C and the cache (a new primitive for a new shape, a larger workspace).
+///   C (M,N) = alpha * (op(A) * op(B) + bias) + beta * C, fp32 accumulation, C fp32 or rounded
+///   to T once; bias (N values, bias[j] added to column j) may be null (no bias).
+/// Shapes, leading dimensions, beta == 0 (C not read), K == 0 or alpha == 0 (C = beta * C, plus
+/// alpha * bias) and the input checks are those of cpu::gemm. T: float, Eigen::bfloat16 or
+/// Eigen::half; OutT: float or T. Writes C and the cache (a new primitive for a new shape, a
+/// larger workspace).
 /// Threads: oneDNN's (OpenMP); the cache is used by one thread at a time.
 /// Numerics: bf16 products are exact in fp32 and summed in fp32 (oneDNN's brgemm/gemm kernels;
 /// the summation order differs from the other implementations); fp16 operands run natively
@@ -144,21 +151,22 @@ void gemm(gemm_impl impl, bool trans_a, bool trans_b, int M, int N, int K, float
 /// Errors: loom::input_error for the cpu::gemm input errors and when built without oneDNN
 /// (LOOM_WITH_ONEDNN); loom::device_error when oneDNN fails to create or run the primitive.
 /// Source: oneDNN developer guide, "Matmul" primitive (memory descriptors with strides for
-/// transposes and leading dimensions, sum post-op for beta, output scales for alpha).
+/// transposes and leading dimensions, sum post-op for beta, output scales for alpha, the bias
+/// argument for bias).
 template <class T, class OutT>
 void gemm(onednn_matmul_cache& cache, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* A,
-          int lda, const T* B, int ldb, float beta, OutT* C, int ldc) {
+          int lda, const T* B, int ldb, float beta, OutT* C, int ldc, const T* bias = nullptr) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, Eigen::half>,
                 "loom::kernels::cpu::gemm: T must be float, Eigen::bfloat16 or Eigen::half");
   static_assert(std::is_same_v<OutT, float> || std::is_same_v<OutT, T>,
                 "loom::kernels::cpu::gemm: C must be float or the operand type T");
   gemm_check(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
   if constexpr (!gemm_has_onednn_matmul) {
-    cache.run(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);  // throws input_error
+    cache.run(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);  // throws input_error
   }
   if (M == 0 || N == 0) return;
-  if (K == 0 || alpha == 0.0f) return gemm_scale(M, N, beta, C, ldc);
-  cache.run(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (K == 0 || alpha == 0.0f) return gemm_scale(M, N, beta, C, ldc, alpha, bias);
+  cache.run(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
 }
 
 }  // namespace detail

@@ -62,20 +62,26 @@ void linear_gemm(onednn_matmul_cache* cache, bool trans_a, bool trans_b, int M, 
 
 }  // namespace detail
 
-/// out (N,OC) = inp (N,C) * w(OC,C)^T + bias (OC); bias may be null. out is written (=).
-/// For 16-bit T the product and the bias are summed in fp32 and rounded once.
+/// out (N,OC) = inp (N,C) * w(OC,C)^T + bias (OC); bias may be null. out is written (=), not
+/// read. For 16-bit T the product and the bias are summed in fp32 and rounded once.
 /// `gemms`: oneDNN matmul primitives to use (context<cpu>::gemm_cache; see
-/// detail::linear_uses_onednn_matmul), or null for kernels::cpu::gemm's automatic choice.
+/// detail::linear_uses_onednn_matmul), which add the bias themselves (the primitive's bias
+/// argument); or null for kernels::cpu::gemm's automatic choice, after copying the bias into
+/// every row of out.
 /// Cost: 2 N C OC flops.
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC,
                     detail::onednn_matmul_cache* gemms = nullptr) {
   if constexpr (uses_cpu_gemm_v<T>) {
+    if (gemms && detail::linear_uses_onednn_matmul<T>()) {  // the primitive adds the bias: out only written
+      detail::gemm<T, T>(*gemms, false, true, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC, bias);
+      return;
+    }
     if (bias) {
 #pragma omp parallel for schedule(static)
       for (int n = 0; n < N; ++n) std::copy(bias, bias + OC, out + std::size_t(n) * OC);
     }
-    detail::linear_gemm<T>(gemms, false, true, N, OC, C, inp, C, w, C, bias ? 1.0f : 0.0f, out, OC);
+    kernels::cpu::gemm<T>(false, true, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f, out, OC);
   } else {
     map<T> y(out, N, OC);
     y.noalias() = cmap<T>(inp, N, C) * cmap<T>(w, OC, C).transpose();

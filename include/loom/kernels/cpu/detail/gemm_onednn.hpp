@@ -10,8 +10,11 @@
 ///   B   (K,N) strides {ldb, 1};   stored (N,K) when trans_b: strides {1, ldb}
 ///   C   (M,N) strides {ldc, 1}
 /// alpha is the output scale (primitive attribute), beta a sum post-op (dst = alpha acc + beta
-/// dst, C read in its own type); beta == 0 has no post-op, so C is not read. Accumulation is
-/// fp32 for bf16, fp16 and fp32 operands.
+/// dst, C read in its own type); beta == 0 has no post-op, so C is not read. An optional bias
+/// (N values of the operand type, one per column of C) is the primitive's bias argument, added
+/// to the fp32 accumulator before the output scale and the sum post-op: a linear layer's
+/// forward y = x W^T + b then writes y without reading it (no bias copied into y first).
+/// Accumulation is fp32 for bf16, fp16 and fp32 operands.
 ///
 /// Primitives are created once per shape and kept by an onednn_matmul_cache, which the caller
 /// owns and passes in (no global state): the CPU engine, one stream, the primitives by shape
@@ -64,13 +67,14 @@ constexpr onednn_dtype onednn_dtype_of() noexcept {
 }
 
 /// What identifies one matmul primitive: sizes, leading dimensions, transposes, operand and
-/// result types, and the alpha and beta it was created for (bit patterns; beta == 0 means no
-/// sum post-op). Ordered, so it keys a std::map.
+/// result types, the alpha and beta it was created for (bit patterns; beta == 0 means no
+/// sum post-op), and whether it adds a bias. Ordered, so it keys a std::map.
 struct onednn_matmul_key {
   int M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
   bool trans_a = false, trans_b = false;
   onednn_dtype ab = onednn_dtype::f32, c = onednn_dtype::f32;
   std::uint32_t alpha_bits = 0, beta_bits = 0;
+  bool bias = false;
   auto operator<=>(const onednn_matmul_key&) const = default;
 };
 
@@ -138,16 +142,17 @@ class onednn_matmul_cache {
   /// or off as it was).
   void reset_timings() noexcept;
 
-  /// C (M,N) = alpha * op(A) op(B) + beta * C, fp32 accumulation, through the primitive of
-  /// this shape (created on first use, reused after). Same argument contract as
+  /// C (M,N) = alpha * (op(A) op(B) + bias) + beta * C, fp32 accumulation, through the
+  /// primitive of this shape (created on first use, reused after). Same argument contract as
   /// loom::kernels::cpu::gemm, which the caller has checked (gemm_check), with M, N, K > 0.
   /// T: float, Eigen::bfloat16 or Eigen::half; OutT: float or T. beta == 0: C is not read.
+  /// bias: N values (bias[j] added to column j of every row), or null for none.
   /// Writes C (M rows of N; the padding up to ldc is untouched) and the workspace.
   /// Errors: loom::input_error when built without oneDNN, or (oneDNN 3.x only) alpha != 1;
   /// loom::device_error when oneDNN fails to create or run the primitive.
   template <class T, class OutT>
   void run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* A, int lda, const T* B, int ldb,
-           float beta, OutT* C, int ldc);
+           float beta, OutT* C, int ldc, const T* bias = nullptr);
 
  private:
   struct aligned_free {
@@ -188,15 +193,16 @@ constexpr std::size_t onednn_align64(std::size_t n) noexcept { return (n + 63) /
 struct onednn_matmul_cache::entry {
   dnnl::matmul prim;
   dnnl::memory::desc a, b, c;   // as the primitive sees them (fp32 contiguous when converted)
+  dnnl::memory::desc bias;      // (1, N) when the key adds a bias, else empty
   dnnl::memory::desc sp;        // its scratchpad, at the workspace's start
   std::size_t scratch = 0;      // scratchpad bytes
   bool convert = false;         // fp16 operands converted to fp32 in the workspace
-  std::size_t a32 = 0, b32 = 0, c32 = 0;  // workspace offsets of the fp32 copies (convert only)
+  std::size_t a32 = 0, b32 = 0, c32 = 0, bias32 = 0;  // workspace offsets of the fp32 copies (convert only)
   std::size_t total = 0;        // workspace bytes this primitive needs
   std::string impl;
   // The execute arguments, made once: memory objects over no buffer, pointed at the call's
   // operands with set_data_handle (so a call allocates nothing on loom's side).
-  dnnl::memory ma, mb, mc, msp;
+  dnnl::memory ma, mb, mc, mbias, msp;
   std::vector<dnnl_exec_arg_t> args;  // for the C API's execute (the C++ one copies a map per call)
   std::size_t timed_calls = 0;        // set_timing(true): products run and their seconds
   double timed_seconds = 0;
@@ -233,11 +239,12 @@ inline dnnl::memory::data_type onednn_data_type(onednn_dtype t) noexcept {
   return t == onednn_dtype::bf16 ? dt::bf16 : t == onednn_dtype::f16 ? dt::f16 : dt::f32;
 }
 
-/// The primitive descriptor of C (dc) = alpha op(A) (da) op(B) (db) + beta C with a user
-/// scratchpad; throws dnnl::error (status unimplemented when no implementation fits).
+/// The primitive descriptor of C (dc) = alpha (op(A) (da) op(B) (db) + bias (dbias)) + beta C
+/// with a user scratchpad (an empty dbias: no bias); throws dnnl::error (status unimplemented
+/// when no implementation fits).
 inline dnnl::matmul::primitive_desc onednn_matmul_pd(const dnnl::engine& eng, const dnnl::memory::desc& da,
-                                                     const dnnl::memory::desc& db, const dnnl::memory::desc& dc,
-                                                     float alpha, float beta) {
+                                                     const dnnl::memory::desc& db, const dnnl::memory::desc& dbias,
+                                                     const dnnl::memory::desc& dc, float alpha, float beta) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (beta != 0.0f) {
@@ -249,10 +256,10 @@ inline dnnl::matmul::primitive_desc onednn_matmul_pd(const dnnl::engine& eng, co
   if (alpha != 1.0f)
     throw input_error("loom::kernels::cpu::gemm: gemm_impl::onednn_matmul with oneDNN 3.x supports alpha == 1 only; "
                       "use gemm_impl::onednn for other alpha");
-  return dnnl::matmul::primitive_desc(eng, da, db, dc, attr);
+  return dnnl::matmul::primitive_desc(eng, da, db, dbias, dc, attr);
 #else
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(da, db, dc), attr, eng);
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(da, db, dbias, dc), attr, eng);
 #endif
 }
 
@@ -270,9 +277,10 @@ inline onednn_matmul_cache::entry& onednn_matmul_cache::find_or_create(const one
   e->a = md({M, K}, tab, k.trans_a ? dims{1, k.lda} : dims{k.lda, 1});
   e->b = md({K, N}, tab, k.trans_b ? dims{1, k.ldb} : dims{k.ldb, 1});
   e->c = md({M, N}, tc, dims{k.ldc, 1});
+  if (k.bias) e->bias = md({1, N}, tab, dims{N, 1});
   dnnl::matmul::primitive_desc pd;
   try {
-    pd = onednn_matmul_pd(engine_, e->a, e->b, e->c, alpha, beta);
+    pd = onednn_matmul_pd(engine_, e->a, e->b, e->bias, e->c, alpha, beta);
   } catch (const dnnl::error& err) {
     if (k.ab != onednn_dtype::f16 || err.status != dnnl_unimplemented)
       throw device_error(int(err.status), "dnnl::matmul::primitive_desc", err.what());
@@ -283,8 +291,9 @@ inline onednn_matmul_cache::entry& onednn_matmul_cache::find_or_create(const one
     e->a = md({M, K}, dt::f32, k.trans_a ? dims{1, M} : dims{K, 1});
     e->b = md({K, N}, dt::f32, k.trans_b ? dims{1, K} : dims{N, 1});
     e->c = c_f32 ? md({M, N}, dt::f32, dims{k.ldc, 1}) : md({M, N}, dt::f32, dims{N, 1});
+    if (k.bias) e->bias = md({1, N}, dt::f32, dims{N, 1});
     try {
-      pd = onednn_matmul_pd(engine_, e->a, e->b, e->c, alpha, c_f32 ? beta : 0.0f);
+      pd = onednn_matmul_pd(engine_, e->a, e->b, e->bias, e->c, alpha, c_f32 ? beta : 0.0f);
     } catch (const dnnl::error& err2) {
       throw device_error(int(err2.status), "dnnl::matmul::primitive_desc (f32 for f16)", err2.what());
     }
@@ -297,7 +306,8 @@ inline onednn_matmul_cache::entry& onednn_matmul_cache::find_or_create(const one
     e->a32 = e->total;
     e->b32 = e->a32 + onednn_align64(m * kk * 4);
     e->c32 = e->b32 + onednn_align64(kk * n * 4);
-    e->total = e->c32 + (k.c == onednn_dtype::f32 ? 0 : onednn_align64(m * n * 4));
+    e->bias32 = e->c32 + (k.c == onednn_dtype::f32 ? 0 : onednn_align64(m * n * 4));
+    e->total = e->bias32 + (k.bias ? onednn_align64(n * 4) : 0);
   }
   e->impl = std::string(pd.impl_info_str()) + (e->convert ? " (f16 via f32)" : "");
   try {
@@ -306,6 +316,10 @@ inline onednn_matmul_cache::entry& onednn_matmul_cache::find_or_create(const one
     e->mb = dnnl::memory(e->b, engine_, DNNL_MEMORY_NONE);
     e->mc = dnnl::memory(e->c, engine_, DNNL_MEMORY_NONE);
     e->args = {{DNNL_ARG_SRC, e->ma.get()}, {DNNL_ARG_WEIGHTS, e->mb.get()}, {DNNL_ARG_DST, e->mc.get()}};
+    if (k.bias) {
+      e->mbias = dnnl::memory(e->bias, engine_, DNNL_MEMORY_NONE);
+      e->args.push_back({DNNL_ARG_BIAS, e->mbias.get()});
+    }
     if (e->scratch > 0) {
       e->msp = dnnl::memory(e->sp, engine_, DNNL_MEMORY_NONE);
       e->args.push_back({DNNL_ARG_SCRATCHPAD, e->msp.get()});
@@ -319,8 +333,9 @@ inline onednn_matmul_cache::entry& onednn_matmul_cache::find_or_create(const one
 
 template <class T, class OutT>
 void onednn_matmul_cache::run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const T* A, int lda,
-                              const T* B, int ldb, float beta, OutT* C, int ldc) {
+                              const T* B, int ldb, float beta, OutT* C, int ldc, const T* bias) {
   onednn_matmul_key key{M, N, K, lda, ldb, ldc, trans_a, trans_b, onednn_dtype_of<T>(), onednn_dtype_of<OutT>()};
+  key.bias = bias != nullptr;
   if (beta == 0.0f) beta = 0.0f;  // -0 and +0: one key, no post-op
   std::memcpy(&key.alpha_bits, &alpha, 4);
   std::memcpy(&key.beta_bits, &beta, 4);
@@ -330,18 +345,25 @@ void onednn_matmul_cache::run(bool trans_a, bool trans_b, int M, int N, int K, f
   void* pa = const_cast<T*>(A);
   void* pb = const_cast<T*>(B);
   void* pc = C;
+  void* pbias = const_cast<T*>(bias);
   if (e.convert) {  // fp16 without an f16 matmul: contiguous fp32 copies in the workspace
     float* a32 = reinterpret_cast<float*>(ws + e.a32);
     float* b32 = reinterpret_cast<float*>(ws + e.b32);
     gemm_convert_rows(a32, A, trans_a ? K : M, trans_a ? M : K, lda);
     gemm_convert_rows(b32, B, trans_b ? N : K, trans_b ? K : N, ldb);
     pa = a32, pb = b32;
+    if (bias) {
+      float* bias32 = reinterpret_cast<float*>(ws + e.bias32);
+      gemm_convert_rows(bias32, bias, 1, N, N);
+      pbias = bias32;
+    }
     if constexpr (!std::is_same_v<OutT, float>) pc = ws + e.c32;
   }
   try {
     e.ma.set_data_handle(pa);
     e.mb.set_data_handle(pb);
     e.mc.set_data_handle(pc);
+    if (bias) e.mbias.set_data_handle(pbias);
     if (e.scratch > 0) e.msp.set_data_handle(ws);
     using clock = std::chrono::steady_clock;
     const clock::time_point t0 = timing_ ? clock::now() : clock::time_point{};
@@ -372,7 +394,8 @@ inline std::vector<onednn_matmul_timing> onednn_matmul_cache::timings() const { 
 inline void onednn_matmul_cache::reset_timings() noexcept {}
 
 template <class T, class OutT>
-void onednn_matmul_cache::run(bool, bool, int, int, int, float, const T*, int, const T*, int, float, OutT*, int) {
+void onednn_matmul_cache::run(bool, bool, int, int, int, float, const T*, int, const T*, int, float, OutT*, int,
+                              const T*) {
   throw input_error(
       "loom::kernels::cpu::gemm: gemm_impl::onednn_matmul needs oneDNN, and loom was built without oneDNN "
       "(LOOM_WITH_ONEDNN); use gemm_impl::automatic");
