@@ -8,10 +8,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include <loom/core/dropout.hpp>
 #include <loom/kernels/cpu/common.hpp>
 #include <loom/kernels/cpu/detail/convert.hpp>
+#include <loom/kernels/cpu/detail/softmax_avx512.hpp>
 
 namespace loom::kernels::cpu::detail {
 
@@ -103,6 +105,38 @@ inline int causal_prefix(int t, int j0, int bk) noexcept { return std::clamp(t -
 template <class A>
 inline constexpr A neg_inf = -std::numeric_limits<A>::infinity();
 
+/// max(row[0 .. n)), n > 0: AVX-512 where the CPU has it (A = float), else Eigen's maxCoeff.
+template <class A>
+A row_max(const A* row, int n) {
+#if LOOM_SOFTMAX_HAS_AVX512
+  if constexpr (std::is_same_v<A, float>)
+    if (softmax_avx512_usable()) return row_max_avx512(row, n);
+#endif
+  return Eigen::Map<const Eigen::Array<A, Eigen::Dynamic, 1>>(row, n).maxCoeff();
+}
+
+/// row[c] = exp(row[c] - shift) for c < n, then 0 where pad[c] (pad may be null); returns the
+/// sum of the n results. AVX-512 where the CPU has it (A = float: detail/softmax_avx512.hpp,
+/// one pass, fixed summation order), else Eigen's vectorised exp and sum.
+template <class A>
+A exp_shift_sum(A* row, int n, A shift, const std::uint8_t* pad) {
+#if LOOM_SOFTMAX_HAS_AVX512
+  if constexpr (std::is_same_v<A, float>)
+    if (softmax_avx512_usable()) {
+      if (pad)  // a padded key's score is -inf here or about to be zeroed: 0 before the sum
+        for (int c = 0; c < n; ++c)
+          if (pad[c]) row[c] = neg_inf<A>;
+      return exp_shift_sum_avx512(row, n, shift);  // exp(-inf) is exactly 0
+    }
+#endif
+  row_array<A> e(row, n);
+  e = (e - shift).exp();
+  if (pad)
+    for (int c = 0; c < n; ++c)
+      if (pad[c]) row[c] = A(0);
+  return e.sum();
+}
+
 /// One key tile's online-softmax step (FlashAttention-2, arXiv:2307.08691, Algorithm 1, lines
 /// 8-10) over the bq rows of the score tile s (row stride lds), whose first bk columns hold the
 /// scaled scores of keys [j0, j0+bk) for queries i0 + r: masks padded keys and keys after each
@@ -120,19 +154,16 @@ void online_softmax_rows(A* s, std::ptrdiff_t lds, int bq, int bk, int width, in
     if (pad)
       for (int c = 0; c < n; ++c)
         if (pad[c]) row[c] = neg_inf<A>;
-    const A m_new = n > 0 ? std::max(m[r], row_array<A>(row, n).maxCoeff()) : m[r];  // vectorised
+    const A m_new = n > 0 ? std::max(m[r], row_max(row, n)) : m[r];
     if (m_new == neg_inf<A>) {  // no visible key yet: nothing to add
       std::fill(row, row + width, A(0));
       continue;
     }
-    row_array<A> e(row, n);
-    e = (e - m_new).exp();
-    if (pad)
-      for (int c = 0; c < n; ++c)
-        if (pad[c]) row[c] = A(0);
+    const A sum = exp_shift_sum(row, n, m_new, pad);  // pads 0; the normaliser sums the undropped terms
     std::fill(row + n, row + width, A(0));
-    const A alpha = std::exp(m[r] - m_new);  // exactly 0 while m[r] = -inf (libm exp)
-    l[r] = alpha * l[r] + e.sum();            // the normaliser sums the undropped terms
+    // exactly 0 while m[r] = -inf, 1 while the maximum stays: no libm call for those
+    const A alpha = m[r] == neg_inf<A> ? A(0) : m[r] == m_new ? A(1) : std::exp(m[r] - m_new);
+    l[r] = alpha * l[r] + sum;
     if (p.drop.active()) apply_dropout(row, n, p, b, h, i0 + r, j0);
     if (alpha != A(1)) {
       A* orow = o + r * ldo;
@@ -163,10 +194,23 @@ void delta_from_output(float* D, const T* dout, const T* out, const attention_sh
       prefetch_bytes(dout + p.out_at(b, h, i0 + r + attn_prefetch_rows), sizeof(T) * p.hd);
       prefetch_bytes(out + p.out_at(b, h, i0 + r + attn_prefetch_rows), sizeof(T) * p.hd);
     }
-    widen(dyr, dout + p.out_at(b, h, i0 + r), p.hd);
-    widen(orow, out + p.out_at(b, h, i0 + r), p.hd);
+    const float* dy = dyr;
+    const float* o = orow;
+    if constexpr (std::is_same_v<T, float>) {  // read in place
+      dy = dout + p.out_at(b, h, i0 + r);
+      o = out + p.out_at(b, h, i0 + r);
+    } else {
+      widen(dyr, dout + p.out_at(b, h, i0 + r), p.hd);
+      widen(orow, out + p.out_at(b, h, i0 + r), p.hd);
+    }
+#if LOOM_SOFTMAX_HAS_AVX512
+    if (softmax_avx512_usable()) {
+      D[i0 + r] = dot_avx512(dy, o, p.hd);
+      continue;
+    }
+#endif
     float d = 0;
-    for (int i = 0; i < p.hd; ++i) d += dyr[i] * orow[i];
+    for (int i = 0; i < p.hd; ++i) d += dy[i] * o[i];
     D[i0 + r] = d;
   }
 }
@@ -177,13 +221,7 @@ void delta_from_output(float* D, const T* dout, const T* out, const attention_sh
 template <class A>
 void probability_row(A* row, int n, int bk, A lse, const std::uint8_t* pad) {
   if (!(lse < std::numeric_limits<A>::infinity())) n = 0;
-  if (n > 0) {
-    row_array<A> r(row, n);
-    r = (r - lse).exp();
-    if (pad)
-      for (int c = 0; c < n; ++c)
-        if (pad[c]) row[c] = A(0);
-  }
+  if (n > 0) exp_shift_sum(row, n, lse, pad);
   std::fill(row + n, row + bk, A(0));
 }
 
