@@ -67,6 +67,13 @@ inline std::string fixed2(double x) {
   return b;
 }
 
+/// What a periodic validation line covers: "all 188 windows" when it evaluates the whole split,
+/// else "first 64 of 188 windows" (--eval-windows takes the split's first windows).
+inline std::string covered_windows(std::size_t evaluated, std::size_t total) {
+  return evaluated >= total ? "all " + std::to_string(total) + " windows"
+                            : "first " + std::to_string(evaluated) + " of " + std::to_string(total) + " windows";
+}
+
 /// Where a run resumed from `resume` keeps saving: the run's root (the parent of a
 /// step_NNNNNNNN directory given directly).
 inline std::string checkpoint_root_of(const std::string& resume) {
@@ -466,8 +473,8 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
     if (!lead) return nats;
     con.message("step " + std::to_string(step) + " | val loss " + std::to_string(nats).substr(0, 6) + " nats/token | " +
                 std::to_string(bpb).substr(0, 6) + " bits/byte | " +
-                std::to_string(long(std::chrono::duration<double>(clock::now() - t0).count())) + " s | first " +
-                std::to_string(val.size() / s.window()) + " of " + std::to_string(src.validation_rows()) + " windows");
+                std::to_string(long(std::chrono::duration<double>(clock::now() - t0).count())) + " s | " +
+                covered_windows(val.size() / s.window(), src.validation_rows()));
     const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};
     if (tb) tb->add_scalars(step, sc);
     if (jsonl) jsonl->write_scalars(step, sc);

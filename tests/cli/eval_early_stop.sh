@@ -6,7 +6,8 @@
 #     validation over all 62 windows, the same loss;
 #  2. --early-stop 1 with a learning rate that makes the validation loss rise: training stops
 #     early, says which step's weights it keeps, the weights file records best_step, and the
-#     final validation (whole split = the periodic windows here) equals the best periodic loss;
+#     final validation (whole split = the periodic windows here, whose lines say "all 62
+#     windows") equals the best periodic loss;
 #  3. the same with --layout tp2pp2 --ranks 4 (tensor x pipeline parallel).
 #   tests/cli/eval_early_stop.sh <dir with train_gpt>
 set -euo pipefail
@@ -46,6 +47,8 @@ check_early_stop() {  # check_early_stop NAME LOG WEIGHTS
   [[ -n "$best" && "$best" -lt "$stop" ]] || fail "$name: best step '$best' is not before the stop at $stop"
   (( stop < 40 )) || fail "$name: did not stop early ($stop of 40 steps)"
   best_loss=$(grep -oP "^step $best \| val loss \K[0-9.]+" "$log")
+  grep -q "^step $best | val loss .* | all 62 windows\$" "$log" ||
+    fail "$name: the periodic validation line does not say it covers all 62 windows: $(grep "^step $best | val" "$log")"
   final_loss=$(grep -oP '^final validation.*val loss \K[0-9.]+' "$log")
   awk -v a="$best_loss" -v b="$final_loss" 'BEGIN { d = a - b; exit !(d < 2e-3 && d > -2e-3) }' ||
     fail "$name: final validation $final_loss is not the best evaluation's $best_loss (step $best)"
