@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bad input to the examples: each case must exit non-zero with one line on stderr that names
 # the problem (checked by a pattern), never a crash or a stack trace; and nothing on disk
-# may be damaged (an existing weights file survives a failed run, and is kept by a later one).
+# may be damaged (an existing weights file or dataset survives a failed run, and is kept by a
+# later one).
 #   tests/cli/bad_input.sh <dir with train_gpt and sample>
 set -u
 bin="$1"
@@ -264,6 +265,25 @@ if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --voc
   # the dataset's real tokenizer on byte-level weights
   expect_refusal "^sample: error: --tokenizer '.*ds/d.model': weights file .* was trained on the bytes" \
     "$s" --weights "$work/w.safetensors" --tokenizer "$work/ds/d.model"
+
+  # prepare_data run again on an existing prefix keeps the earlier dataset, byte for byte, as
+  # d.previous-1.{bin,idx,model,json} with one stdout line per file; a run that fails (a bad
+  # --input) first changes nothing and keeps nothing aside
+  mkdir "$work/ds1"
+  cp "$work/ds/d".{bin,idx,model,json} "$work/ds1/"
+  ds_before=$(cd "$work/ds" && ls; sha256sum *)
+  expect_refusal "^prepare_data: .*missing.txt.*cannot be opened" \
+    "$bin/prepare_data" --input "$work/missing.txt" --output-prefix "$work/ds/d" --vocab-size 500 --threads 1
+  check "a failed prepare_data leaves the dataset as it was" [ "$(cd "$work/ds" && ls; sha256sum *)" == "$ds_before" ]
+  "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --vocab-size 500 --threads 1 \
+    > "$work/prep2.txt" 2>"$work/stderr" || { echo "FAILED: prepare_data again: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+  for x in bin idx model json; do
+    check "d.$x kept byte for byte" cmp -s "$work/ds1/d.$x" "$work/ds/d.previous-1.$x"
+    check "the line for d.$x" grep -qx "dataset: the previous run's $work/ds/d.$x is kept as $work/ds/d.previous-1.$x" \
+      "$work/prep2.txt"
+  done
+  check "the new dataset replaced the old one" bash -c "! cmp -s '$work/ds1/d.model' '$work/ds/d.model'"
+  check "nothing else kept" [ "$(ls "$work/ds" | grep -c previous)" -eq 4 ]
 else
   echo "note: prepare_data did not run (a build without SentencePiece?): dataset cases skipped"
 fi
