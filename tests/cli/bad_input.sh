@@ -284,6 +284,13 @@ if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --voc
   done
   check "the new dataset replaced the old one" bash -c "! cmp -s '$work/ds1/d.model' '$work/ds/d.model'"
   check "nothing else kept" [ "$(ls "$work/ds" | grep -c previous)" -eq 4 ]
+
+  # the kept dataset trains as PREFIX.previous-1, with its own tokenizer (not the newer d.model)
+  "$t" --data "$work/ds/d.previous-1" "${common[@]}" --out "$work/k.safetensors" >/dev/null 2>"$work/stderr" &&
+    "$s" --weights "$work/k.safetensors" --tokens 5 >/dev/null 2>>"$work/stderr" && [[ ! -s "$work/stderr" ]] &&
+    pass=$((pass + 1)) || { echo "FAILED: training on the kept dataset: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+  check "the kept dataset's weights record its own tokenizer" \
+    grep -qa "\"tokenizer\":\"$work/ds/d.previous-1.model\"" "$work/k.safetensors"
 else
   echo "note: prepare_data did not run (a build without SentencePiece?): dataset cases skipped"
 fi
