@@ -6,12 +6,16 @@
 //
 // Stages: read -> clean -> dedup -> filter -> tokenizer (train or load) -> encode -> write.
 // Writes <prefix>.bin, <prefix>.idx, <prefix>.model and <prefix>.json, and prints one table row
-// per stage (documents and bytes kept/removed, seconds, MB/s). See docs/data.md.
+// per stage (documents and bytes kept/removed, seconds, MB/s). A dataset already at the prefix
+// is kept, never lost: right before the new files are written, its files get a second name,
+// <prefix>.previous-<k>.bin, .idx, .model, .json (one k, the first free; keep_previous.hpp),
+// one stdout line each; a run that fails puts everything back as it was. See docs/data.md.
 // Build: g++ -std=c++20 -O2 -Iinclude examples/prepare_data.cpp -lsentencepiece
 //        -lsentencepiece_train -lutf8proc -lxxhash -pthread
 #if __has_include(<sentencepiece_processor.h>) && __has_include(<utf8proc.h>) && __has_include(<xxhash.h>) && \
     __has_include(<nlohmann/json.hpp>) && __has_include(<CLI/CLI.hpp>)
 #include "cli.hpp"  // CLI11 and parse_or_exit
+#include "keep_previous.hpp"
 
 #include <cstdio>
 #include <exception>
@@ -69,7 +73,17 @@ int main(int argc, char** argv) {
     o.dedup_settings.near = !no_near;
     o.filter.keep_scripts = loom::data::text::parse_scripts(scripts);
     if (!tokenizer.empty()) o.tokenizer_model = tokenizer;
-    const auto report = loom::data::text::prepare(o);
+    // an earlier dataset at the prefix: kept right before the first new file replaces it
+    const auto files = loom::data::text::dataset_files(o.output_prefix);
+    std::vector<loom_examples::kept_file> kept;
+    o.before_write = [&] { kept = loom_examples::keep_previous(files, "pass another --output-prefix"); };
+    loom::data::text::prepare_report report;
+    try {
+      report = loom::data::text::prepare(o);
+    } catch (...) {
+      loom_examples::restore_previous(kept);
+      throw;
+    }
     std::fputs(loom::data::text::format_report(report).c_str(), stdout);
     std::printf("\n%llu documents, %llu tokens (%s, vocab %d, eod %d), %.2f bytes of text per token\n",
                 (unsigned long long)report.documents, (unsigned long long)report.tokens,
@@ -77,6 +91,8 @@ int main(int argc, char** argv) {
                 double(report.text_bytes) / double(report.tokens));
     std::printf("wrote %s %s %s %s\n", report.bin.c_str(), report.idx.c_str(), report.model.c_str(),
                 report.summary.c_str());
+    for (const auto& k : kept)
+      if (!k.kept.empty()) std::printf("dataset: the previous run's %s is kept as %s\n", k.out.c_str(), k.kept.c_str());
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "prepare_data: %s\n", e.what());
     return 2;

@@ -12,10 +12,16 @@
 // full-width letters and digits become ASCII), encoded with it, and the ids decoded, a blank
 // line for each end-of-document id; the printed prompt is its normalized form. Weights trained on
 // a text file (train_gpt recorded their "data" and no "tokenizer") are byte-level: --tokenizer is
-// refused for them. Errors (missing/corrupt file, unknown model, missing tokenizer, a tokenizer
+// refused for them. The tokenizer (recorded or --tokenizer) must be the one the weights were
+// trained with: train_gpt records its XXH3-64 ("tokenizer_xxh3_64"), and a tokenizer that
+// differs (e.g. PREFIX.model after prepare_data was run again on the prefix, which keeps the old
+// one as PREFIX.previous-<k>.model) is refused, naming a kept file that matches when there is
+// one; weights saved before the checksum was recorded get a note on stderr that it is not
+// verified. Errors (missing/corrupt file, unknown model, missing or other tokenizer, a tokenizer
 // for byte-level weights, bad flag) exit with status 2 and one line naming the problem and the fix.
 #include "cli.hpp"  // CLI11 and parse_or_exit
 #include "generate_text.hpp"
+#include "tokenizer_checksum.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -86,6 +92,47 @@ bool check_tokenizer_matches(const options& o, const std::map<std::string, std::
   return bytes;
 }
 
+/// Checks the tokenizer o.tokenizer (--tokenizer, or the one the weights record) against the
+/// XXH3-64 train_gpt recorded for the tokenizer the weights were trained with
+/// (tokenizer_checksum_key). Throws loom::input_error naming both files, the two checksums and
+/// the fix when they differ: --tokenizer with a file that has the recorded checksum (the
+/// recorded path, or a kept PREFIX.previous-<k>.model; matching_tokenizer) when there is one.
+/// Weights that record a tokenizer but no checksum (saved by an earlier train_gpt) load
+/// unverified, with a note on stderr. A tokenizer file that does not exist is left to its
+/// loading, which names it.
+void check_tokenizer_checksum(const options& o, const std::map<std::string, std::string>& meta) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (o.tokenizer.empty() || !fs::exists(o.tokenizer, ec)) return;
+  const auto recorded = meta.find("tokenizer");
+  const auto sum = meta.find(std::string(loom_examples::tokenizer_checksum_key));
+  if (sum == meta.end()) {
+    if (recorded != meta.end())
+      std::fprintf(stderr, "sample: note: weights file '%s' records no checksum of its tokenizer (saved by an earlier "
+                   "train_gpt), so tokenizer '%s' is not verified to be the one it was trained with\n",
+                   o.weights.c_str(), o.tokenizer.c_str());
+    return;
+  }
+  const std::string has = loom_examples::file_xxh3(o.tokenizer);
+  if (has == sum->second) return;
+  const fs::path recorded_path = recorded == meta.end() ? fs::path() : fs::path(recorded->second);
+  const bool is_recorded = !recorded_path.empty() && fs::equivalent(recorded_path, o.tokenizer, ec);
+  const std::string sums = "XXH3-64 " + has + ", the weights record " + sum->second;
+  const std::string what =
+      is_recorded ? "the tokenizer '" + o.tokenizer + "' recorded in weights file '" + o.weights +
+                        "' changed after the weights were trained with it (" + sums + "; was prepare_data run again "
+                        "on that prefix?)"
+                  : "--tokenizer '" + o.tokenizer + "' is not the tokenizer weights file '" + o.weights +
+                        "' was trained with (" + sums +
+                        (recorded_path.empty() ? std::string() : " for '" + recorded_path.string() + "'") + ")";
+  const fs::path match = loom_examples::matching_tokenizer(recorded_path, o.tokenizer, sum->second);
+  throw loom::input_error(what + "; " +
+                          (match.empty() ? std::string("pass --tokenizer with the .model the weights were trained "
+                                                       "with (prepare_data keeps an earlier dataset's as "
+                                                       "PREFIX.previous-<k>.model), or train again on the new data")
+                                         : "pass --tokenizer " + match.string() + ", which has the recorded checksum"));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -133,6 +180,7 @@ int main(int argc, char** argv) {
       throw loom::input_error("this sample was built without LOOM_WITH_TEXT, so it cannot use the SentencePiece tokenizer '" +
                               o.tokenizer + "'; rebuild loom with SentencePiece (scripts/setup.sh)");
 #endif
+    check_tokenizer_checksum(o, file.metadata());  // the tokenizer the weights were trained with, not a newer one
     if ((name == "quickstart_bpe" || name == "llama_quickstart") && o.tokenizer.empty() && !bytes)  // others: bytes
       throw loom::input_error("weights file '" + o.weights + "' is for model " + name + ", whose ids are SentencePiece "
                               "tokens; pass --tokenizer PREFIX.model, the tokenizer of the data it was trained on");

@@ -6,9 +6,10 @@
 #   scripts/quickstart.sh [extra train_gpt flags, e.g. --steps 300]
 #   scripts/quickstart.sh --model llama_quickstart   # the same with the quickstart's Llama
 # Environment: LOOM_DATA (default ../shared/data/tinyshakespeare.txt), LOOM_BUILD_DIR (default build).
-# Writes out/shakespeare.{bin,idx,model,json} (replaced by a later run) and
-# out/<model>.safetensors (a later run keeps it as out/<model>.previous-<k>.safetensors; train_gpt
-# checks that --out is writable before training), logs in out/logs.
+# Writes out/shakespeare.{bin,idx,model,json} (a later run keeps them as
+# out/shakespeare.previous-<k>.*) and out/<model>.safetensors (a later run keeps it as
+# out/<model>.previous-<k>.safetensors; train_gpt checks that --out is writable before
+# training), logs in out/logs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

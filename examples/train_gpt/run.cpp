@@ -51,6 +51,7 @@
 #include <loom/train/session.hpp>
 
 #include "../generate_text.hpp"
+#include "../tokenizer_checksum.hpp"
 #include "loop.hpp"
 #include "options.hpp"
 #include "profile.hpp"
@@ -332,12 +333,14 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
                  ".idx are not verified against recorded checksums (and prompts are not normalized); re-run "
                  "prepare_data to write it, or pass --no-data-checksum for data that has none (e.g. Megatron's)\n",
                  src.path().c_str(), src.path().c_str());
+  std::string tokenizer_sum;  // XXH3-64 of the tokenizer loaded now, recorded with the weights for sample
 #if LOOM_WITH_TEXT
   std::optional<data::text::tokenizer> tok;  // encodes the prompt, decodes the sample, counts bytes exactly
   if (prefix) {
     tok = data::text::tokenizer::load(src.tokenizer_path());
     check_vocab(m, tok->vocab_size(), "tokenizer " + src.tokenizer_path().string());
     src.set_token_bytes(data::token_byte_lengths(*tok));
+    tokenizer_sum = loom::xxh3_hex(tok->serialized().data(), tok->serialized().size());
   }
   const data::text::tokenizer* sample_tok = tok ? &*tok : nullptr;
 #else
@@ -591,6 +594,8 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   if (stopper.enabled() && stopper.best_step() >= 0) meta["best_step"] = std::to_string(stopper.best_step());
   if (src.kind() == data::source_kind::indexed)  // sample finds the tokenizer from any directory
     meta["tokenizer"] = std::filesystem::absolute(src.tokenizer_path()).lexically_normal().string();
+  if (!tokenizer_sum.empty())  // and checks that it is still the one trained with
+    meta[std::string(loom_examples::tokenizer_checksum_key)] = tokenizer_sum;
   const auto global = s.gather_parameters();  // the whole model's parameters, gathered over tp and pp
   if (!lead) return 0;
   const auto whole = inst.whole(o.seed);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bad input to the examples: each case must exit non-zero with one line on stderr that names
 # the problem (checked by a pattern), never a crash or a stack trace; and nothing on disk
-# may be damaged (an existing weights file survives a failed run, and is kept by a later one).
+# may be damaged (an existing weights file or dataset survives a failed run, and is kept by a
+# later one; sample refuses a tokenizer other than the one its weights were trained with).
 #   tests/cli/bad_input.sh <dir with train_gpt and sample>
 set -u
 bin="$1"
@@ -264,6 +265,64 @@ if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --voc
   # the dataset's real tokenizer on byte-level weights
   expect_refusal "^sample: error: --tokenizer '.*ds/d.model': weights file .* was trained on the bytes" \
     "$s" --weights "$work/w.safetensors" --tokenizer "$work/ds/d.model"
+
+  # prepare_data run again on an existing prefix keeps the earlier dataset, byte for byte, as
+  # d.previous-1.{bin,idx,model,json} with one stdout line per file; a run that fails (a bad
+  # --input) first changes nothing and keeps nothing aside
+  "$t" --data "$work/ds/d" "${common[@]}" --out "$work/d.safetensors" >/dev/null 2>"$work/stderr" ||
+    { echo "FAILED: training on ds/d: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+  mkdir "$work/ds1"
+  cp "$work/ds/d".{bin,idx,model,json} "$work/ds1/"
+  ds_before=$(cd "$work/ds" && ls; sha256sum *)
+  expect_refusal "^prepare_data: .*missing.txt.*cannot be opened" \
+    "$bin/prepare_data" --input "$work/missing.txt" --output-prefix "$work/ds/d" --vocab-size 500 --threads 1
+  check "a failed prepare_data leaves the dataset as it was" [ "$(cd "$work/ds" && ls; sha256sum *)" == "$ds_before" ]
+  "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --vocab-size 500 --threads 1 \
+    > "$work/prep2.txt" 2>"$work/stderr" || { echo "FAILED: prepare_data again: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+  for x in bin idx model json; do
+    check "d.$x kept byte for byte" cmp -s "$work/ds1/d.$x" "$work/ds/d.previous-1.$x"
+    check "the line for d.$x" grep -qx "dataset: the previous run's $work/ds/d.$x is kept as $work/ds/d.previous-1.$x" \
+      "$work/prep2.txt"
+  done
+  check "the new dataset replaced the old one" bash -c "! cmp -s '$work/ds1/d.model' '$work/ds/d.model'"
+  check "nothing else kept" [ "$(ls "$work/ds" | grep -c previous)" -eq 4 ]
+
+  # the kept dataset trains as PREFIX.previous-1, with its own tokenizer (not the newer d.model)
+  "$t" --data "$work/ds/d.previous-1" "${common[@]}" --out "$work/k.safetensors" >/dev/null 2>"$work/stderr" &&
+    "$s" --weights "$work/k.safetensors" --tokens 5 >/dev/null 2>>"$work/stderr" && [[ ! -s "$work/stderr" ]] &&
+    pass=$((pass + 1)) || { echo "FAILED: training on the kept dataset: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+  check "the kept dataset's weights record its own tokenizer" \
+    grep -qa "\"tokenizer\":\"$work/ds/d.previous-1.model\"" "$work/k.safetensors"
+
+  # weights trained on the old dataset: sample refuses the new d.model (recorded, or as
+  # --tokenizer) and names the kept one, exit 2, no file changed; with it, it samples
+  w_before=$(cd "$work" && sha256sum d.safetensors ds/*)
+  expect_refusal "^sample: error: the tokenizer '$work/ds/d.model' recorded in weights file '$work/d.safetensors' changed after the weights were trained with it \(XXH3-64 [0-9a-f]{16}, the weights record [0-9a-f]{16}; .*\); pass --tokenizer $work/ds/d.previous-1.model, which has the recorded checksum$" \
+    "$s" --weights "$work/d.safetensors" --tokens 5
+  cp "$work/ds/d.model" "$work/new.model"
+  expect_refusal "^sample: error: --tokenizer '$work/new.model' is not the tokenizer weights file '$work/d.safetensors' was trained with \(XXH3-64 [0-9a-f]{16}, the weights record [0-9a-f]{16} for '$work/ds/d.model'\); pass --tokenizer $work/ds/d.previous-1.model, which has" \
+    "$s" --weights "$work/d.safetensors" --tokenizer "$work/new.model" --tokens 5
+  check "a refused sample changes no file" [ "$(cd "$work" && sha256sum d.safetensors ds/*)" == "$w_before" ]
+  "$s" --weights "$work/d.safetensors" --tokenizer "$work/ds/d.previous-1.model" --tokens 5 >/dev/null 2>"$work/stderr" &&
+    [[ ! -s "$work/stderr" ]] && pass=$((pass + 1)) ||
+    { echo "FAILED: sample with the kept tokenizer: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+  # weights saved before the tokenizer's checksum was recorded: still sample, with a note
+  python3 - "$work/d.safetensors" "$work/old.safetensors" <<'PY' || { echo "FAILED: writing old-style weights"; fail=$((fail + 1)); }
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+for k in ("xxh3_64", "tokenizer_xxh3_64"):  # no file checksum either: it would cover the metadata
+    h["__metadata__"].pop(k)
+hb = json.dumps(h).encode()
+hb += b" " * (-len(hb) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
+PY
+  "$s" --weights "$work/old.safetensors" --tokenizer "$work/ds/d.previous-1.model" --tokens 5 >/dev/null 2>"$work/stderr"
+  status=$?
+  note="^sample: note: weights file '.*old.safetensors' records no checksum of its tokenizer .*not verified"
+  [[ $status -eq 0 && "$(cat "$work/stderr")" =~ $note && $(wc -l < "$work/stderr") -eq 1 ]] &&
+    pass=$((pass + 1)) || { echo "FAILED: old-style weights: $(cat "$work/stderr")"; fail=$((fail + 1)); }
 else
   echo "note: prepare_data did not run (a build without SentencePiece?): dataset cases skipped"
 fi

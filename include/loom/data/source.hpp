@@ -148,19 +148,24 @@ inline bool verify_dataset_files(const std::filesystem::path& prefix) {
 }
 
 /// The SentencePiece model of the dataset at `prefix`: PREFIX.json's "tokenizer" (a file name,
-/// relative to the .json's folder) when that file exists; else PREFIX.model when it exists (the
-/// dataset was copied or renamed under another prefix, and its .json, which cannot be edited
-/// without breaking its checksum, still names the old file; tokenizer::load checks PREFIX.model
-/// against the .json's recorded checksum all the same); else the recorded name. Without a
-/// PREFIX.json, PREFIX.model. The file may not exist: missing_dataset_tokenizer says why.
+/// relative to the .json's folder) when that file exists, unless PREFIX.model exists too and
+/// the recorded file no longer has the checksum the .json records for it (a dataset that
+/// prepare_data kept as PREFIX.previous-<k>: its .json names the newer dataset's model); else
+/// PREFIX.model when it exists (the dataset was copied or renamed under another prefix, and its
+/// .json, which cannot be edited without breaking its checksum, still names the old file;
+/// tokenizer::load checks PREFIX.model against the .json's recorded checksum all the same);
+/// else the recorded name. Without a PREFIX.json, PREFIX.model. The file may not exist:
+/// missing_dataset_tokenizer says why.
 inline std::filesystem::path dataset_tokenizer_path(const std::filesystem::path& prefix) {
-  auto own = prefix;
+  auto own = prefix, json = prefix;
   own += ".model";
+  json += ".json";
   const auto s = read_dataset_summary(prefix);
   if (!s) return own;
   std::error_code ec;
-  if (std::filesystem::exists(s->tokenizer, ec) || !std::filesystem::exists(own, ec)) return s->tokenizer;
-  return own;
+  if (!std::filesystem::exists(own, ec) || s->tokenizer == own) return s->tokenizer;
+  if (!std::filesystem::exists(s->tokenizer, ec)) return own;
+  return detail::matches_recorded_file(detail::read_summary_json(json), "tokenizer", s->tokenizer) ? s->tokenizer : own;
 }
 
 /// Why the dataset at `prefix` has no tokenizer to load: one line naming PREFIX.json's

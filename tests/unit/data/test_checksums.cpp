@@ -144,7 +144,7 @@ TEST_CASE("dataset checksums: recorded by prepare, checked when the dataset and 
   CHECK_FALSE(tokenizer::verify_against_sidecar(p5.string() + ".model"));
 }
 
-TEST_CASE("dataset tokenizer: found as recorded, or as PREFIX.model when renamed (still checked); else a clear error") {
+TEST_CASE("dataset tokenizer: found as recorded, or as PREFIX.model when renamed or kept (still checked); else a clear error") {
   loom_test::scratch_dir tmp("checksums_moved");
   prepare_options po;
   const auto rep = prepare_small(tmp.path, po);
@@ -181,6 +181,18 @@ TEST_CASE("dataset tokenizer: found as recorded, or as PREFIX.model when renamed
   std::filesystem::copy_file(rep.model, renamed.parent_path() / "d.model");
   CHECK(dataset_tokenizer_path(renamed) == renamed.parent_path() / "d.model");
   CHECK_FALSE(tokenizer::verify_against_sidecar(renamed.string() + ".model"));
+  // kept by prepare_data as PREFIX.previous-1 (its d.previous-1.json names d.model), and d.model
+  // since replaced by another dataset's: the kept PREFIX.model, checked against the kept .json
+  const auto kept = tmp.path / "kept" / "d.previous-1";
+  copy(kept, {".bin", ".idx", ".json", ".model"});
+  write_bytes(kept.parent_path() / "d.model", loom_test::read_file(rep.model) + "another vocabulary");
+  CHECK(dataset_tokenizer_path(kept) == kept.string() + ".model");
+  CHECK(tokenizer::verify_against_sidecar(kept.string() + ".model"));
+  flip(kept.string() + ".model", std::filesystem::file_size(rep.model) / 2, 0x01);
+  CHECK(error_of([&] { (void)tokenizer::load(kept.string() + ".model"); }).find("fails its checksum") !=
+        std::string::npos);
+  std::filesystem::copy_file(rep.model, kept.parent_path() / "d.model", std::filesystem::copy_options::overwrite_existing);
+  CHECK(dataset_tokenizer_path(kept) == kept.parent_path() / "d.model");  // d.model is the recorded one again
   // no PREFIX.json: PREFIX.model, and an error without a .json to name
   const auto bare = tmp.path / "bare" / "d";
   copy(bare, {".bin", ".idx"});

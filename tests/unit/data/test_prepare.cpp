@@ -4,6 +4,8 @@
 #ifdef LOOM_TEST_TEXT
 #include <doctest/doctest.h>
 
+#include <array>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -143,6 +145,33 @@ TEST_CASE("prepare: input errors") {
   o.filter.min_chars = 100;
   CHECK_THROWS_WITH_AS(prepare(o), doctest::Contains("no document survived"), loom::input_error);
   CHECK_FALSE(std::filesystem::exists(tmp.path / "x.bin"));
+}
+
+TEST_CASE("prepare: dataset_files in write order; before_write runs once, right before the first file") {
+  loom_test::scratch_dir tmp("prepare_before_write");
+  const auto prefix = tmp.path / "out" / "d";
+  CHECK(dataset_files(prefix) == std::array<std::filesystem::path, 4>{prefix.string() + ".bin", prefix.string() + ".idx",
+                                                                      prefix.string() + ".model", prefix.string() + ".json"});
+  std::ofstream(tmp.path / "a.txt") << loom_test::read_file(loom_test::data_dir() / "tinyshakespeare.txt").substr(0, 8000);
+  prepare_options o;
+  o.inputs = {tmp.path / "a.txt"};
+  o.output_prefix = prefix;
+  o.tokenizer.vocab_size = 400;
+  o.threads = 1;
+  int calls = 0;
+  o.before_write = [&] {
+    ++calls;
+    for (const auto& f : dataset_files(prefix)) CHECK_FALSE(std::filesystem::exists(f));
+    throw loom::error("keeping failed");
+  };
+  CHECK_THROWS_WITH_AS(prepare(o), "keeping failed", loom::error);
+  CHECK(calls == 1);
+  for (const auto& f : dataset_files(prefix)) CHECK_FALSE(std::filesystem::exists(f));
+  o.before_write = [&] { ++calls; };
+  const auto rep = prepare(o);
+  CHECK(calls == 2);
+  CHECK(dataset_files(prefix) == std::array{rep.bin, rep.idx, rep.model, rep.summary});
+  for (const auto& f : dataset_files(prefix)) CHECK(std::filesystem::exists(f));
 }
 
 #endif  // LOOM_TEST_TEXT

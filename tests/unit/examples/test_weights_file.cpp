@@ -1,6 +1,6 @@
 // train_gpt's weights file (examples/train_gpt/weights_file.hpp): the first write of a run keeps
 // an earlier run's file as <stem>.previous-<k><extension>, later writes do not, and a failed
-// write leaves the directory as it was.
+// write leaves the directory as it was (the names: test_keep_previous.cpp).
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -26,11 +26,6 @@ void atomic_put(const fs::path& p, const std::string& text) {
 }
 
 }  // namespace
-
-TEST_CASE("weights file: previous_run_name puts .previous-<k> before the extension") {
-  CHECK(train_gpt_cli::previous_run_name("out/quickstart.safetensors", 1) == "out/quickstart.previous-1.safetensors");
-  CHECK(train_gpt_cli::previous_run_name("w.safetensors", 12) == "w.previous-12.safetensors");
-}
 
 TEST_CASE("weights file: the first write keeps an earlier run's file, at the first free name") {
   loom_test::scratch_dir d("weights_file_keep");

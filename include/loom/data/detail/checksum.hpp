@@ -84,6 +84,18 @@ inline bool check_recorded_file(const nlohmann::json& j, std::string_view key, c
   return true;
 }
 
+/// Whether `path` has the size and XXH3-64 that entry `key` of the "checksums" of summary `j`
+/// records (check_recorded_file): true when `j` records no such entry (nothing to differ
+/// from); false when the file differs, cannot be read, or the entry is malformed.
+inline bool matches_recorded_file(const nlohmann::json& j, std::string_view key, const std::filesystem::path& path) {
+  try {
+    (void)check_recorded_file(j, key, path, "file", path);
+    return true;
+  } catch (const input_error&) {
+    return false;
+  }
+}
+
 /// The "checksums" entry of `path` for a summary: {"bytes": its size, "xxh3_64": its XXH3-64}.
 inline nlohmann::json checksum_entry(const std::filesystem::path& path) {
   const mapped_file f(path, "file", "check the path");

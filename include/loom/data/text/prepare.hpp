@@ -15,7 +15,8 @@
 ///                  tokenizer::load(P.model) applies it to every text it encodes), stages,
 ///                  checksums (size and XXH3-64 of P.bin, P.idx, P.model: checked when the
 ///                  dataset is opened and the tokenizer loaded), checksum (its own)
-/// Every file is written to a temporary name and renamed when complete.
+/// Every file is written to a temporary name and renamed when complete, in the order of
+/// dataset_files; prepare_options::before_write runs right before the first.
 ///
 /// Memory: the documents that survive each stage are held in memory (about the corpus size
 /// twice); the loader, not this step, handles datasets larger than RAM.
@@ -24,11 +25,13 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -161,7 +164,20 @@ struct prepare_options {
   tokenizer_options tokenizer{};
   std::optional<std::filesystem::path> tokenizer_model;  ///< use this model instead of training one
   int threads = 0;                                       ///< 0: all cores
+  /// Called once, after encoding, right before the first file of the prefix is written
+  /// (prepare_data keeps an earlier dataset there); when it throws, prepare() stops with
+  /// nothing written. Empty: nothing is called.
+  std::function<void()> before_write;
 };
+
+/// The files prepare() writes for output prefix `prefix`, in the order it writes them:
+/// P.bin, P.idx, P.model, P.json.
+inline std::array<std::filesystem::path, 4> dataset_files(const std::filesystem::path& prefix) {
+  auto model = prefix, summary = prefix;
+  model += ".model";
+  summary += ".json";
+  return {bin_path(prefix), idx_path(prefix), model, summary};
+}
 
 /// One row of the report.
 struct stage_report {
@@ -330,12 +346,11 @@ inline stage_report write_stage(const prepare_options& o, const std::vector<std:
                                 const tokenizer& tok, prepare_report& rep) {
   const auto t0 = std::chrono::steady_clock::now();
   if (const auto dir = o.output_prefix.parent_path(); !dir.empty()) std::filesystem::create_directories(dir);
-  rep.bin = bin_path(o.output_prefix);
-  rep.idx = idx_path(o.output_prefix);
-  rep.model = o.output_prefix;
-  rep.model += ".model";
-  rep.summary = o.output_prefix;
-  rep.summary += ".json";
+  const auto files = dataset_files(o.output_prefix);
+  rep.bin = files[0];
+  rep.idx = files[1];
+  rep.model = files[2];
+  rep.summary = files[3];
   {
     indexed_dataset_writer w(o.output_prefix, rep.token_dtype);
     std::vector<std::int32_t> doc;
@@ -391,6 +406,7 @@ inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr
   note_stage({"encode", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, detail::seconds_since(t0),
               std::to_string(rep.tokens) + " tokens incl. eod, " +
                   std::to_string(double(rep.text_bytes) / double(rep.tokens)).substr(0, 4) + " bytes/token"});
+  if (o.before_write) o.before_write();
   note_stage(detail::write_stage(o, ids, *tok, rep));
   return rep;
 }

@@ -80,11 +80,12 @@ class tokenizer {
 
   /// Checks `model` against the size and XXH3-64 that the .json beside it records for it
   /// ("checksums"."tokenizer", written by prepare_data; data/detail/checksum.hpp), when that
-  /// .json exists, records them, and names this file as its "tokenizer" — or names a file that
-  /// is not beside it while `model` is PREFIX.model (a dataset copied under another prefix:
-  /// data::dataset_tokenizer_path takes PREFIX.model then, and it must be the recorded
-  /// tokenizer). Returns whether it checked. Throws loom::input_error naming the file when it
-  /// differs or the .json is corrupt.
+  /// .json exists, records them, and names this file as its "tokenizer" — or, while `model` is
+  /// PREFIX.model, names a file that is not beside it (a dataset copied under another prefix)
+  /// or one that no longer has the recorded checksum (a dataset prepare_data kept as
+  /// PREFIX.previous-<k>, whose .json names the newer model): data::dataset_tokenizer_path
+  /// takes PREFIX.model then, and it must be the recorded tokenizer. Returns whether it
+  /// checked. Throws loom::input_error naming the file when it differs or the .json is corrupt.
   static bool verify_against_sidecar(const std::filesystem::path& model) {
     auto sidecar = model;
     sidecar.replace_extension(".json");
@@ -94,8 +95,11 @@ class tokenizer {
     const auto name = j.find("tokenizer");
     if (name == j.end() || !name->is_string()) return false;
     const std::string recorded = name->get<std::string>();
+    const auto recorded_path = sidecar.parent_path() / recorded;
     const bool renamed = model.extension() == ".model" && !recorded.empty() &&
-                         !std::filesystem::exists(sidecar.parent_path() / recorded, ec);
+                         (!std::filesystem::exists(recorded_path, ec) ||
+                          (recorded != model.filename().string() &&
+                           !data::detail::matches_recorded_file(j, "tokenizer", recorded_path)));
     if (recorded != model.filename().string() && !renamed) return false;
     return data::detail::check_recorded_file(j, "tokenizer", model, "tokenizer model", sidecar);
   }
