@@ -75,6 +75,44 @@ inline std::string covered_windows(std::size_t evaluated, std::size_t total) {
                             : "first " + std::to_string(evaluated) + " of " + std::to_string(total) + " windows";
 }
 
+/// Keeps an earlier run's logs in `log_dir` before a new run writes there: metrics.jsonl as
+/// metrics.previous-<k>.jsonl, and its TensorBoard event files (events.out.tfevents.*) and
+/// trace.json in the folder previous-<k>/ (so TensorBoard shows that run apart, as "previous-<k>",
+/// instead of mixing its curves with the new run's), one k for all: the first that neither name
+/// takes. Returns one line per file kept (nothing when there was none). Renames only; throws
+/// std::filesystem::filesystem_error when a rename fails.
+inline std::vector<std::string> keep_previous_logs(const std::filesystem::path& log_dir) {
+  namespace fs = std::filesystem;
+  const fs::path metrics = log_dir / "metrics.jsonl";
+  std::vector<fs::path> moved;  // event files and the trace: into previous-<k>/
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(log_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file(ec) && (name.rfind("events.out.tfevents.", 0) == 0 || name == "trace.json"))
+      moved.push_back(e.path());
+  }
+  std::sort(moved.begin(), moved.end());
+  const bool has_metrics = fs::exists(metrics);
+  if (!has_metrics && moved.empty()) return {};
+  int k = 1;
+  while (fs::exists(previous_run_name(metrics, k)) || fs::exists(log_dir / ("previous-" + std::to_string(k)))) ++k;
+  std::vector<std::string> lines;
+  if (has_metrics) {
+    const fs::path kept = previous_run_name(metrics, k);
+    fs::rename(metrics, kept);
+    lines.push_back("log: the previous run's " + metrics.string() + " is kept as " + kept.string());
+  }
+  if (!moved.empty()) {
+    const fs::path dir = log_dir / ("previous-" + std::to_string(k));
+    fs::create_directory(dir);
+    for (const fs::path& f : moved) fs::rename(f, dir / f.filename());
+    const bool trace = fs::exists(dir / "trace.json");
+    lines.push_back("log: the previous run's TensorBoard events" + std::string(trace ? " and trace" : "") +
+                    " are kept in " + dir.string() + "/");
+  }
+  return lines;
+}
+
 /// Where a run resumed from `resume` keeps saving: the run's root (the parent of a
 /// step_NNNNNNNN directory given directly).
 inline std::string checkpoint_root_of(const std::string& resume) {
@@ -441,13 +479,8 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   if (!o.log_dir.empty() && lead) {
     std::filesystem::create_directories(o.log_dir);
     const auto log_file = std::filesystem::path(o.log_dir) / "metrics.jsonl";
-    if (o.resume.empty() && std::filesystem::exists(log_file)) {
-      // A new run starts a new log (a resumed run continues its own); the old one is kept.
-      auto kept = log_file;
-      for (int k = 1; std::filesystem::exists(kept); ++k) kept = previous_run_name(log_file, k);
-      std::filesystem::rename(log_file, kept);
-      con.message("log: the previous run's " + log_file.string() + " is kept as " + kept.string());
-    }
+    if (o.resume.empty())  // a new run starts new logs (a resumed run continues its own); old ones are kept
+      for (const std::string& line : keep_previous_logs(o.log_dir)) con.message(line);
     tb.emplace(o.log_dir);
     jsonl.emplace(log_file);
   }

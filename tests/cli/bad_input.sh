@@ -136,6 +136,10 @@ check "the weights are run 3's, not run 2's" bash -c "! cmp -s '$o/char_tiny.saf
 check "one kept file per run" bash -c "[[ \$(ls '$o' | grep -c safetensors) -eq 3 ]]"
 check "default --log-dir: out/logs" test -s "$o/logs/metrics.jsonl"
 check "the log is kept too" test -s "$o/logs/metrics.previous-2.jsonl"
+check "each earlier run's TensorBoard events in previous-<k>/, the newest run's alone at the top" bash -c \
+  "ls '$o/logs/previous-1/' | grep -q '^events.out.tfevents' && ls '$o/logs/previous-2/' | grep -q '^events.out.tfevents' &&
+   [[ \$(ls '$o/logs' | grep -c '^events.out.tfevents') -eq 1 ]]"
+check "run 3 says where the events went" grep -qx "log: the previous run's TensorBoard events are kept in out/logs/previous-2/" "$work/run3.txt"
 # --out naming an existing .safetensors file: kept the same way; the logs go beside it (logs/ in
 # --out's directory), nothing into the working directory; a refused run keeps nothing aside
 mkdir "$work/cwd2"
