@@ -19,9 +19,26 @@ namespace loom_examples {
 /// The text of a CLI11 parse error for a one-line message. CLI11 prefixes a failed check with
 /// the option's name ("--steps: " + the validator's text), so a validator that names the flag
 /// itself reads "--steps: --steps must be ..."; this drops the repeated prefix. A one-value
-/// flag given twice ("--log-dir: At Most 1 required but received 2") says so.
-inline std::string parse_error_text(const CLI::ParseError& e) {
+/// flag given twice ("--log-dir: At Most 1 required but received 2") says so. A value that is
+/// not of the flag's type ("Could not convert: --tokens = abc") names the type `app` declares
+/// for it ("--tokens: 'abc' is not a whole number; pass a whole number").
+inline std::string parse_error_text(const CLI::ParseError& e, const CLI::App* app = nullptr) {
   std::string text = e.what();
+  constexpr std::string_view convert = "Could not convert: ";
+  if (text.compare(0, convert.size(), convert) == 0) {
+    const std::size_t eq = text.find(" = ", convert.size());
+    if (eq != std::string::npos) {
+      const std::string flag = text.substr(convert.size(), eq - convert.size()), value = text.substr(eq + 3);
+      const CLI::Option* opt = app ? app->get_option_no_throw(flag) : nullptr;
+      const std::string type = opt ? opt->get_type_name() : std::string();
+      const std::string kind = type.rfind("INT", 0) == 0    ? "a whole number"
+                               : type.rfind("UINT", 0) == 0 ? "a whole number >= 0"
+                               : type.rfind("FLOAT", 0) == 0 ? "a number"
+                               : type.empty()                ? "a valid value"
+                                                             : "a valid " + type;
+      return flag + ": '" + value + "' is not " + kind + "; pass " + kind;
+    }
+  }
   constexpr std::string_view twice = ": At Most 1 required but received ";
   if (const std::size_t at = text.find(twice); at != std::string::npos)
     return text.substr(0, at) + " was given " + text.substr(at + twice.size()) + " times; it takes one value: pass it once";
@@ -83,7 +100,7 @@ inline void parse_or_exit(CLI::App& app, int argc, char** argv) {
     std::exit(app.exit(e));
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "%s: error: %s%s; run %s --help for the flags\n", program.c_str(),
-                 parse_error_text(e).c_str(), flag_suggestions(app).c_str(), program.c_str());
+                 parse_error_text(e, &app).c_str(), flag_suggestions(app).c_str(), program.c_str());
     std::exit(2);
   }
 }

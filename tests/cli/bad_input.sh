@@ -164,6 +164,8 @@ expect_error "temperature" "$s" --weights "$work/w.safetensors" --temperature 0
 expect_error "--top-k -1 is negative; pass --top-k 0" "$s" --weights "$work/w.safetensors" --top-k -1
 expect_error "not expected|--nope" "$s" --weights "$work/w.safetensors" --nope 3
 expect_error "^sample: error: --tokens 0 generates nothing.*--tokens 1 or more" "$s" --weights "$work/w.safetensors" --tokens 0
+expect_error "^sample: error: --tokens: 'abc' is not a whole number; pass a whole number" "$s" --weights "$work/w.safetensors" --tokens abc
+expect_error "^train_gpt: error: --lr: 'fast' is not a number; pass a number" "$t" --data "$work/ok.txt" --lr fast
 expect_error "^sample: error: --sample-tokens 0 generates nothing|^sample: error: --tokens 0 generates nothing" \
   "$s" --weights "$work/w.safetensors" --sample-tokens 0
 head -c 100 "$work/w.safetensors" > "$work/cut.safetensors"
