@@ -95,7 +95,8 @@ inline std::vector<std::string> keep_previous_logs(const std::filesystem::path& 
   const bool has_metrics = fs::exists(metrics);
   if (!has_metrics && moved.empty()) return {};
   int k = 1;
-  while (fs::exists(previous_run_name(metrics, k)) || fs::exists(log_dir / ("previous-" + std::to_string(k)))) ++k;
+  using loom_examples::detail::taken;
+  while (taken(previous_run_name(metrics, k)) || taken(log_dir / ("previous-" + std::to_string(k)))) ++k;
   std::vector<std::string> lines;
   if (has_metrics) {
     const fs::path kept = previous_run_name(metrics, k);

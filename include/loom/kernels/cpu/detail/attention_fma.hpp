@@ -30,6 +30,7 @@
 #include <loom/kernels/cpu/detail/attention_shape.hpp>
 #include <loom/kernels/cpu/detail/convert.hpp>
 #include <loom/kernels/cpu/detail/gemm_avx512_bf16.hpp>
+#include <loom/kernels/cpu/detail/softmax_avx512.hpp>
 #include <loom/kernels/cpu/detail/workspace.hpp>
 
 namespace loom::kernels::cpu::detail {
@@ -43,11 +44,7 @@ inline constexpr int attn_fma_row_pad = 128;
 /// dimension). Read once per process.
 inline bool attention_fma_usable(int hd) noexcept {
 #if LOOM_GEMM_HAS_AVX512_BF16
-  static const bool avx512 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return hd % 16 == 0 && avx512;
+  return hd % 16 == 0 && softmax_avx512_usable();  // the AVX-512F check of the softmax rows
 #else
   (void)hd;
   return false;

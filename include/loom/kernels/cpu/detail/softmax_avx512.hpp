@@ -28,7 +28,8 @@
 
 namespace loom::kernels::cpu::detail {
 
-/// True when the AVX-512 row kernels are compiled in and this CPU runs AVX-512F. Read once.
+/// True when the AVX-512 row kernels are compiled in and this CPU runs AVX-512F. Read once; also
+/// the AVX-512F check of the fused attention's FMA products (attention_fma_usable).
 inline bool softmax_avx512_usable() noexcept {
 #if LOOM_SOFTMAX_HAS_AVX512
   static const bool usable = [] {
