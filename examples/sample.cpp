@@ -97,8 +97,9 @@ bool check_tokenizer_matches(const options& o, const std::map<std::string, std::
 /// (tokenizer_checksum_key). Throws loom::input_error naming both files, the two checksums and
 /// the fix when they differ: --tokenizer with a file that has the recorded checksum (the
 /// recorded path, or a kept PREFIX.previous-<k>.model; matching_tokenizer) when there is one.
-/// Weights that record a tokenizer but no checksum (saved by an earlier train_gpt) load
-/// unverified, with a note on stderr. A tokenizer file that does not exist is left to its
+/// A tokenizer that also fails the checksum its dataset's .json records is reported as damaged
+/// (tokenizer::verify_against_sidecar) before any mismatch. Weights that record a tokenizer but
+/// no checksum (saved by an earlier train_gpt) load unverified, with a note on stderr. A tokenizer file that does not exist is left to its
 /// loading, which names it.
 void check_tokenizer_checksum(const options& o, const std::map<std::string, std::string>& meta) {
   namespace fs = std::filesystem;
@@ -115,6 +116,10 @@ void check_tokenizer_checksum(const options& o, const std::map<std::string, std:
   }
   const std::string has = loom_examples::file_xxh3(o.tokenizer);
   if (has == sum->second) return;
+#if LOOM_WITH_TEXT
+  // a file damaged since prepare_data wrote it: say that (and its fix) rather than "another tokenizer"
+  (void)loom::data::text::tokenizer::verify_against_sidecar(o.tokenizer);
+#endif
   const fs::path recorded_path = recorded == meta.end() ? fs::path() : fs::path(recorded->second);
   const bool is_recorded = !recorded_path.empty() && fs::equivalent(recorded_path, o.tokenizer, ec);
   const std::string sums = "XXH3-64 " + has + ", the weights record " + sum->second;

@@ -38,7 +38,7 @@ inline CLI::Validator whole_number(long least) {
         const unsigned long long n = digits ? std::strtoull(v.c_str(), nullptr, 10) : 0;
         return digits && errno == 0 && n >= (unsigned long long)least
                    ? std::string()
-                   : "must be a whole number >= " + std::to_string(least);
+                   : "'" + v + "' is not a whole number >= " + std::to_string(least) + "; pass one that is";
       },
       "INT>=" + std::to_string(least));
 }

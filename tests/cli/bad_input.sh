@@ -71,7 +71,8 @@ expect_error "--steps" "$t" --data "$work/ok.txt" --steps abc
 expect_error "--model" "$t" --data "$work/ok.txt" --model gpt5
 expect_error "required" "$t"
 expect_error "learning rate" "$t" --data "$work/ok.txt" --model char_tiny --lr -1
-expect_error "--steps: must be a whole number >= 1" "$t" --data "$work/ok.txt" --model char_tiny --steps 0
+expect_error "--steps: '0' is not a whole number >= 1" "$t" --data "$work/ok.txt" --model char_tiny --steps 0
+expect_error "--steps: '-5' is not a whole number >= 1" "$t" --data "$work/ok.txt" --model char_tiny --steps -5
 expect_error "--early-stop 3 .*--eval-every is 0.*pass e.g. --eval-every" "$t" --data "$work/ok.txt" --model char_tiny --early-stop 3 --eval-every 0
 expect_error "--early-stop" "$t" --data "$work/ok.txt" --model char_tiny --early-stop -2
 expect_error "--eval-windows" "$t" --data "$work/ok.txt" --model char_tiny --eval-windows 0
@@ -309,6 +310,12 @@ if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --voc
   expect_refusal "^sample: error: --tokenizer '$work/new.model' is not the tokenizer weights file '$work/d.safetensors' was trained with \(XXH3-64 [0-9a-f]{16}, the weights record [0-9a-f]{16} for '$work/ds/d.model'\); pass --tokenizer $work/ds/d.previous-1.model, which has" \
     "$s" --weights "$work/d.safetensors" --tokenizer "$work/new.model" --tokens 5
   check "a refused sample changes no file" [ "$(cd "$work" && sha256sum d.safetensors ds/*)" == "$w_before" ]
+  # a tokenizer damaged since prepare_data wrote it is reported as damaged, not as another tokenizer
+  mkdir "$work/ds4"
+  for x in bin idx model json; do cp "$work/ds/d.previous-1.$x" "$work/ds4/d.$x"; done
+  printf '\xff' | dd of="$work/ds4/d.model" bs=1 seek=100 conv=notrunc status=none
+  expect_refusal "^sample: error: tokenizer model '$work/ds4/d.model' fails its checksum \('d.json' records XXH3-64 [0-9a-f]{16}, the file has [0-9a-f]{16}\): its bytes changed after prepare_data wrote it; re-run prepare_data$" \
+    "$s" --weights "$work/d.safetensors" --tokenizer "$work/ds4/d.model" --tokens 5
   "$s" --weights "$work/d.safetensors" --tokenizer "$work/ds/d.previous-1.model" --tokens 5 >/dev/null 2>"$work/stderr" &&
     [[ ! -s "$work/stderr" ]] && pass=$((pass + 1)) ||
     { echo "FAILED: sample with the kept tokenizer: $(cat "$work/stderr")"; fail=$((fail + 1)); }
