@@ -89,10 +89,10 @@ int main(int argc, char** argv) {
                 (unsigned long long)report.documents, (unsigned long long)report.tokens,
                 std::string(loom::data::dtype_name(report.token_dtype)).c_str(), report.vocab_size, report.eod_id,
                 double(report.text_bytes) / double(report.tokens));
-    std::printf("wrote %s %s %s %s\n", report.bin.c_str(), report.idx.c_str(), report.model.c_str(),
-                report.summary.c_str());
     for (const auto& k : kept)
       if (!k.kept.empty()) std::printf("dataset: the previous run's %s is kept as %s\n", k.out.c_str(), k.kept.c_str());
+    std::printf("wrote %s %s %s %s\n", report.bin.c_str(), report.idx.c_str(), report.model.c_str(),
+                report.summary.c_str());
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "prepare_data: %s\n", e.what());
     return 2;

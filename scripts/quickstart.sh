@@ -6,8 +6,9 @@
 #   scripts/quickstart.sh [extra train_gpt flags, e.g. --steps 300]
 #   scripts/quickstart.sh --model llama_quickstart   # the same with the quickstart's Llama
 # Environment: LOOM_DATA (default ../shared/data/tinyshakespeare.txt), LOOM_BUILD_DIR (default build).
-# Writes out/shakespeare.{bin,idx,model,json} (a later run keeps them as
-# out/shakespeare.previous-<k>.*) and out/<model>.safetensors (a later run keeps it as
+# Writes out/shakespeare.{bin,idx,model,json} (a later run reuses them while the input is
+# unchanged, else prepares again and keeps them as out/shakespeare.previous-<k>.*) and
+# out/<model>.safetensors (a later run keeps it as
 # out/<model>.previous-<k>.safetensors; train_gpt checks that --out is writable before
 # training), logs in out/logs.
 set -euo pipefail
@@ -29,8 +30,20 @@ fi
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build "$build_dir" --target prepare_data train_gpt sample report
 mkdir -p out
-echo "== preparing $data -> out/shakespeare (clean, dedup, filter, BPE tokenizer, indexed dataset) =="
-"$build_dir/examples/prepare_data" --input "$data" --output-prefix out/shakespeare --vocab-size 8000
+# the dataset is prepared again unless this script prepared it from the same input: the stamp
+# out/shakespeare.quickstart records the input's path, size and modification time, and is newer
+# than the dataset's summary (a prepare_data run of your own on out/shakespeare replaces both)
+stamp="$(realpath "$data") $(stat -c '%s %Y' "$data") vocab 8000"
+if [[ -f out/shakespeare.quickstart && "$(cat out/shakespeare.quickstart)" == "$stamp" ]] &&
+   [[ -f out/shakespeare.bin && -f out/shakespeare.idx && -f out/shakespeare.model && -f out/shakespeare.json ]] &&
+   ! [[ out/shakespeare.json -nt out/shakespeare.quickstart ]]; then
+  echo "== out/shakespeare is already prepared from $data (remove out/shakespeare.quickstart to prepare it again) =="
+else
+  echo "== preparing $data -> out/shakespeare (clean, dedup, filter, BPE tokenizer, indexed dataset) =="
+  rm -f out/shakespeare.quickstart
+  "$build_dir/examples/prepare_data" --input "$data" --output-prefix out/shakespeare --vocab-size 8000
+  echo "$stamp" > out/shakespeare.quickstart
+fi
 echo
 model=quickstart_bpe   # unless the caller passes --model
 steps=(--steps 600)    # unless the caller passes --steps (1200 overfits: see README)
