@@ -27,7 +27,7 @@
 //            bf16 before the ring (plus a widening and a narrowing pass)
 //   MPI bf16 (bf16 rows) a user-defined MPI_Op on MPI_UINT16_T adding in fp32 and rounding every
 //            partial sum to bf16: half the bytes, less accuracy (NCCL's way)
-//   In MPI mode each repetition times every algorithm in turn (5 repetitions, interleaved); time
+//   In MPI mode each repetition times every algorithm in turn (9 repetitions, interleaved); time
 //   is the best, on the slowest rank; the last column is the median of the per-repetition bus
 //   bandwidth ratios mpi/peer: on the mpi row against the first peer, on a peer's row against it.
 // Numbers depend on the load of the machine: on a shared 2-core box, 4 ranks are oversubscribed.
@@ -180,7 +180,7 @@ void mpi_rows(comm::mpi& world, MPI_Comm raw, MPI_Op bf16_op, const char* dtype,
     peers.push_back({"MPI bf16", [&] { MPI_Allreduce(MPI_IN_PLACE, x.data(), int(count), MPI_UINT16_T, bf16_op, raw); }, 1e30, {}});
   }
   for (auto& p : peers) p.op();  // warm-up
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < 9; ++rep) {
     std::vector<double> t;
     for (auto& p : peers) t.push_back(time_mpi(raw, iters, p.op));
     for (std::size_t i = 0; i < peers.size(); ++i) {
