@@ -359,6 +359,11 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   // replica's share of every global batch (the same on every rank of a tp x pp group). The
   // data's vocabulary must fit the model's: an id >= vocab has no embedding row.
   const auto prefix = data::indexed_dataset_prefix(o.data);
+  if (std::error_code ec; lead && prefix && *prefix == std::filesystem::path(o.data) &&
+                          std::filesystem::is_regular_file(o.data, ec))
+    std::fprintf(stderr, "train_gpt: note: --data '%s' is a file and also the prefix of the dataset '%s.idx'/'.bin' "
+                 "beside it; training on the dataset (pass '%s.idx' to say so, or --data with another path to train on "
+                 "the file's bytes)\n", o.data.c_str(), o.data.c_str(), o.data.c_str());
   if (prefix)
     if (const auto d = data::read_dataset_summary(*prefix)) check_vocab(m, d->vocab_size, "dataset " + prefix->string());
   data::batch_source<> src(o.data, {.micro_batch = std::size_t(c.micro_batch), .seq_len = std::size_t(c.seq_len),

@@ -269,6 +269,12 @@ if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --voc
   for x in bin idx model; do
     cmp -s "$work/ds/d.$x" "$work/bare/d.$x" || { echo "FAILED: bare/d.$x changed"; fail=$((fail + 1)); }
   done
+  # a --data path that is both a file and a dataset's prefix: the dataset, with a note naming both
+  cp "$work/ok.txt" "$work/bare/d"
+  "$t" --data "$work/bare/d" "${common[@]}" --out "$work/b2.safetensors" --no-data-checksum >/dev/null 2>"$work/stderr"
+  [[ $? -eq 0 ]] && grep -qx "train_gpt: note: --data '$work/bare/d' is a file and also the prefix of the dataset '$work/bare/d.idx'/'.bin' beside it; training on the dataset (pass '$work/bare/d.idx' to say so, or --data with another path to train on the file's bytes)" "$work/stderr" &&
+    pass=$((pass + 1)) || { echo "FAILED: a file that is also a prefix: $(cat "$work/stderr")"; fail=$((fail + 1)); }
+  rm "$work/bare/d"
   # the dataset's real tokenizer on byte-level weights
   expect_refusal "^sample: error: --tokenizer '.*ds/d.model': weights file .* was trained on the bytes" \
     "$s" --weights "$work/w.safetensors" --tokenizer "$work/ds/d.model"
