@@ -315,13 +315,13 @@ std::pair<double, std::string> peak_of(const options& o, const loom::train::sess
           std::string(s.precision()) + " on " + std::string(loom::bench::unit_name(unit)) + ", measured"};
 }
 
-int run(const options& o, const loom::train::session_instance& inst, loom::train::world_ref world,
-        std::shared_ptr<const loom::device::ascend_runtime> npu) {
-  using namespace loom;
-  rank_profile prof(o, 0, "rank 0");  // renamed below, once the session knows the rank
-  const auto args = session_args_of(o, prof, npu);
+/// Throws loom::input_error when --seq-len exceeds the model's positions or --micro-batch /
+/// --seq-len the instance's compiled capacities (0 takes the capacity).
+void check_capacities(const options& o, const loom::train::session_instance& inst,
+                      const loom::train::session_args& args) {
+  using loom::input_error;
   if (args.cfg.seq_len > 0) {
-    const auto* m = models::find_model(inst.model);
+    const auto* m = loom::models::find_model(inst.model);
     if (m && args.cfg.seq_len > m->max_seq)
       throw input_error("--seq-len " + std::to_string(o.seq_len) + " exceeds the maximum sequence length " +
                         std::to_string(m->max_seq) + " of model " + std::string(m->name) + "; pass --seq-len <= " +
@@ -336,20 +336,202 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   };
   capacity("--micro-batch", o.micro_batch, inst.micro_batch, "micro-batch");
   capacity("--seq-len", o.seq_len, inst.seq_len, "sequence");
+}
+
+/// "rank 3 (tp 1, dp 0, pp 1)" on a layout, "rank 1 (dp 1)" with data parallelism alone.
+std::string rank_label(const loom::train::session_rank& r, loom::train::world_ref::kind world) {
+  std::string name = "rank " + std::to_string(r.world_rank);
+  if (r.tp * r.pp > 1)
+    name += " (tp " + std::to_string(r.tp_rank) + ", dp " + std::to_string(r.dp_rank) + ", pp " + std::to_string(r.stage) + ")";
+  else if (world != loom::train::world_ref::kind::none)
+    name += " (dp " + std::to_string(r.world_rank) + ")";
+  return name;
+}
+
+/// Before the data is opened: a note (lead rank) when --data is a file and also a dataset
+/// prefix, and the dataset's vocabulary against the model's (check_vocab). Returns the prefix
+/// when --data is a dataset.
+std::optional<std::filesystem::path> check_data(const options& o, const loom::models::model_facts& m, bool lead) {
+  const auto prefix = loom::data::indexed_dataset_prefix(o.data);
+  if (std::error_code ec; lead && prefix && *prefix == std::filesystem::path(o.data) &&
+                          std::filesystem::is_regular_file(o.data, ec))
+    std::fprintf(stderr, "train_gpt: note: --data '%s' is a file and also the prefix of the dataset '%s.idx'/'.bin' "
+                 "beside it; training on the dataset (pass '%s.idx' to say so, or --data with another path to train on "
+                 "the file's bytes)\n", o.data.c_str(), o.data.c_str(), o.data.c_str());
+  if (prefix)
+    if (const auto d = loom::data::read_dataset_summary(*prefix)) check_vocab(m, d->vocab_size, "dataset " + prefix->string());
+  return prefix;
+}
+
+/// The periodic evaluations' windows: the first --eval-windows of the validation split (all of
+/// them if it has fewer; a last partial micro-batch is evaluated too, no window twice). Throws
+/// loom::input_error for --early-stop without a validation window.
+std::vector<std::int32_t> periodic_validation(const options& o, loom::data::batch_source<>& src, int seq_len) {
+  const std::size_t rows = std::min<std::size_t>(std::size_t(o.eval_windows), src.validation_rows());
+  std::vector<std::int32_t> val = src.validation_batch(rows);
+  if (o.early_stop > 0 && val.empty())
+    throw loom::input_error("--early-stop " + std::to_string(o.early_stop) + ": the validation part of " + o.data +
+                            " is shorter than one window of " + std::to_string(seq_len + 1) +
+                            " tokens, so there is no validation loss to watch; raise --val-fraction or drop --early-stop");
+  return val;
+}
+
+/// --synthetic-data: 8 batches of uniform random ids made once and cycled, so a step never waits
+/// for the loader and the breakdown has no data_wait phase (docs/observability.md); per dp
+/// replica, the same on its tp x pp ranks. Empty without the flag.
+std::vector<std::vector<std::int32_t>> synthetic_batches(const options& o, const loom::data::batch_source<>& src,
+                                                         const loom::train::session& s) {
+  std::vector<std::vector<std::int32_t>> synthetic(o.synthetic_data ? 8 : 0);
+  const std::int64_t vocab = s.model().vocab;
+  for (std::size_t k = 0; k < synthetic.size(); ++k) {
+    const std::int64_t v = src.data_vocab() > 0 ? std::min<std::int64_t>(src.data_vocab(), vocab) : vocab;
+    std::mt19937_64 rng(o.seed + 1000003 * std::uint64_t(s.rank().dp_rank) + k);
+    std::uniform_int_distribution<std::int32_t> id(0, std::int32_t(v - 1));
+    synthetic[k].resize(s.windows_per_step() * s.window());
+    for (auto& t : synthetic[k]) t = id(rng);
+  }
+  return synthetic;
+}
+
+/// Where training starts: --resume (model, optimizer, step, data position; every rank loads
+/// its part, resharded when the checkpoint has another layout), or a fresh run, optionally from
+/// Hugging Face weights, which never writes into another run's checkpoints (loom::input_error).
+/// Creates ckpt_dir when given.
+template <class Warn>
+resume_point start_of_run(const options& o, loom::train::session& s, const loom::train::session_instance& inst,
+                          loom::data::batch_source<>& src, const std::string& ckpt_dir, Warn&& warn, bool lead) {
+  resume_point at;
+  if (!o.resume.empty()) {
+    at = resume_run(s, o.resume, src, warn, lead);
+    if (at.step >= o.steps)
+      warn("the checkpoint is at step " + std::to_string(at.step) + ", and --steps is " + std::to_string(o.steps) +
+           ": no step is left to train (only the validation, the weights and the sample); pass --steps > " +
+           std::to_string(at.step) + " to continue");
+  } else {
+    if (!o.init_from_hf.empty()) {  // into the whole model, then each rank takes its slices
+      const auto whole = inst.whole(o.seed);
+      whole->import_hf(o.init_from_hf);
+      s.load_global_parameters(whole->parameters());
+      if (lead)
+        std::printf("initialised from the Hugging Face %s weights in %s\n", std::string(whole->model().arch).c_str(),
+                    o.init_from_hf.c_str());
+    }
+    if (const auto old = loom::io::list_checkpoints(ckpt_dir); !ckpt_dir.empty() && !old.empty())
+      throw loom::input_error("checkpoint directory '" + ckpt_dir + "' already holds checkpoints of an earlier run (newest " +
+                              old.back().dir.filename().string() + "); pass --resume " + ckpt_dir +
+                              " to continue it, or choose another --checkpoint-dir");
+  }
+  if (!ckpt_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(ckpt_dir, ec);
+    if (ec) throw loom::input_error("cannot create --checkpoint-dir '" + ckpt_dir + "': " + ec.message() + "; check the path");
+  }
+  return at;
+}
+
+/// Adds this rank's memory by kind to `mem` (rank 0's on the console): its shards, its stage's
+/// activations, the dp buckets on a layout (about one gradient buffer).
+void count_memory(loom::memory_counter& mem, const loom::train::session& s) {
+  using loom::memory_kind;
+  const auto sm = s.memory();
+  mem.add(memory_kind::parameters, sm.parameters);
+  mem.add(memory_kind::gradients, sm.gradients);
+  mem.add(memory_kind::optimizer, sm.optimizer);  // moments (+ fp32 masters below fp32); 1/dp with ZeRO-1
+  mem.add(memory_kind::activations, sm.activations);
+  if (s.rank().tp * s.rank().pp > 1) mem.add(memory_kind::other, sm.dp_buffers);
+}
+
+/// The lead rank's logs: TensorBoard events and metrics.jsonl under --log-dir (a new run moves an
+/// earlier run's aside first, keep_previous_logs; a resumed run continues its own).
+struct run_logs {
+  std::optional<loom::io::tensorboard_writer> tb;
+  std::optional<loom::io::jsonl_writer> jsonl;
+  void open(const options& o, loom::train::console& con) {
+    std::filesystem::create_directories(o.log_dir);
+    if (o.resume.empty())
+      for (const std::string& line : keep_previous_logs(o.log_dir)) con.message(line);
+    tb.emplace(o.log_dir);
+    jsonl.emplace(std::filesystem::path(o.log_dir) / "metrics.jsonl");
+  }
+  void write(long step, std::span<const loom::io::scalar> sc) {
+    if (tb) tb->add_scalars(step, sc);
+    if (jsonl) jsonl->write_scalars(step, sc);
+  }
+  /// A step on the console and in the logs, with the memory of this process, of its
+  /// memory_counter and, on an NPU, of the caching allocator.
+  void step(loom::train::console& con, const loom::train::step_record& rec, loom::train::step_metrics& metrics,
+            const loom::memory_counter& mem, const loom::train::session& s) {
+    const auto snap = mem.snapshot();
+    const auto os = loom::read_process_memory();
+    con.step(rec, metrics, &snap, &os);
+    if (!tb && !jsonl) return;
+    auto sc = loom::train::step_metrics::scalars(rec, &snap, &os);
+    if (const auto dm = s.memory(); dm.device_reserved > 0) {
+      sc.push("memory/npu_allocated_mib", dm.device_allocated / 1048576.0);
+      sc.push("memory/npu_peak_mib", dm.device_peak / 1048576.0);
+      sc.push("memory/npu_reserved_mib", dm.device_reserved / 1048576.0);
+    }
+    write(rec.report.step, sc);
+  }
+};
+
+/// The final validation over the whole validation split (collective over the evaluating ranks):
+/// its line on the console and its scalars in the logs (lead rank), after `step` steps of which
+/// the run trained those from `start` in `seconds`.
+void final_validation(loom::train::session& s, loom::data::batch_source<>& src, run_logs& logs, long start, long step,
+                      double seconds, bool lead) {
+  const auto all_val = src.validation_batch(src.validation_rows());
+  if (all_val.empty()) return;
+  const double nats = s.evaluate(all_val), bpb = src.bits_per_byte(nats, all_val);
+  if (!lead) return;
+  const loom::io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};  // the run's final word in the logs
+  logs.write(step, sc);
+  const std::string how = src.kind() == loom::data::source_kind::indexed ? " (" + src.byte_counting_note() + ")" : "";
+  const std::string resumed =
+      start > 0 ? " (resumed at step " + std::to_string(start) + ", " + std::to_string(step) + " in all)" : "";
+  std::printf("final validation (%zu windows) | val loss %.4f nats/token | %.4f bits/byte | trained %ld steps%s in "
+              "%.0f s%s\n",
+              all_val.size() / s.window(), nats, bpb, step - start, resumed.c_str(), seconds, how.c_str());
+}
+
+/// Which NPU and which CANN rank 0 runs on (an emulation says so in its SoC name).
+void print_npu(const options& o, const loom::device::ascend_runtime& npu) {
+  const char* soc = npu.api().aclrtGetSocName ? npu.api().aclrtGetSocName() : nullptr;
+  const std::string cann = npu.cann_version();
+  std::printf("NPU %d of rank 0: %s | CANN %s from %s\n", o.npu >= 0 ? o.npu : 0,
+              soc ? soc : "(no SoC name: aclrtGetSocName missing)", cann.empty() ? "(version unknown)" : cann.c_str(),
+              npu.home().empty() ? "the loader path" : npu.home().c_str());
+}
+
+/// Weights metadata: steps, data, precision, layout, --early-stop's best step, the tokenizer's
+/// absolute path and XXH3-64 (sample finds and checks it).
+std::map<std::string, std::string> weights_metadata(const options& o, const loom::train::session& s,
+                                                    const loom::data::batch_source<>& src, long step,
+                                                    const std::string& layout, long best_step,
+                                                    const std::string& tokenizer_sum) {
+  std::map<std::string, std::string> meta = {{"steps", std::to_string(step)}, {"data", o.data},
+                                             {"precision", std::string(s.precision())}};
+  if (s.rank().tp * s.rank().pp > 1) meta["layout"] = layout;
+  if (best_step >= 0) meta["best_step"] = std::to_string(best_step);
+  if (src.kind() == loom::data::source_kind::indexed)  // sample finds the tokenizer from any directory
+    meta["tokenizer"] = std::filesystem::absolute(src.tokenizer_path()).lexically_normal().string();
+  if (!tokenizer_sum.empty())  // and checks that it is still the one trained with
+    meta[std::string(loom_examples::tokenizer_checksum_key)] = tokenizer_sum;
+  return meta;
+}
+
+int run(const options& o, const loom::train::session_instance& inst, loom::train::world_ref world,
+        std::shared_ptr<const loom::device::ascend_runtime> npu) {
+  using namespace loom;
+  rank_profile prof(o, 0, "rank 0");  // renamed below, once the session knows the rank
+  const auto args = session_args_of(o, prof, npu);
+  check_capacities(o, inst, args);
   const auto session_ptr = inst.make(args, world);
   session& s = *session_ptr;
   const auto r = s.rank();
   const bool lead = r.world_rank == 0, layered = r.tp * r.pp > 1;
-  {
-    std::string name = "rank " + std::to_string(r.world_rank);
-    if (layered)
-      name += " (tp " + std::to_string(r.tp_rank) + ", dp " + std::to_string(r.dp_rank) + ", pp " + std::to_string(r.stage) + ")";
-    else if (world.type != train::world_ref::kind::none)
-      name += " (dp " + std::to_string(r.world_rank) + ")";
-    prof.set_rank(r.world_rank, name, world.type != train::world_ref::kind::threads || lead);
-  }
+  prof.set_rank(r.world_rank, rank_label(r, world.type), world.type != train::world_ref::kind::threads || lead);
   const auto& m = s.model();
-  const int dp = r.dp;
   const auto& c = s.config();
   if (c.grad_accum < r.pp && lead)
     std::fprintf(stderr, "train_gpt: warning: --grad-accum %d < PP=%d: the 1F1B pipeline never fills (bubble %.0f %%); "
@@ -358,18 +540,11 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   // Training data: a text file (byte tokens) or a prepare_data dataset (data/source.hpp), this dp
   // replica's share of every global batch (the same on every rank of a tp x pp group). The
   // data's vocabulary must fit the model's: an id >= vocab has no embedding row.
-  const auto prefix = data::indexed_dataset_prefix(o.data);
-  if (std::error_code ec; lead && prefix && *prefix == std::filesystem::path(o.data) &&
-                          std::filesystem::is_regular_file(o.data, ec))
-    std::fprintf(stderr, "train_gpt: note: --data '%s' is a file and also the prefix of the dataset '%s.idx'/'.bin' "
-                 "beside it; training on the dataset (pass '%s.idx' to say so, or --data with another path to train on "
-                 "the file's bytes)\n", o.data.c_str(), o.data.c_str(), o.data.c_str());
-  if (prefix)
-    if (const auto d = data::read_dataset_summary(*prefix)) check_vocab(m, d->vocab_size, "dataset " + prefix->string());
+  const auto prefix = check_data(o, m, lead);
   data::batch_source<> src(o.data, {.micro_batch = std::size_t(c.micro_batch), .seq_len = std::size_t(c.seq_len),
                                     .grad_accum = std::size_t(c.grad_accum), .valid_fraction = o.val_fraction,
                                     .seed = o.seed, .vocab = m.vocab, .workers = o.workers, .dp_rank = r.dp_rank,
-                                    .dp_size = dp, .verify_checksums = !o.no_data_checksum,
+                                    .dp_size = r.dp, .verify_checksums = !o.no_data_checksum,
                                     .host_memory = s.host_memory()});  // pinned on an NPU: copied from as is
   if (lead && src.kind() == data::source_kind::indexed && src.checksums() == data::checksum_state::no_summary &&
       !o.no_data_checksum)  // prepare_data always writes one: deleted, or data from another tool (Megatron's)
@@ -394,102 +569,35 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   weights_file out(o.out.empty() ? "out/" + std::string(m.name) + ".safetensors" : o.out);
   ensure_writable_directory(out.path().parent_path(), "--out");
   if (lead && !o.log_dir.empty()) ensure_writable_directory(o.log_dir, "--log-dir");
-  // periodic evaluations: the first --eval-windows windows of the validation split (all of them
-  // if it has fewer; a last partial micro-batch is evaluated too, no window twice)
-  const std::size_t val_rows = std::min<std::size_t>(std::size_t(o.eval_windows), src.validation_rows());
-  std::span<const std::int32_t> batch;
-  const std::vector<std::int32_t> val = src.validation_batch(val_rows);
-  if (o.early_stop > 0 && val.empty())
-    throw input_error("--early-stop " + std::to_string(o.early_stop) + ": the validation part of " + o.data +
-                      " is shorter than one window of " + std::to_string(c.seq_len + 1) +
-                      " tokens, so there is no validation loss to watch; raise --val-fraction or drop --early-stop");
-  // --synthetic-data: a few batches of uniform random ids made once and cycled, so a step never
-  // waits for the loader and the breakdown has no data_wait phase (docs/observability.md)
-  std::vector<std::vector<std::int32_t>> synthetic(o.synthetic_data ? 8 : 0);
-  for (std::size_t k = 0; k < synthetic.size(); ++k) {  // per dp replica, the same on its tp x pp ranks
-    const std::int64_t v = src.data_vocab() > 0 ? std::min<std::int64_t>(src.data_vocab(), m.vocab) : m.vocab;
-    std::mt19937_64 rng(o.seed + 1000003 * std::uint64_t(r.dp_rank) + k);
-    std::uniform_int_distribution<std::int32_t> id(0, std::int32_t(v - 1));
-    synthetic[k].resize(s.windows_per_step() * s.window());
-    for (auto& t : synthetic[k]) t = id(rng);
-  }
+  const std::vector<std::int32_t> val = periodic_validation(o, src, c.seq_len);
+  const auto synthetic = synthetic_batches(o, src, s);
   // per rank, times the ranks: each rank measures with its share of the cores (only rank 0 prints)
   const auto [rank_peak, peak_source] = peak_of(o, s, npu.get(), lead);
   const double peak = r.world_size * rank_peak;
-  if (lead && npu) {  // which NPU and which CANN: an emulation says so in its SoC name
-    const char* soc = npu->api().aclrtGetSocName ? npu->api().aclrtGetSocName() : nullptr;
-    const std::string cann = npu->cann_version();
-    std::printf("NPU %d of rank 0: %s | CANN %s from %s\n", o.npu >= 0 ? o.npu : 0,
-                soc ? soc : "(no SoC name: aclrtGetSocName missing)", cann.empty() ? "(version unknown)" : cann.c_str(),
-                npu->home().empty() ? "the loader path" : npu->home().c_str());
-  }
+  if (lead && npu) print_npu(o, *npu);
   if (lead) print_banner(o, s, src, synthetic.size(), peak, peak_source);
 
-  // checkpoints: resume (model, optimizer, step, data position; every rank loads its part,
-  // resharded when the checkpoint has another layout), or a fresh run, optionally from Hugging
-  // Face GPT-2 weights; a fresh run never writes into another run's checkpoints
   const std::string ckpt_dir = !o.checkpoint_dir.empty() ? o.checkpoint_dir
                                : o.resume.empty()         ? std::string()
                                                           : checkpoint_root_of(o.resume);
-  long start = 0;
-  std::uint64_t tokens_seen = 0;
   auto warn = [lead](const std::string& w) {
     if (lead) std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str());
   };
-  if (!o.resume.empty()) {
-    const auto at = resume_run(s, o.resume, src, warn, lead);
-    start = at.step;
-    tokens_seen = at.tokens;
-    if (start >= o.steps)
-      warn("the checkpoint is at step " + std::to_string(start) + ", and --steps is " + std::to_string(o.steps) +
-           ": no step is left to train (only the validation, the weights and the sample); pass --steps > " +
-           std::to_string(start) + " to continue");
-  } else {
-    if (!o.init_from_hf.empty()) {  // into the whole model, then each rank takes its slices
-      const auto whole = inst.whole(o.seed);
-      whole->import_hf(o.init_from_hf);
-      s.load_global_parameters(whole->parameters());
-      if (lead)
-        std::printf("initialised from the Hugging Face %s weights in %s\n", std::string(whole->model().arch).c_str(),
-                    o.init_from_hf.c_str());
-    }
-    if (const auto old = io::list_checkpoints(ckpt_dir); !ckpt_dir.empty() && !old.empty())
-      throw input_error("checkpoint directory '" + ckpt_dir + "' already holds checkpoints of an earlier run (newest " +
-                        old.back().dir.filename().string() + "); pass --resume " + ckpt_dir +
-                        " to continue it, or choose another --checkpoint-dir");
-  }
-  if (!ckpt_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(ckpt_dir, ec);
-    if (ec) throw input_error("cannot create --checkpoint-dir '" + ckpt_dir + "': " + ec.message() + "; check the path");
-  }
+  const resume_point at = start_of_run(o, s, inst, src, ckpt_dir, warn, lead);
+  const long start = at.step;
+  std::uint64_t tokens_seen = at.tokens;
   std::fflush(stdout);
 
   // observability: step breakdown, MFU, memory, console, TensorBoard, JSON lines, trace window
-  memory_counter mem;  // this rank's (rank 0's on the console): its shards, its stage's activations
-  {
-    const auto sm = s.memory();
-    mem.add(memory_kind::parameters, sm.parameters);
-    mem.add(memory_kind::gradients, sm.gradients);
-    mem.add(memory_kind::optimizer, sm.optimizer);  // moments (+ fp32 masters below fp32); 1/dp with ZeRO-1
-    mem.add(memory_kind::activations, sm.activations);
-    if (layered) mem.add(memory_kind::other, sm.dp_buffers);  // the dp buckets (about one gradient buffer)
-  }
+  memory_counter mem;
+  count_memory(mem, s);
   const double fpt = 6.0 * double(s.parameter_count(false)) + 12.0 * m.n_layer * c.seq_len * m.d_model;
   train::step_metrics metrics({.flops_per_token = fpt, .peak_flops = peak * 1e9, .total_steps = o.steps});
   train::step_timer timer;
   train::console con({.redraw = o.redraw, .total_steps = o.steps, .print_every = o.log_every,
                       .summary_every = lead ? o.summary_every : 0});
-  std::optional<io::tensorboard_writer> tb;
-  std::optional<io::jsonl_writer> jsonl;
-  if (!o.log_dir.empty() && lead) {
-    std::filesystem::create_directories(o.log_dir);
-    const auto log_file = std::filesystem::path(o.log_dir) / "metrics.jsonl";
-    if (o.resume.empty())  // a new run starts new logs (a resumed run continues its own); old ones are kept
-      for (const std::string& line : keep_previous_logs(o.log_dir)) con.message(line);
-    tb.emplace(o.log_dir);
-    jsonl.emplace(log_file);
-  }
+  run_logs logs;
+  if (!o.log_dir.empty() && lead) logs.open(o, con);
   // the trace shows every rank's phases (on a layout, each pipeline action as forward / backward /
   // exposed_comm: waiting for the neighbouring stage or the tp/dp reductions), kernels and
   // communication: one trace.json (profile.hpp)
@@ -518,8 +626,7 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
                 std::to_string(long(std::chrono::duration<double>(clock::now() - t0).count())) + " s | " +
                 covered_windows(val.size() / s.window(), src.validation_rows()));
     const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};
-    if (tb) tb->add_scalars(step, sc);
-    if (jsonl) jsonl->write_scalars(step, sc);
+    logs.write(step, sc);
     return nats;
   };
   // Checkpoints written in the background. The save is collective (every rank writes its files;
@@ -554,6 +661,7 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
     }
     if (const auto msg = prof.begin_step(step, s); !msg.empty() && lead) con.message(msg);
     timer.begin_step();
+    std::span<const std::int32_t> batch;
     if (o.synthetic_data) {
       batch = synthetic[std::size_t(step) % synthetic.size()];
     } else {
@@ -563,25 +671,11 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
     }
     const auto res = s.step(batch);
     if (s.loss_scaling())  // the loss scale: in the logs every step, on the console when it changes
-      report_loss_scale(step, res, s.loss_scale(), lead, con, warn, tb, jsonl);
+      report_loss_scale(step, res, s.loss_scale(), lead, con, warn, logs.tb, logs.jsonl);
     const auto rec = metrics.record({.step = step, .tokens = res.tokens, .loss = res.loss, .lr = res.lr,
                                      .grad_norm = res.grad_norm, .skipped = res.skipped},
                                     on_device_time(timer.end_step(), s.device_breakdown()));
-    if (lead) {
-      const auto snap = mem.snapshot();
-      const auto os = read_process_memory();
-      con.step(rec, metrics, &snap, &os);
-      if (tb || jsonl) {
-        auto sc = train::step_metrics::scalars(rec, &snap, &os);
-        if (const auto dm = s.memory(); dm.device_reserved > 0) {  // the NPU's caching allocator
-          sc.push("memory/npu_allocated_mib", dm.device_allocated / 1048576.0);
-          sc.push("memory/npu_peak_mib", dm.device_peak / 1048576.0);
-          sc.push("memory/npu_reserved_mib", dm.device_reserved / 1048576.0);
-        }
-        if (tb) tb->add_scalars(step, sc);
-        if (jsonl) jsonl->write_scalars(step, sc);
-      }
-    }
+    if (lead) logs.step(con, rec, metrics, mem, s);
     int stop_early = 0;
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) {
       const double nats = report_val(step + 1);
@@ -610,31 +704,9 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
     s.restore_parameter_bytes(stopper.best());
     if (lead) std::printf("%s\n", stopper.keep_message().c_str());
   }
-  // final validation over the whole validation split
-  if (const auto all_val = src.validation_batch(src.validation_rows()); !all_val.empty()) {
-    const double nats = s.evaluate(all_val), bpb = src.bits_per_byte(nats, all_val);
-    if (lead) {
-      const io::scalar sc[] = {{"val/loss", nats}, {"val/bits_per_byte", bpb}};  // the run's final word in the logs
-      if (tb) tb->add_scalars(step, sc);
-      if (jsonl) jsonl->write_scalars(step, sc);
-      const std::string how = src.kind() == data::source_kind::indexed ? " (" + src.byte_counting_note() + ")" : "";
-      const std::string resumed = start > 0 ? " (resumed at step " + std::to_string(start) + ", " + std::to_string(step) +
-                                                  " in all)"
-                                            : "";
-      std::printf("final validation (%zu windows) | val loss %.4f nats/token | %.4f bits/byte | trained %ld steps%s in "
-                  "%.0f s%s\n",
-                  all_val.size() / s.window(), nats, bpb, step - start, resumed.c_str(),
-                  std::chrono::duration<double>(clock::now() - t0).count(), how.c_str());
-    }
-  }
-  std::map<std::string, std::string> meta = {{"steps", std::to_string(step)}, {"data", o.data},
-                                             {"precision", std::string(s.precision())}};
-  if (layered) meta["layout"] = layout_name;
-  if (stopper.enabled() && stopper.best_step() >= 0) meta["best_step"] = std::to_string(stopper.best_step());
-  if (src.kind() == data::source_kind::indexed)  // sample finds the tokenizer from any directory
-    meta["tokenizer"] = std::filesystem::absolute(src.tokenizer_path()).lexically_normal().string();
-  if (!tokenizer_sum.empty())  // and checks that it is still the one trained with
-    meta[std::string(loom_examples::tokenizer_checksum_key)] = tokenizer_sum;
+  final_validation(s, src, logs, start, step, std::chrono::duration<double>(clock::now() - t0).count(), lead);
+  const auto meta = weights_metadata(o, s, src, step, layout_name, stopper.enabled() ? stopper.best_step() : -1,
+                                     tokenizer_sum);
   const auto global = s.gather_parameters();  // the whole model's parameters, gathered over tp and pp
   if (!lead) return 0;
   const auto whole = inst.whole(o.seed);
