@@ -38,7 +38,8 @@ inline CLI::Validator whole_number(long least) {
         const unsigned long long n = digits ? std::strtoull(v.c_str(), nullptr, 10) : 0;
         return digits && errno == 0 && n >= (unsigned long long)least
                    ? std::string()
-                   : "'" + v + "' is not a whole number >= " + std::to_string(least) + "; pass one that is";
+                   : "'" + v + "' is not a whole number >= " + std::to_string(least) + " (pass " + std::to_string(least) +
+                         " or more)";
       },
       "INT>=" + std::to_string(least));
 }

@@ -275,6 +275,12 @@ if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --voc
   [[ $? -eq 0 ]] && grep -qx "train_gpt: note: --data '$work/bare/d' is a file and also the prefix of the dataset '$work/bare/d.idx'/'.bin' beside it; training on the dataset (pass '$work/bare/d.idx' to say so, or --data with another path to train on the file's bytes)" "$work/stderr" &&
     pass=$((pass + 1)) || { echo "FAILED: a file that is also a prefix: $(cat "$work/stderr")"; fail=$((fail + 1)); }
   rm "$work/bare/d"
+  # ... and when that dataset has no tokenizer, the refusal says the path is also a file
+  mkdir "$work/amb"
+  cp "$work/ds/d.bin" "$work/ds/d.idx" "$work/amb/"
+  cp "$work/ok.txt" "$work/amb/d"
+  expect_refusal "^train_gpt: error: dataset '$work/amb/d' has no tokenizer: .* \(--data '$work/amb/d' is also a file; to train on its bytes, give it a name that is not the prefix of a dataset\)$" \
+    "$t" --data "$work/amb/d" "${common[@]}" --out "$work/amb.safetensors"
   # the dataset's real tokenizer on byte-level weights
   expect_refusal "^sample: error: --tokenizer '.*ds/d.model': weights file .* was trained on the bytes" \
     "$s" --weights "$work/w.safetensors" --tokenizer "$work/ds/d.model"
