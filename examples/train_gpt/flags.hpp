@@ -69,6 +69,10 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--lr", o.lr, "peak learning rate");
   app.add_option("--min-lr", o.min_lr, "learning-rate floor after the cosine decay");
   app.add_option("--warmup", o.warmup, "linear warm-up steps (<= --steps)")->check(whole_number(0));
+  app.add_option("--decay-steps", o.decay_steps,
+                 "step at which the cosine decay reaches --min-lr, which stays after it (default: --steps; "
+                 "pass a checkpoint's to extend its run on the same schedule)")
+      ->check(whole_number(1));
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (matrices only)");
   app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)");
   app.add_option("--dropout", o.dropout,
@@ -296,6 +300,11 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
     throw loom::input_error("--warmup " + std::to_string(o.warmup) + " exceeds --steps " + std::to_string(o.steps) +
                             ": the learning rate would never leave its warm-up; pass --warmup <= " +
                             std::to_string(o.steps));
+  if (app.count("--decay-steps") == 0) o.decay_steps = o.steps;
+  if (o.warmup > o.decay_steps)
+    throw loom::input_error("--warmup " + std::to_string(o.warmup) + " exceeds --decay-steps " +
+                            std::to_string(o.decay_steps) + ": the decay would end before the warm-up; pass --decay-steps >= " +
+                            std::to_string(o.warmup));
   if (app.count("--model") == 0 && data_is_dataset) o.model = "quickstart_bpe";
   if (app.count("--log-every") > 0) o.redraw = 0;  // asked for lines every N steps: keep each one
   if (app.count("--log-dir") == 0) o.log_dir = default_log_dir(o.out);

@@ -20,6 +20,7 @@ struct options {
   double dropout = 0;  // --dropout P: training dropout probability, 0 <= P < 1 (nn/dropout.hpp)
   std::string recompute = "none";  // --recompute none|selective|full (nn::recompute)
   long warmup = 100;
+  long decay_steps = 0;  // --decay-steps: the cosine reaches --min-lr here (0: --steps; Megatron's --lr-decay-iters)
   long eval_every = 250;
   long early_stop = 0;  // --early-stop PATIENCE: evaluations without improvement before stopping (0: off)
   int eval_windows = 64, sample_tokens = 400, top_k = 0;

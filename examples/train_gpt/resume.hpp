@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +25,21 @@ struct resume_point {
   std::uint64_t tokens = 0;   ///< training tokens already consumed
 };
 
+/// From the resume warnings "warmup is A now but B in the checkpoint: ..." and the same for
+/// decay_steps: the flags that give the checkpoint's values back ("--warmup B --decay-steps C");
+/// empty when neither differs.
+inline std::string schedule_flags_of(const std::vector<std::string>& warnings) {
+  std::string flags;
+  for (const auto& [key, flag] : {std::pair{"warmup", "--warmup"}, std::pair{"decay_steps", "--decay-steps"}})
+    for (const auto& w : warnings) {
+      const std::string head = std::string(key) + " is ";
+      const std::size_t but = w.find(" now but "), in = w.find(" in the checkpoint");
+      if (w.rfind(head, 0) != 0 || but == std::string::npos || in == std::string::npos || in < but) continue;
+      flags += (flags.empty() ? "" : " ") + std::string(flag) + " " + w.substr(but + 9, in - but - 9);
+    }
+  return flags;
+}
+
 /// Loads the newest valid checkpoint under `dir` into `s` (io::resume_checkpoint: parameters,
 /// optimizer state, step, loss scaler; resharded when it was saved under another layout), moves
 /// `src` to the saved data position, passes every warning to `warn` and, on the lead rank, prints
@@ -32,6 +49,9 @@ template <class Source, class Warn>
 resume_point resume_run(loom::train::session& s, const std::string& dir, Source& src, Warn&& warn, bool lead) {
   const auto info = s.resume(dir, warn);
   for (const auto& w : info.warnings) warn(w);
+  if (const std::string flags = schedule_flags_of(info.warnings); !flags.empty())
+    warn("to continue on the checkpoint's learning-rate schedule (warm-up and decay follow --steps unless given), pass " +
+         flags);
   const nlohmann::json& d = info.state.data;
   // Each field range-checked as the type it becomes (json_integer): a file's 1e63 is no uint64.
   auto field = [&]<class T>(const char* key, T) -> std::optional<T> {

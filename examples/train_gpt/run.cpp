@@ -207,7 +207,7 @@ loom::train::session_args session_args_of(const options& o, rank_profile& prof,
   cfg.micro_batch = o.micro_batch;
   cfg.seq_len = o.seq_len;
   cfg.grad_accum = o.grad_accum;
-  cfg.schedule = {o.lr, o.min_lr, o.warmup, o.steps};
+  cfg.schedule = {o.lr, o.min_lr, o.warmup, o.decay_steps};
   cfg.adamw.weight_decay = o.weight_decay;
   cfg.adamw.max_grad_norm = o.max_grad_norm;
   cfg.seed = o.seed;
@@ -236,8 +236,8 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
               c.micro_batch, c.seq_len, c.grad_accum,
               r.dp > 1 ? (" x " + std::to_string(r.dp) + (layered ? " replicas" : " ranks")).c_str() : "",
               s.tokens_per_step() * std::size_t(r.dp));
-  std::printf("data %s | %ld steps, lr %.1e -> %.1e, warm-up %ld\n", src.describe().c_str(), o.steps, o.lr, o.min_lr,
-              o.warmup);
+  std::printf("data %s | %ld steps, lr %.1e -> %.1e, warm-up %ld%s\n", src.describe().c_str(), o.steps, o.lr, o.min_lr,
+              o.warmup, o.decay_steps != o.steps ? (", decay to step " + std::to_string(o.decay_steps)).c_str() : "");
   if (synthetic)
     std::printf("--synthetic-data: training on %zu in-memory batches of random ids, cycled (validation still uses the data)\n",
                 synthetic);

@@ -57,6 +57,20 @@ $got"
 cmp -s "$work/a/w.safetensors" "$work/b/w.safetensors" && ok || bad "final weights differ"
 [[ "$(cat "$work/b/ckpt/latest")" == "step_00000006" ]] && ok || bad "latest after the resumed run"
 
+# --- 1b. extending a finished run: the warm-up and the decay follow --steps unless given; a resumed
+# run with more steps names the flags that keep the checkpoint's schedule, and with them warns of nothing
+cp -r "$work/a/ckpt" "$work/ext"
+"$t" "${common[@]}" --steps 9 --log-dir '' --out "$work/ext1.safetensors" --resume "$work/ext" --stop-at-step 7 \
+  > "$work/ext1.txt" 2>&1 || bad "extended run: $(tail -3 "$work/ext1.txt")"
+grep -qx "train_gpt: warning: decay_steps is 9 now but 6 in the checkpoint: .*" "$work/ext1.txt" &&
+  grep -qx "train_gpt: warning: to continue on the checkpoint's learning-rate schedule (warm-up and decay follow --steps unless given), pass --decay-steps 6" "$work/ext1.txt" &&
+  ok || bad "no schedule hint when extending a run: $(grep warning "$work/ext1.txt")"
+rm -rf "$work/ext" && cp -r "$work/a/ckpt" "$work/ext"
+"$t" "${common[@]}" --steps 9 --decay-steps 6 --log-dir '' --out "$work/ext2.safetensors" --resume "$work/ext" \
+  > "$work/ext2.txt" 2>&1 || bad "extended run with --decay-steps: $(tail -3 "$work/ext2.txt")"
+! grep -q "warning" "$work/ext2.txt" && grep -q "decay to step 6" "$work/ext2.txt" && ok ||
+  bad "--decay-steps 6 on the checkpoint's schedule: $(grep -i "warning\|decay" "$work/ext2.txt")"
+
 # --- 2. a damaged newest checkpoint -------------------------------------------------------------
 f="$work/b/ckpt/step_00000006/model-tp00-pp00.safetensors"
 printf '\x5a' | dd of="$f" bs=1 seek=4000 conv=notrunc status=none
@@ -131,6 +145,7 @@ err="$("$t" "${common[@]}" --steps 2 --resume "$work/broken" 2>&1 >/dev/null)"; 
   ok || bad "all damaged -> status $status, stderr: $err"
 expect_error "excludes|--init-from-hf" "$t" "${common[@]}" --steps 2 --resume "$work/a/ckpt" --init-from-hf "$work/x"
 expect_error "config.json" "$t" "${common[@]}" --steps 2 --init-from-hf "$work/missing"
+expect_error "--warmup 5 exceeds --decay-steps 3" "$t" "${common[@]}" --steps 9 --warmup 5 --decay-steps 3
 
 # --- 5. GPT-2 export and import -----------------------------------------------------------------
 "$t" "${common[@]}" --steps 6 --log-dir "" --out "$work/e/w.safetensors" --export-hf "$work/e/hf" > "$work/e.txt" 2>&1 ||

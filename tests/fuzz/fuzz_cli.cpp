@@ -55,6 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto timeout = train_gpt_cli::comm_timeout_ms(o);
     loom_fuzz::require(timeout.count() >= 0, "a negative collective timeout");
     loom_fuzz::require(o.warmup <= o.steps || app.count("--warmup") > 0, "the default warm-up exceeds the run");
+    loom_fuzz::require(o.decay_steps >= 1 && o.warmup <= o.decay_steps, "a decay that ends before the warm-up");
     loom_fuzz::accepted("flags");
   } catch (const loom::input_error& e) {
     loom_fuzz::rejected(e);
