@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
     std::printf("wrote %s %s %s %s\n", report.bin.c_str(), report.idx.c_str(), report.model.c_str(),
                 report.summary.c_str());
   } catch (const loom::input_error& e) {
-    std::fprintf(stderr, "prepare_data: %s\n", e.what());
+    std::fprintf(stderr, "prepare_data: error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {  // I/O and library failures: one line, never an abort
     std::fprintf(stderr, "prepare_data: failed: %s\n", e.what());

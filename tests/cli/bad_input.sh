@@ -293,7 +293,7 @@ if "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --voc
   mkdir "$work/ds1"
   cp "$work/ds/d".{bin,idx,model,json} "$work/ds1/"
   ds_before=$(cd "$work/ds" && ls; sha256sum *)
-  expect_refusal "^prepare_data: .*missing.txt.*cannot be opened" \
+  expect_refusal "^prepare_data: error: .*missing.txt.*cannot be opened" \
     "$bin/prepare_data" --input "$work/missing.txt" --output-prefix "$work/ds/d" --vocab-size 500 --threads 1
   check "a failed prepare_data leaves the dataset as it was" [ "$(cd "$work/ds" && ls; sha256sum *)" == "$ds_before" ]
   "$bin/prepare_data" --input "$work/ok.txt" --output-prefix "$work/ds/d" --vocab-size 500 --threads 1 \
