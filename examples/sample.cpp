@@ -99,8 +99,8 @@ bool check_tokenizer_matches(const options& o, const std::map<std::string, std::
 /// recorded path, or a kept PREFIX.previous-<k>.model; matching_tokenizer) when there is one.
 /// A tokenizer that also fails the checksum its dataset's .json records is reported as damaged
 /// (tokenizer::verify_against_sidecar) before any mismatch. Weights that record a tokenizer but
-/// no checksum (saved by an earlier train_gpt) load unverified, with a note on stderr. A tokenizer file that does not exist is left to its
-/// loading, which names it.
+/// no checksum (saved by an earlier train_gpt) load unverified, with a note on stderr. A
+/// tokenizer file that does not exist is left to its loading, which names it.
 void check_tokenizer_checksum(const options& o, const std::map<std::string, std::string>& meta) {
   namespace fs = std::filesystem;
   std::error_code ec;

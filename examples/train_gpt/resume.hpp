@@ -26,7 +26,8 @@ struct resume_point {
 };
 
 /// From the resume warnings "warmup is A now but B in the checkpoint: ..." and the same for
-/// decay_steps: the flags that give the checkpoint's values back ("--warmup B --decay-steps C");
+/// decay_steps (the wording of io/checkpoint/load.hpp's read_scalars; tests/cli/resume.sh checks
+/// the result): the flags that give the checkpoint's values back ("--warmup B --decay-steps C");
 /// empty when neither differs.
 inline std::string schedule_flags_of(const std::vector<std::string>& warnings) {
   std::string flags;
