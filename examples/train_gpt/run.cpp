@@ -330,7 +330,7 @@ void check_capacities(const options& o, const loom::train::session_instance& ins
   auto capacity = [&](const char* flag, int v, int cap, const char* what) {
     if (v < 0 || v > cap)
       throw input_error(std::string(flag) + " " + std::to_string(v) + " is outside [1, " + std::to_string(cap) +
-                        "], the compiled " + what + " capacity of model " + std::string(inst.model) + " (0: all of it); " +
+                        "], the compiled " + what + " capacity of model " + std::string(inst.model) + " (0 means all of it); " +
                         "pass a value in that range, or raise LOOM_SESSION_CAPACITY_" + std::string(inst.model) +
                         " when configuring the build");
   };
