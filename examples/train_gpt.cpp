@@ -80,7 +80,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include <loom/data/source.hpp>
@@ -278,13 +277,11 @@ int main(int argc, char** argv) {
     auto layout = train_gpt_cli::check_flags(o, app, prefix.has_value());
 #if LOOM_WITH_TEXT
     if (prefix)  // the dataset's tokenizer is there, before the layout search, the peak probe and the ranks
-      if (const auto why = loom::data::missing_dataset_tokenizer(*prefix)) {
-        std::error_code ec;
-        const bool also_file = *prefix == std::filesystem::path(o.data) && std::filesystem::is_regular_file(o.data, ec);
-        throw loom::input_error(*why + (also_file ? " (--data '" + o.data + "' is also a file; to train on its bytes, "
-                                                    "give it a name that is not the prefix of a dataset)"
-                                                  : std::string()));
-      }
+      if (const auto why = loom::data::missing_dataset_tokenizer(*prefix))
+        throw loom::input_error(*why + (loom::data::file_is_also_dataset_prefix(o.data)
+                                            ? " (--data '" + o.data + "' is also a file; to train on its bytes, give it "
+                                              "a name that is not the prefix of a dataset)"
+                                            : std::string()));
 #endif
     if (o.layout == "auto") layout = choose_auto_layout(o, app);  // a compiled layout: it fits the model and --ranks
     const auto [tp, pp] = layout;

@@ -6,8 +6,6 @@
 #include <filesystem>
 #include <optional>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +13,7 @@
 #include <loom/core/json.hpp>
 #include <loom/data/source.hpp>
 #include <loom/io/checkpoint.hpp>
+#include <loom/optim/lr_schedule.hpp>
 #include <loom/train/session.hpp>
 
 namespace train_gpt_cli {
@@ -25,19 +24,20 @@ struct resume_point {
   std::uint64_t tokens = 0;   ///< training tokens already consumed
 };
 
-/// From the resume warnings "warmup is A now but B in the checkpoint: ..." and the same for
-/// decay_steps (the wording of io/checkpoint/load.hpp's read_scalars; tests/cli/resume.sh checks
-/// the result): the flags that give the checkpoint's values back ("--warmup B --decay-steps C");
-/// empty when neither differs.
-inline std::string schedule_flags_of(const std::vector<std::string>& warnings) {
+/// The flags that give back a checkpoint's warm-up and decay where they differ from the running
+/// schedule `now` ("--warmup 2 --decay-steps 20"), read from the manifest's "lr_schedule"
+/// (io/checkpoint: integers warmup, decay_steps); empty when both agree or are not recorded.
+inline std::string schedule_flags(const nlohmann::json& manifest, const loom::optim::cosine_schedule& now) {
+  if (!manifest.is_object() || !manifest.contains("lr_schedule") || !manifest["lr_schedule"].is_object()) return {};
+  const nlohmann::json& saved = manifest["lr_schedule"];
   std::string flags;
-  for (const auto& [key, flag] : {std::pair{"warmup", "--warmup"}, std::pair{"decay_steps", "--decay-steps"}})
-    for (const auto& w : warnings) {
-      const std::string head = std::string(key) + " is ";
-      const std::size_t but = w.find(" now but "), in = w.find(" in the checkpoint");
-      if (w.rfind(head, 0) != 0 || but == std::string::npos || in == std::string::npos || in < but) continue;
-      flags += (flags.empty() ? "" : " ") + std::string(flag) + " " + w.substr(but + 9, in - but - 9);
-    }
+  auto add = [&](const char* key, const char* flag, long ours) {
+    const auto f = saved.find(key);
+    if (f == saved.end() || !f->is_number_integer() || f->get<long>() == ours) return;
+    flags += (flags.empty() ? "" : " ") + std::string(flag) + " " + std::to_string(f->get<long>());
+  };
+  add("warmup", "--warmup", now.warmup);
+  add("decay_steps", "--decay-steps", now.decay_steps);
   return flags;
 }
 
@@ -50,7 +50,7 @@ template <class Source, class Warn>
 resume_point resume_run(loom::train::session& s, const std::string& dir, Source& src, Warn&& warn, bool lead) {
   const auto info = s.resume(dir, warn);
   for (const auto& w : info.warnings) warn(w);
-  if (const std::string flags = schedule_flags_of(info.warnings); !flags.empty())
+  if (const std::string flags = schedule_flags(info.manifest, s.config().schedule); !flags.empty())
     warn("to continue on the checkpoint's learning-rate schedule (warm-up and decay follow --steps unless given), pass " +
          flags);
   const nlohmann::json& d = info.state.data;

@@ -353,8 +353,7 @@ std::string rank_label(const loom::train::session_rank& r, loom::train::world_re
 /// when --data is a dataset.
 std::optional<std::filesystem::path> check_data(const options& o, const loom::models::model_facts& m, bool lead) {
   const auto prefix = loom::data::indexed_dataset_prefix(o.data);
-  if (std::error_code ec; lead && prefix && *prefix == std::filesystem::path(o.data) &&
-                          std::filesystem::is_regular_file(o.data, ec))
+  if (lead && loom::data::file_is_also_dataset_prefix(o.data))
     std::fprintf(stderr, "train_gpt: note: --data '%s' is a file and also the prefix of the dataset '%s.idx'/'.bin' "
                  "beside it; training on the dataset (pass '%s.idx' to say so, or --data with another path to train on "
                  "the file's bytes)\n", o.data.c_str(), o.data.c_str(), o.data.c_str());
@@ -446,6 +445,8 @@ void count_memory(loom::memory_counter& mem, const loom::train::session& s) {
 struct run_logs {
   std::optional<loom::io::tensorboard_writer> tb;
   std::optional<loom::io::jsonl_writer> jsonl;
+  /// Creates --log-dir, keeps an earlier run's logs aside (each kept file a console line), opens
+  /// both writers. Throws std::filesystem::filesystem_error when the directory cannot be made.
   void open(const options& o, loom::train::console& con) {
     std::filesystem::create_directories(o.log_dir);
     if (o.resume.empty())
@@ -453,6 +454,7 @@ struct run_logs {
     tb.emplace(o.log_dir);
     jsonl.emplace(std::filesystem::path(o.log_dir) / "metrics.jsonl");
   }
+  /// Appends scalars `sc` of step `step` to each open writer.
   void write(long step, std::span<const loom::io::scalar> sc) {
     if (tb) tb->add_scalars(step, sc);
     if (jsonl) jsonl->write_scalars(step, sc);

@@ -29,6 +29,7 @@ export OMP_NUM_THREADS=1
 export ASCEND_HOME_PATH="$home"
 fail=0
 bad() { echo "FAILED: $*"; fail=$((fail + 1)); }
+finish() { [[ $fail == 0 ]] && echo "all passed" && exit 0; echo "$fail failed"; exit 1; }
 losses() { grep -oP '^step +\d+/\d+ \| loss \K[0-9.]+' "$1" | tr '\n' ' '; }
 
 head -n 2000 "${LOOM_DATA_DIR:-../shared/data}/tinyshakespeare.txt" > "$work/text.txt"
@@ -94,10 +95,7 @@ for prec in "${precisions[@]}"; do
   done
 done
 
-if [[ $part == fp32 || $part == bf16 ]]; then
-  [[ $fail == 0 ]] && echo "all passed" || { echo "$fail failed"; exit 1; }
-  exit 0
-fi
+[[ $part == fp32 || $part == bf16 ]] && finish
 
 # host waits (aclrtSynchronize*) and synchronous copies per step of one rank: the difference of a
 # 7- and a 2-step run (LOOMEMU_COUNTERS_FILE), with the device-time breakdown (its events are
@@ -164,4 +162,4 @@ for args in "--npu 8" "--ranks 9"; do
   [[ $? == 2 ]] && grep -q "8 NPUs are visible" "$work/b4.txt" && ! grep -q "^model " "$work/b4.txt" ||
     bad "$args: $(cat "$work/b4.txt")"
 done
-[[ $fail == 0 ]] && echo "all passed" || { echo "$fail failed"; exit 1; }
+finish

@@ -75,6 +75,15 @@ inline std::optional<std::filesystem::path> indexed_dataset_prefix(const std::fi
   return std::nullopt;
 }
 
+/// True when `path` is a regular file and also, as a prefix, names an indexed dataset beside it
+/// ("in.txt" with "in.txt.idx"): indexed_dataset_prefix takes the dataset, so a caller that
+/// means the file's bytes is told (train_gpt prints a note). Never throws.
+inline bool file_is_also_dataset_prefix(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto prefix = indexed_dataset_prefix(path);
+  return prefix && *prefix == path && std::filesystem::is_regular_file(path, ec);
+}
+
 /// prepare_data's PREFIX.json summary (the fields a trainer needs).
 struct dataset_summary {
   std::int64_t vocab_size = 0;      ///< tokenizer vocabulary (ids in [0, vocab_size))

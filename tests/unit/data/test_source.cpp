@@ -58,6 +58,14 @@ TEST_CASE("source: indexed_dataset_prefix tells datasets from text files") {
   CHECK(indexed_dataset_prefix(tmp.path / "missing.idx") == tmp.path / "missing");  // named so: the reader reports it
   CHECK_FALSE(indexed_dataset_prefix(tmp.path / "a.txt").has_value());
   CHECK_FALSE(indexed_dataset_prefix(tmp.path / "missing").has_value());
+  // a file that is also a dataset's prefix: the dataset wins, and file_is_also_dataset_prefix says so
+  CHECK_FALSE(file_is_also_dataset_prefix(tmp.path / "corpus.v2"));  // a prefix, no file of that name
+  CHECK_FALSE(file_is_also_dataset_prefix(tmp.path / "a.txt"));      // a file, no dataset beside it
+  CHECK_FALSE(file_is_also_dataset_prefix(tmp.path / "corpus.v2.idx"));
+  write_text(tmp.path / "corpus.v2", "text beside the dataset");
+  CHECK(file_is_also_dataset_prefix(tmp.path / "corpus.v2"));
+  CHECK(indexed_dataset_prefix(tmp.path / "corpus.v2") == tmp.path / "corpus.v2");
+  std::filesystem::remove(tmp.path / "corpus.v2");
   // only the .bin left: still a dataset, and opening it names the missing index
   std::filesystem::remove(tmp.path / "corpus.v2.idx");
   CHECK(indexed_dataset_prefix(tmp.path / "corpus.v2") == tmp.path / "corpus.v2");
