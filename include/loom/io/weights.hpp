@@ -5,7 +5,8 @@
 /// with its shape, in storage precision (F32 for fp32, BF16 / F16 for 16-bit storage; a 16-bit
 /// model loads any float dtype, rounding); "__metadata__" records the model
 /// config (name, n_layer, n_head, d_model, max_seq, vocab, vocab_padded, the recipe's name as
-/// "arch") and the format version, so a file cannot be loaded into a model of another shape or
+/// "arch", and the whole models::model_spec as JSON, "model_spec", from which a program that
+/// has no compiled instance of the shape compiles one) and the format version, so a file cannot be loaded into a model of another shape or
 /// architecture (files without "arch" are GPT-2's), and "xxh3_64", the checksum of everything
 /// else in the file (weights_checksum), so a flipped bit in a weight or in the metadata is an
 /// error when the file is loaded, not a different model (files without it load unchecked).
@@ -27,6 +28,7 @@
 #include <loom/core/checksum.hpp>
 #include <loom/io/detail/checkpoint_fs.hpp>
 #include <loom/io/safetensors.hpp>
+#include <loom/models/spec.hpp>
 #include <loom/nn/params.hpp>
 
 namespace loom::io {
@@ -38,7 +40,7 @@ std::map<std::string, std::string> model_metadata() {
           {"n_layer", std::to_string(M::n_layer)}, {"n_head", std::to_string(M::n_head)},
           {"d_model", std::to_string(M::d_model)}, {"max_seq", std::to_string(M::max_seq)},
           {"vocab", std::to_string(M::vocab)},     {"vocab_padded", std::to_string(M::vocab_padded)},
-          {"arch", std::string(nn::arch_of<M>().name)}};
+          {"arch", std::string(nn::arch_of<M>().name)}, {"model_spec", models::spec_of<M>().to_json().dump()}};
 }
 
 namespace detail {
@@ -139,7 +141,7 @@ void load_weights(G& model, const std::filesystem::path& path) {
   using M = typename G::model;
   const auto& meta = r.metadata();
   for (const auto& [k, v] : model_metadata<M>()) {
-    if (k == "model" || k == "format") continue;
+    if (k == "model" || k == "format" || k == "model_spec") continue;  // the name, and the sizes' JSON, may differ
     const auto it = meta.find(k);
     const std::string saved = it != meta.end() ? it->second : k == "arch" ? std::string("gpt2") : v;
     if (saved != v)

@@ -145,6 +145,21 @@ struct llama_quickstart {
   static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;
 };
 
+/// An odd Llama for the test that a shape compiled on first use (train/instance_cache.hpp) trains
+/// bitwise as the same shape compiled into the build: 3 layers, 5 query heads of 16 sharing one
+/// key/value head (GQA 5:1), SwiGLU hidden 144, a 1999-token vocabulary padded to 2048 (Megatron's
+/// --make-vocab-size-divisible-by 128), 24 positions. train_gpt's flags for it: --num-layers 3
+/// --hidden-size 80 --num-attention-heads 5 --group-query-attention --num-query-groups 1
+/// --ffn-hidden-size 144 --swiglu --normalization RMSNorm --position-embedding-type rope
+/// --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 1999 --seq-length 24.
+struct odd_gqa {
+  static constexpr std::string_view name = "odd_gqa";
+  static constexpr nn::recipe arch = nn::llama;
+  static constexpr int n_layer = 3, n_head = 5, n_kv_head = 1, d_model = 80, d_ff = 144, max_seq = 24;
+  static constexpr int vocab = 1999, vocab_padded = 2048;
+  static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;
+};
+
 /// A ~100M-parameter Llama: 12 layers, width 768, 12 query heads sharing 4 key/value heads,
 /// SwiGLU hidden 2048, a 32000-token vocabulary (Llama 2's size), 1024 positions.
 struct llama_100m {
@@ -170,7 +185,7 @@ struct llama2_7b {
 static_assert(model_config<tiny> && model_config<char_tiny> && model_config<quickstart> && model_config<bench_small> &&
               model_config<gpt2_small>);
 static_assert(model_config<quickstart_bpe> && model_config<tiny_parallel> && model_config<tiny_untied>);
-static_assert(model_config<llama_tiny> && model_config<llama_quickstart> && model_config<llama_100m> &&
+static_assert(model_config<odd_gqa> && model_config<llama_tiny> && model_config<llama_quickstart> && model_config<llama_100m> &&
               model_config<llama2_7b>);
 
 }  // namespace loom::models
