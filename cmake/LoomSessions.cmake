@@ -19,45 +19,59 @@
 #                                    (train::planned_sessions(); examples/plan, --layout auto)
 # Capacities (micro-batch x sequence) are per model: LOOM_SESSION_CAPACITY_<model> "B;T".
 
-set(_loom_default_sessions
-  # the quickstart models: every precision on one rank and data parallel; the layouts the tests use
-  char_tiny/fp32/tp1pp1/cpu/fused char_tiny/bf16/tp1pp1/cpu/fused char_tiny/fp16/tp1pp1/cpu/fused
-  char_tiny/fp32/tp2pp1/cpu/fused char_tiny/fp32/tp1pp2/cpu/fused char_tiny/fp32/tp2pp2/cpu/fused
-  char_tiny/bf16/tp2pp2/cpu/fused char_tiny/fp16/tp2pp2/cpu/fused char_tiny/fp32/tp1pp1/cpu/reference
-  quickstart/fp32/tp1pp1/cpu/fused quickstart/bf16/tp1pp1/cpu/fused quickstart/fp16/tp1pp1/cpu/fused
-  quickstart/fp32/tp2pp2/cpu/fused quickstart/bf16/tp2pp2/cpu/fused
-  llama_quickstart/fp32/tp1pp1/cpu/fused llama_quickstart/bf16/tp1pp1/cpu/fused llama_quickstart/fp16/tp1pp1/cpu/fused
-  llama_quickstart/fp32/tp2pp2/cpu/fused llama_quickstart/bf16/tp2pp2/cpu/fused
-  quickstart_bpe/fp32/tp1pp1/cpu/fused quickstart_bpe/bf16/tp1pp1/cpu/fused quickstart_bpe/fp16/tp1pp1/cpu/fused
-  quickstart_bpe/fp32/tp2pp1/cpu/fused quickstart_bpe/fp32/tp1pp2/cpu/fused quickstart_bpe/fp32/tp2pp2/cpu/fused
-  quickstart_bpe/bf16/tp2pp2/cpu/fused
-  # the benchmark config and GPT-2 small
-  bench_small/fp32/tp1pp1/cpu/fused bench_small/bf16/tp1pp1/cpu/fused
-  bench_small/fp32/tp2pp2/cpu/fused bench_small/bf16/tp2pp2/cpu/fused
-  gpt2_small/fp32/tp1pp1/cpu/fused gpt2_small/bf16/tp1pp1/cpu/fused
-  gpt2_small/fp32/tp2pp2/cpu/fused gpt2_small/bf16/tp2pp2/cpu/fused)
-if(LOOM_WITH_ASCEND)  # the main job on an NPU (CI: on the emulation)
-  list(APPEND _loom_default_sessions
-    quickstart/fp32/tp1pp1/ascend/fused quickstart/bf16/tp1pp1/ascend/fused
-    quickstart_bpe/fp32/tp1pp1/ascend/fused quickstart_bpe/bf16/tp1pp1/ascend/fused
-    llama_quickstart/bf16/tp1pp1/ascend/fused
-    bench_small/bf16/tp1pp1/ascend/fused)
-endif()
-# plan-only instances: examples/plan and train::choose_layout plan them (train::planned_sessions());
-# nothing of their model is compiled but the plan, so a 7B model costs seconds, not a trainer
+# The default set: the instance the README's first command trains (scripts/quickstart.sh), and
+# with LOOM_BUILD_TESTS the instances the test suite names (its CLI tests, and the equality of a
+# compiled-in and an on-demand instance of one shape). Every other instance is compiled on first
+# use (train::instance_cache).
+set(_loom_default_sessions quickstart_bpe/fp32/tp1pp1/cpu/fused)
 set(_loom_default_plans "")
-if(LOOM_WITH_ASCEND)  # Llama 2 7B on 8 and 64 NPUs, beside MindSpeed-LLM's configurations (docs/memory.md)
-  foreach(tp 1 2 4 8)
-    foreach(pp 1 2 4 8)
-      list(APPEND _loom_default_plans llama2_7b/bf16/tp${tp}pp${pp}/ascend/fused)
+if(LOOM_BUILD_TESTS)
+  list(APPEND _loom_default_sessions
+    # the quickstart models: every precision on one rank and data parallel; the layouts the tests use
+    char_tiny/fp32/tp1pp1/cpu/fused char_tiny/bf16/tp1pp1/cpu/fused char_tiny/fp16/tp1pp1/cpu/fused
+    char_tiny/fp32/tp2pp1/cpu/fused char_tiny/fp32/tp1pp2/cpu/fused char_tiny/fp32/tp2pp2/cpu/fused
+    char_tiny/bf16/tp2pp2/cpu/fused char_tiny/fp16/tp2pp2/cpu/fused char_tiny/fp32/tp1pp1/cpu/reference
+    quickstart/fp32/tp1pp1/cpu/fused quickstart/bf16/tp1pp1/cpu/fused quickstart/fp16/tp1pp1/cpu/fused
+    quickstart/fp32/tp2pp2/cpu/fused quickstart/bf16/tp2pp2/cpu/fused
+    llama_quickstart/fp32/tp1pp1/cpu/fused llama_quickstart/bf16/tp1pp1/cpu/fused llama_quickstart/fp16/tp1pp1/cpu/fused
+    llama_quickstart/fp32/tp2pp2/cpu/fused llama_quickstart/bf16/tp2pp2/cpu/fused
+    quickstart_bpe/bf16/tp1pp1/cpu/fused quickstart_bpe/fp16/tp1pp1/cpu/fused
+    quickstart_bpe/fp32/tp2pp1/cpu/fused quickstart_bpe/fp32/tp1pp2/cpu/fused quickstart_bpe/fp32/tp2pp2/cpu/fused
+    quickstart_bpe/bf16/tp2pp2/cpu/fused
+    # the benchmark config and GPT-2 small
+    bench_small/fp32/tp1pp1/cpu/fused bench_small/bf16/tp1pp1/cpu/fused
+    bench_small/fp32/tp2pp2/cpu/fused bench_small/bf16/tp2pp2/cpu/fused
+    gpt2_small/fp32/tp1pp1/cpu/fused gpt2_small/bf16/tp1pp1/cpu/fused
+    gpt2_small/fp32/tp2pp2/cpu/fused gpt2_small/bf16/tp2pp2/cpu/fused
+    # the shape tests/cli/instances.sh also compiles on first use, from Megatron's flags
+    odd_gqa/fp32/tp1pp1/cpu/fused)
+  if(LOOM_WITH_ASCEND)  # the main job on an NPU (CI: on the emulation)
+    list(APPEND _loom_default_sessions
+      quickstart/fp32/tp1pp1/ascend/fused quickstart/bf16/tp1pp1/ascend/fused
+      quickstart_bpe/fp32/tp1pp1/ascend/fused quickstart_bpe/bf16/tp1pp1/ascend/fused
+      llama_quickstart/bf16/tp1pp1/ascend/fused
+      bench_small/bf16/tp1pp1/ascend/fused)
+    # plan-only instances: examples/plan and train::choose_layout plan them (train::planned_sessions());
+    # nothing of their model is compiled but the plan. Llama 2 7B on 8 and 64 NPUs, beside
+    # MindSpeed-LLM's configurations (docs/memory.md)
+    foreach(tp 1 2 4 8)
+      foreach(pp 1 2 4 8)
+        list(APPEND _loom_default_plans llama2_7b/bf16/tp${tp}pp${pp}/ascend/fused)
+      endforeach()
     endforeach()
-  endforeach()
+  endif()
 endif()
-set(LOOM_PLAN_SESSIONS "${_loom_default_plans}" CACHE STRING
-    "plan-only instances (examples/plan, layout auto): model/precision/tpXppY/device/attention entries")
-set(LOOM_SESSIONS "${_loom_default_sessions}" CACHE STRING
-    "train::session instances compiled into loom::sessions: model/precision/tpXppY/device/attention entries")
+set(LOOM_PLAN_SESSIONS "" CACHE STRING
+    "plan-only instances (examples/plan, layout auto): model/precision/tpXppY/device/attention entries (empty: the default set)")
+set(LOOM_SESSIONS "" CACHE STRING
+    "train::session instances compiled into loom::sessions: model/precision/tpXppY/device/attention entries (empty: the default set)")
 set(LOOM_EXTRA_SESSIONS "" CACHE STRING "instances added to LOOM_SESSIONS (same form)")
+if(NOT LOOM_SESSIONS)
+  set(LOOM_SESSIONS ${_loom_default_sessions})
+endif()
+if(NOT LOOM_PLAN_SESSIONS)
+  set(LOOM_PLAN_SESSIONS ${_loom_default_plans})
+endif()
 
 set(LOOM_SESSION_CAPACITY_char_tiny 8 32)
 set(LOOM_SESSION_CAPACITY_quickstart 16 128)
@@ -66,6 +80,7 @@ set(LOOM_SESSION_CAPACITY_llama_quickstart 16 128)
 set(LOOM_SESSION_CAPACITY_bench_small 8 256)
 set(LOOM_SESSION_CAPACITY_gpt2_small 4 1024)
 set(LOOM_SESSION_CAPACITY_llama2_7b 1 4096)
+set(LOOM_SESSION_CAPACITY_odd_gqa 4 24)
 
 function(loom_add_sessions)
   set(dir "${CMAKE_BINARY_DIR}/sessions")
@@ -235,4 +250,36 @@ ${mpi_case}
   list(LENGTH plan_only plans)
   message(STATUS "loom: ${count} session instances (LOOM_SESSIONS, LOOM_EXTRA_SESSIONS) and ${plans} plan-only "
                  "(LOOM_PLAN_SESSIONS) in loom::sessions")
+endfunction()
+
+# loom_write_instance_toolchain(<target>): <build>/loom-instance-toolchain.json, how <target> (the
+# library of the built-in instances) is compiled — compiler, flags, definitions, include
+# directories — which train::instance_cache (include/loom/train/instance_cache.hpp) reads to
+# compile the instances a program asks for on first use with the same compiler and flags. Its
+# path is compiled into the programs as LOOM_INSTANCE_TOOLCHAIN (LOOM_TOOLCHAIN_FILE overrides).
+function(loom_write_instance_toolchain target)
+  string(TOUPPER "${CMAKE_BUILD_TYPE}" _bt)
+  separate_arguments(_base UNIX_COMMAND "${CMAKE_CXX_FLAGS} ${CMAKE_CXX_FLAGS_${_bt}}")
+  set(base "")
+  foreach(f IN LISTS _base)
+    string(APPEND base "\"${f}\", ")
+  endforeach()
+  set(std "${CMAKE_CXX20_EXTENSION_COMPILE_OPTION}")
+  if(NOT CMAKE_CXX_EXTENSIONS AND DEFINED CMAKE_CXX_EXTENSIONS)
+    set(std "${CMAKE_CXX20_STANDARD_COMPILE_OPTION}")
+  endif()
+  set(q "\"$<COMMA> \"")
+  set(defs "$<TARGET_PROPERTY:${target},COMPILE_DEFINITIONS>")
+  set(incs "$<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>")
+  set(opts "$<TARGET_PROPERTY:${target},COMPILE_OPTIONS>")
+  set(LOOM_INSTANCE_TOOLCHAIN "${CMAKE_BINARY_DIR}/loom-instance-toolchain.json" PARENT_SCOPE)
+  set(LOOM_INSTANCE_TOOLCHAIN "${CMAKE_BINARY_DIR}/loom-instance-toolchain.json" CACHE INTERNAL "")
+  file(GENERATE OUTPUT "${CMAKE_BINARY_DIR}/loom-instance-toolchain.json" CONTENT
+"{
+  \"compiler\": \"${CMAKE_CXX_COMPILER}\",
+  \"include_root\": \"${PROJECT_SOURCE_DIR}/include\",
+  \"flags\": [${base}\"${std}\", \"$<JOIN:${opts},${q}>\", \"-D$<JOIN:${defs},${q}-D>\"],
+  \"includes\": [\"$<JOIN:${incs},${q}>\"]
+}
+")
 endfunction()
