@@ -20,6 +20,7 @@
 // verified. Errors (missing/corrupt file, unknown model, missing or other tokenizer, a tokenizer
 // for byte-level weights, bad flag) exit with status 2 and one line naming the problem and the fix.
 #include "cli.hpp"  // CLI11 and parse_or_exit
+#include "on_demand.hpp"  // instance_cache()
 #include "generate_text.hpp"
 #include "tokenizer_checksum.hpp"
 
@@ -189,11 +190,18 @@ int main(int argc, char** argv) {
     if ((name == "quickstart_bpe" || name == "llama_quickstart") && o.tokenizer.empty() && !bytes)  // others: bytes
       throw loom::input_error("weights file '" + o.weights + "' is for model " + name + ", whose ids are SentencePiece "
                               "tokens; pass --tokenizer PREFIX.model, the tokenizer of the data it was trained on");
-    const auto whole = loom::train::find_whole_model(loom::train::compiled_sessions(), name);
-    if (!whole)
-      throw loom::input_error("weights file '" + o.weights + "' is for model '" + name +
-                              "', which this sample program does not know (it knows " + loom::models::model_names() +
-                              "); use weights written by train_gpt");
+    auto whole = loom::train::find_whole_model(loom::train::compiled_sessions(), name);
+    if (!whole) {  // a shape this program does not contain: its whole model, compiled on first use
+      const auto spec = file.metadata().find("model_spec");
+      if (spec == file.metadata().end())
+        throw loom::input_error("weights file '" + o.weights + "' is for model '" + name +
+                                "', which this sample program does not contain, and records no model_spec to compile "
+                                "it from; use weights written by train_gpt");
+      loom::train::instance_request r;
+      r.spec = loom::models::model_spec::from_json(nlohmann::json::parse(spec->second), o.weights + " (model_spec)");
+      r.whole_only = true, r.seq_len = r.spec.max_seq;
+      whole = loom_examples::instance_cache().get(r, &std::cerr).whole;
+    }
     return run(o, *whole(o.seed));
   } catch (const loom::input_error& e) {
     std::fprintf(stderr, "sample: error: %s\n", e.what());

@@ -78,6 +78,8 @@
 #endif
 
 #include <algorithm>
+#include <iostream>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -94,7 +96,9 @@
 
 #include "cli.hpp"  // parse_or_exit
 #include "layout_auto.hpp"  // --layout auto
+#include "on_demand.hpp"  // instance_cache()
 #include "train_gpt/flags.hpp"
+#include "train_gpt/model_flags.hpp"
 #include "train_gpt/options.hpp"
 #include "train_gpt/run.hpp"  // the run loop, compiled once (train_gpt/run.cpp)
 
@@ -153,33 +157,57 @@ int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv, F
 }
 
 /// --list-instances: the compiled instances, one per line, only those matching --model, --precision, --layout,
-/// --device and --attention where the flag was given (e.g. `--list-instances --device ascend`).
+/// --device and --attention where the flag was given (e.g. `--list-instances --device ascend`), then the
+/// instances compiled on first use in the cache.
 void list_instances(const options& o, const CLI::App& app) {
   auto given = [&](const char* flag, std::string_view want, std::string_view have) {
     return app.count(flag) == 0 || want == have;
   };
-  std::printf("compiled instances (model precision layout device attention; each runs on one rank, --ranks N threads "
-              "or mpirun, with data parallelism on top):\n");
+  std::printf("compiled into this train_gpt (model precision layout device attention; each runs on one rank, --ranks N "
+              "threads or mpirun, with data parallelism on top):\n");
   for (const auto& i : loom::train::compiled_sessions())
     if (given("--model", o.model, i.model) && given("--precision", o.precision, i.precision) &&
         given("--layout", o.layout, i.layout()) && given("--device", o.device, i.device) &&
         given("--attention", o.attention, i.attention))
       std::printf("  %s  (micro-batch <= %d, seq <= %d)\n", i.describe().c_str(), i.micro_batch, i.seq_len);
+  try {
+    auto& cache = loom_examples::instance_cache();
+    const auto cached = cache.list();
+    std::printf("compiled on first use, in %s (%zu; any other is compiled when a run asks for it):\n",
+                cache.dir().c_str(), cached.size());
+    for (const auto& c : cached)
+      std::printf("  %s  [%s]%s\n", c.description.c_str(), c.key.c_str(), c.valid ? "" : "  (damaged: rebuilt on use)");
+  } catch (const loom::input_error& e) {
+    std::printf("no instances compile on first use here: %s\n", e.what());
+  }
 }
 
-/// The compiled instance for the flags; throws loom::input_error naming the CMake setting that
-/// adds it when there is none.
-const loom::train::session_instance& choose_instance(const options& o, int tp, int pp) {
+/// The instance for the flags: the build's own when one serves the model, precision, layout,
+/// device and attention with capacities >= --micro-batch x --seq-len, else one compiled on first
+/// use (train::instance_cache; exactly --micro-batch x --seq-len, the preset's capacity and the
+/// model's positions when they are not given). Throws loom::input_error for a request that
+/// cannot be built and when nothing can be compiled here (naming the CMake setting).
+const loom::train::session_instance& choose_instance(const options& o, const loom::models::model_spec& spec, int tp,
+                                                     int pp, bool compile_only) {
   const auto all = loom::train::compiled_sessions();
-  if (const auto* i = loom::train::find_session(all, o.model, o.precision, tp, pp, o.device, o.attention)) return *i;
-  if (o.device == "ascend" && o.attention != "fused")
-    throw loom::input_error("--device ascend --attention " + o.attention + ": on the NPU attention is the fused "
-                            "aclnnFlashAttentionScore only; pass --attention fused");
-  const std::string entry = o.model + "/" + o.precision + "/" + o.layout + "/" + o.device + "/" + o.attention;
-  throw loom::input_error("--model " + o.model + " --precision " + o.precision + " --layout " + o.layout +
-                          " --device " + o.device + " --attention " + o.attention +
-                          " is not compiled into this train_gpt (train_gpt --list-instances shows what is); add it "
-                          "with cmake -DLOOM_EXTRA_SESSIONS=" + entry + " and rebuild");
+  int capacity = 0;
+  for (const auto& i : all)
+    if (i.model == spec.name) capacity = std::max(capacity, i.micro_batch);
+  if (!compile_only)
+    for (const auto& i : all)
+      if (i.serves(spec.name, o.precision, tp, pp, o.device, o.attention) && o.micro_batch <= i.micro_batch &&
+          o.seq_len <= i.seq_len)
+        return i;
+  loom::train::instance_request r;
+  r.spec = spec, r.precision = o.precision, r.tp = tp, r.pp = pp, r.device = o.device, r.attention = o.attention;
+  r.micro_batch = o.micro_batch > 0 ? o.micro_batch : capacity > 0 ? capacity : 4;
+  r.seq_len = o.seq_len > 0 ? o.seq_len : spec.max_seq;
+  if (auto p = r.problem(); !p.empty()) throw loom::input_error(p);
+  auto& cache = loom_examples::instance_cache();
+  const auto& i = cache.get(r, &std::cout);
+  std::printf("on-demand instance %s (compiled on first use, cached in %s)\n", r.describe().c_str(),
+              cache.dir().c_str());
+  return i;
 }
 
 /// --layout auto: train::choose_layout among the compiled instances of --model, --precision,
@@ -267,6 +295,8 @@ int main(int argc, char** argv) {
   CLI::App app{"train_gpt: train a GPT on a UTF-8 text file (byte tokens) or a prepare_data dataset (SentencePiece ids) "
                "(any compiled model, precision and layout), then sample from it"};
   train_gpt_cli::add_flags(app, o);
+  train_gpt_cli::model_options mo;
+  train_gpt_cli::add_model_flags(app, mo);
   loom_examples::parse_or_exit(app, argc, argv);
   if (o.list_instances) {
     list_instances(o, app);
@@ -274,7 +304,20 @@ int main(int argc, char** argv) {
   }
   try {
     const auto prefix = loom::data::indexed_dataset_prefix(o.data);
+    // a shape from flags or a config.json names the model; a preset is resolved after check_flags
+    // (which picks quickstart_bpe for a dataset)
+    const bool custom = train_gpt_cli::shape_from_flags(app) || !mo.model_config.empty() ||
+                        (!o.init_from_hf.empty() && app.count("--model") == 0);
+    std::optional<loom::models::model_spec> spec;
+    if (custom) {
+      if (o.layout == "auto")
+        throw loom::input_error("--layout auto chooses among the build's compiled instances; with a shape from flags or "
+                                "a config.json pass --layout tp<TP>pp<PP> (examples/plan ranks the layouts)");
+      spec = train_gpt_cli::resolve_model(o, mo, app, prefix.has_value(), train_gpt_cli::parse_layout(o.layout).first);
+      o.model = spec->name;
+    }
     auto layout = train_gpt_cli::check_flags(o, app, prefix.has_value());
+    if (!spec) spec = train_gpt_cli::resolve_model(o, mo, app, prefix.has_value(), 1);
 #if LOOM_WITH_TEXT
     if (prefix)  // the dataset's tokenizer is there, before the layout search, the peak probe and the ranks
       if (const auto why = loom::data::missing_dataset_tokenizer(*prefix))
@@ -287,7 +330,11 @@ int main(int argc, char** argv) {
     const auto [tp, pp] = layout;
     const auto kind = o.comm == "mpi" ? world_ref::kind::mpi : o.ranks > 1 || tp * pp > 1 ? world_ref::kind::threads
                                                                                           : world_ref::kind::none;
-    const auto& inst = choose_instance(o, tp, pp);  // before any rank starts
+    const auto& inst = choose_instance(o, *spec, tp, pp, mo.compile_only);  // before any rank starts
+    if (mo.compile_only) {
+      std::printf("train_gpt: %s is ready (--compile-only)\n", inst.describe().c_str());
+      return 0;
+    }
     const auto npu = o.device == "ascend" ? load_npu_runtime() : nullptr;
     if (npu) check_npus(o, *npu);
     if (o.zero1 && o.comm == "threads" && o.ranks / (tp * pp) < 2)

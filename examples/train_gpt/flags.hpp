@@ -23,6 +23,7 @@
 #include <loom/io/checkpoint/manifest.hpp>  // list_checkpoints, parse_checkpoint_dir_name
 #include <loom/io/trace.hpp>
 #include <loom/models/registry.hpp>
+#include <loom/models/spec.hpp>
 
 #include "options.hpp"
 
@@ -57,14 +58,15 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--data", o.data, "UTF-8 text file (e.g. ../shared/data/tinyshakespeare.txt), or a dataset written by "
                                    "prepare_data: its prefix or its .idx/.bin (e.g. out/shakespeare); required");
   std::vector<std::string> models;
-  for (const auto& m : loom::models::named_models) models.emplace_back(m.name);
+  for (const auto& m : loom::models::preset_specs()) models.emplace_back(m.name);
   app.add_option("--model", o.model,
-                 "model config: " + loom::models::model_names() +
+                 "model preset: " + loom::models::model_names() + ", llama_100m, llama2_7b, odd_gqa; or the shape "
+                 "flags below, or --model-config" +
                      " (default: quickstart for a text file, quickstart_bpe for a dataset)")
       ->check(CLI::IsMember(models));
   app.add_option("--steps", o.steps, "optimizer steps (>= 1)")->check(whole_number(1));
   app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch, 1..compiled capacity (0 or unset: the capacity)");
-  app.add_option("--seq-len", o.seq_len, "tokens per sequence (default: the model's maximum)");
+  app.add_option("--seq-len,--seq-length", o.seq_len, "tokens per sequence (default: the model's maximum)");
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");
   app.add_option("--lr", o.lr, "peak learning rate");
   app.add_option("--min-lr", o.min_lr, "learning-rate floor after the cosine decay");
@@ -305,7 +307,7 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
     throw loom::input_error("--warmup " + std::to_string(o.warmup) + " exceeds --decay-steps " +
                             std::to_string(o.decay_steps) + ": the decay would end before the warm-up; pass --decay-steps >= " +
                             std::to_string(o.warmup));
-  if (app.count("--model") == 0 && data_is_dataset) o.model = "quickstart_bpe";
+  if (app.count("--model") == 0 && data_is_dataset && loom::models::find_model(o.model)) o.model = "quickstart_bpe";
   if (app.count("--log-every") > 0) o.redraw = 0;  // asked for lines every N steps: keep each one
   if (app.count("--log-dir") == 0) o.log_dir = default_log_dir(o.out);
   using flag_value = std::pair<const char*, double>;

@@ -321,7 +321,7 @@ void check_capacities(const options& o, const loom::train::session_instance& ins
                       const loom::train::session_args& args) {
   using loom::input_error;
   if (args.cfg.seq_len > 0) {
-    const auto* m = loom::models::find_model(inst.model);
+    const auto* m = inst.facts;
     if (m && args.cfg.seq_len > m->max_seq)
       throw input_error("--seq-len " + std::to_string(o.seq_len) + " exceeds the maximum sequence length " +
                         std::to_string(m->max_seq) + " of model " + std::string(m->name) + "; pass --seq-len <= " +
