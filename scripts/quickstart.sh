@@ -27,8 +27,12 @@ if [[ -f "$build_dir/CMakeCache.txt" ]] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=
   echo "quickstart: $build_dir/ was configured with another generator; remove it or set LOOM_BUILD_DIR" >&2
   exit 1
 fi
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
-cmake --build "$build_dir" --target prepare_data train_gpt sample report
+# a new build directory gets the quickstart's build: the programs and the one instance it trains
+# (tests off; scripts/test.sh turns them on); an existing one keeps its settings
+fresh=()
+[[ -f "$build_dir/CMakeCache.txt" ]] || fresh=(-DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_BENCHMARKS=OFF)
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${fresh[@]}" > /dev/null
+cmake --build "$build_dir" --target prepare_data train_gpt sample
 mkdir -p out
 # the dataset is prepared again unless this script prepared it from the same input: the stamp
 # out/shakespeare.quickstart records the input's path, size and modification time, and is newer

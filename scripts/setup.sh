@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package loom needs to build, test and run its examples.
-#   scripts/setup.sh            build + test dependencies
+#   scripts/setup.sh            what loom needs to build and run its programs (the quickstart)
+#   scripts/setup.sh --test     also what only the test suite uses (clang for the fuzzers, Chromium)
 #   scripts/setup.sh --golden   also python3-torch and python3-numpy (only to regenerate
 #                               tests/golden/; the tests themselves never need PyTorch)
 # Non-interactive and idempotent: when every package is installed already it does not touch apt.
@@ -15,14 +16,17 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
   libdnnl-dev ocl-icd-opencl-dev   # oneDNN: the fp32 GEMM behind kernels::cpu::gemm (optional;
                                    # Eigen without it); its CMake config needs the OpenCL headers
-  clang libclang-rt-14-dev   # only for the fuzz_<target> tests (libFuzzer + sanitizers)
-  chromium   # only for the cli_report test's headless screenshot: 115 MB download, ~30 s install
+)
+test_packages=(
+  clang libclang-rt-14-dev   # the fuzz_<target> tests (libFuzzer + sanitizers)
+  chromium   # the cli_report test's headless screenshot: 115 MB download, ~30 s install
 )
 for arg in "$@"; do
   case "$arg" in
+    --test) packages+=("${test_packages[@]}") ;;
     --golden) packages+=(python3-torch python3-numpy) ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown argument '$arg'; use --golden or nothing" >&2; exit 2 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg'; use --test, --golden or nothing" >&2; exit 2 ;;
   esac
 done
 

@@ -13,11 +13,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build_dir="${LOOM_BUILD_DIR:-build}"
 jobs="${LOOM_JOBS:-$(nproc)}"
 
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 if [[ -f "$build_dir/CMakeCache.txt" ]] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$build_dir/CMakeCache.txt"; then
   echo "test.sh: $build_dir/ was configured with another generator; remove it or set LOOM_BUILD_DIR" >&2
   exit 1
 fi
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_BENCH_IN_ALL=OFF
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_BENCH_IN_ALL=OFF -DLOOM_BUILD_TESTS=ON
 cmake --build "$build_dir" -j "$jobs"
 ctest --test-dir "$build_dir" --output-on-failure -j2 "$@"
