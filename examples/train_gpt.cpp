@@ -273,8 +273,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    train_gpt_cli::apply_megatron_flags(o, app);  // Megatron-LM's names, --data-path first
     const auto prefix = loom::data::indexed_dataset_prefix(o.data);
     auto layout = train_gpt_cli::check_flags(o, app, prefix.has_value());
+    for (const auto& note : o.notes) std::fprintf(stderr, "train_gpt: %s\n", note.c_str());
 #if LOOM_WITH_TEXT
     if (prefix)  // the dataset's tokenizer is there, before the layout search, the peak probe and the ranks
       if (const auto why = loom::data::missing_dataset_tokenizer(*prefix))
@@ -288,6 +290,7 @@ int main(int argc, char** argv) {
     const auto kind = o.comm == "mpi" ? world_ref::kind::mpi : o.ranks > 1 || tp * pp > 1 ? world_ref::kind::threads
                                                                                           : world_ref::kind::none;
     const auto& inst = choose_instance(o, tp, pp);  // before any rank starts
+    if (o.comm != "mpi") train_gpt_cli::derive_grad_accum(o, app, inst.micro_batch, o.ranks / (tp * pp));
     const auto npu = o.device == "ascend" ? load_npu_runtime() : nullptr;
     if (npu) check_npus(o, *npu);
     if (o.zero1 && o.comm == "threads" && o.ranks / (tp * pp) < 2)
@@ -299,6 +302,9 @@ int main(int argc, char** argv) {
 #if LOOM_WITH_MPI
       if (world.type == world_ref::kind::mpi && tp * pp > 1)
         train_gpt_cli::check_world_size(tp, pp, static_cast<loom::comm::mpi*>(world.comm)->size());
+      if (world.type == world_ref::kind::mpi)  // --global-batch-size: the world is known now
+        train_gpt_cli::derive_grad_accum(o, app, inst.micro_batch,
+                                         static_cast<loom::comm::mpi*>(world.comm)->size() / (tp * pp));
 #endif
       return train_gpt_cli::run(o, inst, world, npu);
     });

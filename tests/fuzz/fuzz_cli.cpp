@@ -48,6 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   try {
+    train_gpt_cli::apply_megatron_flags(o, app);
     const auto [tp, pp] = train_gpt_cli::check_flags(o, app, data[0] & 1);
     loom_fuzz::require(tp >= 1 && pp >= 1 && tp * pp <= 99 * 99, "a layout outside tp1..99 pp1..99");
     loom_fuzz::require(std::isfinite(o.lr) && std::isfinite(o.bucket_mb) && std::isfinite(o.comm_timeout),
