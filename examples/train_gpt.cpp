@@ -53,6 +53,10 @@
 // changes).
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --precision bf16
 //
+// Megatron-LM's names for the training flags are aliases (--train-iters, --micro-batch-size,
+// --global-batch-size, --save/--load, ...; docs/megatron.md); a flag that only tunes PyTorch
+// internals is accepted with a note, one for a feature loom lacks is refused by name.
+//
 // Dropout (docs/model.md): --dropout P drops with probability P on the embedding, the attention
 // probabilities and both residual branches while training (GPT-2 used 0.1), never in validation
 // or sampling; off by default; masks are counter-based, so --resume and every --layout see the

@@ -541,7 +541,10 @@ inline void derive_grad_accum(options& o, const CLI::App& app, int capacity, int
 /// --resume directory without checkpoints (check_checkpoint_paths), a --profile-steps window
 /// outside the run, an --early-stop without periodic evaluations, an --out naming a directory, a
 /// --layout that is malformed, does not divide the model or does not fit --ranks, a missing
-/// --data. With --layout auto returns {0, 0}: main() chooses the layout, then calls this again.
+/// --data, a dataset's PREFIX.json or PREFIX.model as --data, and a flag that would have no
+/// effect: --save-every, --keep or --stop-at-step without a checkpoint directory, --stop-at-step
+/// not before --steps. Adds a warning to o.notes for --loss-scale without fp16 and for the
+/// sampling flags with --sample-tokens 0. Call apply_megatron_flags first. With --layout auto returns {0, 0}: main() chooses the layout, then calls this again.
 /// Whether the combination is compiled is train_gpt's main() question (train::compiled_sessions()).
 inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool data_is_dataset) {
   if (o.data.empty()) throw loom::input_error("--data is required: pass a UTF-8 text file or a prepare_data dataset");

@@ -290,9 +290,13 @@ warn_run() {  # warn_run <pattern> <flags...>: a 1-step run succeeds with a stde
     echo "FAILED: $* -> wanted one stderr line matching /$pattern/, got: $(cat "$work/stderr")"; fail=$((fail + 1))
   fi
 }
-warn_run "^train_gpt: warning: --loss-scale \(--initial-loss-scale\) 4096 has no effect with --precision bf16: only fp16 scales the loss$" \
-  --sample-tokens 0 --bf16 --initial-loss-scale 4096
-warn_run "^train_gpt: warning: --loss-scale .* has no effect with --precision fp32" --sample-tokens 0 --loss-scale 1024
+warn_run "^train_gpt: warning: --loss-scale \(--initial-loss-scale\) 4096 has no effect with --precision fp32: only fp16 scales the loss$" \
+  --sample-tokens 0 --initial-loss-scale 4096
+warn_run "^train_gpt: warning: --loss-scale .* 1024 has no effect with --precision fp32" --sample-tokens 0 --loss-scale 1024
+# with --bf16 the same warning, before training (checked whatever the bf16 run then does on this CPU)
+"$t" --data "$work/ok.txt" --model char_tiny --steps 1 --eval-every 0 --log-dir '' --peak-gflops 100 --sample-tokens 0 \
+  --out "$work/warn.safetensors" --bf16 --loss-scale 512 >/dev/null 2>"$work/stderr" || true
+check "--loss-scale with --bf16 warns" grep -qx "train_gpt: warning: --loss-scale (--initial-loss-scale) 512 has no effect with --precision bf16: only fp16 scales the loss" "$work/stderr"
 warn_run "^train_gpt: warning: --top-k has no effect with --sample-tokens 0 \(no sample\)$" --sample-tokens 0 --top-k 5
 warn_run "^train_gpt: warning: --temperature has no effect with --sample-tokens 0" --sample-tokens 0 --temperature 0.5
 warn_run "^train_gpt: warning: --lr-decay-style constant keeps the learning rate at --lr after the warm-up: --min-lr 1e-05 has no effect$" \
