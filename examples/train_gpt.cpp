@@ -53,6 +53,10 @@
 // changes).
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --precision bf16
 //
+// Megatron-LM's names for the training flags are aliases (--train-iters, --micro-batch-size,
+// --global-batch-size, --save/--load, ...; docs/megatron.md); a flag that only tunes PyTorch
+// internals is accepted with a note, one for a feature loom lacks is refused by name.
+//
 // Dropout (docs/model.md): --dropout P drops with probability P on the embedding, the attention
 // probabilities and both residual branches while training (GPT-2 used 0.1), never in validation
 // or sampling; off by default; masks are counter-based, so --resume and every --layout see the
@@ -303,6 +307,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    train_gpt_cli::apply_megatron_flags(o, app);  // Megatron-LM's names, --data-path first
     const auto prefix = loom::data::indexed_dataset_prefix(o.data);
     // a shape from flags or a config.json names the model; a preset is resolved after check_flags
     // (which picks quickstart_bpe for a dataset)
@@ -318,6 +323,7 @@ int main(int argc, char** argv) {
     }
     auto layout = train_gpt_cli::check_flags(o, app, prefix.has_value());
     if (!spec) spec = train_gpt_cli::resolve_model(o, mo, app, prefix.has_value(), 1);
+    for (const auto& note : o.notes) std::fprintf(stderr, "train_gpt: %s\n", note.c_str());
 #if LOOM_WITH_TEXT
     if (prefix)  // the dataset's tokenizer is there, before the layout search, the peak probe and the ranks
       if (const auto why = loom::data::missing_dataset_tokenizer(*prefix))
@@ -335,6 +341,7 @@ int main(int argc, char** argv) {
       std::printf("train_gpt: %s is ready (--compile-only)\n", inst.describe().c_str());
       return 0;
     }
+    if (o.comm != "mpi") train_gpt_cli::derive_grad_accum(o, app, inst.micro_batch, o.ranks / (tp * pp));
     const auto npu = o.device == "ascend" ? load_npu_runtime() : nullptr;
     if (npu) check_npus(o, *npu);
     if (o.zero1 && o.comm == "threads" && o.ranks / (tp * pp) < 2)
@@ -346,6 +353,9 @@ int main(int argc, char** argv) {
 #if LOOM_WITH_MPI
       if (world.type == world_ref::kind::mpi && tp * pp > 1)
         train_gpt_cli::check_world_size(tp, pp, static_cast<loom::comm::mpi*>(world.comm)->size());
+      if (world.type == world_ref::kind::mpi)  // --global-batch-size: the world is known now
+        train_gpt_cli::derive_grad_accum(o, app, inst.micro_batch,
+                                         static_cast<loom::comm::mpi*>(world.comm)->size() / (tp * pp));
 #endif
       return train_gpt_cli::run(o, inst, world, npu);
     });

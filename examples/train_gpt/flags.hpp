@@ -52,9 +52,104 @@ inline std::string shortest(double v) {
   return buf;
 }
 
+/// A Megatron-LM flag that only tunes PyTorch or GPU internals: accepted, with a note of what
+/// loom does instead (apply_megatron_flags). `values`: the accepted values ("" for a switch,
+/// "*" for any value).
+struct internals_flag {
+  const char* flag;
+  const char* values;
+  const char* note;
+};
+inline constexpr internals_flag megatron_internals[] = {
+    {"--use-flash-attn", "", "loom's attention is a fused flash-style kernel already (--attention fused, the default)"},
+    {"--use-fused-rmsnorm", "", "loom's normalisation is its own kernel; there is nothing to switch"},
+    {"--no-masked-softmax-fusion", "", "loom's causal softmax is part of its attention kernel (--attention fused|reference)"},
+    {"--no-bias-dropout-fusion", "", "loom's kernels are its own; there is no bias-dropout fusion to turn off"},
+    {"--no-bias-gelu-fusion", "", "loom's kernels are its own; there is no bias-GELU fusion to turn off"},
+    {"--no-rope-fusion", "", "loom's rotary embedding is its own kernel; there is no fusion to turn off"},
+    {"--use-fused-rotary-pos-emb", "", "loom's rotary embedding is its own kernel already"},
+    {"--use-fused-swiglu", "", "loom's SwiGLU is its own kernel already"},
+    {"--transformer-impl", "local|transformer_engine", "loom's transformer is its own implementation (include/loom/nn)"},
+    {"--use-mcore-models", "", "loom's models are its own (include/loom/models)"},
+    {"--no-gradient-accumulation-fusion", "", "loom's weight-gradient GEMMs are its own; there is no fusion to turn off"},
+    {"--overlap-grad-reduce", "", "loom overlaps the data-parallel gradient all-reduce with the backward pass by default "
+                                  "(--no-overlap turns it off)"},
+    {"--distributed-backend", "nccl|gloo|hccl", "loom chooses the communicator by --comm (threads or mpi) and --device "
+                                                "(HCCL between NPUs)"},
+    {"--tokenizer-type", "*", "loom uses the tokenizer of the --data dataset (its PREFIX.model, recorded in PREFIX.json); "
+                              "a text file trains on bytes"},
+    {"--tokenizer-model", "*", "loom uses the tokenizer of the --data dataset (its PREFIX.model, recorded in PREFIX.json); "
+                               "a text file trains on bytes"},
+};
+
+/// Megatron-LM's names for what loom has under another form, or lacks (add_flags registers the
+/// plain aliases, "--steps,--train-iters"); apply_megatron_flags maps or refuses them.
+inline void add_megatron_flags(CLI::App& app, options& o) {
+  const char* group = "Megatron-LM names (docs/megatron.md)";
+  app.add_option("--data-path", o.data_path, "Megatron's --data: one dataset PREFIX (a weighted blend is refused)")
+      ->expected(1, -1)->group(group);
+  app.add_option("--load", o.load,
+                 "Megatron's --resume: continue from the newest checkpoint in DIR; when DIR is --save's and holds "
+                 "none yet, start from step 0 (as Megatron)")->group(group);
+  app.add_option("--lr-decay-style", o.lr_decay_style,
+                 "cosine (loom's schedule: linear warm-up, cosine decay to --min-lr) or constant (--min-lr = --lr)")
+      ->group(group);
+  app.add_option("--lr-warmup-fraction", o.lr_warmup_fraction,
+                 "warm-up as a fraction of the decay steps (--lr-decay-iters, default --train-iters), rounded to "
+                 "whole steps; instead of --lr-warmup-iters")->group(group);
+  app.add_option("--adam-beta1", o.adam_beta1, "AdamW's beta1, 0 <= beta1 < 1")->group(group);
+  app.add_option("--adam-beta2", o.adam_beta2, "AdamW's beta2, 0 <= beta2 < 1 (loom's default 0.95; Megatron's 0.999)")
+      ->group(group);
+  app.add_option("--adam-eps", o.adam_eps, "AdamW's epsilon (> 0)")->group(group);
+  app.add_option("--init-method-std", o.init_method_std,
+                 "weights' initial standard deviation: loom's is 0.02 (residual projections 0.02/sqrt(2 x layers), "
+                 "as Megatron's scaled init); other values are refused")->group(group);
+  app.add_flag("--bf16", o.bf16, "--precision bf16")->group(group);
+  app.add_flag("--fp16", o.fp16, "--precision fp16")->group(group);
+  app.add_option("--tensor-model-parallel-size", o.tp_size, "--layout tp<T>pp<P>'s T")->check(CLI::Range(1, 99))->group(group);
+  app.add_option("--pipeline-model-parallel-size", o.pp_size, "--layout tp<T>pp<P>'s P")->check(CLI::Range(1, 99))->group(group);
+  app.add_option("--recompute-granularity", o.recompute_granularity, "--recompute full or selective")
+      ->check(CLI::IsMember({"full", "selective"}))->group(group);
+  app.add_flag("--recompute-activations", o.recompute_activations, "--recompute selective")->group(group);
+  app.add_option("--recompute-method", o.recompute_method,
+                 "with --recompute-granularity full: uniform with --recompute-num-layers 1 (loom recomputes each "
+                 "layer from its own input); block and groups of layers are refused")
+      ->check(CLI::IsMember({"uniform", "block"}))->group(group);
+  app.add_option("--recompute-num-layers", o.recompute_num_layers, "see --recompute-method (1 only)")
+      ->check(CLI::Range(1, 1 << 20))->group(group);
+  app.add_flag("--sequence-parallel", o.sequence_parallel, "refused: loom has no sequence parallelism yet")->group(group);
+  app.add_option("--context-parallel-size", o.context_parallel_size, "1 only: loom has no context parallelism yet")
+      ->check(CLI::Range(1, 1 << 20))->group(group);
+  app.add_option("--num-experts", o.num_experts, "refused: loom has no mixture-of-experts layers yet")->group(group);
+  app.add_option("--expert-model-parallel-size", o.expert_parallel_size, "1 only: loom has no mixture-of-experts layers yet")
+      ->check(CLI::Range(1, 1 << 20))->group(group);
+  app.add_option("--virtual-pipeline-model-parallel-size", o.virtual_pipeline_size,
+                 "1 only: loom's pipeline is 1F1B without interleaved stages")->check(CLI::Range(1, 1 << 20))->group(group);
+  app.add_option("--split", o.split, "refused: loom holds out --val-fraction of the data and has no test split")
+      ->group(group);
+  for (const auto& f : megatron_internals) {
+    const std::string help = std::string("accepted, changes nothing: ") + f.note;
+    if (*f.values == 0) {
+      app.add_flag(f.flag, help)->group(group);
+    } else {
+      auto* opt = app.add_option(f.flag, help)->type_name("TEXT")->expected(1)->group(group);
+      if (std::string(f.values) != "*") {
+        std::vector<std::string> allowed;
+        for (std::string v = f.values; !v.empty();) {
+          const auto bar = v.find('|');
+          allowed.push_back(v.substr(0, bar));
+          v = bar == std::string::npos ? "" : v.substr(bar + 1);
+        }
+        opt->check(CLI::IsMember(allowed));
+      }
+    }
+  }
+}
+
 /// Registers every flag of train_gpt on `app`; parsing writes them into `o`, which must
 /// outlive `app`. The flags' help strings are train_gpt's --help.
 inline void add_flags(CLI::App& app, options& o) {
+  app.option_defaults()->always_capture_default();  // --help shows every default
   app.add_option("--data", o.data, "UTF-8 text file (e.g. ../shared/data/tinyshakespeare.txt), or a dataset written by "
                                    "prepare_data: its prefix or its .idx/.bin (e.g. out/shakespeare); required");
   std::vector<std::string> models;
@@ -64,19 +159,20 @@ inline void add_flags(CLI::App& app, options& o) {
                  "flags below, or --model-config" +
                      " (default: quickstart for a text file, quickstart_bpe for a dataset)")
       ->check(CLI::IsMember(models));
-  app.add_option("--steps", o.steps, "optimizer steps (>= 1)")->check(whole_number(1));
-  app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch, 1..compiled capacity (0 or unset: the capacity)");
+  app.add_option("--steps,--train-iters", o.steps, "optimizer steps (>= 1)")->check(whole_number(1));
+  app.add_option("--micro-batch,--micro-batch-size", o.micro_batch,
+                 "sequences per micro-batch (0 or unset: a compiled instance's capacity, 4 for one compiled on first use)");
   app.add_option("--seq-len,--seq-length", o.seq_len, "tokens per sequence (default: the model's maximum)");
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");
   app.add_option("--lr", o.lr, "peak learning rate");
   app.add_option("--min-lr", o.min_lr, "learning-rate floor after the cosine decay");
-  app.add_option("--warmup", o.warmup, "linear warm-up steps (<= --steps)")->check(whole_number(0));
-  app.add_option("--decay-steps", o.decay_steps,
+  app.add_option("--warmup,--lr-warmup-iters", o.warmup, "linear warm-up steps (<= --steps; default: --steps / 10, at most 100)")->check(whole_number(0));
+  app.add_option("--decay-steps,--lr-decay-iters", o.decay_steps,
                  "step at which the cosine decay reaches --min-lr, which stays after it (default: --steps; "
                  "pass a checkpoint's to extend its run on the same schedule)")
       ->check(whole_number(1));
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (matrices only)");
-  app.add_option("--max-grad-norm", o.max_grad_norm, "clip the global gradient norm (0: off)");
+  app.add_option("--max-grad-norm,--clip-grad", o.max_grad_norm, "clip the global gradient norm (0: off)");
   app.add_option("--dropout", o.dropout,
                  "dropout probability P, 0 <= P < 1, on the embedding, the attention probabilities and both residual "
                  "branches while training (not in validation or sampling); 0 (default): off; CPU only");
@@ -86,10 +182,11 @@ inline void add_flags(CLI::App& app, options& o) {
                  "less activation memory, more time")
       ->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_option("--val-fraction", o.val_fraction, "held out for validation: a fraction of a text file's bytes, of a dataset's documents");
-  app.add_option("--eval-every", o.eval_every, "steps between validation evaluations (0: only at the end)")
+  app.add_option("--eval-every,--eval-interval", o.eval_every, "steps between validation evaluations (0: only at the end)")
       ->check(whole_number(0));
-  app.add_option("--eval-windows", o.eval_windows,
-                 "validation windows per periodic evaluation: the first N of the validation split (all if it has fewer)")
+  app.add_option("--eval-windows,--eval-iters", o.eval_windows,
+                 "validation windows (sequences) per periodic evaluation: the first N of the validation split (all if "
+                 "it has fewer); as --eval-iters it counts sequences, not Megatron's global batches")
       ->check(CLI::Range(1, 1 << 30));
   app.add_option("--early-stop", o.early_stop,
                  "PATIENCE: end training when the validation loss has not improved for PATIENCE periodic evaluations "
@@ -122,9 +219,9 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--precision", o.precision,
                  "fp32, bf16 (16-bit weights/activations, fp32 masters) or fp16 (same, with dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+  app.add_option("--checkpoint-dir,--save", o.checkpoint_dir,
                  "save checkpoints here (step_NNNNNNNN/ directories and a 'latest' pointer; off by default)");
-  app.add_option("--save-every", o.save_every, "steps between checkpoints (0: only at the end of the run)")
+  app.add_option("--save-every,--save-interval", o.save_every, "steps between checkpoints (0: only at the end of the run)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--keep", o.keep, "newest checkpoints to keep (0: all)")->check(CLI::NonNegativeNumber);
   auto* resume = app.add_option("--resume", o.resume,
@@ -166,10 +263,10 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--memory-limit", o.memory_limit,
                  "--layout auto: memory per rank, e.g. 24GiB, 512MiB, 64GB (the plan plus 100 MiB of runtime overhead "
                  "must fit)");
-  app.add_option("--global-batch", o.global_batch,
-                 "--layout auto: sequences per optimizer step over all ranks (default: --micro-batch, or the "
-                 "capacity, x --grad-accum x --ranks); auto chooses --grad-accum, and --micro-batch and --recompute "
-                 "when they are not given")
+  app.add_option("--global-batch,--global-batch-size", o.global_batch,
+                 "sequences per optimizer step over all ranks (default: --micro-batch, or the capacity, x "
+                 "--grad-accum x DP); sets --grad-accum = this / (micro-batch x DP), which must divide; with "
+                 "--layout auto, auto chooses --grad-accum, and --micro-batch and --recompute when they are not given")
       ->check(CLI::Range(1, 1 << 30));
   app.add_option("--device", o.device,
                  "where to train: cpu, or ascend (one NPU per rank through CANN from ASCEND_HOME_PATH, HCCL between "
@@ -187,8 +284,8 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--attention", o.attention,
                  "attention kernel: fused (flash-style, online softmax) or reference (materialises the probabilities)")
       ->check(CLI::IsMember({"fused", "reference"}));
-  app.add_option("--loss-scale", o.loss_scale, "fp16: the dynamic loss scaler's initial scale (> 0)");
-  app.add_option("--log-every", o.log_every,
+  app.add_option("--loss-scale,--initial-loss-scale", o.loss_scale, "fp16: the dynamic loss scaler's initial scale (> 0)");
+  app.add_option("--log-every,--log-interval", o.log_every,
                  "console: one line every N steps, plus the first and the last (>= 1); given, every line is kept "
                  "(otherwise a terminal shows one line redrawn in place)")
       ->check(CLI::Range(1L, 1L << 40));
@@ -201,6 +298,7 @@ inline void add_flags(CLI::App& app, options& o) {
                  "start from the Hugging Face weights (GPT-2 or Llama, as --model) in this directory (config.json, "
                  "model.safetensors)")
       ->excludes(resume);
+  add_megatron_flags(app, o);
 }
 
 /// The largest --comm-timeout (seconds, about 31 years) and --bucket-mb (1 TiB) check_flags
@@ -283,6 +381,159 @@ inline void check_checkpoint_paths(const options& o) {
   check_resume_directory(o.resume);
 }
 
+/// Maps Megatron-LM's names without a plain loom alias (add_megatron_flags) onto loom's options,
+/// before check_flags and before --data is opened: --data-path, --load, --bf16/--fp16, the
+/// tensor and pipeline sizes, the recompute flags, --lr-decay-style, --lr-warmup-fraction; checks
+/// the AdamW numbers and --init-method-std; adds a note to o.notes for each flag that only tunes
+/// PyTorch or GPU internals. Throws loom::input_error naming the flag for a feature loom lacks
+/// and for two flags that say different things (--bf16 --precision fp32).
+inline void apply_megatron_flags(options& o, const CLI::App& app) {
+  using loom::input_error;
+  auto given = [&](const char* flag) { return app.count(flag) > 0; };
+  // features loom lacks: refused by name
+  if (o.sequence_parallel)
+    throw input_error("--sequence-parallel: loom has no sequence parallelism yet (its tensor parallelism keeps the "
+                      "activations outside the matmuls whole on each rank); drop it");
+  if (o.context_parallel_size > 1)
+    throw input_error("--context-parallel-size " + std::to_string(o.context_parallel_size) + ": loom has no context "
+                      "parallelism yet; drop it (or pass 1)");
+  if (given("--num-experts") || o.expert_parallel_size > 1)
+    throw input_error(std::string(given("--num-experts") ? "--num-experts" : "--expert-model-parallel-size") +
+                      ": loom has no mixture-of-experts layers yet; drop it");
+  if (o.virtual_pipeline_size > 1)
+    throw input_error("--virtual-pipeline-model-parallel-size " + std::to_string(o.virtual_pipeline_size) + ": loom's "
+                      "pipeline is 1F1B without interleaved (virtual) stages; drop it (or pass 1)");
+  if (given("--split"))
+    throw input_error("--split " + o.split + ": loom holds out --val-fraction of a dataset's documents (of a text "
+                      "file's bytes) for validation and has no test split; pass e.g. --val-fraction 0.05 instead");
+  // the data
+  if (!o.data_path.empty()) {
+    if (given("--data"))
+      throw input_error("--data and --data-path both name the data; pass one of them");
+    if (o.data_path.size() > 1)
+      throw input_error("--data-path with " + std::to_string(o.data_path.size()) + " values is a blend of datasets "
+                        "(weight prefix ...): blending is not supported yet; pass one dataset, --data-path PREFIX");
+    o.data = o.data_path.front();
+  }
+  // checkpoints: --load DIR is --resume DIR; as Megatron, a --save directory with no checkpoint yet starts at step 0
+  if (given("--load")) {
+    if (given("--resume")) throw input_error("--load and --resume both name the checkpoint to continue from; pass one");
+    if (given("--init-from-hf"))
+      throw input_error("--load continues a run, --init-from-hf starts one from Hugging Face weights; pass one of them");
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const bool none = !fs::exists(o.load, ec) || (fs::is_directory(o.load, ec) && !fs::exists(fs::path(o.load) / "manifest.json", ec) &&
+                                                  loom::io::list_checkpoints(o.load).empty());
+    const bool same = !o.checkpoint_dir.empty() &&
+                      fs::weakly_canonical(fs::absolute(o.load, ec), ec) == fs::weakly_canonical(fs::absolute(o.checkpoint_dir, ec), ec);
+    if (!same && !fs::exists(o.load, ec))
+      throw input_error("--load '" + o.load + "' does not exist; pass the --save directory of an earlier run (e.g. "
+                        "out/ckpt), the same directory as --save to start there from step 0, or drop --load");
+    if (none && same)
+      o.notes.push_back("note: --load '" + o.load + "' holds no checkpoint yet: starting from step 0 (checkpoints go "
+                        "there, --save)");
+    else
+      o.resume = o.load;
+  }
+  // precision
+  if (o.bf16 && o.fp16) throw input_error("--bf16 and --fp16 both choose the precision; pass one of them");
+  if (o.bf16 || o.fp16) {
+    const std::string p = o.bf16 ? "bf16" : "fp16";
+    if (given("--precision") && o.precision != p)
+      throw input_error("--" + p + " and --precision " + o.precision + " choose different precisions; pass one of them");
+    o.precision = p;
+  }
+  // layout
+  if (given("--tensor-model-parallel-size") || given("--pipeline-model-parallel-size")) {
+    const std::string l = "tp" + std::to_string(o.tp_size) + "pp" + std::to_string(o.pp_size);
+    if (given("--layout") && o.layout != l)
+      throw input_error("--tensor-model-parallel-size " + std::to_string(o.tp_size) + " --pipeline-model-parallel-size " +
+                        std::to_string(o.pp_size) + " is --layout " + l + ", but --layout " + o.layout +
+                        " is given too; pass one of them");
+    o.layout = l;
+  }
+  // activation recomputation
+  std::string r = o.recompute_activations ? "selective" : o.recompute_granularity;
+  if (o.recompute_activations && !o.recompute_granularity.empty() && o.recompute_granularity != r)
+    throw input_error("--recompute-activations (selective) and --recompute-granularity " + o.recompute_granularity +
+                      " say different things; pass one of them");
+  if ((given("--recompute-method") || given("--recompute-num-layers")) && r != "full")
+    throw input_error("--recompute-method and --recompute-num-layers are for --recompute-granularity full; pass it, "
+                      "or drop them");
+  if (o.recompute_method == "block" || o.recompute_num_layers != 1)
+    throw input_error("--recompute-method " + (o.recompute_method.empty() ? std::string("uniform") : o.recompute_method) +
+                      " --recompute-num-layers " + std::to_string(o.recompute_num_layers) + ": loom's full "
+                      "recomputation reruns every layer from its own input (Megatron's --recompute-method uniform "
+                      "--recompute-num-layers 1); recomputing only some layers, or groups of them, is not supported "
+                      "yet; pass --recompute-method uniform --recompute-num-layers 1");
+  if (!r.empty()) {
+    if (given("--recompute") && o.recompute != r)
+      throw input_error("--recompute " + o.recompute + " and Megatron's recompute flags (" + r + ") say different "
+                        "things; pass one of them");
+    o.recompute = r;
+  }
+  // the learning-rate schedule
+  if (o.lr_decay_style == "constant") {
+    if (given("--min-lr") && o.min_lr != o.lr)
+      o.notes.push_back("warning: --lr-decay-style constant keeps the learning rate at --lr after the warm-up: "
+                        "--min-lr " + shortest(o.min_lr) + " has no effect");
+    o.min_lr = o.lr;
+  } else if (o.lr_decay_style != "cosine") {
+    throw input_error("--lr-decay-style " + o.lr_decay_style + ": loom's schedule is a linear warm-up, then a cosine "
+                      "decay to --min-lr (cosine) or none (constant); " + o.lr_decay_style + " is not implemented "
+                      "yet; pass --lr-decay-style cosine or constant");
+  }
+  if (given("--lr-warmup-fraction")) {
+    if (given("--warmup"))
+      throw input_error("--lr-warmup-fraction and --lr-warmup-iters (--warmup) both set the warm-up; pass one of them");
+    if (!(o.lr_warmup_fraction >= 0 && o.lr_warmup_fraction <= 1))
+      throw input_error("--lr-warmup-fraction " + shortest(o.lr_warmup_fraction) + " is not a fraction; pass a number "
+                        "from 0 to 1, e.g. 0.01");
+    const long decay = given("--decay-steps") ? o.decay_steps : o.steps;
+    o.warmup = std::lround(o.lr_warmup_fraction * double(decay));
+  }
+  // AdamW and initialisation
+  for (const auto& [flag, v] : {std::pair<const char*, double>{"--adam-beta1", o.adam_beta1}, {"--adam-beta2", o.adam_beta2}})
+    if (!(v >= 0 && v < 1))
+      throw input_error(std::string(flag) + " " + shortest(v) + " is outside [0, 1); pass e.g. " +
+                        (flag[11] == '1' ? "0.9" : "0.95"));
+  if (!(o.adam_eps > 0 && std::isfinite(o.adam_eps)))
+    throw input_error("--adam-eps " + shortest(o.adam_eps) + " must be a positive number; pass e.g. 1e-8");
+  if (given("--init-method-std") && std::fabs(o.init_method_std - 0.02) > 1e-12)
+    throw input_error("--init-method-std " + shortest(o.init_method_std) + ": loom initialises the weights with "
+                      "standard deviation 0.02 (residual projections 0.02/sqrt(2 x layers), as Megatron's scaled "
+                      "init), and another value is not supported yet; pass 0.02 or drop it");
+  // PyTorch and GPU internals: accepted, with what loom does instead
+  for (const auto& f : megatron_internals)
+    if (given(f.flag)) o.notes.push_back(std::string("note: ") + f.flag + " changes nothing: " + f.note);
+  if (given("--use-flash-attn") && o.attention != "fused")
+    throw input_error("--use-flash-attn asks for the fused attention, but --attention " + o.attention +
+                      " is given; pass one of them");
+  if (given("--overlap-grad-reduce") && o.no_overlap)
+    throw input_error("--overlap-grad-reduce and --no-overlap say different things; pass one of them");
+}
+
+/// --global-batch-size G without --layout auto: --grad-accum = G / (micro-batch x `dp`), the
+/// micro-batch being --micro-batch or, when it is not given, the instance's `capacity`. Throws
+/// loom::input_error when that does not divide or an explicit --grad-accum differs.
+inline void derive_grad_accum(options& o, const CLI::App& app, int capacity, int dp) {
+  if (app.count("--global-batch") == 0 || o.layout == "auto") return;
+  const int micro = o.micro_batch > 0 ? o.micro_batch : capacity;
+  const long per = long(micro) * std::max(dp, 1);
+  const std::string what = "--global-batch-size " + std::to_string(o.global_batch) + " over micro-batch " +
+                           std::to_string(micro) + (o.micro_batch > 0 ? "" : " (the capacity; --micro-batch-size not given)") +
+                           " x data-parallel " + std::to_string(dp);
+  if (o.global_batch % per != 0)
+    throw loom::input_error(what + " is not a whole number of micro-batches per rank; pass a multiple of " +
+                            std::to_string(per) + " (e.g. " + std::to_string(per * std::max(1L, o.global_batch / per)) +
+                            "), or another --micro-batch-size");
+  const int accum = int(o.global_batch / per);
+  if (app.count("--grad-accum") > 0 && o.grad_accum != accum)
+    throw loom::input_error(what + " is --grad-accum " + std::to_string(accum) + ", but --grad-accum " +
+                            std::to_string(o.grad_accum) + " is given; pass one of them");
+  o.grad_accum = accum;
+}
+
 /// The checks and defaults that follow parsing `app` into `o` (=: fills --warmup, --model and
 /// --log-dir when they were not given: default_log_dir; `data_is_dataset`: --data names a
 /// prepare_data dataset, whose default model is quickstart_bpe). Returns the --layout degrees
@@ -293,11 +544,22 @@ inline void check_checkpoint_paths(const options& o) {
 /// --resume directory without checkpoints (check_checkpoint_paths), a --profile-steps window
 /// outside the run, an --early-stop without periodic evaluations, an --out naming a directory, a
 /// --layout that is malformed, does not divide the model or does not fit --ranks, a missing
-/// --data. With --layout auto returns {0, 0}: main() chooses the layout, then calls this again.
+/// --data, a dataset's PREFIX.json or PREFIX.model as --data, and a flag that would have no
+/// effect: --save-every, --keep or --stop-at-step without a checkpoint directory, --stop-at-step
+/// not before --steps. Adds a warning to o.notes for --loss-scale without fp16 and for the
+/// sampling flags with --sample-tokens 0. Call apply_megatron_flags first. With --layout auto returns {0, 0}: main() chooses the layout, then calls this again.
 /// Whether the combination is compiled is train_gpt's main() question (train::compiled_sessions()).
 inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool data_is_dataset) {
   if (o.data.empty()) throw loom::input_error("--data is required: pass a UTF-8 text file or a prepare_data dataset");
-  if (app.count("--warmup") == 0) o.warmup = std::min<long>(100, o.steps / 10);
+  if (const auto ext = std::filesystem::path(o.data).extension(); ext == ".json" || ext == ".model") {
+    const auto prefix = std::filesystem::path(o.data).replace_extension();
+    std::error_code ec;
+    if (std::filesystem::exists(prefix.string() + ".idx", ec) || std::filesystem::exists(prefix.string() + ".bin", ec))
+      throw loom::input_error("--data '" + o.data + "' is the " + (ext == ".json" ? "JSON summary" : "tokenizer") +
+                              " of the dataset '" + prefix.string() + "', not a text to train on; pass the dataset, "
+                              "--data " + prefix.string());
+  }
+  if (app.count("--warmup") == 0 && app.count("--lr-warmup-fraction") == 0) o.warmup = std::min<long>(100, o.steps / 10);
   if (o.warmup > o.steps)
     throw loom::input_error("--warmup " + std::to_string(o.warmup) + " exceeds --steps " + std::to_string(o.steps) +
                             ": the learning rate would never leave its warm-up; pass --warmup <= " +
@@ -393,9 +655,23 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
   if ((o.layout == "auto") != !o.memory_limit.empty())
     throw loom::input_error(o.memory_limit.empty() ? "--layout auto needs --memory-limit (bytes per rank, e.g. 24GiB)"
                                                    : "--memory-limit is for --layout auto; drop it or pass --layout auto");
-  if (app.count("--global-batch") > 0 && o.layout != "auto")
-    throw loom::input_error("--global-batch is for --layout auto (otherwise it is --micro-batch x --grad-accum x DP); "
-                            "drop it or pass --layout auto");
+  // flags that would have no effect in this combination: refused, or a warning
+  const bool checkpoints = !o.checkpoint_dir.empty() || !o.resume.empty();
+  for (const char* flag : {"--save-every", "--keep", "--stop-at-step"})
+    if (app.count(flag) > 0 && !checkpoints && (std::string(flag) != "--stop-at-step" || o.stop_at_step > 0))
+      throw loom::input_error(std::string(flag) + " has no effect without --checkpoint-dir (--save): no checkpoint is "
+                              "written; pass --checkpoint-dir DIR (e.g. out/ckpt), or drop " + flag);
+  if (o.stop_at_step > 0 && o.stop_at_step >= o.steps)
+    throw loom::input_error("--stop-at-step " + std::to_string(o.stop_at_step) + " is not before --steps " +
+                            std::to_string(o.steps) + ": the run ends first, and --stop-at-step has no effect; pass "
+                            "--stop-at-step < " + std::to_string(o.steps) + ", or drop it");
+  if (app.count("--loss-scale") > 0 && o.precision != "fp16")
+    o.notes.push_back("warning: --loss-scale (--initial-loss-scale) " + shortest(o.loss_scale) + " has no effect with "
+                      "--precision " + o.precision + ": only fp16 scales the loss");
+  if (o.sample_tokens == 0)
+    for (const char* flag : {"--temperature", "--top-k", "--prompt"})
+      if (app.count(flag) > 0)
+        o.notes.push_back(std::string("warning: ") + flag + " has no effect with --sample-tokens 0 (no sample)");
   if (o.layout == "auto") return {0, 0};  // train_gpt chooses it (train::choose_layout), then checks it here again
   const auto [tp, pp] = parse_layout(o.layout);
   const auto* m = loom::models::find_model(o.model);  // CLI11 checked the name

@@ -5,6 +5,7 @@
 #include <regex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <loom/core/error.hpp>
 #include <loom/nn/activations.hpp>
@@ -59,6 +60,23 @@ struct options {
   int redraw = -1;                 // console: -1 auto (terminal), 0 plain lines (--log-every given)
   int workers = 1;                 // loader prefetch threads for a dataset (0: read on the training thread)
   bool list_instances = false;     // --list-instances: print the compiled instances and exit
+  // Megatron-LM's names without a loom flag of the same meaning (flags.hpp: add_megatron_flags,
+  // apply_megatron_flags; docs/megatron.md)
+  std::vector<std::string> data_path;  // --data-path PREFIX (one; a weighted blend is refused)
+  std::string load;                    // --load DIR: --resume, or a fresh start when DIR is --save's and empty
+  std::string lr_decay_style = "cosine";  // cosine | constant (--min-lr = --lr)
+  double lr_warmup_fraction = 0;       // --lr-warmup-fraction: of the decay steps, rounded to whole steps
+  double adam_beta1 = 0.9, adam_beta2 = 0.95, adam_eps = 1e-8;  // optim::adamw_config
+  double init_method_std = 0.02;       // accepted as loom's own (nn/model.hpp initialize), other values refused
+  bool bf16 = false, fp16 = false;     // --bf16 / --fp16: --precision bf16 / fp16
+  int tp_size = 1, pp_size = 1;        // --tensor/--pipeline-model-parallel-size: --layout tp<T>pp<P>
+  std::string recompute_granularity, recompute_method;  // full | selective -> --recompute; uniform (1 layer)
+  int recompute_num_layers = 1;
+  bool recompute_activations = false;  // Megatron's older spelling of --recompute-granularity selective
+  bool sequence_parallel = false;      // refused: loom has no sequence parallelism
+  int context_parallel_size = 1, expert_parallel_size = 1, virtual_pipeline_size = 1, num_experts = 0;
+  std::string split;                   // refused: loom has --val-fraction and no test split
+  std::vector<std::string> notes;      // "note: ..." / "warning: ..." lines main() prints to stderr once
 };
 
 /// --recompute's value as nn::recompute (the flag accepts only these three words).

@@ -210,6 +210,9 @@ loom::train::session_args session_args_of(const options& o, rank_profile& prof,
   cfg.schedule = {o.lr, o.min_lr, o.warmup, o.decay_steps};
   cfg.adamw.weight_decay = o.weight_decay;
   cfg.adamw.max_grad_norm = o.max_grad_norm;
+  cfg.adamw.beta1 = o.adam_beta1;
+  cfg.adamw.beta2 = o.adam_beta2;
+  cfg.adamw.eps = o.adam_eps;
   cfg.seed = o.seed;
   cfg.dropout = o.dropout;
   cfg.recompute = train_gpt_cli::recompute_mode(o.recompute);

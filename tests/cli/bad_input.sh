@@ -216,6 +216,101 @@ expect_refusal "^train_gpt: error: --resume '.*step_00000004/' holds no checkpoi
 expect_refusal "^train_gpt: error: --log-dir was given 2 times; it takes one value: pass it once" \
   "$t" --data "$work/ok.txt" --model char_tiny --log-dir "$work/a" --log-dir "$work/b"
 
+# flags that would have no effect in the combination given: refused, naming the missing or
+# conflicting flag; a dataset's JSON summary or tokenizer given as a text file
+expect_refusal "^train_gpt: error: --save-every has no effect without --checkpoint-dir \(--save\): no checkpoint is written; pass --checkpoint-dir DIR" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 3 --save-every 1 --keep 2
+expect_refusal "^train_gpt: error: --keep has no effect without --checkpoint-dir" "$t" --data "$work/ok.txt" --model char_tiny --keep 2
+expect_refusal "^train_gpt: error: --stop-at-step has no effect without --checkpoint-dir" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 3 --stop-at-step 2
+expect_refusal "^train_gpt: error: --stop-at-step 5 is not before --steps 2: the run ends first.*pass --stop-at-step < 2" \
+  "$t" --data "$work/ok.txt" --model char_tiny --steps 2 --stop-at-step 5 --checkpoint-dir "$work/never"
+printf '{}' > "$work/sidecar.json"; : > "$work/sidecar.idx"; : > "$work/sidecar.bin"
+expect_refusal "^train_gpt: error: --data '.*sidecar.json' is the JSON summary of the dataset '.*sidecar', not a text to train on; pass the dataset, --data .*sidecar$" \
+  "$t" --data "$work/sidecar.json" --model char_tiny
+expect_refusal "^train_gpt: error: --data '.*sidecar.model' is the tokenizer of the dataset" \
+  "$t" --data "$work/sidecar.model" --model char_tiny
+# Megatron-LM's names: a feature loom lacks, refused by name; two flags that disagree
+m=(--data "$work/ok.txt" --model char_tiny --steps 2)
+expect_refusal "^train_gpt: error: --data-path with 4 values is a blend of datasets .*blending is not supported yet; pass one dataset" \
+  "$t" --model char_tiny --data-path 0.3 "$work/ok.txt" 0.7 "$work/ok.txt"
+expect_refusal "^train_gpt: error: --data and --data-path both name the data" "$t" "${m[@]}" --data-path "$work/ok.txt"
+expect_refusal "^train_gpt: error: --sequence-parallel: loom has no sequence parallelism yet" "$t" "${m[@]}" --sequence-parallel
+expect_refusal "^train_gpt: error: --context-parallel-size 2: loom has no context parallelism yet" "$t" "${m[@]}" --context-parallel-size 2
+expect_refusal "^train_gpt: error: --num-experts: loom has no mixture-of-experts layers yet" "$t" "${m[@]}" --num-experts 8
+expect_refusal "^train_gpt: error: --expert-model-parallel-size: loom has no mixture-of-experts" "$t" "${m[@]}" --expert-model-parallel-size 2
+expect_refusal "^train_gpt: error: --virtual-pipeline-model-parallel-size 2: loom's pipeline is 1F1B without interleaved" \
+  "$t" "${m[@]}" --virtual-pipeline-model-parallel-size 2
+expect_refusal "^train_gpt: error: --split 969,30,1: loom holds out --val-fraction .*no test split; pass e.g. --val-fraction" \
+  "$t" "${m[@]}" --split 969,30,1
+for style in linear inverse-square-root WSD; do
+  expect_refusal "^train_gpt: error: --lr-decay-style $style: loom's schedule is a linear warm-up, then a cosine decay .*$style is not implemented yet; pass --lr-decay-style cosine or constant" \
+    "$t" "${m[@]}" --lr-decay-style $style
+done
+expect_refusal "^train_gpt: error: --init-method-std 0.006: loom initialises the weights with standard deviation 0.02.*pass 0.02 or drop it" \
+  "$t" "${m[@]}" --init-method-std 0.006
+expect_refusal "^train_gpt: error: --recompute-method block --recompute-num-layers 2: loom's full recomputation reruns every layer" \
+  "$t" "${m[@]}" --recompute-granularity full --recompute-method block --recompute-num-layers 2
+expect_refusal "^train_gpt: error: --recompute-method and --recompute-num-layers are for --recompute-granularity full" \
+  "$t" "${m[@]}" --recompute-method uniform
+expect_refusal "^train_gpt: error: --recompute none and Megatron's recompute flags \(selective\) say different things" \
+  "$t" "${m[@]}" --recompute none --recompute-activations
+expect_refusal "^train_gpt: error: --bf16 and --precision fp32 choose different precisions" "$t" "${m[@]}" --bf16 --precision fp32
+expect_refusal "^train_gpt: error: --bf16 and --fp16 both choose the precision" "$t" "${m[@]}" --bf16 --fp16
+for p in bf16 fp16; do  # --bf16/--fp16 are --precision bf16/fp16 (what --allow-fp32-matmul then names)
+  expect_refusal "^train_gpt: error: --allow-fp32-matmul is for --precision fp32 .*drop it with --precision $p$" \
+    "$t" "${m[@]}" --$p --device ascend --allow-fp32-matmul
+done
+expect_refusal "^train_gpt: error: --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 is --layout tp2pp1, but --layout tp1pp1 is given too" \
+  "$t" "${m[@]}" --tensor-model-parallel-size 2 --layout tp1pp1
+expect_refusal "^train_gpt: error: --lr-warmup-fraction and --lr-warmup-iters \(--warmup\) both set the warm-up" \
+  "$t" "${m[@]}" --lr-warmup-fraction 0.1 --lr-warmup-iters 1
+expect_refusal "^train_gpt: error: --lr-warmup-fraction 2 is not a fraction" "$t" "${m[@]}" --lr-warmup-fraction 2
+expect_refusal "^train_gpt: error: --adam-beta2 1 is outside \[0, 1\)" "$t" "${m[@]}" --adam-beta2 1
+expect_refusal "^train_gpt: error: --adam-eps 0 must be a positive number" "$t" "${m[@]}" --adam-eps 0
+expect_refusal "^train_gpt: error: --load and --resume both name the checkpoint" "$t" "${m[@]}" --load "$work/a" --resume "$work/a"
+expect_refusal "^train_gpt: error: --load '.*nowhere' does not exist; pass the --save directory of an earlier run" \
+  "$t" "${m[@]}" --load "$work/nowhere"
+expect_refusal "^train_gpt: error: --use-flash-attn asks for the fused attention, but --attention reference is given" \
+  "$t" "${m[@]}" --use-flash-attn --attention reference
+expect_refusal "^train_gpt: error: --overlap-grad-reduce and --no-overlap say different things" "$t" "${m[@]}" --overlap-grad-reduce --no-overlap
+expect_refusal "^train_gpt: error: --global-batch-size 6 over micro-batch 4 x data-parallel 1 is not a whole number of micro-batches per rank; pass a multiple of 4 \(e.g. 4\)" \
+  "$t" "${m[@]}" --micro-batch-size 4 --global-batch-size 6
+expect_refusal "^train_gpt: error: --global-batch-size 8 over micro-batch 4 x data-parallel 1 is --grad-accum 2, but --grad-accum 3 is given" \
+  "$t" "${m[@]}" --micro-batch-size 4 --global-batch-size 8 --grad-accum 3
+expect_refusal "^train_gpt: error: --transformer-impl: te not in \{local,transformer_engine\}" "$t" "${m[@]}" --transformer-impl te
+# ... and warnings for flags that have no effect here: the run goes on, one line each on stderr
+warn_run() {  # warn_run <pattern> <flags...>: a 1-step run succeeds with a stderr line matching
+  local pattern="$1"; shift
+  if "$t" --data "$work/ok.txt" --model char_tiny --steps 1 --eval-every 0 --log-dir '' --peak-gflops 100 \
+       --summary-every 0 --out "$work/warn.safetensors" "$@" >/dev/null 2>"$work/stderr" &&
+     [[ $(grep -c -E "$pattern" "$work/stderr") -eq 1 ]]; then
+    pass=$((pass + 1))
+  else
+    echo "FAILED: $* -> wanted one stderr line matching /$pattern/, got: $(cat "$work/stderr")"; fail=$((fail + 1))
+  fi
+}
+warn_run "^train_gpt: warning: --loss-scale \(--initial-loss-scale\) 4096 has no effect with --precision fp32: only fp16 scales the loss$" \
+  --sample-tokens 0 --initial-loss-scale 4096
+warn_run "^train_gpt: warning: --loss-scale .* 1024 has no effect with --precision fp32" --sample-tokens 0 --loss-scale 1024
+# with --bf16 the same warning, before training (checked whatever the bf16 run then does on this CPU)
+"$t" --data "$work/ok.txt" --model char_tiny --steps 1 --eval-every 0 --log-dir '' --peak-gflops 100 --sample-tokens 0 \
+  --out "$work/warn.safetensors" --bf16 --loss-scale 512 >/dev/null 2>"$work/stderr" || true
+check "--loss-scale with --bf16 warns" grep -qx "train_gpt: warning: --loss-scale (--initial-loss-scale) 512 has no effect with --precision bf16: only fp16 scales the loss" "$work/stderr"
+warn_run "^train_gpt: warning: --top-k has no effect with --sample-tokens 0 \(no sample\)$" --sample-tokens 0 --top-k 5
+warn_run "^train_gpt: warning: --temperature has no effect with --sample-tokens 0" --sample-tokens 0 --temperature 0.5
+warn_run "^train_gpt: warning: --lr-decay-style constant keeps the learning rate at --lr after the warm-up: --min-lr 1e-05 has no effect$" \
+  --sample-tokens 0 --lr-decay-style constant --min-lr 1e-5
+warn_run "^train_gpt: note: --tokenizer-type changes nothing: loom uses the tokenizer of the --data dataset" \
+  --sample-tokens 0 --tokenizer-type GPT2BPETokenizer
+warn_run "^train_gpt: note: --tokenizer-model changes nothing" --sample-tokens 0 --tokenizer-model "$work/notes.md"
+# --help shows each flag's default
+"$t" --help > "$work/help.txt"
+check "--help: --steps' default" grep -qE -- "--steps,--train-iters INT:INT>=1=2000" "$work/help.txt"
+check "--help: --lr's default" grep -qE -- "--lr FLOAT=0.002 " "$work/help.txt"
+check "--help: --adam-beta2's default" grep -qE -- "--adam-beta2 FLOAT=0.95 " "$work/help.txt"
+check "--help: --precision's default" grep -qE -- "--precision TEXT:\{fp32,bf16,fp16\}=fp32" "$work/help.txt"
+
 # byte-level weights (trained on a text file: no tokenizer recorded) with --tokenizer: refused
 # (any existing file will do as the tokenizer: the weights decide first)
 w_sum=$(sha256sum < "$work/w.safetensors")

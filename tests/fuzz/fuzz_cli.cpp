@@ -1,7 +1,8 @@
 // libFuzzer target for train_gpt's command line: the CLI11 flag definitions and the checks after
-// parsing (examples/train_gpt/flags.hpp: add_flags, check_flags, comm_timeout_ms; the --layout
-// parser and divisibility checks of examples/train_gpt/options.hpp; --profile-steps through
-// io::step_window::parse), exactly as train_gpt's main() runs them, without training.
+// parsing (examples/train_gpt/flags.hpp: add_flags, apply_megatron_flags, check_flags,
+// comm_timeout_ms; the --layout parser and divisibility checks of examples/train_gpt/options.hpp;
+// --profile-steps through io::step_window::parse), exactly as train_gpt's main() runs them,
+// without training.
 //
 // Input: byte 0 bit 0 = whether --data names a dataset (the default model then changes); the
 // rest is the argument vector after argv[0] = "train_gpt", arguments separated by '\0' (at most
@@ -48,6 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   try {
+    train_gpt_cli::apply_megatron_flags(o, app);
     const auto [tp, pp] = train_gpt_cli::check_flags(o, app, data[0] & 1);
     loom_fuzz::require(tp >= 1 && pp >= 1 && tp * pp <= 99 * 99, "a layout outside tp1..99 pp1..99");
     loom_fuzz::require(std::isfinite(o.lr) && std::isfinite(o.bucket_mb) && std::isfinite(o.comm_timeout),

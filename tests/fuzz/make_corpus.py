@@ -178,6 +178,11 @@ def cli():
     put("cli", "checkpoints", args("--data", "in.txt", "--checkpoint-dir", "ckpt", "--save-every", "50", "--keep", "2",
                                    "--stop-at-step", "100", "--out", "w.safetensors", "--seed", "7",
                                    "--temperature", "0.9", "--top-k", "40", "--lr", "1e-3", "--warmup", "20"))
+    put("cli", "megatron", args("--data-path", "out/shakespeare", "--train-iters", "100", "--micro-batch-size", "4",
+                                "--global-batch-size", "16", "--lr-decay-style", "constant", "--lr-warmup-fraction",
+                                "0.01", "--adam-beta2", "0.999", "--bf16", "--save", "ckpt", "--load", "ckpt",
+                                "--save-interval", "50", "--tensor-model-parallel-size", "2",
+                                "--recompute-granularity", "full", "--use-flash-attn", dataset=True))
 
 
 if __name__ == "__main__":
