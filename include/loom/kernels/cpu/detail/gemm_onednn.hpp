@@ -25,8 +25,9 @@
 /// wall-clock seconds of the primitive's execution (execute plus stream wait), read back with
 /// timings(); bench_step --gemm-shapes compares them with the same primitive run alone.
 ///
-/// fp16 operands: oneDNN 2.x implements an f16 matmul on CPUs with AVX512-FP16 only. Elsewhere
-/// (primitive creation reports "unimplemented") the cache converts A and B to contiguous fp32
+/// fp16 operands: oneDNN 2.x implements an f16 matmul on CPUs with AVX512-FP16 only, and a bf16
+/// one on CPUs with AVX-512 only (not on AVX2 machines). Elsewhere (primitive creation reports
+/// "unimplemented") the cache converts A and B to contiguous fp32
 /// in the same workspace and runs the fp32 primitive; an fp16 C is then computed in fp32 in the
 /// workspace and rounded once into C (as gemm_impl::onednn does).
 ///
@@ -196,7 +197,7 @@ struct onednn_matmul_cache::entry {
   dnnl::memory::desc bias;      // (1, N) when the key adds a bias, else empty
   dnnl::memory::desc sp;        // its scratchpad, at the workspace's start
   std::size_t scratch = 0;      // scratchpad bytes
-  bool convert = false;         // fp16 operands converted to fp32 in the workspace
+  bool convert = false;         // 16-bit operands converted to fp32 in the workspace
   std::size_t a32 = 0, b32 = 0, c32 = 0, bias32 = 0;  // workspace offsets of the fp32 copies (convert only)
   std::size_t total = 0;        // workspace bytes this primitive needs
   std::string impl;
@@ -282,10 +283,10 @@ inline onednn_matmul_cache::entry& onednn_matmul_cache::find_or_create(const one
   try {
     pd = onednn_matmul_pd(engine_, e->a, e->b, e->bias, e->c, alpha, beta);
   } catch (const dnnl::error& err) {
-    if (k.ab != onednn_dtype::f16 || err.status != dnnl_unimplemented)
+    if (k.ab == onednn_dtype::f32 || err.status != dnnl_unimplemented)
       throw device_error(int(err.status), "dnnl::matmul::primitive_desc", err.what());
-    // No f16 matmul on this CPU: fp32 copies of A and B (contiguous, same transposes) and, for
-    // an fp16 C, an fp32 product rounded into C afterwards (beta applied there).
+    // No f16 (or bf16) matmul on this CPU: fp32 copies of A and B (contiguous, same transposes)
+    // and, for a 16-bit C, an fp32 product rounded into C afterwards (beta applied there).
     e->convert = true;
     const bool c_f32 = k.c == onednn_dtype::f32;
     e->a = md({M, K}, dt::f32, k.trans_a ? dims{1, M} : dims{K, 1});
@@ -295,7 +296,7 @@ inline onednn_matmul_cache::entry& onednn_matmul_cache::find_or_create(const one
     try {
       pd = onednn_matmul_pd(engine_, e->a, e->b, e->bias, e->c, alpha, c_f32 ? beta : 0.0f);
     } catch (const dnnl::error& err2) {
-      throw device_error(int(err2.status), "dnnl::matmul::primitive_desc (f32 for f16)", err2.what());
+      throw device_error(int(err2.status), "dnnl::matmul::primitive_desc (f32 for a 16-bit type)", err2.what());
     }
   }
   e->sp = pd.scratchpad_desc();
@@ -309,7 +310,8 @@ inline onednn_matmul_cache::entry& onednn_matmul_cache::find_or_create(const one
     e->bias32 = e->c32 + (k.c == onednn_dtype::f32 ? 0 : onednn_align64(m * n * 4));
     e->total = e->bias32 + (k.bias ? onednn_align64(n * 4) : 0);
   }
-  e->impl = std::string(pd.impl_info_str()) + (e->convert ? " (f16 via f32)" : "");
+  e->impl = std::string(pd.impl_info_str()) +
+            (e->convert ? k.ab == onednn_dtype::bf16 ? " (bf16 via f32)" : " (f16 via f32)" : "");
   try {
     e->prim = dnnl::matmul(pd);
     e->ma = dnnl::memory(e->a, engine_, DNNL_MEMORY_NONE);
@@ -346,7 +348,7 @@ void onednn_matmul_cache::run(bool trans_a, bool trans_b, int M, int N, int K, f
   void* pb = const_cast<T*>(B);
   void* pc = C;
   void* pbias = const_cast<T*>(bias);
-  if (e.convert) {  // fp16 without an f16 matmul: contiguous fp32 copies in the workspace
+  if (e.convert) {  // no 16-bit matmul on this CPU: contiguous fp32 copies in the workspace
     float* a32 = reinterpret_cast<float*>(ws + e.a32);
     float* b32 = reinterpret_cast<float*>(ws + e.b32);
     gemm_convert_rows(a32, A, trans_a ? K : M, trans_a ? M : K, lda);
