@@ -50,7 +50,7 @@ else
 fi
 echo
 model=quickstart_bpe   # unless the caller passes --model
-steps=(--steps 600)    # unless the caller passes --steps (1200 overfits: see README)
+steps=(--steps 600)    # unless the caller passes --steps (1200 overfits: see docs/performance.md)
 prev=""
 for arg in "$@"; do
   [[ "$arg" == --steps || "$arg" == --steps=* ]] && steps=()
