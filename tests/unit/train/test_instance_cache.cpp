@@ -1,6 +1,7 @@
 // train::instance_cache (train/instance_cache.hpp) with a stand-in compiler: a script that builds
 // a stub shared object exporting the instance's two entry points (the real compile is
-// tests/cli/on_demand.sh's). What is checked: an entry is compiled once and then loaded; a
+// tests/cli/on_demand.sh's; it refuses to precompile the headers, so instances compile without
+// them). What is checked: an entry is compiled once and then loaded; a
 // truncated object or a changed header is compiled again; two callers racing on one entry
 // compile it once; a failed compile reports the compiler's first error and keeps its log; no
 // compiler names the CMake setting.
@@ -31,10 +32,11 @@ struct sandbox {
     // builds a C shared object with loom_session_instance_v1 / _key (cc; well under a second)
     std::ofstream s(dir / "fake-cxx");
     s << "#!/bin/sh\n"
-         "echo run >> '" << (dir / "runs").string() << "'\n"
-         "sleep 0.3\n"
          "out=''; src=''\n"
          "while [ $# -gt 0 ]; do case \"$1\" in -o) out=\"$2\"; shift;; *.cpp) src=\"$1\";; esac; shift; done\n"
+         "[ -n \"$src\" ] || exit 1\n"  // the precompiled header: refused (the instance compiles without it)
+         "echo run >> '" << (dir / "runs").string() << "'\n"
+         "sleep 0.3\n"
          "[ -f '" << (dir / "fail").string() << "' ] && { echo \"$src:3:7: error: 'boom' was not declared\"; exit 1; }\n"
          "key=$(sed -n 's/.*loom_session_instance_key() { return \"\\([0-9a-f]*\\)\".*/\\1/p' \"$src\")\n"
          "printf 'static char b[256]; const void* loom_session_instance_v1(void) { return b; }\\n"
