@@ -87,7 +87,7 @@ else
 fi
 
 if [[ -n "$home" ]]; then
-  qs=(--num-layers 4 --hidden-size 192 --num-attention-heads 6 --seq-length 128 --vocab-size 256)
+  qs=(--num-layers 4 --hidden-size 192 --num-attention-heads 6 --max-position-embeddings 128 --vocab-size 256)
   common=(--device ascend --precision bf16 --micro-batch 2 --seq-len 32)
   ASCEND_HOME_PATH="$home" run npu_flags "${qs[@]}" "${common[@]}" &&
     ASCEND_HOME_PATH="$home" run npu_built --model quickstart "${common[@]}" &&
