@@ -14,7 +14,7 @@
 # brings the loss), and the batch copied from the loader's pinned buffer on the copy stream while
 # the compute stream still ran the previous step (h2d_copies_beside_work); the profile
 # window (trace and CANN profiler), the device-time breakdown and NPU memory in the logs; bad
-# input: fp32 without --allow-fp32-matmul, no runtime, a layout not compiled for the NPU.
+# input: fp32 without --allow-fp32-matmul, no runtime, a layout the build lacks where no compiler runs.
 #   tests/cli/ascend.sh <dir with prepare_data, train_gpt and sample> <emulation home> [part]
 # part: fp32 or bf16 (the training, resume and sample checks of that precision), rest (everything
 # else), or all (the default); CTest runs the three parts as three tests, side by side.
@@ -151,6 +151,8 @@ ASCEND_HOME_PATH="$work/none" LD_LIBRARY_PATH='' "$bin/train_gpt" --data "$work/
   --device ascend --precision bf16 --steps 1 > "$work/b2.txt" 2>&1
 [[ $? == 2 ]] && grep -q "examples/doctor" "$work/b2.txt" && ! grep -q "^model " "$work/b2.txt" ||
   bad "no runtime: $(cat "$work/b2.txt")"
+printf '{"compiler": "/nonexistent/c++", "flags": [], "include_root": "/nonexistent"}\n' > "$work/nocompiler.json"
+LOOM_TOOLCHAIN_FILE="$work/nocompiler.json" \
 "$bin/train_gpt" --data "$work/ds" --model quickstart_bpe --device ascend --precision bf16 --layout tp2pp2 --ranks 4 \
   --steps 1 > "$work/b3.txt" 2>&1
 [[ $? == 2 ]] && grep -q "LOOM_EXTRA_SESSIONS=quickstart_bpe/bf16/tp2pp2/ascend/fused" "$work/b3.txt" ||

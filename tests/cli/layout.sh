@@ -178,12 +178,16 @@ expect_status_2 "needs a multiple of TP\*PP = 4" --layout tp2pp2
 expect_status_2 "2 attention heads, not divisible by TP=4" --layout tp4pp1 --ranks 4
 # the model check comes before the world-size check: tp3 names what does not divide, not --ranks 3
 expect_status_2 "not divisible by TP=3" --model quickstart_bpe --layout tp3pp1 --ranks 2
-# a combination that is not compiled names the CMake setting that adds it
-expect_status_2 "is not compiled into this train_gpt.*-DLOOM_EXTRA_SESSIONS=quickstart_bpe/fp32/tp1pp4/cpu/fused" \
+expect_status_2 "not of the form tp<TP>pp<PP>" --layout tp2 --ranks 2
+# a combination the build lacks, where no compiler can run (a toolchain file naming none), names
+# the CMake setting that compiles it into the build (tests/cli/on_demand.sh compiles such ones)
+printf '{"compiler": "/nonexistent/c++", "flags": [], "include_root": "/nonexistent"}\n' > "$work/nocompiler.json"
+export LOOM_TOOLCHAIN_FILE="$work/nocompiler.json"
+expect_status_2 "is not compiled into this program.*-DLOOM_EXTRA_SESSIONS=quickstart_bpe/fp32/tp1pp4/cpu/fused" \
   --model quickstart_bpe --layout tp1pp4 --ranks 4
 expect_status_2 "LOOM_EXTRA_SESSIONS=quickstart/fp32/tp2pp1/cpu/fused" --model quickstart --layout tp2pp1 --ranks 2
-expect_status_2 "not of the form tp<TP>pp<PP>" --layout tp2 --ranks 2
 expect_status_2 "LOOM_EXTRA_SESSIONS=char_tiny/bf16/tp2pp1/cpu/fused" --layout tp2pp1 --ranks 2 --precision bf16
 expect_status_2 "LOOM_EXTRA_SESSIONS=quickstart_bpe/fp16/tp2pp2/cpu/fused" --model quickstart_bpe --layout tp2pp2 --ranks 4 \
   --precision fp16
+unset LOOM_TOOLCHAIN_FILE
 echo "1 passed, 0 failed"

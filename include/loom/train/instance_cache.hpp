@@ -330,9 +330,10 @@ class instance_cache {
     if (!tc_.compiler_usable())
       throw input_error("the instance " + r.describe() + " is not compiled into this program, and the compiler loom "
                         "was built with ('" + tc_.compiler + "', from " + tc_.file.string() + ") cannot be run here; "
-                        "install it, or compile the instance into the build with cmake -D" + tc_.cmake_setting + "=... "
-                        "(docs/session.md), or fill the cache ahead of the job with train_gpt --compile-only on a "
-                        "machine with the compiler");
+                        "install it, or compile the instance into the build with cmake -D" + tc_.cmake_setting + "=" +
+                        r.spec.name + "/" + r.precision + "/" + r.layout() + "/" + r.device + "/" + r.attention +
+                        " (a preset model; docs/session.md), or fill the cache ahead of the job with train_gpt "
+                        "--compile-only on a machine with the compiler");
     const fs::path tmp = dir_ / (k + ".tmp-" + std::to_string(::getpid()));
     std::error_code ec;
     fs::remove_all(tmp, ec);

@@ -49,9 +49,11 @@ struct instance_request {
     if (tp < 1 || pp < 1) return "--layout " + layout() + ": TP and PP must be >= 1";
     if (auto p = spec.facts().layout_problem(tp, pp); !p.empty()) return p;
     if (micro_batch < 1) return "--micro-batch-size " + std::to_string(micro_batch) + " must be >= 1";
-    if (seq_len < 1 || seq_len > spec.max_seq)
-      return "--seq-length " + std::to_string(seq_len) + " must be in 1.." + std::to_string(spec.max_seq) +
-             " (the model's --max-position-embeddings)";
+    if (seq_len < 1) return "--seq-len " + std::to_string(seq_len) + " must be >= 1";
+    if (seq_len > spec.max_seq)
+      return "--seq-len " + std::to_string(seq_len) + " exceeds the maximum sequence length " +
+             std::to_string(spec.max_seq) + " of model " + spec.name + "; pass --seq-len <= " +
+             std::to_string(spec.max_seq) + ", or a model with more positions (--max-position-embeddings)";
     return {};
   }
 };

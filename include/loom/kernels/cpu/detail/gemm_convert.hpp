@@ -115,6 +115,16 @@ void gemm_convert(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
     la = a_cols;
     lb = b_cols;
   }
+  // A 16-bit product accumulated into an fp32 C (a weight gradient over micro-batches) is
+  // computed whole, then added once: C + (p1 + p2 + ...), not ((C + p1) + p2) ... as a GEMM that
+  // adds each K block into C would round it. So accumulating micro-batches on one rank equals
+  // summing them across data-parallel ranks, bit for bit (CPUs whose 16-bit GEMMs take this path).
+  constexpr bool whole_then_add = std::is_same_v<OutT, float> && !std::is_same_v<T, float>;
+  if (whole_then_add && beta != 0.0f) {
+    float* c32 = thread_workspace(std::size_t(M) * std::size_t(N), workspace_slot::gemm_c);
+    gemm_convert(trans_a, trans_b, M, N, K, alpha, pa, la, pb, lb, 0.0f, c32, N, onednn);
+    return gemm_round_into(M, N, beta, c32, C, ldc);
+  }
   if (onednn) {
     if constexpr (std::is_same_v<OutT, float>) {
       return gemm_onednn_f32(trans_a, trans_b, M, N, K, alpha, pa, la, pb, lb, beta, C, ldc);
