@@ -247,7 +247,10 @@ class instance_cache {
   }
 
   /// Whether `r` has a valid entry (get() would start without compiling).
-  bool cached(const instance_request& r) const { return valid_entry(dir_ / key(r), key(r)); }
+  bool cached(const instance_request& r) const {
+    const std::string k = key(r);  // the source text and the headers' hash: computed once
+    return valid_entry(dir_ / k, k);
+  }
 
   /// The instance serving `r`: loaded from the cache, or compiled into it first (progress and
   /// the time taken to `out`, when not null). Throws loom::input_error for an invalid request,
