@@ -19,7 +19,8 @@ namespace loom_examples {
 /// The text of a CLI11 parse error for a one-line message. CLI11 prefixes a failed check with
 /// the option's name ("--steps: " + the validator's text), so a validator that names the flag
 /// itself reads "--steps: --steps must be ..."; this drops the repeated prefix. A one-value
-/// flag given twice ("--log-dir: At Most 1 required but received 2") says so. A value that is
+/// flag given twice ("--log-dir: At Most 1 required but received 2") says so, naming every alias
+/// of it ("--steps and --train-iters name one flag"). A value that is
 /// not of the flag's type ("Could not convert: --tokens = abc") names the type `app` declares
 /// for it ("--tokens: 'abc' is not a whole number; pass a whole number").
 inline std::string parse_error_text(const CLI::ParseError& e, const CLI::App* app = nullptr) {
@@ -40,8 +41,16 @@ inline std::string parse_error_text(const CLI::ParseError& e, const CLI::App* ap
     }
   }
   constexpr std::string_view twice = ": At Most 1 required but received ";
-  if (const std::size_t at = text.find(twice); at != std::string::npos)
-    return text.substr(0, at) + " was given " + text.substr(at + twice.size()) + " times; it takes one value: pass it once";
+  if (const std::size_t at = text.find(twice); at != std::string::npos) {
+    const std::string flag = text.substr(0, at), count = text.substr(at + twice.size());
+    const CLI::Option* opt = app ? app->get_option_no_throw(flag) : nullptr;
+    if (opt && opt->get_lnames().size() > 1) {  // an alias: "--steps,--train-iters"
+      std::string names;
+      for (const std::string& n : opt->get_lnames()) names += (names.empty() ? "--" : " and --") + n;
+      return names + " name one flag, given " + count + " times in all; it takes one value: pass one of them once";
+    }
+    return flag + " was given " + count + " times; it takes one value: pass it once";
+  }
   const std::size_t colon = text.find(": ");
   if (colon != std::string::npos && colon > 0 && text.compare(colon + 2, colon, text, 0, colon) == 0 &&
       text.compare(0, 1, "-") == 0)

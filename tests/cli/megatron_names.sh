@@ -64,5 +64,9 @@ for i in "${!beta[@]}"; do [[ ${beta[$i]} == --adam-beta2 ]] && beta[$((i + 1))]
 "$bin/train_gpt" "${common[@]}" "${beta[@]}" --out "$work/d.safetensors" > "$work/beta.txt" 2>/dev/null
 d=$(losses "$work/beta.txt")
 [[ -n "$d" && "$d" != "$b" ]] || { echo "--adam-beta2 0.999 changed nothing: $d"; exit 1; }
+# an alias given beside its loom name is one flag given twice: the refusal names both
+"$bin/train_gpt" --data "$work/text.txt" --train-iters 3 --steps 3 > "$work/twice.txt" 2>&1 && rc=0 || rc=$?
+[[ $rc == 2 ]] && grep -q '^train_gpt: error: --steps and --train-iters name one flag, given 2 times' "$work/twice.txt" ||
+  { echo "--train-iters 3 --steps 3: exit $rc,"; cat "$work/twice.txt"; exit 1; }
 echo "Megatron's names == loom's names: $a"
 echo "1 passed, 0 failed"
