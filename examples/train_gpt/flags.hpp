@@ -294,6 +294,9 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_flag("--list-instances", o.list_instances,
                "print the compiled (model, precision, layout, device, attention) instances and exit; with any of "
                "--model, --precision, --layout, --device, --attention, only those that match");
+  app.add_flag("--prune-cache", o.prune_cache,
+               "remove from the instance cache what this build never loads (instances of other loom headers or "
+               "compilers, damaged ones, their precompiled headers, failed compile logs), say how much, and exit");
   app.add_option("--init-from-hf", o.init_from_hf,
                  "start from the Hugging Face weights (GPT-2 or Llama, as --model) in this directory (config.json, "
                  "model.safetensors)")

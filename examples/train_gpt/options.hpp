@@ -60,6 +60,7 @@ struct options {
   int redraw = -1;                 // console: -1 auto (terminal), 0 plain lines (--log-every given)
   int workers = 1;                 // loader prefetch threads for a dataset (0: read on the training thread)
   bool list_instances = false;     // --list-instances: print the compiled instances and exit
+  bool prune_cache = false;        // --prune-cache: remove stale instances from the cache and exit
   // Megatron-LM's names without a loom flag of the same meaning (flags.hpp: add_megatron_flags,
   // apply_megatron_flags; docs/megatron.md)
   std::vector<std::string> data_path;  // --data-path PREFIX (one; a weighted blend is refused)

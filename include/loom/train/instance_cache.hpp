@@ -16,7 +16,8 @@
 /// (shape, recipe, policies, capacities), the compiler (path, size, time) and its flags, and
 /// every header under the toolchain's loom include root. An entry is loaded only when its
 /// stamp (entry.json: key, size and XXH3-64 of the shared object) matches; a truncated, stale or
-/// foreign entry is rebuilt. One process compiles an entry while others wait on a file lock
+/// foreign entry is rebuilt; entries of another toolchain or header set stay until
+/// instance_cache::prune() (train_gpt --prune-cache) removes them. One process compiles an entry while others wait on a file lock
 /// (flock: one per machine for a local cache directory), and every write goes to a temporary
 /// directory renamed into place, so a killed compile leaves nothing that is loaded later.
 ///
@@ -45,6 +46,7 @@
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -129,6 +131,16 @@ inline std::string headers_hash(const std::filesystem::path& root) {
 }
 
 namespace detail {
+
+/// The bytes of the regular files under `p` (0 where it cannot be read).
+inline std::uintmax_t tree_bytes(const std::filesystem::path& p) {
+  std::uintmax_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(p, ec); !ec && it != std::filesystem::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file(ec)) n += it->file_size(ec);
+  return n;
+}
 
 /// XXH3-64 of a whole file as hex; "" when it cannot be read.
 inline std::string file_xxh3(const std::filesystem::path& p) {
@@ -215,7 +227,15 @@ class file_lock {
 struct cached_instance {
   std::string key, description;
   std::filesystem::path dir;
-  bool valid = false;  ///< its stamp matches its shared object (else the next get() rebuilds it)
+  bool valid = false;    ///< its stamp matches its shared object (else the next get() rebuilds it)
+  bool current = false;  ///< built by this toolchain from these headers (else no run loads it: prune() removes it)
+  std::uintmax_t bytes = 0;  ///< the size of its directory
+};
+
+/// What instance_cache::prune() removed.
+struct pruned {
+  std::size_t entries = 0;   ///< stale or damaged instances, precompiled headers of other toolchains, failed logs
+  std::uintmax_t bytes = 0;  ///< their size on disk
 };
 
 /// The cache of instances compiled on first use (see the file comment). Loaded objects stay
@@ -235,15 +255,25 @@ class instance_cache {
   const std::filesystem::path& dir() const noexcept { return dir_; }
   const toolchain& tools() const noexcept { return tc_; }
 
-  /// The cache key of `r` (see the file comment).
+  /// The cache key of `r` (see the file comment): the instance's source and toolchain_id().
   std::string key(const instance_request& r) const {
-    const std::string src = instance_source(r, "");
-    std::string id = src + '\0' + tc_.compiler + '\0';
-    struct stat st {};
-    if (::stat(tc_.compiler.c_str(), &st) == 0) id += std::to_string(st.st_size) + ":" + std::to_string(st.st_mtime);
-    for (const auto& f : tc_.flags) id += '\0' + f;
-    id += '\0' + headers();
+    const std::string id = instance_source(r, "") + '\0' + toolchain_id();
     return xxh3_hex(id.data(), id.size());
+  }
+
+  /// XXH3-64 (hex) of everything but the instance that changes the code: the compiler (path,
+  /// size and modification time), its flags and the hash of loom's headers. Entries stamped
+  /// with another one are stale: no key of this toolchain reaches them.
+  const std::string& toolchain_id() const {
+    std::call_once(toolchain_once_, [&] {
+      std::string id = tc_.compiler + '\0';
+      struct stat st {};
+      if (::stat(tc_.compiler.c_str(), &st) == 0) id += std::to_string(st.st_size) + ":" + std::to_string(st.st_mtime);
+      for (const auto& f : tc_.flags) id += '\0' + f;
+      id += '\0' + headers_hash(tc_.include_root);
+      toolchain_ = xxh3_hex(id.data(), id.size());
+    });
+    return toolchain_;
   }
 
   /// Whether `r` has a valid entry (get() would start without compiling).
@@ -281,7 +311,8 @@ class instance_cache {
     return load(entry, k);
   }
 
-  /// Every entry under dir(): key, the instance it holds and whether it is valid.
+  /// Every entry under dir(): key, the instance it holds, whether it is valid and current, and
+  /// its size.
   std::vector<cached_instance> list() const {
     std::vector<cached_instance> v;
     std::error_code ec;
@@ -289,26 +320,52 @@ class instance_cache {
       const std::string name = e.path().filename().string();
       if (!e.is_directory() || name == "locks" || name.rfind("pch-", 0) == 0 || name.find('.') != std::string::npos)
         continue;  // locks, precompiled headers, a compile in progress
-      cached_instance c{e.path().filename().string(), {}, e.path(), valid_entry(e.path(), e.path().filename().string())};
+      cached_instance c{name, {}, e.path(), valid_entry(e.path(), name), false, detail::tree_bytes(e.path())};
       std::ifstream in(e.path() / "entry.json");
       try {
         nlohmann::json j;
         in >> j;
         c.description = j.value("instance", "");
+        c.current = j.value("toolchain", "") == toolchain_id();
       } catch (...) {
       }
       v.push_back(std::move(c));
     }
-    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.description < b.description; });
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.description, b.current) < std::tie(b.description, a.current);
+    });
     return v;
   }
 
- private:
-  const std::string& headers() const {
-    std::call_once(headers_once_, [&] { headers_ = headers_hash(tc_.include_root); });
-    return headers_;
+  /// Removes what no run of this toolchain and these headers loads: stale and damaged entries,
+  /// precompiled headers of other toolchains and the logs of failed compiles. Entries being
+  /// compiled (`<key>.tmp-<pid>`) and the locks stay. Not safe beside a run of another loom
+  /// build that uses the same directory (its entries are stale to this one).
+  pruned prune() {
+    namespace fs = std::filesystem;
+    pruned p;
+    std::error_code ec;
+    const std::string pch = "pch-" + toolchain_id();
+    fs::create_directories(dir_ / "locks", ec);
+    for (const auto& c : list())
+      if (!c.valid || !c.current) {
+        detail::file_lock lock(dir_ / "locks" / (c.key + ".lock"));
+        if (!lock.try_lock()) continue;  // being compiled or rebuilt now
+        p.bytes += c.bytes, ++p.entries;
+        fs::remove_all(c.dir, ec);
+      }
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      const bool old_pch = e.is_directory() && name.rfind("pch-", 0) == 0 && name != pch;
+      const bool failed_log = name.size() > 11 && name.compare(name.size() - 11, 11, ".failed.log") == 0;
+      if (!old_pch && !failed_log) continue;
+      p.bytes += detail::tree_bytes(e.path()), ++p.entries;
+      fs::remove_all(e.path(), ec);
+    }
+    return p;
   }
 
+ private:
   /// Whether `entry` holds a complete object for key k (its stamp's size and checksum match).
   static bool valid_entry(const std::filesystem::path& entry, const std::string& k) {
     std::error_code ec;
@@ -375,6 +432,7 @@ class instance_cache {
     const auto so = tmp / "instance.so";
     nlohmann::json stamp = {{"key", k},
                             {"instance", r.describe()},
+                            {"toolchain", toolchain_id()},
                             {"size", fs::file_size(so)},
                             {"xxh3_64", detail::file_xxh3(so)},
                             {"compile_seconds", secs}};
@@ -398,9 +456,7 @@ class instance_cache {
   /// empty path when it cannot be built (the instance then compiles without it).
   std::filesystem::path precompiled_header(std::ostream* out) {
     namespace fs = std::filesystem;
-    std::string id = tc_.compiler + '\0' + headers();
-    for (const auto& f : tc_.flags) id += '\0' + f;
-    const std::string k = xxh3_hex(id.data(), id.size());
+    const std::string& k = toolchain_id();
     const fs::path dir = dir_ / ("pch-" + k), header = dir / "instance.hpp", stamp = dir / "ok";
     std::error_code ec;
     if (fs::exists(stamp, ec)) return header;
@@ -444,8 +500,8 @@ class instance_cache {
 
   toolchain tc_;
   std::filesystem::path dir_;
-  mutable std::once_flag headers_once_;
-  mutable std::string headers_;
+  mutable std::once_flag toolchain_once_;
+  mutable std::string toolchain_;
   std::mutex mu_;
   std::map<std::string, const session_instance*> loaded_;
 };

@@ -4,7 +4,7 @@
 // them). What is checked: an entry is compiled once and then loaded; a
 // truncated object or a changed header is compiled again; two callers racing on one entry
 // compile it once; a failed compile reports the compiler's first error and keeps its log; no
-// compiler names the CMake setting.
+// compiler names the CMake setting; an entry of other headers is listed as stale and pruned.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -160,4 +160,42 @@ TEST_CASE("instance_cache: a failed compile names the first error and keeps the 
   auto bad = request();
   bad.tp = 2;  // 5 heads
   CHECK_THROWS_WITH_AS(c.get(bad), doctest::Contains("not divisible by TP=2"), loom::input_error);
+}
+
+TEST_CASE("instance_cache: an entry of other headers is listed as stale and prune() removes only it") {
+  sandbox sb;
+  const auto r = request();
+  {
+    lt::instance_cache before(sb.tools(), sb.dir / "cache");
+    (void)before.get(r);
+  }
+  std::ofstream(sb.dir / "cache" / "deadbeef.failed.log") << "error: an old failure\n";
+  std::ofstream(sb.dir / "include" / "loom" / "a.hpp", std::ios::app) << "// edited\n";
+  lt::instance_cache after(sb.tools(), sb.dir / "cache");
+  auto other = r;
+  other.seq_len = 19;
+  (void)after.get(other);
+  CHECK(sb.runs() == 2);
+  const auto listed = after.list();
+  REQUIRE(listed.size() == 2);
+  int current = 0;
+  for (const auto& c : listed) {
+    CHECK(c.valid);
+    CHECK(c.bytes > fs::file_size(c.dir / "instance.so"));  // the object, its source, stamp and log
+    if (c.current) {
+      ++current;
+      CHECK(c.description == other.describe());
+    }
+  }
+  CHECK(current == 1);
+  const auto p = after.prune();
+  CHECK(p.entries == 2);  // the stale instance and the failed log
+  CHECK(p.bytes > 0);
+  const auto left = after.list();
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].current);
+  CHECK(left[0].description == other.describe());
+  CHECK_FALSE(fs::exists(sb.dir / "cache" / "deadbeef.failed.log"));
+  CHECK(after.cached(other));
+  CHECK(after.prune().entries == 0);
 }
