@@ -70,19 +70,35 @@ struct param_spec {
   constexpr std::size_t layer_size() const { return per_layer ? size() / std::size_t(shape[0]) : size(); }
 };
 
-namespace detail {
+/// What a parameter table is built from: the recipe and the model's sizes (a model config's at
+/// compile time, models::model_spec's at run time). C the width, Vp the padded vocabulary,
+/// NH / KV the query / key-value heads, H the MLP's hidden width.
+struct table_shape {
+  recipe r;
+  long n_layer = 0, C = 0, NH = 0, KV = 0, H = 0, Vp = 0, max_seq = 0;
+};
+
+/// The table_shape of model config M.
+template <models::model_config M>
+constexpr table_shape table_shape_of() noexcept {
+  return {arch_of<M>(), M::n_layer, M::d_model, M::n_head, models::kv_heads_of<M>(), models::mlp_hidden_of<M>(),
+          M::vocab_padded, M::max_seq};
+}
+
 /// Up to role::count rows and how many are used; the recipe decides which rows exist.
 struct table_builder {
   std::array<param_spec, std::size_t(role::count)> rows{};
   std::size_t n = 0;
 };
 
-template <models::model_config M, parallel::layout_policy L>
-consteval table_builder build_table() {
-  constexpr recipe r = arch_of<M>();
-  constexpr long C = M::d_model, Vp = M::vocab_padded, Ls = M::n_layer / L::pp, tp = L::tp;
-  constexpr long NH = M::n_head, KV = models::kv_heads_of<M>(), hd = C / NH, H = models::mlp_hidden_of<M>();
-  constexpr bool ln = r.norm == norm_kind::layernorm, swiglu = r.mlp == mlp_kind::swiglu;
+/// The table of model m on tp x pp (layers per stage n_layer / pp), at compile time or at run
+/// time (the run-time memory plan, train/shape_plan.hpp). The sizes must divide as
+/// parallel::fits requires (the caller checks: model_facts::layout_problem).
+constexpr table_builder build_table(const table_shape& m, long tp, long pp) {
+  const recipe r = m.r;
+  const long C = m.C, Vp = m.Vp, Ls = m.n_layer / pp;
+  const long NH = m.NH, KV = m.KV, hd = C / NH, H = m.H;
+  const bool ln = r.norm == norm_kind::layernorm, swiglu = r.mlp == mlp_kind::swiglu;
   using enum shard;
   using enum init;
   table_builder b;
@@ -104,11 +120,11 @@ consteval table_builder build_table() {
   global("wte", role::wte, Vp, C, false, vocab, normal, r.tied_head ? stages::first_and_last : stages::first,
          "wte.weight");
   if (r.position == position_kind::learned)
-    global("wpe", role::wpe, M::max_seq, C, false, replicated, normal, stages::first, "wpe.weight");
+    global("wpe", role::wpe, m.max_seq, C, false, replicated, normal, stages::first, "wpe.weight");
   layer("ln1_w", role::ln1_w, C, 1, false, replicated, ones, "h.{}.ln_1.weight");
   if (ln) layer("ln1_b", role::ln1_b, C, 1, false, replicated, zeros, "h.{}.ln_1.bias");
   // [q: NH heads | k: KV heads | v: KV heads] of hd rows each
-  constexpr std::array<int, 3> qkv_parts = KV == NH ? std::array<int, 3>{1, 1, 1} : std::array<int, 3>{int(NH), int(KV), int(KV)};
+  const std::array<int, 3> qkv_parts = KV == NH ? std::array<int, 3>{1, 1, 1} : std::array<int, 3>{int(NH), int(KV), int(KV)};
   layer("qkv_w", role::qkv_w, (NH + 2 * KV) * hd, C, true, column, normal, "h.{}.attn.c_attn.weight", true, 3, qkv_parts);
   if (bias)
     layer("qkv_b", role::qkv_b, (NH + 2 * KV) * hd, 1, false, column, zeros, "h.{}.attn.c_attn.bias", false, 3, qkv_parts);
@@ -127,6 +143,12 @@ consteval table_builder build_table() {
   if (r.hf_model_type != "gpt2")  // the names above are GPT-2's; io/hf_llama.hpp maps Llama's itself
     for (std::size_t k = 0; k < b.n; ++k) b.rows[k].hf_name = {};
   return b;
+}
+
+namespace detail {
+template <models::model_config M, parallel::layout_policy L>
+consteval table_builder build_table() {
+  return nn::build_table(table_shape_of<M>(), L::tp, L::pp);
 }
 }  // namespace detail
 

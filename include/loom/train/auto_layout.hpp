@@ -1,15 +1,17 @@
 #pragma once
 /// \file train::choose_layout: the fastest layout that fits a memory limit, among compiled
-/// instances, by their memory plans (train::session_instance::plan, the tables the trainer
-/// allocates from) and the step estimate (train/step_estimate.hpp). train_gpt --layout auto and
-/// examples/plan --layout auto call it.
+/// instances (by their memory plans: train::session_instance::plan, the tables the trainer
+/// allocates from) or among every layout a model's shape divides (by train::plan_shape, the
+/// same arithmetic at run time, for instances compiled on first use), and the step estimate
+/// (train/step_estimate.hpp). train_gpt --layout auto and examples/plan --layout auto call it.
 ///
 ///   train::layout_request r{.model = "quickstart", .precision = "fp32", .device = "cpu",
 ///                           .world_size = 4, .global_batch = 64, .memory_limit = 512 << 20, ...};
-///   const auto ranked = train::rank_layouts(train::compiled_sessions(), r);  // every candidate
-///   const auto best = train::choose_layout(train::compiled_sessions(), r);   // or input_error
+///   const auto options = train::layout_options(train::compiled_sessions());  // or (spec, ...)
+///   const auto ranked = train::rank_layouts(options, r);  // every candidate
+///   const auto best = train::choose_layout(options, r);   // or input_error
 ///
-/// A candidate is an instance (tp x pp) dividing the world, a micro-batch up to the instance's
+/// A candidate is a layout option (tp x pp) dividing the world, a micro-batch up to the option's
 /// capacity whose micro-batch x dp divides the global batch (grad_accum the quotient), a
 /// recompute mode, ZeRO-1 on or off (with more than one data-parallel rank) and, on an NPU when
 /// asked, optimizer offload (its pinned host memory is not in the footprint: the limit is the
@@ -18,6 +20,7 @@
 /// shard) plus the stated per-rank overhead the plan does not hold (runtime, allocator slack).
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,6 +31,7 @@
 #include <loom/nn/activations.hpp>
 #include <loom/train/memory_plan.hpp>
 #include <loom/train/session.hpp>
+#include <loom/train/shape_plan.hpp>
 #include <loom/train/step_estimate.hpp>
 
 namespace loom::train {
@@ -78,9 +82,71 @@ struct layout_request {
   bool offload = false;
 };
 
+/// One (model, precision, tp x pp, device, attention) a layout is chosen among: a compiled
+/// instance (`instance` set; its capacities and plan), or a shape planned at run time
+/// (plan_shape; `instance` null), which train_gpt compiles on first use with capacities equal
+/// to the chosen micro-batch and sequence.
+struct layout_option {
+  std::string model, precision, device, attention;
+  int tp = 1, pp = 1;
+  int micro_batch = 1, seq_len = 1;  ///< the capacities (a shape's: the largest micro-batch to consider)
+  /// The plan of one rank: (args, world size, dp rank, stage); throws input_error for settings
+  /// the trainer refuses.
+  std::function<memory_plan(const session_args&, int, int, int)> plan;
+  models::model_facts facts;        ///< the model's sizes (a shape's views its model_spec's strings)
+  std::size_t parameters = 0;       ///< of the whole model
+  const session_instance* instance = nullptr;
+
+  std::string layout() const { return "tp" + std::to_string(tp) + "pp" + std::to_string(pp); }
+  /// "quickstart fp32 tp1pp2 cpu fused".
+  std::string describe() const { return model + " " + precision + " " + layout() + " " + device + " " + attention; }
+};
+
+/// One option per instance with a plan and model facts.
+inline std::vector<layout_option> layout_options(std::span<const session_instance> instances) {
+  std::vector<layout_option> out;
+  for (const auto& i : instances)
+    if (i.plan && i.facts)
+      out.push_back({std::string(i.model), std::string(i.precision), std::string(i.device), std::string(i.attention),
+                     i.tp, i.pp, i.micro_batch, i.seq_len, i.plan, *i.facts, i.parameters, &i});
+  return out;
+}
+
+/// The option of `spec` on tp x pp, planned by plan_shape with capacities equal to the settings'
+/// micro-batch and sequence (micro_batch x seq_len when they give none: an instance compiled on
+/// first use has exactly the capacities it runs with), with `threads` OpenMP threads per rank.
+/// `spec` must outlive the option (its facts view the spec's strings).
+inline layout_option shape_option(const models::model_spec& spec, const std::string& precision,
+                                  const std::string& device, const std::string& attention, int tp, int pp,
+                                  int micro_batch, int seq_len, int threads) {
+  instance_request r{.spec = spec, .precision = precision, .tp = tp, .pp = pp, .device = device,
+                     .attention = attention, .micro_batch = micro_batch, .seq_len = seq_len};
+  auto plan = [r, threads](const session_args& a, int world, int dp_rank, int stage) {
+    instance_request sized = r;
+    if (a.cfg.micro_batch > 0) sized.micro_batch = a.cfg.micro_batch;
+    if (a.cfg.seq_len > 0) sized.seq_len = a.cfg.seq_len;
+    return plan_shape(sized, a, world, dp_rank, stage, threads);
+  };
+  return {spec.name, precision, device, attention, tp, pp, micro_batch, seq_len, plan, spec.facts(),
+          std::size_t(spec.parameter_count()), nullptr};
+}
+
+/// shape_option for every layout tp x pp that divides world_size and `spec`
+/// (model_facts::layout_problem), considering micro-batches up to max_micro_batch.
+inline std::vector<layout_option> layout_options(const models::model_spec& spec, const std::string& precision,
+                                                 const std::string& device, const std::string& attention,
+                                                 int world_size, int max_micro_batch, int seq_len, int threads) {
+  std::vector<layout_option> out;
+  for (int tp = 1; tp <= world_size; ++tp)
+    for (int pp = 1; tp * pp <= world_size; ++pp)
+      if (world_size % (tp * pp) == 0 && spec.facts().layout_problem(tp, pp).empty())
+        out.push_back(shape_option(spec, precision, device, attention, tp, pp, max_micro_batch, seq_len, threads));
+  return out;
+}
+
 /// One candidate layout and what it costs.
 struct layout_candidate {
-  const session_instance* instance = nullptr;
+  layout_option option;
   int dp = 1, micro_batch = 1, grad_accum = 1, seq_len = 1;
   nn::recompute recompute = nn::recompute::none;
   bool zero1 = false, offload = false;
@@ -92,18 +158,18 @@ struct layout_candidate {
 
   /// "tp2pp2 x dp 2, micro-batch 4 x 8, recompute full, ZeRO-1" (", no ZeRO-1" with dp > 1 without it).
   std::string describe() const {
-    return instance->layout() + " x dp " + std::to_string(dp) + ", micro-batch " + std::to_string(micro_batch) +
+    return option.layout() + " x dp " + std::to_string(dp) + ", micro-batch " + std::to_string(micro_batch) +
            " x " + std::to_string(grad_accum) + ", recompute " + nn::recompute_name(recompute) +
            (zero1 ? ", ZeRO-1" : dp > 1 ? ", no ZeRO-1" : "") + (offload ? ", optimizer offload" : "");
   }
 };
 
-/// The step of instance `i` on `dp` data-parallel ranks under `a` (cfg's micro-batch, sequence —
-/// 0: the instance's capacities —, accumulation, recompute mode and offload; ddp.zero1) at
+/// The step of option `i` on `dp` data-parallel ranks under `a` (cfg's micro-batch, sequence —
+/// 0: the option's capacities —, accumulation, recompute mode and offload; ddp.zero1) at
 /// `peak_flops` per rank, for estimate_step: bf16/fp16 instances store 2 bytes per element,
-/// every precision keeps fp32 gradients.
-inline step_shape step_shape_of(const session_instance& i, int dp, const session_args& a, double peak_flops) {
-  return {.facts = i.facts, .parameters = double(i.parameters), .tp = i.tp, .pp = i.pp, .dp = dp,
+/// every precision keeps fp32 gradients. The result points at i.facts: use it while i lives.
+inline step_shape step_shape_of(const layout_option& i, int dp, const session_args& a, double peak_flops) {
+  return {.facts = &i.facts, .parameters = double(i.parameters), .tp = i.tp, .pp = i.pp, .dp = dp,
           .micro_batch = a.cfg.micro_batch ? a.cfg.micro_batch : i.micro_batch, .grad_accum = a.cfg.grad_accum,
           .seq_len = a.cfg.seq_len ? a.cfg.seq_len : i.seq_len, .recompute = a.cfg.recompute, .zero1 = a.ddp.zero1,
           .offload = a.cfg.offload_optimizer, .offload_overlap = a.cfg.offload_overlap,
@@ -112,8 +178,8 @@ inline step_shape step_shape_of(const session_instance& i, int dp, const session
 
 namespace detail {
 
-/// The candidate of instance i with these settings, or false when the instance refuses them.
-inline bool evaluate_candidate(const session_instance& i, const layout_request& r, layout_candidate& c) {
+/// The candidate of option i with these settings, or false when the option refuses them.
+inline bool evaluate_candidate(const layout_option& i, const layout_request& r, layout_candidate& c) {
   session_args a = r.args;
   a.cfg.micro_batch = c.micro_batch;
   a.cfg.seq_len = c.seq_len;
@@ -139,10 +205,9 @@ inline bool evaluate_candidate(const session_instance& i, const layout_request& 
 
 /// Every candidate for `r` among `instances` (see the file comment): those that fit the limit
 /// first, fastest first (ties: without optimizer offload, then the smaller footprint, then the
-/// larger micro-batch), then the rest, smallest footprint first.
-/// Instances without a plan or model facts are skipped. Throws loom::input_error for a request
-/// without a world, global batch or peak, or when no instance of the family is compiled.
-inline std::vector<layout_candidate> rank_layouts(std::span<const session_instance> instances,
+/// larger micro-batch), then the rest, smallest footprint first. Throws loom::input_error for a
+/// request without a world, global batch or peak, or when no option is of the family.
+inline std::vector<layout_candidate> rank_layouts(std::span<const layout_option> instances,
                                                   const layout_request& r) {
   if (r.world_size < 1 || r.global_batch < 1 || !(r.peak_flops > 0))
     throw input_error("layout auto: needs a world of at least one rank, a global batch of at least one sequence "
@@ -151,7 +216,7 @@ inline std::vector<layout_candidate> rank_layouts(std::span<const session_instan
   bool family = false;
   for (const auto& i : instances) {
     if (i.model != r.model || i.precision != r.precision || i.device != r.device || i.attention != r.attention ||
-        !i.plan || !i.facts)
+        !i.plan)
       continue;
     family = true;
     if (r.world_size % (i.tp * i.pp) != 0) continue;
@@ -163,7 +228,7 @@ inline std::vector<layout_candidate> rank_layouts(std::span<const session_instan
           for (const bool off : {false, true}) {
             if ((z && (!r.zero1 || dp == 1)) || (off && (!r.offload || z || i.device == "cpu"))) continue;
             layout_candidate c;
-            c.instance = &i, c.dp = dp, c.micro_batch = b, c.grad_accum = r.global_batch / (b * dp);
+            c.option = i, c.dp = dp, c.micro_batch = b, c.grad_accum = r.global_batch / (b * dp);
             c.seq_len = r.seq_len ? r.seq_len : i.seq_len, c.recompute = mode, c.zero1 = z, c.offload = off;
             if (detail::evaluate_candidate(i, r, c)) out.push_back(c);
           }
@@ -188,7 +253,7 @@ inline std::vector<layout_candidate> rank_layouts(std::span<const session_instan
 /// naming the smallest footprint, the candidate that has it and the limit or ranks that would
 /// reach it; or when no candidate exists (a world no compiled layout divides, a global batch no
 /// micro-batch x dp divides).
-inline layout_candidate choose_layout(std::span<const session_instance> instances, const layout_request& r) {
+inline layout_candidate choose_layout(std::span<const layout_option> instances, const layout_request& r) {
   const auto ranked = rank_layouts(instances, r);
   if (ranked.empty())
     throw input_error("layout auto: no compiled layout of " + std::string(r.model) + " divides " +
@@ -203,6 +268,16 @@ inline layout_candidate choose_layout(std::span<const session_instance> instance
                     std::to_string(smallest.largest_stage) + "); pass --memory-limit " + mib(smallest.footprint) +
                     "MiB or more, or more ranks (--ranks: more data-parallel ranks shard the optimizer with ZeRO-1, "
                     "larger tp x pp layouts split the model; cmake -DLOOM_EXTRA_SESSIONS compiles more layouts)");
+}
+
+/// rank_layouts among the compiled instances `instances` (layout_options of them).
+inline std::vector<layout_candidate> rank_layouts(std::span<const session_instance> instances, const layout_request& r) {
+  return rank_layouts(layout_options(instances), r);
+}
+
+/// choose_layout among the compiled instances `instances` (layout_options of them).
+inline layout_candidate choose_layout(std::span<const session_instance> instances, const layout_request& r) {
+  return choose_layout(layout_options(instances), r);
 }
 
 }  // namespace loom::train

@@ -194,9 +194,107 @@ inline std::uint64_t checksum_bytes(const void* data, std::size_t bytes) noexcep
 }
 }  // namespace detail
 
+/// One piece of a data-parallel bucket: a slice of the parameter/gradient buffer.
+struct bucket_segment {
+  std::size_t offset = 0;  ///< element offset in the parameter/gradient buffer
+  std::size_t length = 0;  ///< elements
+  std::size_t packed = 0;  ///< element offset inside its bucket
+  int tensor = 0;          ///< table row
+};
+
+/// One bucket: its segments, length and this rank's part.
+struct bucket_geometry {
+  std::vector<bucket_segment> segs;
+  std::size_t length = 0;        ///< packed elements
+  std::size_t chunk = 0;         ///< per-rank part: length <= n * chunk
+  std::size_t lo = 0, hi = 0;    ///< this rank's part [lo, hi) of the packed elements
+  std::size_t shard_offset = 0;  ///< ZeRO-1: where its owned chunk starts in the shard
+  int last_layer = 0;            ///< the ready() call that completes it
+};
+
+/// The slices a backward over `table` (element offsets `offsets`, `layers` layers on this
+/// stage) finishes with ready(layer): layer l's slice of every per-layer row, or the global
+/// rows whose nn::ready_event is `layer` (layers or -1).
+inline std::vector<bucket_segment> bucket_group(std::span<const nn::param_spec> table,
+                                                std::span<const std::size_t> offsets, int layers, int layer) {
+  std::vector<bucket_segment> g;
+  for (std::size_t k = 0; k < table.size(); ++k) {
+    const auto& s = table[k];
+    if (s.per_layer && layer >= 0 && layer < layers)
+      g.push_back({offsets[k] + std::size_t(layer) * s.layer_size(), s.layer_size(), 0, int(k)});
+    else if (!s.per_layer && nn::ready_event(s, layers) == layer)
+      g.push_back({offsets[k], s.size(), 0, int(k)});
+  }
+  return g;
+}
+
+/// The buckets of rank r in a group of n over `table` (gradients of grad_bytes bytes each):
+/// groups in ready order (lnf = layer `layers`, blocks layers-1..0, embeddings = layer -1)
+/// packed into buckets of at most bucket_mb MiB (a larger group gets its own), each split into n
+/// chunks of a multiple of 64 bytes.
+inline std::vector<bucket_geometry> plan_buckets(std::span<const nn::param_spec> table,
+                                                 std::span<const std::size_t> offsets, int layers,
+                                                 std::size_t grad_bytes, std::size_t n, std::size_t r,
+                                                 double bucket_mb) {
+  std::vector<bucket_geometry> out;
+  const std::size_t cap = std::size_t(bucket_mb * 1048576.0 / double(grad_bytes));
+  bucket_geometry cur;
+  for (int layer = layers; layer >= -1; --layer) {
+    std::vector<bucket_segment> g = bucket_group(table, offsets, layers, layer);
+    std::size_t len = 0;
+    for (const auto& s : g) len += s.length;
+    if (!cur.segs.empty() && cur.length + len > cap) {
+      out.push_back(std::move(cur));
+      cur = bucket_geometry{};
+    }
+    for (auto s : g) {
+      s.packed = cur.length;
+      cur.length += s.length;
+      cur.segs.push_back(s);
+    }
+    cur.last_layer = layer;
+  }
+  if (!cur.segs.empty()) out.push_back(std::move(cur));
+  std::size_t shard = 0;
+  const std::size_t align = 64 / grad_bytes ? 64 / grad_bytes : 1;
+  for (auto& b : out) {
+    b.chunk = ((b.length + n - 1) / n + align - 1) / align * align;
+    b.lo = std::min(b.length, r * b.chunk);
+    b.hi = std::min(b.length, b.lo + b.chunk);
+    b.shard_offset = shard;
+    shard += b.hi - b.lo;
+  }
+  return out;
+}
+
+/// Throws loom::input_error for bucket_mb <= 0 or check_every < 0.
+inline void check_ddp_options(const ddp_options& options) {
+  if (!(options.bucket_mb > 0))
+    throw input_error("data parallel: bucket size " + std::to_string(options.bucket_mb) +
+                      " MiB must be > 0; pass e.g. --bucket-mb 1");
+  if (options.check_every < 0) throw input_error("data parallel: replica check interval must be >= 0 (0: never)");
+}
+
+/// What data_parallel allocates on rank r of a group of n with `options` for `table` (bucket
+/// buffers of grad_bytes elements; with ZeRO-1 and storage_bytes != grad_bytes also the
+/// parameters' all-gather buffers), and the ZeRO-1 shard it gives that rank, without allocating.
+/// Throws as check_ddp_options.
+inline ddp_plan plan_bucket_memory(std::span<const nn::param_spec> table, std::span<const std::size_t> offsets,
+                                   int layers, std::size_t grad_bytes, std::size_t storage_bytes, std::size_t n,
+                                   std::size_t r, const ddp_options& options) {
+  check_ddp_options(options);
+  ddp_plan p;
+  for (const auto& b : plan_buckets(table, offsets, layers, grad_bytes, n, r, options.bucket_mb)) {
+    p.buckets += n * b.chunk * grad_bytes;
+    if (storage_bytes != grad_bytes && options.zero1) p.buckets += n * b.chunk * storage_bytes;
+    p.shard_elements += b.hi - b.lo;
+  }
+  return p;
+}
+
 /// The bucket layout of data_parallel<G, C> (Note [DDP buckets]), which depends on the model and
 /// the group's size only: data_parallel builds its buckets from it, train::basic_trainer::plan
-/// counts their bytes before anything is allocated.
+/// counts their bytes before anything is allocated (plan_buckets over G's table).
 template <class G>
 struct bucket_plan {
   using grad_t = std::remove_cvref_t<decltype(*std::declval<const G&>().gradients().data())>;
@@ -205,91 +303,24 @@ struct bucket_plan {
   /// ZeRO-1 gathers the parameters through the gradient buckets when the types agree (fp32),
   /// else through buffers of the storage type.
   static constexpr bool gather_in_staging = std::is_same_v<storage_t, grad_t>;
+  using segment = bucket_segment;
+  using geometry = bucket_geometry;
 
-  struct segment {
-    std::size_t offset = 0;  ///< element offset in the parameter/gradient buffer
-    std::size_t length = 0;  ///< elements
-    std::size_t packed = 0;  ///< element offset inside its bucket
-    int tensor = 0;          ///< table row
-  };
-  struct geometry {
-    std::vector<segment> segs;
-    std::size_t length = 0;        ///< packed elements
-    std::size_t chunk = 0;         ///< per-rank part: length <= n * chunk
-    std::size_t lo = 0, hi = 0;    ///< this rank's part [lo, hi) of the packed elements
-    std::size_t shard_offset = 0;  ///< ZeRO-1: where its owned chunk starts in the shard
-    int last_layer = 0;            ///< the ready() call that completes it
-  };
+  /// bucket_group over G's table.
+  static std::vector<segment> group(int layer) { return bucket_group(G::table, G::offsets, L, layer); }
 
-  /// The slices the model's backward finishes with ready(layer): layer l's slice of every
-  /// per-layer row, or the global rows whose nn::ready_event is `layer` (L or -1).
-  static std::vector<segment> group(int layer) {
-    std::vector<segment> g;
-    for (std::size_t k = 0; k < G::num_tensors; ++k) {
-      const auto& s = G::table[k];
-      if (s.per_layer && layer >= 0 && layer < L)
-        g.push_back({G::offsets[k] + std::size_t(layer) * s.layer_size(), s.layer_size(), 0, int(k)});
-      else if (!s.per_layer && nn::ready_event(s, L) == layer)
-        g.push_back({G::offsets[k], s.size(), 0, int(k)});
-    }
-    return g;
-  }
-
-  /// The buckets of rank r in a group of n: groups in ready order (lnf = layer L, blocks
-  /// L-1..0, embeddings = layer -1) packed into buckets of at most bucket_mb MiB (a larger group
-  /// gets its own), each split into n chunks of a multiple of 64 bytes.
+  /// plan_buckets over G's table.
   static std::vector<geometry> plan(std::size_t n, std::size_t r, double bucket_mb) {
-    std::vector<geometry> out;
-    const std::size_t cap = std::size_t(bucket_mb * 1048576.0 / sizeof(grad_t));
-    geometry cur;
-    for (int layer = L; layer >= -1; --layer) {
-      std::vector<segment> g = group(layer);
-      std::size_t len = 0;
-      for (const auto& s : g) len += s.length;
-      if (!cur.segs.empty() && cur.length + len > cap) {
-        out.push_back(std::move(cur));
-        cur = geometry{};
-      }
-      for (auto s : g) {
-        s.packed = cur.length;
-        cur.length += s.length;
-        cur.segs.push_back(s);
-      }
-      cur.last_layer = layer;
-    }
-    if (!cur.segs.empty()) out.push_back(std::move(cur));
-    std::size_t shard = 0;
-    for (auto& b : out) {
-      constexpr std::size_t align = 64 / sizeof(grad_t) ? 64 / sizeof(grad_t) : 1;
-      b.chunk = ((b.length + n - 1) / n + align - 1) / align * align;
-      b.lo = std::min(b.length, r * b.chunk);
-      b.hi = std::min(b.length, b.lo + b.chunk);
-      b.shard_offset = shard;
-      shard += b.hi - b.lo;
-    }
-    return out;
+    return plan_buckets(G::table, G::offsets, L, sizeof(grad_t), n, r, bucket_mb);
   }
 
   /// Throws loom::input_error for bucket_mb <= 0 or check_every < 0.
-  static void check(const ddp_options& options) {
-    if (!(options.bucket_mb > 0))
-      throw input_error("data parallel: bucket size " + std::to_string(options.bucket_mb) +
-                        " MiB must be > 0; pass e.g. --bucket-mb 1");
-    if (options.check_every < 0)
-      throw input_error("data parallel: replica check interval must be >= 0 (0: never)");
-  }
+  static void check(const ddp_options& options) { check_ddp_options(options); }
 
-  /// What data_parallel allocates on rank r of a group of n with `options` (bucket buffers),
-  /// and the ZeRO-1 shard it gives that rank, without allocating. Throws as check().
+  /// plan_bucket_memory over G's table.
   static ddp_plan memory_of(std::size_t n, std::size_t r, const ddp_options& options) {
-    check(options);
-    ddp_plan p;
-    for (const auto& b : plan(n, r, options.bucket_mb)) {
-      p.buckets += n * b.chunk * sizeof(grad_t);
-      if (!gather_in_staging && options.zero1) p.buckets += n * b.chunk * sizeof(storage_t);
-      p.shard_elements += b.hi - b.lo;
-    }
-    return p;
+    static_assert(gather_in_staging == (sizeof(storage_t) == sizeof(grad_t)));
+    return plan_bucket_memory(G::table, G::offsets, L, sizeof(grad_t), sizeof(storage_t), n, r, options);
   }
 };
 

@@ -178,8 +178,8 @@ TEST_CASE("choose_layout: the compiled char_tiny instances by their real plans")
   REQUIRE(!ranked.empty());
   std::size_t smallest_none = ~std::size_t(0), smallest = ~std::size_t(0);
   for (const auto& c : ranked) {
-    CHECK(c.instance->model == "char_tiny");
-    CHECK(4 % (c.instance->tp * c.instance->pp) == 0);
+    CHECK(c.option.instance->model == "char_tiny");
+    CHECK(4 % (c.option.instance->tp * c.option.instance->pp) == 0);
     CHECK(c.micro_batch * c.dp * c.grad_accum == 32);
     smallest = std::min(smallest, c.footprint);
     if (c.recompute == recompute::none) smallest_none = std::min(smallest_none, c.footprint);
@@ -194,7 +194,7 @@ TEST_CASE("choose_layout: the compiled char_tiny instances by their real plans")
   a.cfg.grad_accum = pick.grad_accum;
   a.cfg.recompute = pick.recompute;
   a.ddp.zero1 = pick.zero1;
-  CHECK(pick.instance->plan(a, 4, 0, pick.largest_stage).total() + r.overhead == pick.footprint);
+  CHECK(pick.option.instance->plan(a, 4, 0, pick.largest_stage).total() + r.overhead == pick.footprint);
   r.memory_limit = smallest - 1;
   CHECK_THROWS_WITH_AS(lt::choose_layout(all, r), doctest::Contains("nothing fits"), loom::input_error);
 }
