@@ -43,7 +43,7 @@ inline loom::train::link threads_link(int ranks) {
 /// Ranks the candidates of `r` (train::rank_layouts), prints how many fit, the chosen one, the
 /// runner-up and the next (show - 2) candidates, and returns the choice (train::choose_layout: throws loom::input_error when
 /// nothing fits, naming the smallest footprint).
-inline loom::train::layout_candidate choose_and_print(std::span<const loom::train::session_instance> all,
+inline loom::train::layout_candidate choose_and_print(std::span<const loom::train::layout_option> all,
                                                       const loom::train::layout_request& r, const char* program,
                                                       std::size_t show = 2) {
   const auto mib = [](std::size_t b) { return double(b) / 1048576.0; };

@@ -20,6 +20,8 @@
 // on an NPU from --link-gbps / --inter-node-gbps, hccl_test's busbw).
 #include <algorithm>
 #include <cstdio>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,7 @@
 
 #include "cli.hpp"
 #include "layout_auto.hpp"
+#include "train_gpt/model_flags.hpp"
 #include "train_gpt/options.hpp"
 
 namespace {
@@ -94,7 +97,7 @@ loom::train::network network_of(const options& o, std::string& source) {
   return net;
 }
 
-void print_plans(const loom::train::session_instance& inst, const options& o, const loom::train::session_args& a,
+void print_plans(const loom::train::layout_option& inst, const options& o, const loom::train::session_args& a,
                  int b, int t, int accum, int threads, std::size_t overhead) {
   using namespace loom;
   const int dp = o.ranks / (inst.tp * inst.pp);
@@ -102,11 +105,15 @@ void print_plans(const loom::train::session_instance& inst, const options& o, co
   for (int stage = 0; stage < inst.pp; ++stage) plans.push_back(inst.plan(a, o.ranks, 0, stage));
   const std::string per_rank =
       o.device == "cpu" ? ", " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") + " per rank" : "";
-  std::printf("%s, micro-batch %d x seq %d x accum %d, %d rank%s = tp %d x pp %d x dp %d%s, recompute %s%s "
-              "(memory is sized for the compiled capacity %d x %d)\n",
-              inst.describe().c_str(), b, t, accum, o.ranks, o.ranks == 1 ? "" : "s", inst.tp, inst.pp, dp,
-              a.ddp.zero1 ? ", ZeRO-1" : "", nn::recompute_name(a.cfg.recompute), per_rank.c_str(), inst.micro_batch,
-              inst.seq_len);
+  const std::string sized = inst.instance ? "memory is sized for the compiled capacity " + std::to_string(inst.micro_batch) +
+                                                " x " + std::to_string(inst.seq_len)
+                                          : "an instance compiled on first use, for exactly " + std::to_string(b) +
+                                                " x " + std::to_string(t);
+  std::printf("%s, %.3g B parameters, micro-batch %d x seq %d x accum %d, %d rank%s = tp %d x pp %d x dp %d%s, "
+              "recompute %s%s (%s)\n",
+              inst.describe().c_str(), double(inst.parameters) / 1e9, b, t, accum, o.ranks, o.ranks == 1 ? "" : "s",
+              inst.tp, inst.pp, dp, a.ddp.zero1 ? ", ZeRO-1" : "", nn::recompute_name(a.cfg.recompute),
+              per_rank.c_str(), sized.c_str());
   const bool off = a.cfg.offload_optimizer;  // one more column: the pinned host memory of the offloaded state
   std::printf("| stage | parameters | gradients | master weights | moments | activations | buckets | total (MiB) |%s\n",
               off ? " host optimizer (MiB) |" : "");
@@ -146,7 +153,9 @@ int main(int argc, char** argv) {
   options o;
   CLI::App app{"plan: per-rank memory and step time of a train_gpt run before launching it, or (--layout auto) the "
                "fastest layout that fits a memory limit"};
-  app.add_option("--model", o.model, "model config (the compiled and plan-only instances' models)")->capture_default_str();
+  app.add_option("--model", o.model,
+                 "a preset model, or a compiled test model (any other shape: --model-config or the shape flags)")
+      ->capture_default_str();
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
   app.add_option("--layout", o.layout, "tp<N>pp<M>: tensor x pipeline parallel degrees, or auto (needs --memory-limit)")
@@ -156,10 +165,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fused", "reference"}))->capture_default_str();
   app.add_option("--ranks", o.ranks, "world size (a multiple of TP x PP; the rest is data parallel)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--micro-batch", o.micro_batch,
+  app.add_option("--micro-batch,--micro-batch-size", o.micro_batch,
                  "sequences per micro-batch (0: the instance's capacity; with --layout auto, 0: auto chooses it)")
       ->capture_default_str();
-  app.add_option("--seq-len", o.seq_len, "tokens per sequence (0: the instance's capacity)")->capture_default_str();
+  app.add_option("--seq-len,--seq-length", o.seq_len,
+                 "tokens per sequence (0: a compiled instance's capacity, else the model's positions)")
+      ->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per step (the pipeline's m)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--global-batch", o.global_batch,
@@ -200,25 +211,39 @@ int main(int argc, char** argv) {
                  "--device ascend: device <-> host copy bandwidth, GB/s; the time of --offload-optimizer, and with "
                  "--layout auto lets it choose optimizer offload (0: offload not estimated nor chosen)")
       ->capture_default_str();
+  train_gpt_cli::model_options mo;
+  train_gpt_cli::add_model_flags(app, mo);
   loom_examples::parse_or_exit(app, argc, argv);
   try {
     const auto all = train::planned_sessions();
-    check_model(all, o.model);
     const bool automatic = o.layout == "auto";
+    // the model: the shape flags or --model-config (any shape), a preset, or a compiled test model
+    std::optional<models::model_spec> spec;
+    if (train_gpt_cli::shape_from_flags(app) || !mo.model_config.empty()) {
+      train_gpt_cli::options to;
+      to.model = o.model, to.seq_len = o.seq_len;
+      spec = train_gpt_cli::resolve_model(to, mo, app, false,
+                                          automatic ? 1 : train_gpt_cli::parse_layout(o.layout).first);
+      o.model = spec->name;
+    } else {
+      spec = models::preset_spec(o.model);
+      if (!spec) check_model(all, o.model);
+    }
     if (automatic && o.memory_limit.empty())
       throw input_error("--layout auto needs --memory-limit (bytes per rank, e.g. 24GiB)");
     if (!automatic && !o.memory_limit.empty())
       throw input_error("--memory-limit is for --layout auto; drop it or pass --layout auto");
     const auto [tp, pp] = automatic ? std::pair{1, 1} : train_gpt_cli::parse_layout(o.layout);
     if (!automatic) {  // a layout that cannot split the model is the basic problem (as train_gpt says it)
-      const models::model_facts* f = models::find_model(o.model);
+      std::optional<models::model_facts> f;
+      if (spec) f = spec->facts();
       for (const auto& i : all)
-        if (!f && i.model == o.model) f = i.facts;
+        if (!f && i.model == o.model) f = *i.facts;
       if (const auto problem = f ? f->layout_problem(tp, pp) : std::string(); !problem.empty())
         throw input_error(problem);
     }
     const auto* inst = automatic ? nullptr : train::find_session(all, o.model, o.precision, tp, pp, o.device, o.attention);
-    if (!automatic && !inst)
+    if (!automatic && !inst && !spec)
       throw input_error("no compiled instance " + o.model + "/" + o.precision + "/" + o.layout + "/" + o.device + "/" +
                         o.attention + "; add it with cmake -DLOOM_EXTRA_SESSIONS=" + o.model + "/" + o.precision + "/" +
                         o.layout + "/" + o.device + "/" + o.attention + " (or LOOM_PLAN_SESSIONS) and rebuild");
@@ -243,6 +268,27 @@ int main(int argc, char** argv) {
     a.cfg.offload_optimizer = o.offload_optimizer;
     a.cfg.offload_overlap = o.offload_overlap;
     a.ddp = {.bucket_mb = o.bucket_mb, .zero1 = o.zero1};
+    // without a compiled instance: the instance train_gpt compiles on first use (capacities: the
+    // micro-batch, 4 when not given, and the sequence, the model's positions when not given)
+    const int seq = o.seq_len > 0 ? o.seq_len : spec ? spec->max_seq : 0;
+    std::vector<train::layout_option> choices;
+    if (automatic) {
+      bool compiled = false;
+      for (const auto& i : all)
+        compiled = compiled || (i.model == o.model && i.precision == o.precision && i.device == o.device &&
+                                i.attention == o.attention && i.plan);
+      if (compiled || !spec)
+        choices = train::layout_options(all);
+      else
+        choices = train::layout_options(*spec, o.precision, o.device, o.attention, o.ranks,
+                                        o.micro_batch > 0 ? o.micro_batch : 32, seq, threads);
+    } else {
+      choices.push_back(inst ? train::layout_options(std::span(inst, 1)).front()
+                             : train::shape_option(*spec, o.precision, o.device, o.attention, tp, pp,
+                                                   o.micro_batch > 0 ? o.micro_batch : 4, seq, threads));
+    }
+    const train::layout_option* chosen = automatic ? nullptr : &choices.front();
+    train::layout_option best_option;
     if (automatic) {
       train::layout_request r{.model = o.model, .precision = o.precision, .device = o.device, .attention = o.attention,
                               .world_size = o.ranks, .seq_len = o.seq_len, .micro_batch = o.micro_batch,
@@ -250,22 +296,26 @@ int main(int argc, char** argv) {
                               .overhead = overhead, .peak_flops = peak, .net = net, .args = a,
                               .offload = o.device != "cpu" && o.host_gbps > 0};
       int capacity = 0;
-      for (const auto& i : all)
-        if (i.model == o.model) capacity = std::max(capacity, i.micro_batch);
-      r.global_batch = o.global_batch ? o.global_batch : (o.micro_batch ? o.micro_batch : capacity) * o.grad_accum * o.ranks;
-      const auto best = loom_examples::choose_and_print(all, r, "plan", std::size_t(std::max(o.show, 0)));
-      inst = best.instance;
+      for (const auto& i : choices)
+        if (i.model == o.model && i.instance) capacity = std::max(capacity, i.micro_batch);
+      if (capacity == 0) r.seq_len = seq;  // a shape: every option is compiled on first use
+      r.global_batch = o.global_batch ? o.global_batch
+                                      : (o.micro_batch ? o.micro_batch : capacity ? capacity : 4) * o.grad_accum * o.ranks;
+      const auto best = loom_examples::choose_and_print(choices, r, "plan", std::size_t(std::max(o.show, 0)));
+      best_option = best.option;
+      chosen = &best_option;
       a.cfg.micro_batch = best.micro_batch;
       a.cfg.grad_accum = best.grad_accum;
       a.cfg.recompute = best.recompute;
       a.ddp.zero1 = best.zero1;
       a.cfg.offload_optimizer = best.offload;
     }
-    const int b = a.cfg.micro_batch ? a.cfg.micro_batch : inst->micro_batch;
-    const int t = a.cfg.seq_len ? a.cfg.seq_len : inst->seq_len;
-    print_plans(*inst, o, a, b, t, a.cfg.grad_accum, threads, overhead);
-    const int dp = o.ranks / (inst->tp * inst->pp);
-    auto shape = train::step_shape_of(*inst, dp, a, peak);
+    if (!chosen->instance && a.cfg.seq_len == 0) a.cfg.seq_len = seq;
+    const int b = a.cfg.micro_batch ? a.cfg.micro_batch : chosen->micro_batch;
+    const int t = a.cfg.seq_len ? a.cfg.seq_len : chosen->seq_len;
+    print_plans(*chosen, o, a, b, t, a.cfg.grad_accum, threads, overhead);
+    const int dp = o.ranks / (chosen->tp * chosen->pp);
+    auto shape = train::step_shape_of(*chosen, dp, a, peak);
     shape.offload = shape.offload && o.host_gbps > 0;  // the copies are estimated only with the host link
     const auto e = train::estimate_step(shape, net);
     print_estimate(e, double(b) * t * a.cfg.grad_accum * dp, peak, peak_source, net, net_source);

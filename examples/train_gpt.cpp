@@ -179,8 +179,21 @@ void list_instances(const options& o, const CLI::App& app) {
     const auto cached = cache.list();
     std::printf("compiled on first use, in %s (%zu; any other is compiled when a run asks for it):\n",
                 cache.dir().c_str(), cached.size());
-    for (const auto& c : cached)
-      std::printf("  %s  [%s]%s\n", c.description.c_str(), c.key.c_str(), c.valid ? "" : "  (damaged: rebuilt on use)");
+    std::size_t stale = 0;
+    std::uintmax_t bytes = 0;
+    for (const auto& c : cached) {
+      bytes += c.bytes;
+      if (!c.current) {
+        ++stale;
+        continue;
+      }
+      std::printf("  %s  [%s, %.0f MB]%s\n", c.description.c_str(), c.key.c_str(), double(c.bytes) / 1e6,
+                  c.valid ? "" : "  (damaged: rebuilt on use)");
+    }
+    if (stale > 0)
+      std::printf("  and %zu stale (built from other loom headers or another compiler; never loaded): "
+                  "train_gpt --prune-cache removes them\n", stale);
+    std::printf("the cache holds %.0f MB of instances (precompiled headers not counted)\n", double(bytes) / 1e6);
   } catch (const loom::input_error& e) {
     std::printf("no instances compile on first use here: %s\n", e.what());
   }
@@ -215,14 +228,16 @@ const loom::train::session_instance& choose_instance(const options& o, const loo
 }
 
 /// --layout auto: train::choose_layout among the compiled instances of --model, --precision,
-/// --device, --attention for --ranks threads, by their memory plans (+ 100 MiB of runtime
+/// --device, --attention for --ranks threads — or, when none is compiled, among every layout the
+/// preset `spec` divides (train::plan_shape; the chosen one is compiled on first use) — by their
+/// memory plans (+ 100 MiB of runtime
 /// overhead per rank, docs/memory.md) against --memory-limit and the step estimate from this
 /// CPU's measured peak per rank and the measured all-reduce of --ranks threads. Prints the
 /// choice and the runner-up, writes the chosen --layout, --micro-batch, --grad-accum, --recompute
 /// and --zero1 into `o`, and returns {TP, PP}. Throws loom::input_error when nothing fits (naming
 /// the smallest footprint) and for MPI or an NPU, whose links it cannot measure before the ranks
 /// start (examples/plan --layout auto takes their figures).
-std::pair<int, int> choose_auto_layout(options& o, const CLI::App& app) {
+std::pair<int, int> choose_auto_layout(options& o, const CLI::App& app, const loom::models::model_spec& spec) {
   if (o.comm == "mpi" || o.device != "cpu")
     throw loom::input_error("--layout auto measures this machine's links on --ranks threads before the ranks start; "
                             "with " + std::string(o.comm == "mpi" ? "--comm mpi" : "--device " + o.device) +
@@ -239,7 +254,8 @@ std::pair<int, int> choose_auto_layout(options& o, const CLI::App& app) {
   if (app.count("--micro-batch") > 0) r.micro_batch = o.micro_batch;  // given: fixed, as --recompute
   r.memory_limit = loom::train::parse_bytes(o.memory_limit, "--memory-limit");
   r.overhead = std::size_t(100) << 20;
-  r.global_batch = o.global_batch ? o.global_batch : (o.micro_batch ? o.micro_batch : capacity) * o.grad_accum * o.ranks;
+  r.global_batch = o.global_batch ? o.global_batch
+                                   : (o.micro_batch ? o.micro_batch : capacity ? capacity : 4) * o.grad_accum * o.ranks;
   r.args.cfg.seq_len = o.seq_len;
   r.args.ddp = {.bucket_mb = o.bucket_mb, .overlap = !o.no_overlap, .zero1 = false, .check_every = 0};
   if (app.count("--recompute") > 0) r.recompute = {train_gpt_cli::recompute_mode(o.recompute)};
@@ -248,17 +264,29 @@ std::pair<int, int> choose_auto_layout(options& o, const CLI::App& app) {
   const int all_threads = omp_get_max_threads();
   omp_set_num_threads(std::max(1, all_threads / o.ranks));  // a rank's share of the cores: its peak and its plan
 #endif
+#ifdef _OPENMP
+  const int rank_threads = omp_get_max_threads();
+#else
+  const int rank_threads = 1;
+#endif
   r.peak_flops = o.peak_gflops > 0 ? o.peak_gflops * 1e9 : loom_examples::cpu_peak(o.precision).first;
-  const auto best = loom_examples::choose_and_print(all, r, "train_gpt");
+  // the compiled instances of the family, else every layout the preset divides, compiled on first use
+  const int seq = o.seq_len > 0 ? o.seq_len : spec.max_seq;
+  const auto choices = capacity > 0 ? loom::train::layout_options(all)
+                                    : loom::train::layout_options(spec, o.precision, o.device, o.attention, o.ranks,
+                                                                  r.micro_batch > 0 ? r.micro_batch : std::min(r.global_batch, 32),
+                                                                  seq, rank_threads);
+  if (capacity == 0) r.seq_len = seq;
+  const auto best = loom_examples::choose_and_print(choices, r, "train_gpt");
 #ifdef _OPENMP
   omp_set_num_threads(all_threads);
 #endif
-  o.layout = best.instance->layout();
+  o.layout = best.option.layout();
   o.micro_batch = best.micro_batch;
   o.grad_accum = best.grad_accum;
   o.recompute = loom::nn::recompute_name(best.recompute);
   o.zero1 = best.zero1;
-  return {best.instance->tp, best.instance->pp};
+  return {best.option.tp, best.option.pp};
 }
 
 /// The CANN runtime for --device ascend (device::ascend_runtime::load: ASCEND_HOME_PATH, the
@@ -301,10 +329,23 @@ int main(int argc, char** argv) {
   train_gpt_cli::add_flags(app, o);
   train_gpt_cli::model_options mo;
   train_gpt_cli::add_model_flags(app, mo);
+  train_gpt_cli::add_compile_only_flag(app, mo);
   loom_examples::parse_or_exit(app, argc, argv);
   if (o.list_instances) {
     list_instances(o, app);
     return 0;
+  }
+  if (o.prune_cache) {
+    try {
+      auto& cache = loom_examples::instance_cache();
+      const auto p = cache.prune();
+      std::printf("removed %zu stale or damaged entries (%.0f MB) from %s\n", p.entries, double(p.bytes) / 1e6,
+                  cache.dir().c_str());
+      return 0;
+    } catch (const loom::input_error& e) {
+      std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+      return 2;
+    }
   }
   try {
     train_gpt_cli::apply_megatron_flags(o, app);  // Megatron-LM's names, --data-path first
@@ -332,7 +373,7 @@ int main(int argc, char** argv) {
                                               "a name that is not the prefix of a dataset)"
                                             : std::string()));
 #endif
-    if (o.layout == "auto") layout = choose_auto_layout(o, app);  // a compiled layout: it fits the model and --ranks
+    if (o.layout == "auto") layout = choose_auto_layout(o, app, *spec);  // a layout that fits the model and --ranks
     const auto [tp, pp] = layout;
     const auto kind = o.comm == "mpi" ? world_ref::kind::mpi : o.ranks > 1 || tp * pp > 1 ? world_ref::kind::threads
                                                                                           : world_ref::kind::none;

@@ -36,7 +36,8 @@ inline constexpr const char* shape_flags[] = {
     "--ffn-hidden-size", "--max-position-embeddings", "--position-embedding-type", "--rotary-base",
     "--normalization", "--norm-epsilon", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear"};
 
-/// Registers the model-shape flags on `app` (parsing writes `m`, which must outlive `app`).
+/// Registers the model-shape flags on `app` (parsing writes `m`, which must outlive `app`):
+/// train_gpt's and plan's.
 inline void add_model_flags(CLI::App& app, model_options& m) {
   auto* g = app.add_option_group("model shape", "Megatron-LM's names; any of them replaces --model's preset");
   g->add_option("--num-layers", m.num_layers, "transformer layers")->check(CLI::Range(1, 1 << 12));
@@ -73,6 +74,10 @@ inline void add_model_flags(CLI::App& app, model_options& m) {
       ->check(CLI::Range(1, 1 << 16));
   g->add_option("--model-config", m.model_config,
                 "a Hugging Face config.json (model_type gpt2, llama, mistral without a sliding window), or its directory");
+}
+
+/// Registers train_gpt's --compile-only (parsing writes m.compile_only).
+inline void add_compile_only_flag(CLI::App& app, model_options& m) {
   app.add_flag("--compile-only", m.compile_only,
                "compile the instance the flags ask for into the cache ($LOOM_CACHE_DIR, ~/.cache/loom) and exit "
                "(fill the cache ahead of a job on nodes without a compiler)");
@@ -125,10 +130,13 @@ inline loom::models::model_spec resolve_model(const options& o, const model_opti
     if (!s) throw input_error("--model " + o.model + " is not a preset (" + loom::models::model_names() + ")");
     return *s;
   }
+  std::string missing;
+  int n_missing = 0;
   for (const char* f : {"--num-layers", "--hidden-size", "--num-attention-heads"})
-    if (app.count(f) == 0)
-      throw input_error(std::string(f) + " is needed with the other shape flags (Megatron-LM's --num-layers, "
-                        "--hidden-size and --num-attention-heads give a model)");
+    if (app.count(f) == 0) missing += (missing.empty() ? "" : " and ") + std::string(f), ++n_missing;
+  if (n_missing > 0)
+    throw input_error(missing + (n_missing > 1 ? " are" : " is") + " needed with the other shape flags (Megatron-LM's "
+                      "--num-layers, --hidden-size and --num-attention-heads give a model)");
   if (app.count("--num-query-groups") > 0 && !m.group_query_attention)
     throw input_error("--num-query-groups " + std::to_string(m.num_query_groups) + " takes effect with "
                       "--group-query-attention (as in Megatron-LM); pass both");

@@ -5,12 +5,15 @@
 #   - odd_gqa (3 layers, 5 heads of 16 sharing one key/value head, SwiGLU 144, vocabulary 1999
 #     padded to 2048) from flags: bitwise the train/loss of `--model odd_gqa` (compiled in);
 #     a second run starts from the cache (no "compiling" line); a Llama config.json of that
-#     shape is the same instance: the same parameter count and losses;
+#     shape is the same instance: the same parameter count and losses; examples/plan of the
+#     flags (no instance compiled) equals the memory the run printed, and plan --layout auto of
+#     the config.json chooses among the layouts it divides;
 #   - char_tiny's shape from flags on --layout tp2pp2 (4 ranks): bitwise `--model char_tiny`
 #     tp2pp2; a GPT-2 config.json of that shape on tp1pp1 equals the flags on tp1pp1;
 #   - --device ascend on the emulation (optional 2nd argument, its home): quickstart's shape from
 #     flags in bf16, bitwise `--model quickstart --device ascend --precision bf16`;
 #   - sample of weights whose shape no program contains: its whole model compiled on first use;
+#   - --prune-cache keeps the entries this build loads, and --list-instances lists them;
 #   - refusals naming the fix: a layout that does not divide, a config.json field the recipe
 #     lacks, shape flags beside --model, --num-query-groups without --group-query-attention.
 #   tests/cli/on_demand.sh <dir with train_gpt and sample> [emulation home]
@@ -50,6 +53,31 @@ if run odd_flags "${odd[@]}" && run odd_built --model odd_gqa --seq-len 24 --mic
   same odd_flags odd_built "odd shape from flags (on first use) = odd_gqa compiled in"
   run odd_again "${odd[@]}" &&
     { grep -q "^compiling" "$work/odd_again.txt" && bad "second run compiled again" || ok "second run started from the cache"; }
+fi
+
+# the cache after the runs: --prune-cache keeps what this build loads, --list-instances shows it
+if "$t" --prune-cache > "$work/prune.txt" 2>&1 && grep -q "^removed [0-9]* stale or damaged entries" "$work/prune.txt" &&
+   "$t" --list-instances > "$work/list.txt" 2>&1 && grep -q "^  llama_L3_C80_H5_KV1_F144_V1999p2048_S24 fp32 tp1pp1 cpu fused 4x24  \[" "$work/list.txt"; then
+  ok "--prune-cache kept the current entries; --list-instances lists them"
+else
+  bad "--prune-cache / --list-instances: $(cat "$work/prune.txt" "$work/list.txt" 2>/dev/null)"
+fi
+
+# examples/plan of the same flags, no instance compiled (train::plan_shape): its row equals the
+# memory the on-demand run printed
+if [[ -f "$work/odd_flags.txt" ]]; then
+  "$bin/plan" "${odd[@]}" --peak-gflops 100 > "$work/odd.plan" 2>&1 || bad "plan of the odd shape: $(cat "$work/odd.plan")"
+  if python3 - "$work/odd_flags.txt" "$work/odd.plan" <<'PY'; then ok "plan of the odd shape from flags = the run's memory"; else bad "plan of the odd shape"; fi
+import re, sys
+run, plan = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+m = re.search(r"parameters ([0-9.]+) MiB, gradients ([0-9.]+) MiB, optimizer ([0-9.]+) MiB, activations ([0-9.]+) MiB", run)
+row = re.search(r"^\| 0 \| (.*) \|$", plan, re.M)
+assert m and row and "compiled on first use, for exactly 4 x 24" in plan, (run, plan)
+p, g, master, moments, act, buckets, total = (float(x) for x in row.group(1).split(" | "))
+got = (float(m[1]), float(m[2]), float(m[3]), float(m[4]))
+want = (p, g, master + moments, act)
+assert all(abs(a - b) <= 0.011 for a, b in zip(got, want)), (got, want)
+PY
 fi
 
 cat > "$work/llama.json" <<'EOF'
@@ -94,6 +122,15 @@ if [[ -n "$home" ]]; then
     same npu_flags npu_built "quickstart's shape from flags on the NPU emulation (on first use) = the build's"
 fi
 
+# examples/plan --layout auto for a config.json no build contains: every layout it divides
+if "$bin/plan" --model-config "$work/llama.json" --layout auto --ranks 6 --global-batch 12 --memory-limit 1GiB \
+     --peak-gflops 100 --link-gbps 10 > "$work/auto.plan" 2>&1 &&
+   grep -q "^plan: chosen tp1pp[13] x dp [26]" "$work/auto.plan" && grep -q "compiled on first use" "$work/auto.plan"; then
+  ok "plan --layout auto of a config.json"
+else
+  bad "plan --layout auto of a config.json: $(cat "$work/auto.plan")"
+fi
+
 refuse() {  # what expected-text [flags...]
   local what="$1" want="$2"; shift 2
   "$t" --data "$work/data.txt" --steps 1 "$@" > "$work/refuse.txt" 2>&1
@@ -106,6 +143,8 @@ sed 's/"torch_dtype"/"rope_scaling": {"type": "linear", "factor": 2.0}, "torch_d
 refuse "rope_scaling in a config.json" '"rope_scaling"' --model-config "$work/scaled.json"
 refuse "shape flags beside --model" "is a preset" --model char_tiny --num-layers 3 --hidden-size 32 --num-attention-heads 2
 refuse "--num-query-groups alone" "with --group-query-attention" "${tiny[@]}" --num-query-groups 1
+refuse "--num-layers alone names both missing flags" \
+  "^train_gpt: error: --hidden-size and --num-attention-heads are needed" --num-layers 2 --seq-length 16
 
 echo "$pass passed, $fail failed"
 [[ $fail == 0 ]]
