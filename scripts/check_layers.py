@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks that no folder of include/loom includes a folder above it.
 
-The folders, lowest first (docs/design.md "Layers"): a header may include headers of its own
+The folders, lowest first (docs/README.md, "Layers"): a header may include headers of its own
 folder and of folders listed before it, never after. The umbrella headers directly in
 include/loom/ (loom/io.hpp, ...) may include anything.
 
