@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 plan="${1:-build}/examples/plan"
+[[ -x "$plan" ]] || { echo "plan_llama2.sh: no $plan; build it: cmake --build ${1:-build} --target plan" >&2; exit 2; }
 net=(--device ascend --precision bf16 --seq-length 4096 --link-gbps 100 --devices-per-node 8 --inter-node-gbps 20)
 for model in 7b 13b 70b; do
   for ranks in 8 64; do

@@ -86,6 +86,7 @@
 #include <optional>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include <loom/data/source.hpp>
@@ -193,7 +194,12 @@ void list_instances(const options& o, const CLI::App& app) {
     if (stale > 0)
       std::printf("  and %zu stale (built from other loom headers or another compiler; never loaded): "
                   "train_gpt --prune-cache removes them\n", stale);
-    std::printf("the cache holds %.0f MB of instances (precompiled headers not counted)\n", double(bytes) / 1e6);
+    std::uintmax_t pch = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(cache.dir(), ec))
+      if (e.path().filename().string().rfind("pch-", 0) == 0) pch += loom::train::detail::tree_bytes(e.path());
+    std::printf("the cache holds %.0f MB of instances and %.0f MB of precompiled headers\n", double(bytes) / 1e6,
+                double(pch) / 1e6);
   } catch (const loom::input_error& e) {
     std::printf("no instances compile on first use here: %s\n", e.what());
   }
@@ -359,12 +365,18 @@ int main(int argc, char** argv) {
       if (o.layout == "auto")
         throw loom::input_error("--layout auto chooses among the build's compiled instances; with a shape from flags or "
                                 "a config.json pass --layout tp<TP>pp<PP> (examples/plan ranks the layouts)");
-      spec = train_gpt_cli::resolve_model(o, mo, app, prefix.has_value(), train_gpt_cli::parse_layout(o.layout).first);
+      const auto [tp, pp] = train_gpt_cli::parse_layout(o.layout);
+      spec = train_gpt_cli::resolve_model(o, mo, app, prefix.has_value(), tp);
       o.model = spec->name;
+      // a layout the shape cannot take is the first thing to say (before the ranks it needs)
+      if (const auto why = spec->facts().layout_problem(tp, pp); !why.empty()) throw loom::input_error(why);
     }
     auto layout = train_gpt_cli::check_flags(o, app, prefix.has_value());
     if (!spec) spec = train_gpt_cli::resolve_model(o, mo, app, prefix.has_value(), 1);
     for (const auto& note : o.notes) std::fprintf(stderr, "train_gpt: %s\n", note.c_str());
+    if (!prefix && !o.data.empty() && !std::filesystem::exists(o.data))  // before an instance is compiled
+      throw loom::input_error("data file '" + o.data + "' does not exist; pass an existing UTF-8 text file, or the "
+                              "PREFIX of a prepare_data dataset (PREFIX.bin and PREFIX.idx), with --data");
 #if LOOM_WITH_TEXT
     if (prefix)  // the dataset's tokenizer is there, before the layout search, the peak probe and the ranks
       if (const auto why = loom::data::missing_dataset_tokenizer(*prefix))

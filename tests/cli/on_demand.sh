@@ -143,6 +143,15 @@ sed 's/"torch_dtype"/"rope_scaling": {"type": "linear", "factor": 2.0}, "torch_d
 refuse "rope_scaling in a config.json" '"rope_scaling"' --model-config "$work/scaled.json"
 refuse "shape flags beside --model" "is a preset" --model char_tiny --num-layers 3 --hidden-size 32 --num-attention-heads 2
 refuse "--num-query-groups alone" "with --group-query-attention" "${tiny[@]}" --num-query-groups 1
+refuse "6 heads on TP 4 before the ranks it needs" "6 attention heads, not divisible by TP=4" \
+  --num-layers 2 --hidden-size 96 --num-attention-heads 6 --seq-length 16 --layout tp4pp1
+"$t" --data "$work/missing.txt" --steps 1 --num-layers 2 --hidden-size 48 --num-attention-heads 3 --seq-length 16 \
+  > "$work/missing.out" 2>&1 && rc=0 || rc=$?
+if [[ $rc == 2 ]] && grep -q "missing.txt' does not exist" "$work/missing.out" && ! grep -q "^compiling" "$work/missing.out"; then
+  ok "refused: a missing --data file, before anything is compiled"
+else
+  bad "a missing --data file: exit $rc, $(cat "$work/missing.out")"
+fi
 refuse "--num-layers alone names both missing flags" \
   "^train_gpt: error: --hidden-size and --num-attention-heads are needed" --num-layers 2 --seq-length 16
 

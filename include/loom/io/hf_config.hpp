@@ -102,7 +102,8 @@ inline models::model_spec spec_from_hf_config(const nlohmann::json& j, const std
                                                "num_key_value_heads", "intermediate_size", "max_position_embeddings",
                                                "rope_theta", "rms_norm_eps"};
     if (!read.count(k) && !detail::hf_metadata_fields().count(k))
-      refuse(k, "is not a field loom knows for model_type " + type + "; it would be ignored, so the model would differ");
+      refuse(k, "is not a field loom knows for model_type " + type + "; it would be ignored, so the model would "
+                "differ: remove it from the file if it does not change the model, else loom cannot train this model");
   }
   s.vocab_padded = s.vocab;
   s.name_recipe();
