@@ -18,7 +18,7 @@ export OMP_NUM_THREADS=4
   > "$work/all.txt"
 limit=$(python3 - "$work/all.txt" <<'PY'
 import re, sys
-rows = re.findall(r"^plan: \w[\w-]* (\S+ x dp \d+, micro-batch \d+ x \d+, recompute (\w+)[^:]*): ([0-9.]+) MiB", open(sys.argv[1]).read(), re.M)
+rows = re.findall(r"^plan: \w[\w-]* (\S+ x dp \d+, micro-batch \d+ x accum \d+, recompute (\w+)[^:]*): ([0-9.]+) MiB", open(sys.argv[1]).read(), re.M)
 assert len(rows) > 10, rows
 none = min(float(r[2]) for r in rows if r[1] == "none")
 rec = min(float(r[2]) for r in rows if r[1] != "none")

@@ -156,10 +156,11 @@ struct layout_candidate {
   step_estimate time;
   bool fits = false;
 
-  /// "tp2pp2 x dp 2, micro-batch 4 x 8, recompute full, ZeRO-1" (", no ZeRO-1" with dp > 1 without it).
+  /// "tp2pp2 x dp 2, micro-batch 4 x accum 8, recompute full, ZeRO-1" (", no ZeRO-1" with dp > 1
+  /// without it).
   std::string describe() const {
     return option.layout() + " x dp " + std::to_string(dp) + ", micro-batch " + std::to_string(micro_batch) +
-           " x " + std::to_string(grad_accum) + ", recompute " + nn::recompute_name(recompute) +
+           " x accum " + std::to_string(grad_accum) + ", recompute " + nn::recompute_name(recompute) +
            (zero1 ? ", ZeRO-1" : dp > 1 ? ", no ZeRO-1" : "") + (offload ? ", optimizer offload" : "");
   }
 };
