@@ -273,15 +273,8 @@ int main(int argc, char** argv) {
     const int seq = o.seq_len > 0 ? o.seq_len : spec ? spec->max_seq : 0;
     std::vector<train::layout_option> choices;
     if (automatic) {
-      bool compiled = false;
-      for (const auto& i : all)
-        compiled = compiled || (i.model == o.model && i.precision == o.precision && i.device == o.device &&
-                                i.attention == o.attention && i.plan);
-      if (compiled || !spec)
-        choices = train::layout_options(all);
-      else
-        choices = train::layout_options(*spec, o.precision, o.device, o.attention, o.ranks,
-                                        o.micro_batch > 0 ? o.micro_batch : 32, seq, threads);
+      choices = train::family_options(all, spec ? &*spec : nullptr, o.precision, o.device, o.attention, o.ranks,
+                                      o.micro_batch > 0 ? o.micro_batch : 32, seq, threads);
     } else {
       choices.push_back(inst ? train::layout_options(std::span(inst, 1)).front()
                              : train::shape_option(*spec, o.precision, o.device, o.attention, tp, pp,

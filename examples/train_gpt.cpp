@@ -194,12 +194,8 @@ void list_instances(const options& o, const CLI::App& app) {
     if (stale > 0)
       std::printf("  and %zu stale (built from other loom headers or another compiler; never loaded): "
                   "train_gpt --prune-cache removes them\n", stale);
-    std::uintmax_t pch = 0;
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(cache.dir(), ec))
-      if (e.path().filename().string().rfind("pch-", 0) == 0) pch += loom::train::detail::tree_bytes(e.path());
     std::printf("the cache holds %.0f MB of instances and %.0f MB of precompiled headers\n", double(bytes) / 1e6,
-                double(pch) / 1e6);
+                double(cache.precompiled_header_bytes()) / 1e6);
   } catch (const loom::input_error& e) {
     std::printf("no instances compile on first use here: %s\n", e.what());
   }
@@ -278,10 +274,9 @@ std::pair<int, int> choose_auto_layout(options& o, const CLI::App& app, const lo
   r.peak_flops = o.peak_gflops > 0 ? o.peak_gflops * 1e9 : loom_examples::cpu_peak(o.precision).first;
   // the compiled instances of the family, else every layout the preset divides, compiled on first use
   const int seq = o.seq_len > 0 ? o.seq_len : spec.max_seq;
-  const auto choices = capacity > 0 ? loom::train::layout_options(all)
-                                    : loom::train::layout_options(spec, o.precision, o.device, o.attention, o.ranks,
-                                                                  r.micro_batch > 0 ? r.micro_batch : std::min(r.global_batch, 32),
-                                                                  seq, rank_threads);
+  const auto choices = loom::train::family_options(all, &spec, o.precision, o.device, o.attention, o.ranks,
+                                                   r.micro_batch > 0 ? r.micro_batch : std::min(r.global_batch, 32),
+                                                   seq, rank_threads);
   if (capacity == 0) r.seq_len = seq;
   const auto best = loom_examples::choose_and_print(choices, r, "train_gpt");
 #ifdef _OPENMP

@@ -144,6 +144,20 @@ inline std::vector<layout_option> layout_options(const models::model_spec& spec,
   return out;
 }
 
+/// The options --layout auto chooses among for (model, precision, device, attention): the
+/// compiled instances of `instances` when one of that family is there, else every layout of
+/// `spec` (layout_options(spec, ...)), or the compiled ones when no spec is given.
+inline std::vector<layout_option> family_options(std::span<const session_instance> instances,
+                                                 const models::model_spec* spec, const std::string& precision,
+                                                 const std::string& device, const std::string& attention,
+                                                 int world_size, int max_micro_batch, int seq_len, int threads) {
+  for (const auto& i : instances)
+    if (spec == nullptr || (i.model == spec->name && i.precision == precision && i.device == device &&
+                            i.attention == attention && i.plan))
+      return layout_options(instances);
+  return layout_options(*spec, precision, device, attention, world_size, max_micro_batch, seq_len, threads);
+}
+
 /// One candidate layout and what it costs.
 struct layout_candidate {
   layout_option option;

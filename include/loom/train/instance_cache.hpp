@@ -337,6 +337,15 @@ class instance_cache {
     return v;
   }
 
+  /// Bytes of the precompiled headers under dir() (every toolchain's pch-<id>/ directory).
+  std::uintmax_t precompiled_header_bytes() const {
+    std::uintmax_t n = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
+      if (e.is_directory() && e.path().filename().string().rfind("pch-", 0) == 0) n += detail::tree_bytes(e.path());
+    return n;
+  }
+
   /// Removes what no run of this toolchain and these headers loads: stale and damaged entries,
   /// precompiled headers of other toolchains and the logs of failed compiles. Entries being
   /// compiled (`<key>.tmp-<pid>`) and the locks stay. Not safe beside a run of another loom
