@@ -230,6 +230,9 @@ loom::parallel::any_communicator loom::train::any_communicator_of(world_ref w) {
   switch (w.type) {
     case train::world_ref::kind::threads: return parallel::any_communicator(*static_cast<comm::threads*>(w.comm));
 ${mpi_case}
+    case train::world_ref::kind::any:  // refers to the caller's any_communicator
+      return parallel::any_communicator(std::make_unique<parallel::detail::any_comm_model<parallel::any_communicator>>(
+          *static_cast<parallel::any_communicator*>(w.comm)));
     default: throw input_error(\"any_communicator_of: no world (world_ref::none())\");
   }
 }

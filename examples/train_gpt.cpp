@@ -30,6 +30,9 @@
 // on its own part of every global batch (micro-batch x accumulation per rank), gradients
 // all-reduced in --bucket-mb buckets while backward runs (--no-overlap serialises them);
 // `mpirun -np N train_gpt --comm mpi ...` runs one process per rank (a build with loom::mpi).
+// On NPUs started by a rank-table launcher (RANK_TABLE_FILE, and RANK_ID per process, as
+// MindSpore's and torch_npu's scripts start them) `--device ascend --comm hccl` makes each process
+// the table's rank on the table's device_id, its host traffic over HCCL (comm::hccl_host_world).
 // --zero1 shards the AdamW moments. Only rank 0 prints, logs and evaluates; rank 0 saves
 // checkpoints (in the background), or every rank with --zero1 (its moment shard; blocking).
 //   train_gpt --data ../shared/data/tinyshakespeare.txt --ranks 2
@@ -98,6 +101,10 @@
 #if LOOM_WITH_MPI
 #include <loom/parallel/comm_mpi.hpp>  // --comm mpi: links loom::mpi
 #endif
+#if LOOM_WITH_ASCEND && __has_include(<nlohmann/json.hpp>)
+#include <loom/parallel/comm_hccl_host.hpp>  // --comm hccl: a rank-table launch
+#define LOOM_TRAIN_GPT_RANK_TABLE 1
+#endif
 
 #include "cli.hpp"  // parse_or_exit
 #include "layout_auto.hpp"  // --layout auto
@@ -119,10 +126,12 @@ inline loom::parallel::comm_options comm_options_of(const options& o) {
 }
 
 /// Runs by_world(world) on every rank: a single rank without a communicator (kind none), --ranks N threads
-/// (each with its share of the OpenMP threads), or one MPI process per rank. Returns rank 0's
+/// (each with its share of the OpenMP threads), one MPI process per rank, or with --comm hccl this
+/// process as rank $RANK_ID of $RANK_TABLE_FILE on its device_id (`npu`), the world over HCCL. Returns rank 0's
 /// exit status; an exception on any rank ends the run (the others are released) and is rethrown.
 template <class F>
-int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv, F&& by_world) {
+int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv,
+              const std::shared_ptr<const loom::device::ascend_runtime>& npu, F&& by_world) {
   if (o.comm == "mpi") {
 #if LOOM_WITH_MPI
     if (o.ranks != 1)
@@ -145,6 +154,33 @@ int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv, F
   }
   if (kind == world_ref::kind::none) return by_world(world_ref::none());
   int status = 0;
+  if (o.comm == "hccl") {
+#if LOOM_TRAIN_GPT_RANK_TABLE
+    const auto table = loom::parallel::read_rank_table(loom::parallel::rank_table_path());
+    const int rank = loom::parallel::rank_from_env();
+    const auto& me = table.at(rank);
+#ifdef _OPENMP
+    if (!std::getenv("OMP_NUM_THREADS")) {  // the processes of one server share its cores
+      const auto local = std::count_if(table.entries().begin(), table.entries().end(),
+                                       [&](const auto& e) { return e.server_index == me.server_index; });
+      omp_set_num_threads(std::max(1, omp_get_max_threads() / int(std::max<std::ptrdiff_t>(1, local))));
+    }
+#endif
+    if (o.npu != me.device_id)
+      throw loom::error("train_gpt: --comm hccl runs on NPU " + std::to_string(o.npu) + " but the rank table puts rank " +
+                        std::to_string(rank) + " on " + std::to_string(me.device_id));
+    loom::device::ascend_device dev(npu, me.device_id);
+    loom::comm::hccl_options h;
+    h.timeout = comm_options_of(o).timeout;
+    auto world = loom::comm::hccl_host_world(
+        loom::comm::hccl::create_from_rank_table(dev.context(), table.path(), rank, h), dev.context());
+    return by_world(world_ref::of(world));
+#else
+    (void)npu;
+    throw loom::input_error("--comm hccl: this train_gpt was built without the Ascend policy or nlohmann-json "
+                            "(LOOM_WITH_ASCEND, nlohmann-json3-dev); rebuild with them, or launch with mpirun --comm mpi");
+#endif
+  }
 #ifdef _OPENMP
   const int threads = std::max(1, omp_get_max_threads() / o.ranks);
 #endif
@@ -382,29 +418,37 @@ int main(int argc, char** argv) {
 #endif
     if (o.layout == "auto") layout = choose_auto_layout(o, app, *spec);  // a layout that fits the model and --ranks
     const auto [tp, pp] = layout;
-    const auto kind = o.comm == "mpi" ? world_ref::kind::mpi : o.ranks > 1 || tp * pp > 1 ? world_ref::kind::threads
-                                                                                          : world_ref::kind::none;
+    const auto kind = o.comm == "mpi" ? world_ref::kind::mpi : o.comm == "hccl" ? world_ref::kind::any
+                      : o.ranks > 1 || tp * pp > 1                        ? world_ref::kind::threads
+                                                                          : world_ref::kind::none;
     const auto& inst = choose_instance(o, *spec, tp, pp, mo.compile_only);  // before any rank starts
     if (mo.compile_only) {
       std::printf("train_gpt: %s is ready (--compile-only)\n", inst.describe().c_str());
       return 0;
     }
-    if (o.comm != "mpi") train_gpt_cli::derive_grad_accum(o, app, inst.micro_batch, o.ranks / (tp * pp));
+    if (o.comm == "threads") train_gpt_cli::derive_grad_accum(o, app, inst.micro_batch, o.ranks / (tp * pp));
     const auto npu = o.device == "ascend" ? load_npu_runtime() : nullptr;
+#if LOOM_TRAIN_GPT_RANK_TABLE
+    if (o.comm == "hccl")  // this process is the table's rank $RANK_ID, on that rank's device_id
+      o.npu = loom::parallel::read_rank_table(loom::parallel::rank_table_path()).device_of(loom::parallel::rank_from_env());
+#endif
     if (npu) check_npus(o, *npu);
     if (o.zero1 && o.comm == "threads" && o.ranks / (tp * pp) < 2)
       std::fprintf(stderr,
                    "train_gpt: warning: --zero1 with one data-parallel rank (--ranks %d / TP*PP %d) shards nothing; "
                    "pass --ranks %d for DP = 2\n",
                    o.ranks, tp * pp, 2 * tp * pp);
-    return run_ranks(o, kind, argc, argv, [&](world_ref world) {
+    return run_ranks(o, kind, argc, argv, npu, [&](world_ref world) {
+      // a world of processes (mpirun, a rank table) is known now: its size against the layout, --global-batch-size
+      int processes = 0;
 #if LOOM_WITH_MPI
-      if (world.type == world_ref::kind::mpi && tp * pp > 1)
-        train_gpt_cli::check_world_size(tp, pp, static_cast<loom::comm::mpi*>(world.comm)->size());
-      if (world.type == world_ref::kind::mpi)  // --global-batch-size: the world is known now
-        train_gpt_cli::derive_grad_accum(o, app, inst.micro_batch,
-                                         static_cast<loom::comm::mpi*>(world.comm)->size() / (tp * pp));
+      if (world.type == world_ref::kind::mpi) processes = static_cast<loom::comm::mpi*>(world.comm)->size();
 #endif
+      if (world.type == world_ref::kind::any) processes = static_cast<loom::parallel::any_communicator*>(world.comm)->size();
+      if (processes > 0) {
+        if (tp * pp > 1) train_gpt_cli::check_world_size(tp, pp, processes);
+        train_gpt_cli::derive_grad_accum(o, app, inst.micro_batch, processes / (tp * pp));
+      }
       return train_gpt_cli::run(o, inst, world, npu);
     });
   } catch (const loom::input_error& e) {

@@ -235,8 +235,10 @@ inline void add_flags(CLI::App& app, options& o) {
                  "config.json) to this directory");
   app.add_option("--ranks", o.ranks, "data-parallel ranks as threads of this process (--comm threads)")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--comm", o.comm, "communicator: threads (--ranks N) or mpi (run under mpirun -np N; needs a build with MPI)")
-      ->check(CLI::IsMember({"threads", "mpi"}));
+  app.add_option("--comm", o.comm,
+                 "communicator: threads (--ranks N), mpi (run under mpirun -np N; needs a build with MPI), or hccl "
+                 "(--device ascend: one process per NPU started with RANK_TABLE_FILE and RANK_ID, a rank-table launch)")
+      ->check(CLI::IsMember({"threads", "mpi", "hccl"}));
   app.add_option("--bucket-mb", o.bucket_mb, "data parallel: gradient bucket size in MiB (a layer never splits)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-overlap", o.no_overlap,
@@ -648,6 +650,13 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
   if (o.device == "ascend" && o.dropout > 0)
     throw loom::input_error("--dropout " + shortest(o.dropout) + " with --device ascend: dropout runs on the CPU only so "
                             "far (loom has no NPU dropout kernels); pass --dropout 0, or --device cpu");
+  if (o.comm == "hccl" && o.device != "ascend")
+    throw loom::input_error("--comm hccl is the rank-table launch of NPUs; pass --device ascend, or --comm threads / mpi "
+                            "on the CPU");
+  if (o.comm == "hccl" && (o.ranks != 1 || o.npu >= 0))
+    throw loom::input_error(std::string(o.ranks != 1 ? "--ranks" : "--npu") + " with --comm hccl: the rank table names "
+                            "the ranks and each one's NPU; start one process per rank with RANK_TABLE_FILE and RANK_ID "
+                            "set, and drop " + (o.ranks != 1 ? "--ranks" : "--npu"));
   if (o.device == "ascend" && o.npu >= 0 && o.comm == "threads" && o.ranks > 1)
     throw loom::input_error("--npu " + std::to_string(o.npu) + " with --ranks " + std::to_string(o.ranks) +
                             ": --npu puts this process on one NPU, but each of the ranks needs its own; drop --npu "

@@ -15,14 +15,19 @@
 # the compute stream still ran the previous step (h2d_copies_beside_work); the profile
 # window (trace and CANN profiler), the device-time breakdown and NPU memory in the logs; bad
 # input: fp32 without --allow-fp32-matmul, no runtime, a layout the build lacks where no compiler runs.
+# The rank-table launch: two processes with RANK_TABLE_FILE and RANK_ID 0 / 1 (--comm hccl, nothing
+# shared but the emulation's HCCL) train bitwise the losses of --ranks 2 and save a checkpoint
+# that --ranks 2 resumes; its refusals name the fix.
 #   tests/cli/ascend.sh <dir with prepare_data, train_gpt and sample> <emulation home> [part]
-# part: fp32 or bf16 (the training, resume and sample checks of that precision), rest (everything
-# else), or all (the default); CTest runs the three parts as three tests, side by side.
+# part: fp32 or bf16 (the training, resume and sample checks of that precision), rank_table, rest
+# (everything else), or all (the default); CTest runs the parts as tests, side by side.
 set -u
 bin="$1"
 home="$2"
 part="${3:-all}"
-case "$part" in fp32 | bf16 | rest | all) ;; *) echo "ascend.sh: part '$part' is not fp32, bf16, rest or all"; exit 2 ;; esac
+case "$part" in fp32 | bf16 | rank_table | rest | all) ;;
+  *) echo "ascend.sh: part '$part' is not fp32, bf16, rank_table, rest or all"; exit 2 ;;
+esac
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
@@ -96,6 +101,54 @@ for prec in "${precisions[@]}"; do
 done
 
 [[ $part == fp32 || $part == bf16 ]] && finish
+
+if [[ $part == all || $part == rank_table ]]; then
+  # a one-server rank table of two NPUs (device_id 3 and 5: the table, not the rank, names the NPU)
+  cat > "$work/hccl.json" <<'JSON'
+{"status": "completed", "version": "1.0", "server_count": "1",
+ "server_list": [{"server_id": "node_0", "device": [
+   {"device_id": "3", "device_ip": "192.168.1.8", "rank_id": "0"},
+   {"device_id": "5", "device_ip": "192.168.1.9", "rank_id": "1"}]}]}
+JSON
+  rt=("${common[@]}" --steps 8 --eval-every 4 --precision bf16 --device ascend --sample-tokens 0)
+  for r in 0 1; do
+    RANK_TABLE_FILE="$work/hccl.json" RANK_ID=$r HCCL_CONNECT_TIMEOUT=60 "$bin/train_gpt" "${rt[@]}" --comm hccl \
+      --checkpoint-dir "$work/rt-ckpt" --save-every 4 --out "$work/rt.safetensors" > "$work/rt$r.txt" 2>&1 &
+  done
+  wait %1; s0=$?
+  wait %2; s1=$?
+  "$bin/train_gpt" "${rt[@]}" --ranks 2 --out "$work/thr.safetensors" > "$work/thr.txt" 2>&1 ||
+    bad "--ranks 2 on the NPU: $(tail -3 "$work/thr.txt")"
+  if [[ $s0 == 0 && $s1 == 0 ]]; then
+    read -r -a a <<< "$(losses "$work/rt0.txt")"
+    read -r -a b <<< "$(losses "$work/thr.txt")"
+    echo "rank table: losses ${a[*]}"
+    [[ ${#a[@]} == 8 && "${a[*]}" == "${b[*]}" ]] || bad "rank-table losses '${a[*]}' != --ranks 2 '${b[*]}'"
+    grep -q "^data parallel: 2 ranks (hccl)" "$work/rt0.txt" || bad "rank 0 does not say 2 ranks over hccl: $(head -8 "$work/rt0.txt")"
+    [[ -d "$work/rt-ckpt/step_00000004" && -d "$work/rt-ckpt/step_00000008" ]] || bad "rank table: checkpoints 4 and 8 missing"
+    # its checkpoint resumed by --ranks 2: steps 4..7 again, the same losses
+    "$bin/train_gpt" "${rt[@]}" --ranks 2 --resume "$work/rt-ckpt/step_00000004" --out "$work/thr2.safetensors" \
+      > "$work/thr2.txt" 2>&1 || bad "--ranks 2 resuming the rank-table checkpoint: $(tail -3 "$work/thr2.txt")"
+    read -r -a c <<< "$(losses "$work/thr2.txt")"
+    [[ "${c[*]}" == "${a[*]:4}" ]] || bad "resumed losses '${c[*]}' != rank-table steps 4..7 '${a[*]:4}'"
+  else
+    bad "rank-table launch: rank 0 $s0: $(tail -3 "$work/rt0.txt"); rank 1 $s1: $(tail -3 "$work/rt1.txt")"
+  fi
+  # refusals, before any NPU is touched
+  check_refusal() {  # <expected text> <env...> -- <flags...>
+    local want="$1"; shift
+    local envs=()
+    while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+    shift
+    env "${envs[@]}" "$bin/train_gpt" --data "$work/ds" --model quickstart_bpe --steps 1 "$@" > "$work/rr.txt" 2>&1
+    [[ $? == 2 ]] && grep -q -- "$want" "$work/rr.txt" || bad "refusal '$want': $(cat "$work/rr.txt")"
+  }
+  check_refusal "pass --device ascend" RANK_TABLE_FILE="$work/hccl.json" RANK_ID=0 -- --comm hccl
+  check_refusal "drop --ranks" RANK_TABLE_FILE="$work/hccl.json" RANK_ID=0 -- --comm hccl --device ascend --precision bf16 --ranks 2
+  check_refusal "RANK_TABLE_FILE is not set" RANK_TABLE_FILE= RANK_ID=0 -- --comm hccl --device ascend --precision bf16
+  check_refusal "set RANK_ID (or RANK)" RANK_TABLE_FILE="$work/hccl.json" RANK_ID=2 -- --comm hccl --device ascend --precision bf16
+  [[ $part == rank_table ]] && finish
+fi
 
 # host waits (aclrtSynchronize*) and synchronous copies per step of one rank: the difference of a
 # 7- and a 2-step run (LOOMEMU_COUNTERS_FILE), with the device-time breakdown (its events are

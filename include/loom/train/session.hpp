@@ -52,18 +52,22 @@ namespace loom::train {
 using models::model_facts;
 
 /// The world a session runs on, type-erased: no communicator (one rank, no data parallelism),
-/// the threads communicator (comm::threads) or MPI (comm::mpi). The communicator must outlive
-/// the session.
+/// the threads communicator (comm::threads), MPI (comm::mpi), or any other host-memory
+/// communicator already behind a parallel::any_communicator (kind any: e.g. the HCCL host world
+/// of a rank-table launch, comm::hccl_host_world). The communicator must outlive the session.
 struct world_ref {
-  enum class kind { none, threads, mpi };
+  enum class kind { none, threads, mpi, any };
   kind type = kind::none;
-  void* comm = nullptr;  ///< comm::threads_communicator* or comm::mpi_communicator*; null for none
+  void* comm = nullptr;  ///< comm::threads_communicator*, comm::mpi_communicator* or any_communicator*; null for none
 
   static world_ref none() noexcept { return {}; }
   static world_ref of(parallel::comm::threads_communicator& c) noexcept { return {kind::threads, &c}; }
   static world_ref of(parallel::comm::mpi_communicator& c) noexcept { return {kind::mpi, &c}; }
-  /// "none", "threads" or "mpi".
-  static const char* name(kind k) noexcept { return k == kind::threads ? "threads" : k == kind::mpi ? "mpi" : "none"; }
+  static world_ref of(parallel::any_communicator& c) noexcept { return {kind::any, &c}; }
+  /// "none", "threads", "mpi" or "any".
+  static const char* name(kind k) noexcept {
+    return k == kind::threads ? "threads" : k == kind::mpi ? "mpi" : k == kind::any ? "any" : "none";
+  }
 };
 
 /// How one session is built (besides its instance's types). `cfg` as train::trainer_config
