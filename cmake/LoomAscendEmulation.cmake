@@ -97,7 +97,7 @@ function(loom_ascend_emulation_tests)
   if(COMMAND loom_test_defaults)
     loom_test_defaults(loom_ascend_tests)
   endif()
-  set(env "ASCEND_HOME_PATH=${LOOM_ASCEND_EMULATION_HOME}")
+  set(env "ASCEND_HOME_PATH=${LOOM_ASCEND_EMULATION_HOME}" "OMP_WAIT_POLICY=PASSIVE")  # tests/CMakeLists.txt says why
   if(COMMAND loom_doctest_discover_tests)
     loom_doctest_discover_tests(loom_ascend_tests WORKING_DIRECTORY "${root}" LABELS ascend TIMEOUT 900
                                 ENVIRONMENT "${env}")

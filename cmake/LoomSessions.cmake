@@ -28,36 +28,28 @@ set(_loom_default_plans "")
 if(LOOM_BUILD_TESTS)
   list(APPEND _loom_default_sessions
     # the quickstart models: every precision on one rank and data parallel; the layouts the tests use
+    # (tests/cli/instances.sh trains every CPU instance listed here; any other is compiled on first use)
     char_tiny/fp32/tp1pp1/cpu/fused char_tiny/bf16/tp1pp1/cpu/fused char_tiny/fp16/tp1pp1/cpu/fused
     char_tiny/fp32/tp2pp1/cpu/fused char_tiny/fp32/tp1pp2/cpu/fused char_tiny/fp32/tp2pp2/cpu/fused
     char_tiny/bf16/tp2pp2/cpu/fused char_tiny/fp16/tp2pp2/cpu/fused char_tiny/fp32/tp1pp1/cpu/reference
     quickstart/fp32/tp1pp1/cpu/fused quickstart/bf16/tp1pp1/cpu/fused quickstart/fp16/tp1pp1/cpu/fused
     quickstart/fp32/tp2pp2/cpu/fused quickstart/bf16/tp2pp2/cpu/fused
-    llama_quickstart/fp32/tp1pp1/cpu/fused llama_quickstart/bf16/tp1pp1/cpu/fused llama_quickstart/fp16/tp1pp1/cpu/fused
-    llama_quickstart/fp32/tp2pp2/cpu/fused llama_quickstart/bf16/tp2pp2/cpu/fused
+    llama_quickstart/fp32/tp1pp1/cpu/fused
     quickstart_bpe/bf16/tp1pp1/cpu/fused quickstart_bpe/fp16/tp1pp1/cpu/fused
     quickstart_bpe/fp32/tp2pp1/cpu/fused quickstart_bpe/fp32/tp1pp2/cpu/fused quickstart_bpe/fp32/tp2pp2/cpu/fused
     quickstart_bpe/bf16/tp2pp2/cpu/fused
-    # the benchmark config and GPT-2 small
-    bench_small/fp32/tp1pp1/cpu/fused bench_small/bf16/tp1pp1/cpu/fused
-    bench_small/fp32/tp2pp2/cpu/fused bench_small/bf16/tp2pp2/cpu/fused
-    gpt2_small/fp32/tp1pp1/cpu/fused gpt2_small/bf16/tp1pp1/cpu/fused
-    gpt2_small/fp32/tp2pp2/cpu/fused gpt2_small/bf16/tp2pp2/cpu/fused
-    # the shape tests/cli/instances.sh also compiles on first use, from Megatron's flags
+    # the shape tests/cli/on_demand.sh also compiles on first use, from Megatron's flags
     odd_gqa/fp32/tp1pp1/cpu/fused)
   if(LOOM_WITH_ASCEND)  # the main job on an NPU (CI: on the emulation)
     list(APPEND _loom_default_sessions
       quickstart/fp32/tp1pp1/ascend/fused quickstart/bf16/tp1pp1/ascend/fused
       quickstart_bpe/fp32/tp1pp1/ascend/fused quickstart_bpe/bf16/tp1pp1/ascend/fused
-      llama_quickstart/bf16/tp1pp1/ascend/fused
-      bench_small/bf16/tp1pp1/ascend/fused)
-    # plan-only instances: examples/plan and train::choose_layout plan them (train::planned_sessions());
-    # nothing of their model is compiled but the plan. Llama 2 7B on 8 and 64 NPUs, beside
-    # MindSpeed-LLM's configurations (docs/memory.md)
-    foreach(tp 1 2 4 8)
-      foreach(pp 1 2 4 8)
-        list(APPEND _loom_default_plans llama2_7b/bf16/tp${tp}pp${pp}/ascend/fused)
-      endforeach()
+      llama_quickstart/bf16/tp1pp1/ascend/fused)
+    # plan-only instances (train::planned_sessions()): nothing of their model is compiled but the
+    # plan, which tests/unit/train/test_shape_plan.cpp compares with train::plan_shape's arithmetic
+    # (examples/plan plans any other layout with plan_shape). Llama 2 7B on a few layouts.
+    foreach(layout tp1pp1 tp1pp2 tp2pp4 tp8pp1)
+      list(APPEND _loom_default_plans llama2_7b/bf16/${layout}/ascend/fused)
     endforeach()
   endif()
 endif()

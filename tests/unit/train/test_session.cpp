@@ -1,6 +1,6 @@
 // train::session and parallel::any_communicator: the type-erased communicator gives what the
 // backend gives (every collective, at a world size and buffer sizes that are not powers of two);
-// the compiled session instances (loom::sessions) cover every named model, train on a tp x pp
+// every named model can be asked for; the compiled session instances (loom::sessions) train on a tp x pp
 // layout as one rank does, resume a checkpoint bit for bit, and honour the initial loss scale.
 #include <doctest/doctest.h>
 
@@ -16,6 +16,7 @@
 #include <loom/models/registry.hpp>
 #include <loom/parallel/any_comm.hpp>
 #include <loom/parallel/comm_threads.hpp>
+#include <loom/train/instance_source.hpp>
 #include <loom/train/session.hpp>
 
 #include <support/temp_dir.hpp>
@@ -124,16 +125,20 @@ TEST_CASE("any_communicator over comm::threads: every collective equals the back
   });
 }
 
-TEST_CASE("compiled sessions: every named model trains in fp32 and bf16 on one rank and on tp2pp2") {
-  for (const auto& m : loom::models::named_models)
-    for (const char* p : {"fp32", "bf16"}) {
-      CAPTURE(m.name);
-      CAPTURE(p);
-      CHECK(lt::find_session(lt::compiled_sessions(), m.name, p, 1, 1, "cpu", "fused") != nullptr);
-      if (m.layout_problem(2, 2).empty())
-        CHECK(lt::find_session(lt::compiled_sessions(), m.name, p, 2, 2, "cpu", "fused") != nullptr);
-    }
-  CHECK(lt::find_session(lt::compiled_sessions(), "char_tiny", "fp32", 3, 1, "cpu", "fused") == nullptr);
+TEST_CASE("every named model can be asked for in fp32 and bf16 on one rank and on tp2pp2; 3 ranks of TP cannot") {
+  // What the build does not compile, train_gpt compiles on first use from this request
+  // (train::instance_cache); a request with a problem would be refused instead.
+  for (const auto& spec : loom::models::preset_specs())
+    for (const char* p : {"fp32", "bf16"})
+      for (const int n : {1, 2}) {
+        CAPTURE(spec.name);
+        CAPTURE(p);
+        CAPTURE(n);
+        lt::instance_request r{.spec = spec, .precision = p, .tp = n, .pp = n, .micro_batch = 2, .seq_len = 16};
+        if (n == 1 || spec.facts().layout_problem(2, 2).empty()) CHECK(r.problem() == "");
+      }
+  lt::instance_request three{.spec = *loom::models::preset_spec("char_tiny"), .tp = 3, .micro_batch = 2, .seq_len = 16};
+  CHECK(three.problem().find("not divisible by TP=3") != std::string::npos);
 }
 
 TEST_CASE("session char_tiny: tp2pp2 over 4 threads (any_communicator) gives one rank's losses and weights") {
