@@ -41,7 +41,7 @@
 // Tensor and pipeline parallel (docs/tensor_pipeline.md): --layout tp2pp2 splits the model over
 // TP*PP ranks (Megatron-LM's layout); the world is TP*PP*DP ranks, data parallel on top.
 // --grad-accum is the pipeline's micro-batch count. --layout auto --memory-limit 512MiB chooses
-// the fastest compiled layout, micro-batch, recompute mode and ZeRO-1 whose memory plan fits
+// the fastest layout, micro-batch, recompute mode and ZeRO-1 whose memory plan fits
 // (train::choose_layout; docs/memory.md), from this CPU's measured peak and links.
 //
 // Every (model, precision, layout, device, attention) train_gpt accepts is a compiled instance of
@@ -267,7 +267,7 @@ const loom::train::session_instance& choose_instance(const options& o, const loo
 
 /// --layout auto: train::choose_layout among the compiled instances of --model, --precision,
 /// --device, --attention for --ranks threads — or, when none is compiled, among every layout the
-/// preset `spec` divides (train::plan_shape; the chosen one is compiled on first use) — by their
+/// preset or shape `spec` divides (train::plan_shape; the chosen one is compiled on first use) — by their
 /// memory plans (+ 100 MiB of runtime
 /// overhead per rank, docs/memory.md) against --memory-limit and the step estimate from this
 /// CPU's measured peak per rank and the measured all-reduce of --ranks threads. Prints the
@@ -393,10 +393,8 @@ int main(int argc, char** argv) {
                         (!o.init_from_hf.empty() && app.count("--model") == 0);
     std::optional<loom::models::model_spec> spec;
     if (custom) {
-      if (o.layout == "auto")
-        throw loom::input_error("--layout auto chooses among the build's compiled instances; with a shape from flags or "
-                                "a config.json pass --layout tp<TP>pp<PP> (examples/plan ranks the layouts)");
-      const auto [tp, pp] = train_gpt_cli::parse_layout(o.layout);
+      // --layout auto: every layout the shape divides is a candidate; the vocabulary is padded for TP 1 here
+      const auto [tp, pp] = o.layout == "auto" ? std::pair{1, 1} : train_gpt_cli::parse_layout(o.layout);
       spec = train_gpt_cli::resolve_model(o, mo, app, prefix.has_value(), tp);
       o.model = spec->name;
       // a layout the shape cannot take is the first thing to say (before the ranks it needs)

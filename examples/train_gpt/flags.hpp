@@ -259,9 +259,10 @@ inline void add_flags(CLI::App& app, options& o) {
                  "data parallel: compare a parameter checksum across ranks every N steps (0: never)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--layout", o.layout,
-                 "tensor x pipeline parallel degrees tp<TP>pp<PP> (those compiled for the model: --list-instances); "
-                 "the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top; or auto: the fastest "
-                 "compiled layout, micro-batch, recompute mode and ZeRO-1 whose memory plan fits --memory-limit");
+                 "tensor x pipeline parallel degrees tp<TP>pp<PP> (any the model divides; one the build lacks is "
+                 "compiled on first use); the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top; "
+                 "or auto: the fastest layout, micro-batch, recompute mode and ZeRO-1 whose memory plan fits "
+                 "--memory-limit");
   app.add_option("--memory-limit", o.memory_limit,
                  "--layout auto: memory per rank, e.g. 24GiB, 512MiB, 64GB (the plan plus 100 MiB of runtime overhead "
                  "must fit)");

@@ -53,6 +53,11 @@ if run odd_flags "${odd[@]}" && run odd_built --model odd_gqa --seq-len 24 --mic
   same odd_flags odd_built "odd shape from flags (on first use) = odd_gqa compiled in"
   run odd_again "${odd[@]}" &&
     { grep -q "^compiling" "$work/odd_again.txt" && bad "second run compiled again" || ok "second run started from the cache"; }
+  # --layout auto for the shape from flags: one rank, so tp1pp1, the cached instance; the same losses
+  run odd_auto "${odd[@]}" --layout auto --memory-limit 2GiB &&
+    { grep -q "^train_gpt: chosen tp1pp1" "$work/odd_auto.txt" && ! grep -q "^compiling" "$work/odd_auto.txt" ||
+        bad "--layout auto of the odd shape: $(head -12 "$work/odd_auto.txt")"
+      same odd_auto odd_flags "--layout auto of a shape from flags = its tp1pp1 run"; }
 fi
 
 # the cache after the runs: --prune-cache keeps what this build loads, --list-instances shows it
