@@ -9,10 +9,12 @@
 // Checks: explicit stream on the communicator's device, device-memory buffers of that device,
 // documented dtype/op support (A2: no reduction on fp64, no prod on int16/bf16).
 //
-// Across processes (mpirun, one emulated NPU per process): when HcclGetRootInfo runs with
-// LOOMEMU_HCCL_TRANSPORT=shm, or under an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
-// PMIX_RANK set), the root info names a POSIX shared-memory segment instead of a process-local
-// group. Rank 0 creates it at HcclCommInitRootInfo (header + one staging slot per rank of
+// Across processes (mpirun or a rank-table launch, one emulated NPU per process): when
+// HcclGetRootInfo runs with LOOMEMU_HCCL_TRANSPORT=shm, under an MPI launcher
+// (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK set), or in a rank-table launch (RANK_TABLE_FILE
+// set: the root info of a further communicator travels over the table's one), the root info
+// names a POSIX shared-memory segment instead of a process-local group: HCCL's root info works
+// across processes, whatever carries it. Rank 0 creates it at HcclCommInitRootInfo (header + one staging slot per rank of
 // LOOMEMU_HCCL_SHM_MB MB, default 4), the others open it, all wait for every rank
 // (HCCL_CONNECT_TIMEOUT). A collective runs in rounds (chunks of at most one slot): each rank
 // copies its part into its slot, waits until every rank arrived at the round (HCCL_EXEC_TIMEOUT;
@@ -626,7 +628,8 @@ extern "C" {
 /// Whether HcclGetRootInfo picks the shared-memory transport (see the file comment).
 static bool shm_transport_requested() {
   if (const char* t = std::getenv("LOOMEMU_HCCL_TRANSPORT"); t && *t) return std::string(t) == "shm";
-  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK") ||
+         std::getenv("RANK_TABLE_FILE");
 }
 constexpr std::size_t root_mode_at = sizeof magic + sizeof(uint64_t), root_name_at = root_mode_at + 1;
 
