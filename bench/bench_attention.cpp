@@ -441,8 +441,8 @@ void step_row(int steps) {
   context<device::cpu> ctx;
   train::trainer_config cfg;
   cfg.schedule = {1e-3, 1e-4, 10, 1000};
-  train::trainer<M, P, B, T, kernels::reference> ref(ctx, cfg);
-  train::trainer<M, P, B, T, kernels::fused> fused(ctx, cfg);
+  train::trainer<M, P, B, T, parallel::local_group, kernels::reference> ref(ctx, cfg);
+  train::trainer<M, P, B, T, parallel::local_group, kernels::fused> fused(ctx, cfg);
   std::vector<std::int32_t> w(ref.windows_per_step() * ref.window());
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::int32_t(random_below(M::vocab, 1, 0, i));
   ref.step(ctx, w);  // warm-up

@@ -39,7 +39,7 @@ double median(std::vector<double> v) {
 
 template <class M>
 constexpr std::size_t parameters_of() {
-  return loom::nn::param_offsets<M, loom::parallel::ddp>().back();
+  return loom::models::param_offsets<M, loom::parallel::ddp>().back();
 }
 
 struct result {

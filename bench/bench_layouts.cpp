@@ -1,4 +1,4 @@
-// bench_layouts: step time, per-rank memory and pipeline bubble of train::parallel_trainer for
+// bench_layouts: step time, per-rank memory and pipeline bubble of train::trainer for
 // each layout<TP, PP> (DP = 1, and a few with DP = 2 with and without ZeRO-1) on one model,
 // threads backend (a table printer).
 //
@@ -41,7 +41,7 @@
 #include <loom/kernels/cpu.hpp>
 #include <loom/parallel/comm_threads.hpp>
 #include <loom/parallel/schedule.hpp>
-#include <loom/train/parallel_trainer.hpp>
+#include <loom/train/trainer.hpp>
 
 namespace {
 
@@ -57,7 +57,7 @@ struct rank_figures {
 
 template <int TP, int PP>
 std::vector<rank_figures> run(int m, int steps, int dp, bool zero1) {
-  using trainer_t = train::parallel_trainer<M, policy<device::cpu, precision::fp32, layout<TP, PP>>, B, T, comm::threads>;
+  using trainer_t = train::trainer<M, policy<device::cpu, precision::fp32, layout<TP, PP>>, B, T, comm::threads>;
   const int ranks = TP * PP * dp;
   std::vector<rank_figures> out(ranks);
 #ifdef _OPENMP
@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
   if (std::ifstream f("/proc/loadavg"); f) std::getline(f, load);
   std::printf("bench_layouts: model %s (%d layers, %d heads, width %d, vocab %d, %zu parameters), micro-batch B=%d "
               "T=%d, M=%d micro-batches per step (per replica), fp32, comm::threads, OpenMP threads per rank = max(1, %d / ranks)\n",
-              std::string(M::name).c_str(), M::n_layer, M::n_head, M::d_model, M::vocab, nn::parameter_count<M>(), B, T,
+              std::string(M::name).c_str(), M::n_layer, M::n_head, M::d_model, M::vocab, models::parameter_count<M>(), B, T,
               m,
 #ifdef _OPENMP
               omp_get_max_threads()

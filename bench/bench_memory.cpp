@@ -10,7 +10,7 @@
 // (VmRSS: the program, its libraries, the thread pool); the peak is VmHWM after steps 1..3 on
 // every rank (threads of the process, as train_gpt --ranks runs them), with the micro-batch at
 // the compiled capacity so that every activation page is touched. "plan" is the sum over the
-// process's ranks of train::basic_trainer::plan: parameters, gradients, master weights, moments,
+// process's ranks of train::trainer::plan: parameters, gradients, master weights, moments,
 // activation tables, data-parallel buckets. The check: plan x (1 - tol) <= peak - baseline <=
 // plan x (1 + tol) + overhead, the overhead (--overhead-mib, 64 by default) being the runtime's
 // own heap beyond the tables: Eigen's GEMM packing buffers, the ranks' pinned input copies and

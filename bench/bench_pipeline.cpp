@@ -1,6 +1,6 @@
 // bench_pipeline: the measured pipeline bubble of 1F1B against (PP-1)/(M+PP-1).
 //
-// Runs nn::gpt_parallel<quickstart> with layout<1, PP> on comm::threads (one thread per stage, one
+// Runs nn::transformer<quickstart> with layout<1, PP> on comm::threads (one thread per stage, one
 // OpenMP thread per stage) for PP in {2, 4} and M micro-batches in {1, 2, 4, 8, 16}, and prints
 // per stage the idle fraction of a step: 1 - (forward + backward time) / step time, where the step
 // time runs from a barrier before the first action to the stage's last action. The formula
@@ -26,7 +26,7 @@
 
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt_parallel.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/parallel/comm_threads.hpp>
 #include <loom/parallel/schedule.hpp>
 
@@ -43,7 +43,7 @@ struct stage_times {
 
 template <int PP>
 std::vector<stage_times> run(int m, int steps) {
-  using model_t = nn::gpt_parallel<M, policy<device::cpu, precision::fp32, layout<1, PP>>>;
+  using model_t = nn::transformer<M, policy<device::cpu, precision::fp32, layout<1, PP>>>;
   using acts_t = typename model_t::template activations<B, T>;
   std::vector<stage_times> out(PP);
   std::vector<std::int32_t> in(std::size_t(m) * B * T), tg(in.size());
@@ -70,7 +70,7 @@ std::vector<stage_times> run(int m, int steps) {
       model.zero_grad(ctx);
       world.barrier();
       const auto t0 = std::chrono::steady_clock::now();
-      nn::pipeline_forward_backward<model_t, B, T>(ctx, model, std::span<acts_t>(ring), g.tp, g.pp, m, in.data(),
+      parallel::pipeline_forward_backward<model_t, B, T>(ctx, model, std::span<acts_t>(ring), g.tp, g.pp, m, in.data(),
                                                    tg.data(), B, T, 1.0f / float(in.size()), observe);
       now.step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s == 0) continue;

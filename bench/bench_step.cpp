@@ -96,10 +96,10 @@ double median(std::vector<double> v) {
 
 template <class M, int B, int T, class Prec>
 row_shape shape_of() {
-  constexpr bool llama = loom::nn::arch_of<M>().mlp == loom::nn::mlp_kind::swiglu;
+  constexpr bool llama = loom::models::arch_of<M>().mlp == loom::models::mlp_kind::swiglu;
   return {std::string(M::name), std::string(Prec::name), M::vocab, T, M::d_model, M::n_layer, M::n_head, B,
           llama ? "llama" : "gpt2", loom::models::kv_heads_of<M>(), loom::models::mlp_hidden_of<M>(),
-          double(loom::nn::parameter_count<M>(false))};
+          double(loom::models::parameter_count<M>(false))};
 }
 
 /// The trainer every loom row runs: config M, micro-batch B x T, precision Prec, fused attention,
@@ -109,14 +109,14 @@ row_shape shape_of() {
 template <class M, int B, int T, class Prec>
 struct bench_trainer {
   using scaler =
-      std::conditional_t<Prec::needs_loss_scaling, loom::train::dynamic_loss_scaler, loom::train::no_loss_scaler>;
+      std::conditional_t<Prec::needs_loss_scaling, loom::precision::dynamic_loss_scaler, loom::precision::no_loss_scaler>;
   static loom::train::trainer_config config() {
     loom::train::trainer_config cfg;
     cfg.schedule = {1e-3, 1e-4, 10, 1000};
     return cfg;
   }
   loom::context<loom::device::cpu> ctx;
-  loom::train::trainer<M, loom::policy<loom::device::cpu, Prec>, B, T, loom::kernels::fused, scaler> tr{ctx, config()};
+  loom::train::trainer<M, loom::policy<loom::device::cpu, Prec>, B, T, loom::parallel::local_group, loom::kernels::fused, scaler> tr{ctx, config()};
   std::vector<std::int32_t> w = [this] {
     std::vector<std::int32_t> v(tr.windows_per_step() * tr.window());
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::int32_t(loom::random_below(M::vocab, 1, 0, i));

@@ -155,7 +155,7 @@ ${make_fn}train::memory_plan plan_${id}(const train::session_args& a, int world_
     list(APPEND sources "${src}")
     string(APPEND decls "train::memory_plan plan_${id}(const train::session_args&, int, int, int);\n")
     set(row "{\"${model}\", \"${prec}\", ${tp}, ${pp}, \"${device}\", \"${attn}\", ${B}, ${T}")
-    set(tail "&plan_${id}, &facts_v<models::${model}>, nn::parameter_count<models::${model}>()},\n")
+    set(tail "&plan_${id}, &facts_v<models::${model}>, models::parameter_count<models::${model}>()},\n")
     if(trainable)
       string(APPEND decls "std::unique_ptr<train::session> make_${id}(const train::session_args&, train::world_ref);\n")
       string(APPEND rows "    ${row}, &make_${id}, &whole_${model}, ${tail}")
@@ -193,7 +193,7 @@ std::unique_ptr<train::whole_model> whole_${model}(std::uint64_t seed) {
 #include <loom/parallel/comm_threads.hpp>
 ${mpi_include}
 #include <loom/models/registry.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/train/session.hpp>
 
 namespace loom::sessions {

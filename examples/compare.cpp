@@ -47,7 +47,7 @@ int run(const options& o) {
   using namespace loom;
   context<device::cpu> ctx;
   // weights: from the file (any float dtype) or initialised with --seed, held in fp32
-  nn::gpt<M, policy<device::cpu, precision::fp32>> source(ctx, o.seed);
+  nn::transformer<M, policy<device::cpu, precision::fp32>> source(ctx, o.seed);
   if (!o.weights.empty()) io::load_weights(source, o.weights);
   // batch: B windows of tinyshakespeare-like text (byte tokens), or random ids
   verify::batch<B, T> x;
@@ -94,8 +94,8 @@ int run(const options& o) {
               o.data.empty() ? "random" : o.data.c_str());
   return with_precision(o.a, [&]<class PA>(PA) {
     return with_precision(o.b, [&]<class PB>(PB) {
-      nn::gpt<M, policy<device::cpu, PA>> a(ctx, o.seed);
-      nn::gpt<M, policy<device::cpu, PB>> b(ctx, o.seed);
+      nn::transformer<M, policy<device::cpu, PA>> a(ctx, o.seed);
+      nn::transformer<M, policy<device::cpu, PB>> b(ctx, o.seed);
       {  // A's weights = the source's, rounded to A's storage (compare then copies A's into B)
         const auto src = source.parameters();
         auto dst = a.parameters();

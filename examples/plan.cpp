@@ -11,7 +11,7 @@
 // plan-only ones of LOOM_PLAN_SESSIONS) and the run-time settings, prints per pipeline stage
 // (data-parallel rank 0, whose ZeRO-1 shard is the largest) the bytes of parameters, gradients,
 // fp32 master weights, AdamW moments, activation tables and data-parallel buckets, from
-// train::basic_trainer::plan — the tables the trainer allocates from (the plan equals the
+// train::trainer::plan — the tables the trainer allocates from (the plan equals the
 // trainer's allocation, tests/support/layout_matrix.hpp) — plus the stated runtime overhead
 // (--overhead), and the step time of train::estimate_step: model FLOPs over world size x peak
 // (on the CPU the measured peak of the unit the precision's GEMMs run on; on an NPU the SoC's

@@ -13,18 +13,18 @@ import sys
 
 LAYERS = [
     "bench",      # peak probes (no loom includes)
-    "core",       # errors, buffers, views, contexts, the device concept
+    "core",       # errors, buffers, views, contexts, the device concept, layout<TP,PP>
     "device",     # cpu, ascend (ACL runtime), allocators
     "precision",  # fp32/bf16/fp16 policies, the loss scaler
     "data",       # text pipeline, datasets, loaders
     "kernels",    # the ops contract and its CPU/Ascend implementations
-    "models",     # model configs and recipes (the architecture as data)
-    "parallel",   # layouts, communicators, tensor-parallel mappings, pipeline schedules
-    "nn",         # the parameter table, the one model, sharding, generation
+    "models",     # model configs, recipes, the parameter table, fits (the architecture as data)
+    "parallel",   # communicators, tensor-parallel mappings, the 1F1B schedule and executor, data parallelism
+    "nn",         # the one model, activations, sharding, generation
     "optim",      # AdamW, ZeRO-1, schedules
     "verify",     # comparison against reference models
     "io",         # checkpoints, weights, logs, traces
-    "train",      # the trainer, data-parallel engine, metrics, console
+    "train",      # the trainer, sessions, metrics, console, planning
 ]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 INCLUDE = re.compile(r'^\s*#\s*include\s*<loom/([a-z_0-9]+)/')

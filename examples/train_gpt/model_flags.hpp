@@ -143,7 +143,7 @@ inline loom::models::model_spec resolve_model(const options& o, const model_opti
   loom::models::model_spec s;
   s.n_layer = m.num_layers, s.d_model = m.hidden_size, s.n_head = m.num_attention_heads;
   s.n_kv_head = m.group_query_attention ? (m.num_query_groups > 0 ? m.num_query_groups : 1) : s.n_head;
-  s.mlp = m.swiglu ? loom::nn::mlp_kind::swiglu : loom::nn::mlp_kind::gelu;
+  s.mlp = m.swiglu ? loom::models::mlp_kind::swiglu : loom::models::mlp_kind::gelu;
   s.d_ff = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : m.swiglu ? int(4.0 * m.hidden_size * 2 / 3 / 64) * 64 : 4 * m.hidden_size;
   if (s.d_ff < 1) s.d_ff = 64;  // Megatron's rule gives 0 below a width of 24
   const int seq = o.seq_len > 0 ? o.seq_len : 0;
@@ -151,15 +151,15 @@ inline loom::models::model_spec resolve_model(const options& o, const model_opti
   if (s.max_seq < 1)
     throw input_error("--seq-length (or --max-position-embeddings) is needed with the shape flags: the model's "
                       "positions; pass e.g. --seq-length 1024");
-  s.position = m.position_embedding_type == "rope" ? loom::nn::position_kind::rotary : loom::nn::position_kind::learned;
-  s.norm = m.normalization == "RMSNorm" ? loom::nn::norm_kind::rmsnorm : loom::nn::norm_kind::layernorm;
+  s.position = m.position_embedding_type == "rope" ? loom::models::position_kind::rotary : loom::models::position_kind::learned;
+  s.norm = m.normalization == "RMSNorm" ? loom::models::norm_kind::rmsnorm : loom::models::norm_kind::layernorm;
   s.rope_theta = m.rotary_base, s.norm_eps = m.norm_epsilon;
   s.linear_bias = !m.disable_bias_linear, s.tied_head = !m.untie;
   s.vocab = data_vocab(o, m, dataset);
   s.vocab_padded = loom::models::round_up(s.vocab, pad);
   s.name_recipe();
   s.name = s.derived_name();
-  if (app.count("--rotary-base") > 0 && s.position != loom::nn::position_kind::rotary)
+  if (app.count("--rotary-base") > 0 && s.position != loom::models::position_kind::rotary)
     throw input_error("--rotary-base is for --position-embedding-type rope; drop it or pass rope");
   return s;
 }

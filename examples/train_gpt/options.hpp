@@ -37,7 +37,7 @@ struct options {
   std::string checkpoint_dir, resume, export_hf, init_from_hf;
   long save_every = 100, stop_at_step = 0;
   int keep = 5;
-  // data parallelism (train/data_parallel.hpp, docs/parallel.md)
+  // data parallelism (parallel/data_parallel.hpp, docs/parallel.md)
   int ranks = 1;
   std::string comm = "threads";
   double bucket_mb = 1.0;
@@ -68,7 +68,7 @@ struct options {
   std::string lr_decay_style = "cosine";  // cosine | constant (--min-lr = --lr)
   double lr_warmup_fraction = 0;       // --lr-warmup-fraction: of the decay steps, rounded to whole steps
   double adam_beta1 = 0.9, adam_beta2 = 0.95, adam_eps = 1e-8;  // optim::adamw_config
-  double init_method_std = 0.02;       // accepted as loom's own (nn/model.hpp initialize), other values refused
+  double init_method_std = 0.02;       // accepted as loom's own (nn/transformer.hpp initialize), other values refused
   bool bf16 = false, fp16 = false;     // --bf16 / --fp16: --precision bf16 / fp16
   int tp_size = 1, pp_size = 1;        // --tensor/--pipeline-model-parallel-size: --layout tp<T>pp<P>
   std::string recompute_granularity, recompute_method;  // full | selective -> --recompute; uniform (1 layer)

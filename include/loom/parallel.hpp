@@ -8,9 +8,9 @@
 #include <loom/parallel/comm.hpp>
 #include <loom/parallel/comm_observer.hpp>
 #include <loom/parallel/comm_threads.hpp>
-#include <loom/train/data_parallel.hpp>
+#include <loom/parallel/data_parallel.hpp>
 #include <loom/parallel/dp_shard.hpp>
-#include <loom/parallel/layout.hpp>
+#include <loom/core/layout.hpp>
 #include <loom/parallel/scalars.hpp>
 #include <loom/parallel/schedule.hpp>
 #include <loom/parallel/tensor_parallel.hpp>

@@ -1,7 +1,7 @@
 #pragma once
 /// \file loom::policy<Device, Precision, Layout>: the three compile-time choices, bundled.
-#include <loom/device/policy.hpp>
-#include <loom/parallel/layout.hpp>
+#include <loom/core/device.hpp>
+#include <loom/core/layout.hpp>
 #include <loom/precision/policy.hpp>
 
 namespace loom {

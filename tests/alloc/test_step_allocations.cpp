@@ -22,7 +22,7 @@
 #include <loom/core/random.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/train/loss_scaler.hpp>
+#include <loom/precision/loss_scaler.hpp>
 #include <loom/train/trainer.hpp>
 
 extern "C" {
@@ -127,14 +127,14 @@ std::vector<std::int32_t> random_windows(std::size_t rows, std::size_t window, i
 
 /// Steps 2..5 of a trainer of model M (GPT-2 tiny by default) in precision P (micro-batch 3 of 13 tokens, 2 micro-batches
 /// per step: odd sizes, gradient accumulation) and the allocations they made.
-template <class P, class Scaler = train::no_loss_scaler, class M = models::tiny>
+template <class P, class Scaler = precision::no_loss_scaler, class M = models::tiny>
 long allocations_in_steps_2_to_5() {
   context<device::cpu> ctx;
   train::trainer_config cfg;
   cfg.schedule = {3e-3, 3e-4, 2, 20};
   cfg.micro_batch = 3;
   cfg.grad_accum = 2;
-  train::trainer<M, P, 3, 13, kernels::fused, Scaler> tr(ctx, cfg);
+  train::trainer<M, P, 3, 13, parallel::local_group, kernels::fused, Scaler> tr(ctx, cfg);
   const auto windows = random_windows(6, 14, M::vocab, 7);
   const double first = tr.step(ctx, windows).loss;
   double last = 0;
@@ -173,9 +173,9 @@ TEST_CASE("alloc: no heap allocation in steps 2..5, bf16") {
 }
 
 TEST_CASE("alloc: no heap allocation in steps 2..5, Llama (RMSNorm, RoPE, SwiGLU, grouped-query attention), bf16") {
-  CHECK(allocations_in_steps_2_to_5<policy<device::cpu, precision::bf16>, train::no_loss_scaler, models::llama_tiny>() == 0);
+  CHECK(allocations_in_steps_2_to_5<policy<device::cpu, precision::bf16>, precision::no_loss_scaler, models::llama_tiny>() == 0);
 }
 
 TEST_CASE("alloc: no heap allocation in steps 2..5, fp16 with the dynamic loss scaler") {
-  CHECK(allocations_in_steps_2_to_5<policy<device::cpu, precision::fp16>, train::dynamic_loss_scaler>() == 0);
+  CHECK(allocations_in_steps_2_to_5<policy<device::cpu, precision::fp16>, precision::dynamic_loss_scaler>() == 0);
 }

@@ -1,4 +1,4 @@
-// The whole loom::gpt forward, backward and AdamW step on device::ascend (through loom's host
+// The whole loom::nn::transformer forward, backward and AdamW step on device::ascend (through loom's host
 // emulation of ACL/aclnn) against the same model on device::cpu, from identical parameters
 // (fp32 against fp32; bf16 with fp32 gradients against cpu/bf16); the trainer; the consistency
 // checker (verify::compare) with an ascend/bf16 side; the profile window driving the CANN
@@ -23,7 +23,7 @@
 #include <loom/io/trace.hpp>
 #include <loom/kernels/ascend.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/train/ascend_phase_timer.hpp>
 #include <loom/train/trainer.hpp>
@@ -39,7 +39,7 @@ namespace {
 /// size 8), SwiGLU rows of 2 x 32 elements (aclnnSwiGluGrad documents 64-byte aligned shapes).
 struct llama_npu {
   static constexpr std::string_view name = "llama_npu";
-  static constexpr loom::nn::recipe arch = loom::nn::llama;
+  static constexpr loom::models::recipe arch = loom::models::llama;
   static constexpr int n_layer = 2, n_head = 4, n_kv_head = 2, d_model = 32, d_ff = 32, max_seq = 16;
   static constexpr int vocab = 61, vocab_padded = 64;
 };
@@ -52,8 +52,8 @@ void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
   using CS = typename CpuP::storage;
   constexpr bool mha = loom::models::kv_heads_of<M>() == M::n_head;
   using cpu_attn = std::conditional_t<std::is_same_v<CS, float> && mha, loom::kernels::reference, loom::kernels::fused>;
-  using cpu_model = loom::gpt<M, loom::policy<loom::device::cpu, CpuP>, cpu_attn>;
-  using npu_model = loom::gpt<M, loom::policy<npu, NpuP>, loom::kernels::fused>;
+  using cpu_model = loom::nn::transformer<M, loom::policy<loom::device::cpu, CpuP>, cpu_attn>;
+  using npu_model = loom::nn::transformer<M, loom::policy<npu, NpuP>, loom::kernels::fused>;
   // parameter gradients are fp32 on both devices for every precision here (kernels::gradient_t)
   static_assert(std::is_same_v<typename npu_model::grad_t, float>);
   static_assert(std::is_same_v<typename cpu_model::grad_t, float>);
@@ -98,7 +98,7 @@ void compare_with_cpu(double loss_rel, double grad_nmse, double param_nmse) {
 
   cm.backward(cctx, cacts, in.data(), b, t);
   nm.backward(nctx, nacts, din.data(), b, t);
-  for (int k = 0; k < int(loom::nn::num_params<M>); ++k) {
+  for (int k = 0; k < int(loom::models::num_params<M>); ++k) {
     const auto g = nm.gradient(std::size_t(k));
     const auto cg = cm.gradient(std::size_t(k));
     INFO("gradient of " << cpu_model::table[k].name);
@@ -148,7 +148,7 @@ TEST_CASE("llama on ascend/bf16 (emulated): fp32 gradients; loss, every gradient
 }
 
 TEST_CASE("recompute on ascend (emulated): selective and full give bitwise the loss and gradients of none (llama bf16)") {
-  using npu_model = loom::gpt<llama_npu, loom::policy<npu, loom::precision::bf16>, loom::kernels::fused>;
+  using npu_model = loom::nn::transformer<llama_npu, loom::policy<npu, loom::precision::bf16>, loom::kernels::fused>;
   constexpr int B = 3, T = 9;
   const int b = 2, t = 7;
   loom::device::ascend_device dev(runtime(), 0);
@@ -190,7 +190,7 @@ TEST_CASE("trainer<tiny> on ascend/fp32 (emulated): three steps with gradient ac
   loom::context<loom::device::cpu> cctx;
   loom::device::ascend_device dev(runtime(), 0);
   loom::train::trainer<M, loom::policy<loom::device::cpu, loom::precision::fp32>, B, T> ct(cctx, cfg);
-  loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::kernels::fused> nt(dev.context(), cfg);
+  loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::parallel::local_group, loom::kernels::fused> nt(dev.context(), cfg);
   std::vector<std::int32_t> windows(ct.windows_per_step() * ct.window());
   for (int s = 0; s < 3; ++s) {
     for (std::size_t i = 0; i < windows.size(); ++i) windows[i] = std::int32_t((i * 7 + std::size_t(s) * 13 + 1) % M::vocab);
@@ -215,7 +215,7 @@ TEST_CASE("trainer<tiny> on ascend (emulated): --dropout > 0 is refused with a s
   loom::train::trainer_config cfg;
   cfg.schedule = {3e-3, 3e-4, 1, 10};
   cfg.dropout = 0.1;
-  using npu_trainer = loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, 2, 8, loom::kernels::fused>;
+  using npu_trainer = loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, 2, 8, loom::parallel::local_group, loom::kernels::fused>;
   CHECK_THROWS_WITH_AS(npu_trainer(dev.context(), cfg), doctest::Contains("dropout runs on the CPU only so far"),
                        loom::input_error);
   cfg.dropout = 0;
@@ -226,8 +226,8 @@ TEST_CASE("verify::compare: cpu/fp32 against ascend/bf16 (emulated) passes bf16'
   using M = loom::models::tiny;
   // A: the same cpu/fp32 model type as the step comparison above (reference attention; one fewer
   // model instantiation in this translation unit)
-  using cpu_model = loom::gpt<M, loom::policy<loom::device::cpu, loom::precision::fp32>, loom::kernels::reference>;
-  using npu_model = loom::gpt<M, loom::policy<npu, loom::precision::bf16>, loom::kernels::fused>;
+  using cpu_model = loom::nn::transformer<M, loom::policy<loom::device::cpu, loom::precision::fp32>, loom::kernels::reference>;
+  using npu_model = loom::nn::transformer<M, loom::policy<npu, loom::precision::bf16>, loom::kernels::fused>;
   constexpr int B = 2, T = 11;
   loom::verify::batch<B, T> x;
   for (int i = 0; i < B * T; ++i) {
@@ -259,7 +259,7 @@ TEST_CASE("verify::compare: cpu/fp32 against ascend/bf16 (emulated) passes bf16'
 
   // the same weights loaded by the caller, then one weight deliberately perturbed by ~10 %
   loom::verify::copy_parameters(a, cctx, b, nctx);
-  const auto w = b.parameter(loom::nn::param::fc_w);
+  const auto w = b.parameter(loom::models::param::fc_w);
   const std::size_t per = w.size() / M::n_layer, off = per;  // layer 1
   auto host = download(nctx, w.data() + off, per);
   const auto noise = randn(per, 5, 0.1f);
@@ -295,7 +295,7 @@ TEST_CASE("profile window on ascend (emulated): steps 2:4 start and stop the CAN
   cfg.schedule = {3e-3, 3e-4, 1, 10};
   cfg.seed = 3;
   loom::device::ascend_device dev(runtime(), 0);
-  loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::kernels::fused> nt(dev.context(), cfg);
+  loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::parallel::local_group, loom::kernels::fused> nt(dev.context(), cfg);
   using log_fn = std::size_t(loomemu_prof_event*, std::size_t);
   emu<void()>("loomemu_profiler_clear")();
   const auto dir = std::filesystem::temp_directory_path() / ("loom_msprof_" + std::to_string(::getpid()));
@@ -348,7 +348,7 @@ TEST_CASE("ascend_phase_timer (emulated): device-time breakdown of trainer steps
   cfg.seed = 5;
   loom::device::ascend_device dev(runtime(), 0);
   auto& ctx = dev.context();
-  loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::kernels::fused> nt(ctx, cfg);
+  loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::parallel::local_group, loom::kernels::fused> nt(ctx, cfg);
   loom::train::ascend_phase_timer dt(dev.runtime(), ctx.stream);
   int transitions = 0;
   nt.on_phase = [&](phase p, bool begin) {
@@ -445,7 +445,7 @@ TEST_CASE("trainer<tiny> on ascend (emulated): a pinned batch goes by the copy s
   using M = loom::models::tiny;
   constexpr int B = 3, T = 7;  // odd sizes
   using policy = loom::policy<npu, loom::precision::fp32_ascend_matmul>;
-  using trainer_t = loom::train::trainer<M, policy, B, T, loom::kernels::fused>;
+  using trainer_t = loom::train::trainer<M, policy, B, T, loom::parallel::local_group, loom::kernels::fused>;
   static_assert(trainer_t::device_split && trainer_t::deferred_loss);
   loom::train::trainer_config cfg;
   cfg.grad_accum = 2;

@@ -40,12 +40,12 @@ constexpr int B = 2, T = 8;
 /// A Llama the NPU kernels take (SwiGLU rows of 64-byte multiples; as test_gpt.cpp's llama_npu).
 struct llama_offload {
   static constexpr std::string_view name = "llama_offload";
-  static constexpr loom::nn::recipe arch = loom::nn::llama;
+  static constexpr loom::models::recipe arch = loom::models::llama;
   static constexpr int n_layer = 2, n_head = 4, n_kv_head = 2, d_model = 32, d_ff = 32, max_seq = 16;
   static constexpr int vocab = 61, vocab_padded = 64;
 };
 template <class M, class Prec>
-using npu_trainer = loom::train::trainer<M, loom::policy<npu, Prec>, B, T, loom::kernels::fused>;
+using npu_trainer = loom::train::trainer<M, loom::policy<npu, Prec>, B, T, loom::parallel::local_group, loom::kernels::fused>;
 
 /// A config with a chunk that cuts the ~6k parameters into many chunks, most rows mid-way.
 loom::train::trainer_config offload_config(bool offload) {
@@ -354,7 +354,7 @@ TEST_CASE("optimizer offload (emulated): forward-order chunks cover every parame
   }
   CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
   // layer 0's q/k/v weights are in a chunk no later than layer 0's gate, layer 1's after it
-  const std::size_t qkv = std::size_t(loom::nn::rows_by_role<llama_offload>[std::size_t(loom::nn::role::qkv_w)]);
+  const std::size_t qkv = std::size_t(loom::models::rows_by_role<llama_offload>[std::size_t(loom::models::role::qkv_w)]);
   const std::size_t per = model_t::table[qkv].layer_size();
   auto chunk_of = [&](std::size_t element) {
     for (std::size_t c = 0; c < f.chunks(); ++c) {

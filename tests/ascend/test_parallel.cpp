@@ -1,6 +1,6 @@
 // Data and tensor parallelism on device::ascend with comm::hccl, both through loom's host
 // emulation (ranks are threads, each with its own emulated NPU and HCCL rank):
-//  * DP = 2 training of loom::gpt<tiny> against (a) the same DP run on device::cpu with
+//  * DP = 2 training of loom::nn::transformer<tiny> against (a) the same DP run on device::cpu with
 //    comm::threads and (b) one ascend rank on the global batch;
 //  * a TP = 2 MLP (column-parallel then row-parallel linear, Megatron's f/g pairs) against the same
 //    on device::cpu with comm::threads and against a float64 host reference.
@@ -34,7 +34,7 @@ using M = loom::models::tiny;
 constexpr int rows = 4, T = 9, dp = 2, steps = 3;  // global batch of 4 windows, 2 per rank
 using cpu_trainer = loom::train::trainer<M, loom::policy<loom::device::cpu, loom::precision::fp32>, rows, T>;
 using npu_trainer =
-    loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, rows, T, loom::kernels::fused>;
+    loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, rows, T, loom::parallel::local_group, loom::kernels::fused>;
 
 loom::train::trainer_config config(int micro_batch) {
   loom::train::trainer_config cfg;

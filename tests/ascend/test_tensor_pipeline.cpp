@@ -182,7 +182,7 @@ loom::train::trainer_config layout_config(int accum) {
 /// The loss curve of one rank on the whole global batch, on device D.
 template <class D, class Prec>
 std::vector<double> one_rank_curve(loom::context<D>& ctx) {
-  loom::train::trainer<MP, loom::policy<D, Prec>, LB, LT, loom::kernels::fused> tr(ctx, layout_config(global_windows / LB));
+  loom::train::trainer<MP, loom::policy<D, Prec>, LB, LT, loom::parallel::local_group, loom::kernels::fused> tr(ctx, layout_config(global_windows / LB));
   std::vector<double> loss;
   for (long s = 0; s < lsteps; ++s) loss.push_back(tr.step(ctx, windows(s, 0, global_windows)).loss);
   return loss;
@@ -193,7 +193,7 @@ std::vector<double> one_rank_curve(loom::context<D>& ctx) {
 template <int TP, int PP>
 std::vector<double> ascend_layout_curve(int dp) {
   using policy = loom::policy<npu, loom::precision::fp32_ascend_matmul, loom::layout<TP, PP>>;
-  using trainer_t = loom::train::parallel_trainer<MP, policy, LB, LT, loom::comm::hccl, loom::kernels::fused>;
+  using trainer_t = loom::train::trainer<MP, policy, LB, LT, loom::comm::hccl, loom::kernels::fused>;
   const int world = TP * PP * dp;
   std::vector<std::vector<double>> curves(static_cast<std::size_t>(world));
   loom::comm::run_threads(world, [&](loom::comm::threads& boot) {

@@ -5,7 +5,7 @@
 // from loom's own declarations of the CANN APIs.
 #include <loom/kernels/ascend.hpp>
 #include <loom/models/configs.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/policy.hpp>
 
 #ifdef LOOM_SHOULD_FAIL
@@ -14,7 +14,7 @@ using P = loom::precision::fp32;
 using P = loom::precision::fp32_ascend_matmul;
 #endif
 
-using model = loom::gpt<loom::models::tiny, loom::policy<loom::device::ascend, P>, loom::kernels::fused>;
+using model = loom::nn::transformer<loom::models::tiny, loom::policy<loom::device::ascend, P>, loom::kernels::fused>;
 static_assert(model::num_parameters > 0);
 
 int main() { return 0; }

@@ -1,7 +1,7 @@
 // libFuzzer target for the weight importers: Hugging Face GPT-2 (io::import_gpt2: config.json
 // and model.safetensors, as transformers' save_pretrained writes them) and loom's own weights
 // file (io::load_weights: a safetensors file whose "__metadata__" names the model config), into
-// loom::test::micro_gpt2 (tests/support/host_model.hpp: the same parameter table as a loom::gpt,
+// loom::test::micro_gpt2 (tests/support/host_model.hpp: the same parameter table as a loom::nn::transformer,
 // 90 parameters).
 //
 // Input: byte 0 selects the importer (even: import_gpt2, odd: load_weights); then bytes [1, 3)

@@ -20,7 +20,7 @@ no biases, untied lm_head), in plain torch so that no transformers package is ne
   then 10 steps of global-norm clipping + warm-up/cosine lr + AdamW (decay on the four
   projections) as make_gpt_tiny.py.
 
-Tensors are stored under loom's names and layout (nn::param_table for nn::llama): qkv_w is
+Tensors are stored under loom's names and layout (models::param_table for models::llama): qkv_w is
 [q_proj; k_proj; v_proj] stacked by rows, fc_w is [gate_proj; up_proj], fcproj_w is down_proj.
 The initial parameters are also stored as LlamaForCausalLM's state dict, "hf.<name>" (e.g.
 hf.model.layers.0.self_attn.k_proj.weight; embedding and head without loom's padding rows), for

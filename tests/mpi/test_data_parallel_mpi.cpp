@@ -51,7 +51,7 @@ std::span<const std::int32_t> rows_of(const std::vector<std::int32_t>& v, int fi
 
 /// max |a - b| <= rel * max |b| for every gradient tensor.
 void check_grads(const trainer_t::model_t& a, const trainer_t::model_t& b, double rel) {
-  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+  for (int k = 0; k < int(models::num_params<M>); ++k) {
     const auto x = a.gradient(std::size_t(k)), y = b.gradient(std::size_t(k));
     double diff = 0, scale = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {

@@ -14,8 +14,8 @@
 #include <loom/core/random.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt.hpp>
-#include <loom/nn/gpt_parallel.hpp>
+#include <loom/nn/transformer.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/parallel/comm_mpi.hpp>
 
 using namespace loom;
@@ -29,8 +29,8 @@ void mpi_case(comm::mpi& world) {
   CAPTURE(TP);
   CAPTURE(PP);
   using P = policy<device::cpu, precision::fp32, layout<TP, PP>>;
-  using model_t = nn::gpt_parallel<M, P>;
-  using ref_t = nn::gpt<M, policy<device::cpu, precision::fp32>>;
+  using model_t = nn::transformer<M, P>;
+  using ref_t = nn::transformer<M, policy<device::cpu, precision::fp32>>;
   context<device::cpu> ctx;
   std::vector<std::int32_t> in(std::size_t(m) * B * T), tg(in.size());
   for (std::size_t i = 0; i < in.size(); ++i) {
@@ -56,14 +56,14 @@ void mpi_case(comm::mpi& world) {
   std::vector<acts_t> ring;
   for (int i = 0; i < parallel::max_in_flight(PP, m, g.pp.rank()); ++i) ring.emplace_back(ctx);
   model.zero_grad(ctx);
-  const double loss = nn::pipeline_forward_backward<model_t, B, T>(ctx, model, std::span<acts_t>(ring), g.tp, g.pp, m,
+  const double loss = parallel::pipeline_forward_backward<model_t, B, T>(ctx, model, std::span<acts_t>(ring), g.tp, g.pp, m,
                                                                    in.data(), tg.data(), B, T, scale);
   model.tie_embedding_gradients(ctx, g.pp);
   const double norm = model.grad_norm(ctx, g.tp, g.pp);
   CHECK(loss == doctest::Approx(ref_loss).epsilon(1e-5));
   CHECK(norm == doctest::Approx(ref_norm).epsilon(1e-5));
-  for (int k = 0; k < int(nn::num_params<M>); ++k) {
-    if (!nn::stage_uses(nn::param_table<M, parallel::layout<1, 1>>()[std::size_t(k)], g.pp.rank(), PP)) continue;
+  for (int k = 0; k < int(models::num_params<M>); ++k) {
+    if (!models::stage_uses(models::param_table<M, parallel::layout<1, 1>>()[std::size_t(k)], g.pp.rank(), PP)) continue;
     const auto mine = model.gradient(std::size_t(k)), want = ref.gradient(std::size_t(k));
     double diff = 0, mx = 1e-30;
     for (std::size_t i = 0; i < mine.size(); ++i) {

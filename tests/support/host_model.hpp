@@ -2,7 +2,7 @@
 // Test support: the smallest GPT-2 model config loom accepts, and a parameter holder with the
 // members io::import_gpt2 and io::load_weights read (model, storage_t, layout, device, table,
 // offsets, num_tensors, num_parameters, parameters(), parameter(k)), built from the same
-// nn::param_table a loom::gpt uses — without the model's kernels, so a test or fuzz target that
+// models::param_table a loom::nn::transformer uses — without the model's kernels, so a test or fuzz target that
 // only loads weights compiles in seconds.
 #include <cstddef>
 #include <string_view>
@@ -10,8 +10,8 @@
 
 #include <loom/core/view.hpp>
 #include <loom/device/cpu.hpp>
-#include <loom/nn/params.hpp>
-#include <loom/parallel/layout.hpp>
+#include <loom/models/params.hpp>
+#include <loom/core/layout.hpp>
 
 namespace loom::test {
 
@@ -30,9 +30,9 @@ struct host_model {
   using storage_t = float;
   using layout = ::loom::parallel::layout<1, 1>;
   using device = ::loom::device::cpu;
-  static constexpr auto table = nn::param_table<M, layout>();
+  static constexpr auto table = models::param_table<M, layout>();
   static constexpr std::size_t num_tensors = table.size();
-  static constexpr auto offsets = nn::param_offsets<M, layout>();
+  static constexpr auto offsets = models::param_offsets<M, layout>();
   static constexpr std::size_t num_parameters = offsets.back();
 
   std::vector<float> values = std::vector<float>(num_parameters, 0.0f);

@@ -1,5 +1,5 @@
 #pragma once
-// The layout-matrix equivalence check of the one trainer (train::basic_trainer), shared by the
+// The layout-matrix equivalence check of the one trainer (train::trainer), shared by the
 // comm::threads test (tests/unit/train/test_layout_matrix.cpp) and the comm::mpi test
 // (tests/mpi/test_layout_matrix_mpi.cpp). One cell = (precision, layout<TP,PP>, dp, ZeRO-1):
 //   - the loss of every step within a tolerance derived from the precision's unit roundoff
@@ -48,7 +48,7 @@ constexpr double tolerance() {
 
 template <class Prec>
 using scaler_for =
-    std::conditional_t<Prec::needs_loss_scaling, loom::train::dynamic_loss_scaler, loom::train::no_loss_scaler>;
+    std::conditional_t<Prec::needs_loss_scaling, loom::precision::dynamic_loss_scaler, loom::precision::no_loss_scaler>;
 
 /// Rows [first, first + count) of step s's global batch of windows of T+1 tokens (next token
 /// = 7 t + 3 mod vocab, every 4th random), the same for every layout.
@@ -113,7 +113,7 @@ template <class Prec, class Model = M>
 curve one_rank(int global_windows, long from, long to, const fs::path& load = {}, double dropout = 0) {
   const one_thread guard;
   loom::context<cpu> ctx;
-  loom::train::trainer<Model, loom::policy<cpu, Prec>, B, T, loom::kernels::fused, scaler_for<Prec>> tr(
+  loom::train::trainer<Model, loom::policy<cpu, Prec>, B, T, loom::parallel::local_group, loom::kernels::fused, scaler_for<Prec>> tr(
       ctx, config(global_windows / B, dropout));
   if (!load.empty()) loom::io::load_checkpoint(ctx, load, tr);
   curve c;
@@ -148,7 +148,7 @@ curve layout_rank(Comm& world, int global_windows, bool zero1, const fs::path& s
   loom::context<cpu> ctx;
   const int dp = world.size() / (TP * PP);
   const int share = global_windows / dp;
-  loom::train::parallel_trainer<Model, loom::policy<cpu, Prec, loom::layout<TP, PP>>, B, T, Comm, loom::kernels::fused,
+  loom::train::trainer<Model, loom::policy<cpu, Prec, loom::layout<TP, PP>>, B, T, Comm, loom::kernels::fused,
                                 scaler_for<Prec>>
       tr(ctx, config(share / B, dropout), world, loom::parallel::ddp_options{.bucket_mb = 0.002, .zero1 = zero1});
   const long from = load.empty() ? 0 : save_at;

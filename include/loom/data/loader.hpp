@@ -46,7 +46,7 @@
 #include <loom/data/detail/permutation.hpp>
 #include <loom/data/indexed_dataset.hpp>
 #include <loom/device/cpu.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 
 namespace loom::data {
 

@@ -54,7 +54,7 @@
 #include <loom/data/loader.hpp>
 #include <loom/data/sampler.hpp>
 #include <loom/device/cpu.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 
 namespace loom::data {
 

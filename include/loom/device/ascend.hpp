@@ -60,7 +60,7 @@
 #include <loom/device/caching_allocator.hpp>
 #include <loom/device/detail/acl_check.hpp>
 #include <loom/device/ascend_runtime.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 
 namespace loom::device {
 
@@ -201,7 +201,7 @@ struct ascend {
   /// alignment as what asynchronous copies need, so that is what loom promises.
   static constexpr std::size_t alignment = 64;
   static constexpr int max_devices = 64;
-  /// Host-to-device copies on a stream of their own (train::basic_trainer's batches).
+  /// Host-to-device copies on a stream of their own (train::trainer's batches).
   using copy_engine = ascend_copy_engine;
   /// Copies both ways beside the compute stream (optim::offload_adamw; device/ascend_transfer.hpp).
   using transfer_stream = ascend_transfer_stream;

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include <loom/core/context.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 
 #if defined(__GLIBC__)
 #include <malloc.h>

@@ -37,7 +37,7 @@
 /// learning-rate schedule reads), and whatever the caller's run_state carries (data position,
 /// RNG state, tokens consumed) come back exactly.
 ///
-/// Multi-rank runs (data parallel with or without ZeRO-1, train::parallel_trainer's
+/// Multi-rank runs (data parallel with or without ZeRO-1, train::trainer's
 /// layout<TP,PP>) save collectively: save_checkpoint(ctx, root, tr, state, world) on every
 /// rank; the save is complete only when every rank wrote and verified its files, otherwise no
 /// rank moves `latest` and every rank throws naming the failed ranks. The manifest records the

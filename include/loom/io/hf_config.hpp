@@ -71,7 +71,7 @@ inline models::model_spec spec_from_hf_config(const nlohmann::json& j, const std
     for (const char* k : {"reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx"})
       if (j.value(k, false)) refuse(k, "is true; loom implements GPT-2's attention without it");
   } else if (type == "llama" || type == "mistral") {
-    s.norm = nn::norm_kind::rmsnorm, s.position = nn::position_kind::rotary, s.mlp = nn::mlp_kind::swiglu;
+    s.norm = models::norm_kind::rmsnorm, s.position = models::position_kind::rotary, s.mlp = models::mlp_kind::swiglu;
     s.linear_bias = false;
     s.n_layer = get_int("num_hidden_layers"), s.n_head = get_int("num_attention_heads"), s.d_model = get_int("hidden_size");
     s.n_kv_head = has_value("num_key_value_heads") ? get_int("num_key_value_heads") : s.n_head;

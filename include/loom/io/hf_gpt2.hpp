@@ -16,14 +16,14 @@
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/json.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 #include <loom/io/checkpoint/manifest.hpp>
 #include <loom/io/detail/checkpoint_fs.hpp>
 #include <loom/io/detail/hf_files.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/models/configs.hpp>
-#include <loom/nn/params.hpp>
-#include <loom/parallel/layout.hpp>
+#include <loom/models/params.hpp>
+#include <loom/core/layout.hpp>
 
 namespace loom::io {
 
@@ -38,25 +38,25 @@ struct gpt2_tensor {
 };
 
 /// The tensors of a GPT-2 checkpoint for model M, in GPT-2's order (the table's forward order,
-/// nn::for_each_tensor): wte, wpe, h.{i}.(ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
+/// models::for_each_tensor): wte, wpe, h.{i}.(ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
 /// mlp.c_proj).(weight, bias), ln_f; names and orientation from the table rows (hf_name,
 /// hf_transposed). Vocabulary-sharded rows have M::vocab rows (loom's padding rows are not
 /// exported). Source: transformers modeling_gpt2.py (GPT2Model, GPT2Attention, GPT2MLP, Conv1D).
-/// Refused at compile time for a recipe without a GPT-2 equivalent (nn::recipe::hf_model_type).
+/// Refused at compile time for a recipe without a GPT-2 equivalent (models::recipe::hf_model_type).
 template <models::model_config M>
 std::vector<gpt2_tensor> gpt2_tensors() {
-  static_assert(nn::arch_of<M>().hf_model_type == "gpt2",
+  static_assert(models::arch_of<M>().hf_model_type == "gpt2",
                 "Hugging Face GPT-2 export/import: this model's recipe has tensors GPT-2 does not (or lacks some "
                 "of its tensors); export it with io::save_weights instead");
-  constexpr auto t = nn::param_table<M, parallel::layout<1, 1>>();
+  constexpr auto t = models::param_table<M, parallel::layout<1, 1>>();
   std::vector<gpt2_tensor> out;
-  nn::for_each_tensor(t, M::n_layer, [&](std::size_t k, int layer) {
+  models::for_each_tensor(t, M::n_layer, [&](std::size_t k, int layer) {
     const auto& s = t[k];
     const std::size_t first = s.per_layer ? 1 : 0;
     std::vector<std::int64_t> shape(s.global.begin() + first, s.global.begin() + s.ndim);
-    if (s.rule == nn::shard::vocab) shape[0] = M::vocab;
+    if (s.rule == models::shard::vocab) shape[0] = M::vocab;
     if (s.hf_transposed) std::swap(shape[0], shape[1]);
-    out.push_back({nn::hf_name(s, layer), std::move(shape), int(k), layer, s.hf_transposed});
+    out.push_back({models::hf_name(s, layer), std::move(shape), int(k), layer, s.hf_transposed});
   });
   return out;
 }
@@ -109,7 +109,7 @@ std::size_t loom_offset(const gpt2_tensor& t) {
 }
 }  // namespace detail
 
-/// Exports the parameters of `model` (a loom::gpt on layout<1,1>) as a Hugging Face GPT-2
+/// Exports the parameters of `model` (a loom::nn::transformer on layout<1,1>) as a Hugging Face GPT-2
 /// checkpoint: `<dir>/model.safetensors` (F32, GPT-2 names and Conv1D orientation, metadata
 /// {"format": "pt"} as transformers requires) and `<dir>/config.json` (recording the XXH3-64 of
 /// model.safetensors as "loom"."model_safetensors_xxh3_64", which import_gpt2 checks). Loads with

@@ -1,6 +1,6 @@
 #pragma once
 /// \file Export and import of Hugging Face Llama weights (model.safetensors + config.json, as
-/// transformers' LlamaForCausalLM.save_pretrained writes them) for models of the nn::llama recipe.
+/// transformers' LlamaForCausalLM.save_pretrained writes them) for models of the models::llama recipe.
 /// Source: transformers modeling_llama.py (LlamaForCausalLM, LlamaAttention, LlamaMLP) and
 /// configuration_llama.py (LlamaConfig). Hugging Face's q_proj/k_proj already use the
 /// rotate-half RoPE convention loom computes, so no weight is permuted.
@@ -18,14 +18,14 @@
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/json.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 #include <loom/io/checkpoint/manifest.hpp>
 #include <loom/io/detail/checkpoint_fs.hpp>
 #include <loom/io/detail/hf_files.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/models/configs.hpp>
-#include <loom/nn/params.hpp>
-#include <loom/parallel/layout.hpp>
+#include <loom/models/params.hpp>
+#include <loom/core/layout.hpp>
 
 namespace loom::io {
 
@@ -46,27 +46,27 @@ struct llama_tensor {
 /// and the head have M::vocab rows (loom's padding rows are not exported).
 template <models::model_config M>
 std::vector<llama_tensor> llama_tensors() {
-  static_assert(nn::arch_of<M>().hf_model_type == "llama",
-                "Hugging Face Llama export/import: this model's recipe is not nn::llama; export it with "
+  static_assert(models::arch_of<M>().hf_model_type == "llama",
+                "Hugging Face Llama export/import: this model's recipe is not models::llama; export it with "
                 "io::save_weights instead");
   constexpr long C = M::d_model, NH = M::n_head, KV = models::kv_heads_of<M>(), HD = C / NH, H = models::mlp_hidden_of<M>();
-  auto row = [](nn::role r) { return nn::rows_by_role<M>[std::size_t(r)]; };
+  auto row = [](models::role r) { return models::rows_by_role<M>[std::size_t(r)]; };
   std::vector<llama_tensor> out;
-  out.push_back({"model.embed_tokens.weight", {M::vocab, C}, row(nn::role::wte), -1, 0});
+  out.push_back({"model.embed_tokens.weight", {M::vocab, C}, row(models::role::wte), -1, 0});
   for (int l = 0; l < M::n_layer; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    out.push_back({p + "input_layernorm.weight", {C}, row(nn::role::ln1_w), l, 0});
-    out.push_back({p + "self_attn.q_proj.weight", {NH * HD, C}, row(nn::role::qkv_w), l, 0});
-    out.push_back({p + "self_attn.k_proj.weight", {KV * HD, C}, row(nn::role::qkv_w), l, std::size_t(NH * HD)});
-    out.push_back({p + "self_attn.v_proj.weight", {KV * HD, C}, row(nn::role::qkv_w), l, std::size_t((NH + KV) * HD)});
-    out.push_back({p + "self_attn.o_proj.weight", {C, C}, row(nn::role::attproj_w), l, 0});
-    out.push_back({p + "post_attention_layernorm.weight", {C}, row(nn::role::ln2_w), l, 0});
-    out.push_back({p + "mlp.gate_proj.weight", {H, C}, row(nn::role::fc_w), l, 0});
-    out.push_back({p + "mlp.up_proj.weight", {H, C}, row(nn::role::fc_w), l, std::size_t(H)});
-    out.push_back({p + "mlp.down_proj.weight", {C, H}, row(nn::role::fcproj_w), l, 0});
+    out.push_back({p + "input_layernorm.weight", {C}, row(models::role::ln1_w), l, 0});
+    out.push_back({p + "self_attn.q_proj.weight", {NH * HD, C}, row(models::role::qkv_w), l, 0});
+    out.push_back({p + "self_attn.k_proj.weight", {KV * HD, C}, row(models::role::qkv_w), l, std::size_t(NH * HD)});
+    out.push_back({p + "self_attn.v_proj.weight", {KV * HD, C}, row(models::role::qkv_w), l, std::size_t((NH + KV) * HD)});
+    out.push_back({p + "self_attn.o_proj.weight", {C, C}, row(models::role::attproj_w), l, 0});
+    out.push_back({p + "post_attention_layernorm.weight", {C}, row(models::role::ln2_w), l, 0});
+    out.push_back({p + "mlp.gate_proj.weight", {H, C}, row(models::role::fc_w), l, 0});
+    out.push_back({p + "mlp.up_proj.weight", {H, C}, row(models::role::fc_w), l, std::size_t(H)});
+    out.push_back({p + "mlp.down_proj.weight", {C, H}, row(models::role::fcproj_w), l, 0});
   }
-  out.push_back({"model.norm.weight", {C}, row(nn::role::lnf_w), -1, 0});
-  out.push_back({"lm_head.weight", {M::vocab, C}, row(nn::role::lm_head), -1, 0});
+  out.push_back({"model.norm.weight", {C}, row(models::role::lnf_w), -1, 0});
+  out.push_back({"lm_head.weight", {M::vocab, C}, row(models::role::lm_head), -1, 0});
   return out;
 }
 
@@ -110,7 +110,7 @@ inline std::size_t numel(const std::vector<std::int64_t>& shape) {
 }
 }  // namespace detail
 
-/// Exports the parameters of `model` (an nn::transformer of the nn::llama recipe on layout<1,1>)
+/// Exports the parameters of `model` (an nn::transformer of the models::llama recipe on layout<1,1>)
 /// as a Hugging Face Llama checkpoint: `<dir>/model.safetensors` (F32, LlamaForCausalLM names,
 /// metadata {"format": "pt"}) and `<dir>/config.json` (LlamaConfig, recording the XXH3-64 of
 /// model.safetensors as "loom"."model_safetensors_xxh3_64", which import_llama checks). Loads with

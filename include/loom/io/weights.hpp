@@ -1,5 +1,5 @@
 #pragma once
-/// \file Saving and loading a loom::gpt's parameters as a safetensors file.
+/// \file Saving and loading a loom::nn::transformer's parameters as a safetensors file.
 ///
 /// One tensor per row of the parameter table, under the table's name ("wte", "qkv_w", ...)
 /// with its shape, in storage precision (F32 for fp32, BF16 / F16 for 16-bit storage; a 16-bit
@@ -29,7 +29,7 @@
 #include <loom/io/detail/checkpoint_fs.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/models/spec.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 
 namespace loom::io {
 
@@ -40,7 +40,7 @@ std::map<std::string, std::string> model_metadata() {
           {"n_layer", std::to_string(M::n_layer)}, {"n_head", std::to_string(M::n_head)},
           {"d_model", std::to_string(M::d_model)}, {"max_seq", std::to_string(M::max_seq)},
           {"vocab", std::to_string(M::vocab)},     {"vocab_padded", std::to_string(M::vocab_padded)},
-          {"arch", std::string(nn::arch_of<M>().name)}, {"model_spec", models::spec_of<M>().to_json().dump()}};
+          {"arch", std::string(models::arch_of<M>().name)}, {"model_spec", models::spec_of<M>().to_json().dump()}};
 }
 
 namespace detail {
@@ -103,7 +103,7 @@ inline bool verify_weights_checksum(const safetensors_reader& r) {
   return true;
 }
 
-/// Writes every parameter of `model` (a loom::gpt on a host-accessible device) to `path`
+/// Writes every parameter of `model` (a loom::nn::transformer on a host-accessible device) to `path`
 /// atomically (temporary file, fsync, rename: an existing file is replaced only by a complete
 /// one), with the model config and "xxh3_64" (weights_checksum) in its metadata. `extra` adds
 /// metadata entries. Throws what safetensors_writer::write throws.

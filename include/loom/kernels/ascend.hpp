@@ -330,7 +330,7 @@ template <class T>
 struct attention<device::ascend, T, reference> {
   static_assert(dependent_false<T>,
                 "loom::kernels::attention<ascend, T, reference>: the Ascend backend implements attention only as "
-                "aclnnFlashAttentionScore; use kernels::fused (e.g. loom::gpt<M, Policy, loom::kernels::fused>)");
+                "aclnnFlashAttentionScore; use kernels::fused (e.g. loom::nn::transformer<M, Policy, loom::kernels::fused>)");
 };
 
 }  // namespace loom::kernels

@@ -56,7 +56,7 @@ struct ops {
 /// precision) pairs a model may use. A device lacking some specializes coverage<Device, P> with
 /// one static_assert per operator whose message names the operator and the precision, and
 /// `static constexpr bool ok = true;`. Models check coverage<device, precision>::ok where the
-/// policy meets the kernels (nn::gpt), so a missing pair is a compile error there, not a
+/// policy meets the kernels (nn::transformer), so a missing pair is a compile error there, not a
 /// "kernel not found" at step 1 (DESIGN §1). Primary: everything (the CPU).
 template <class Device, class Precision>
 struct coverage {

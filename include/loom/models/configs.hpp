@@ -7,7 +7,7 @@
 ///   vocab                     real vocabulary size (token ids in [0, vocab))
 ///   vocab_padded              embedding rows; >= vocab, padded for alignment/TP; padded rows
 ///                             are never predicted (softmax runs over [0, vocab) only)
-///   arch (optional)           the architecture recipe (nn/recipe.hpp); nn::gpt2 when absent
+///   arch (optional)           the architecture recipe (models/recipe.hpp); models::gpt2 when absent
 ///   n_kv_head (optional)      key/value heads, dividing n_head (grouped-query attention);
 ///                             n_head when absent
 ///   d_ff (optional)           the MLP's hidden width (SwiGLU: of each of gate and up);
@@ -74,11 +74,11 @@ struct tiny_parallel {
 };
 
 /// tiny_parallel's sizes with the second recipe, GPT-2 without linear biases and with an untied
-/// LM head (nn::gpt2_untied_nobias): the test that the parameter table, not code naming GPT-2's
+/// LM head (models::gpt2_untied_nobias): the test that the parameter table, not code naming GPT-2's
 /// tensors, drives the trainers, data parallelism, checkpoints and resharding.
 struct tiny_untied {
   static constexpr std::string_view name = "tiny_untied";
-  static constexpr nn::recipe arch = nn::gpt2_untied_nobias;
+  static constexpr models::recipe arch = models::gpt2_untied_nobias;
   static constexpr int n_layer = 4, n_head = 4, d_model = 20, max_seq = 16;
   static constexpr int vocab = 61, vocab_padded = 64;
 };
@@ -122,12 +122,12 @@ struct gpt2_small {
   static constexpr int vocab = 50257, vocab_padded = 50304;
 };
 
-/// A tiny Llama for unit tests (nn::llama): odd sizes, grouped-query attention (6 query heads
+/// A tiny Llama for unit tests (models::llama): odd sizes, grouped-query attention (6 query heads
 /// sharing 2 key/value heads, head size 4), SwiGLU hidden 14, so TP 2 splits heads, key/value
 /// heads and the MLP and PP 2 splits the layers.
 struct llama_tiny {
   static constexpr std::string_view name = "llama_tiny";
-  static constexpr nn::recipe arch = nn::llama;
+  static constexpr models::recipe arch = models::llama;
   static constexpr int n_layer = 2, n_head = 6, n_kv_head = 2, d_model = 24, d_ff = 14, max_seq = 16;
   static constexpr int vocab = 61, vocab_padded = 64;
   static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;
@@ -139,7 +139,7 @@ struct llama_tiny {
 /// its untied LM head brings it to about 4.7M parameters (quickstart_bpe: 3.4M).
 struct llama_quickstart {
   static constexpr std::string_view name = "llama_quickstart";
-  static constexpr nn::recipe arch = nn::llama;
+  static constexpr models::recipe arch = models::llama;
   static constexpr int n_layer = 4, n_head = 6, n_kv_head = 2, d_model = 192, d_ff = 512, max_seq = 128;
   static constexpr int vocab = 8192, vocab_padded = 8192;
   static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;
@@ -154,7 +154,7 @@ struct llama_quickstart {
 /// --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 1999 --seq-length 24.
 struct odd_gqa {
   static constexpr std::string_view name = "odd_gqa";
-  static constexpr nn::recipe arch = nn::llama;
+  static constexpr models::recipe arch = models::llama;
   static constexpr int n_layer = 3, n_head = 5, n_kv_head = 1, d_model = 80, d_ff = 144, max_seq = 24;
   static constexpr int vocab = 1999, vocab_padded = 2048;
   static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;
@@ -164,7 +164,7 @@ struct odd_gqa {
 /// SwiGLU hidden 2048, a 32000-token vocabulary (Llama 2's size), 1024 positions.
 struct llama_100m {
   static constexpr std::string_view name = "llama_100m";
-  static constexpr nn::recipe arch = nn::llama;
+  static constexpr models::recipe arch = models::llama;
   static constexpr int n_layer = 12, n_head = 12, n_kv_head = 4, d_model = 768, d_ff = 2048, max_seq = 1024;
   static constexpr int vocab = 32000, vocab_padded = 32000;
   static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;
@@ -176,7 +176,7 @@ struct llama_100m {
 /// (examples/plan), not trained, by this build: its instances are plan-only (LOOM_PLAN_SESSIONS).
 struct llama2_7b {
   static constexpr std::string_view name = "llama2_7b";
-  static constexpr nn::recipe arch = nn::llama;
+  static constexpr models::recipe arch = models::llama;
   static constexpr int n_layer = 32, n_head = 32, n_kv_head = 32, d_model = 4096, d_ff = 11008, max_seq = 4096;
   static constexpr int vocab = 32000, vocab_padded = 32000;
   static constexpr double rope_theta = 10000.0, norm_eps = 1e-5;

@@ -3,17 +3,17 @@
 ///
 /// A recipe names the block's parts (norm, position encoding, MLP, biases, tied head);
 /// the sizes, including key/value heads and the MLP width, are the model config's
-/// (models/configs.hpp). nn::param_table generates the parameter table of (model, recipe, layout)
+/// (models/configs.hpp). models::param_table generates the parameter table of (model, recipe, layout)
 /// from it at compile time, and everything outside nn/ and models/ iterates that table. A model
-/// config chooses its recipe with a member `static constexpr nn::recipe arch = ...;`; a config
-/// without one is GPT-2 (nn::gpt2). A new architecture is a recipe value plus the kernels of any
+/// config chooses its recipe with a member `static constexpr models::recipe arch = ...;`; a config
+/// without one is GPT-2 (models::gpt2). A new architecture is a recipe value plus the kernels of any
 /// new part.
 ///
-/// It lives in models/ (model configs name it, and models sits below nn in the layers) but
-/// keeps the nn:: names the model code uses.
+/// It lives in models/, in namespace models, beside the configs that name it (models sits below
+/// nn in the layers).
 #include <string_view>
 
-namespace loom::nn {
+namespace loom::models {
 
 /// The normalisation before attention, before the MLP and at the end of the stack.
 enum class norm_kind : unsigned char {
@@ -69,11 +69,11 @@ inline constexpr recipe llama{.name = "llama",
                               .tied_head = false,
                               .hf_model_type = "llama"};
 
-/// The recipe of model config M: M::arch when M declares one, else nn::gpt2.
+/// The recipe of model config M: M::arch when M declares one, else models::gpt2.
 template <class M>
 consteval recipe arch_of() {
   if constexpr (requires { M::arch; }) return M::arch;
   else return gpt2;
 }
 
-}  // namespace loom::nn
+}  // namespace loom::models

@@ -20,7 +20,7 @@ struct model_facts {
   std::string_view arch;  ///< the recipe's name ("gpt2", "llama")
 
   /// "" when layout tp x pp divides the model, else the first quantity it does not divide, as a
-  /// sentence with the fix (the run-time twin of parallel::fits<layout<TP,PP>, M>()).
+  /// sentence with the fix (the run-time twin of models::fits<layout<TP,PP>, M>()).
   std::string layout_problem(int tp, int pp) const {
     const std::string l = "--layout tp" + std::to_string(tp) + "pp" + std::to_string(pp) + ": model " + std::string(name);
     auto bad = [&](const std::string& what, int n, const char* deg, int d) {
@@ -40,7 +40,7 @@ struct model_facts {
 template <model_config M>
 constexpr model_facts facts_of() noexcept {
   return {M::name,         M::n_layer, M::n_head, M::d_model, M::vocab, M::vocab_padded, M::max_seq,
-          mlp_hidden_of<M>(), kv_heads_of<M>(), nn::arch_of<M>().name};
+          mlp_hidden_of<M>(), kv_heads_of<M>(), models::arch_of<M>().name};
 }
 
 /// The configs a user chooses by name, smallest first (the test configs tiny, tiny_parallel,

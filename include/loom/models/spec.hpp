@@ -25,7 +25,7 @@
 
 namespace loom::models {
 
-/// A decoder-only Transformer's shape and recipe (nn::recipe's parts, models/recipe.hpp), as
+/// A decoder-only Transformer's shape and recipe (models::recipe's parts, models/recipe.hpp), as
 /// values. Field meanings are models/configs.hpp's; `arch` is the recipe's name as recorded in
 /// weights and checkpoints ("gpt2", "llama", "gpt2_untied_nobias", or a composed name for
 /// another combination of parts), `hf_model_type` the Hugging Face architecture its tensors
@@ -33,9 +33,9 @@ namespace loom::models {
 struct model_spec {
   std::string name;
   std::string arch = "gpt2";
-  nn::norm_kind norm = nn::norm_kind::layernorm;
-  nn::position_kind position = nn::position_kind::learned;
-  nn::mlp_kind mlp = nn::mlp_kind::gelu;
+  models::norm_kind norm = models::norm_kind::layernorm;
+  models::position_kind position = models::position_kind::learned;
+  models::mlp_kind mlp = models::mlp_kind::gelu;
   bool linear_bias = true, tied_head = true;
   std::string hf_model_type = "gpt2";
   int n_layer = 0, n_head = 0, n_kv_head = 0, d_model = 0, d_ff = 0, max_seq = 0, vocab = 0, vocab_padded = 0;
@@ -46,18 +46,18 @@ struct model_spec {
     return {name, n_layer, n_head, d_model, vocab, vocab_padded, max_seq, d_ff, n_kv_head, arch};
   }
 
-  /// Parameters of the whole model (nn::parameter_count's arithmetic: embeddings, blocks, final
+  /// Parameters of the whole model (models::parameter_count's arithmetic: embeddings, blocks, final
   /// norm, an untied head), counting the padded vocabulary rows.
   std::int64_t parameter_count() const noexcept {
     const std::int64_t C = d_model, H = d_ff, V = vocab_padded, hs = C / (n_head ? n_head : 1);
     const std::int64_t kv = 2 * std::int64_t(n_kv_head) * hs;
-    const bool bias = linear_bias, ln = norm == nn::norm_kind::layernorm;
+    const bool bias = linear_bias, ln = norm == models::norm_kind::layernorm;
     const std::int64_t norm_p = ln ? 2 * C : C;
-    const std::int64_t mlp_in = mlp == nn::mlp_kind::swiglu ? 2 * H : H;
+    const std::int64_t mlp_in = mlp == models::mlp_kind::swiglu ? 2 * H : H;
     std::int64_t block = 2 * norm_p + C * (C + kv) + C * C + C * mlp_in + H * C;
     if (bias) block += (C + kv) + C + mlp_in + C;
     std::int64_t n = V * C + n_layer * block + norm_p;
-    if (position == nn::position_kind::learned) n += std::int64_t(max_seq) * C;
+    if (position == models::position_kind::learned) n += std::int64_t(max_seq) * C;
     if (!tied_head) n += V * C;
     return n;
   }
@@ -81,7 +81,7 @@ struct model_spec {
     if (n_head % n_kv_head)
       return "--num-attention-heads " + std::to_string(n_head) + " is not divisible by --num-query-groups " +
              std::to_string(n_kv_head) + "; choose query groups dividing the heads";
-    if (position == nn::position_kind::rotary && (d_model / n_head) % 2)
+    if (position == models::position_kind::rotary && (d_model / n_head) % 2)
       return "rotary positions need an even head size, got --hidden-size " + std::to_string(d_model) + " / " +
              std::to_string(n_head) + " heads = " + std::to_string(d_model / n_head) + "; change either";
     if (vocab_padded < vocab)
@@ -89,7 +89,7 @@ struct model_spec {
              std::to_string(vocab);
     if (!(rope_theta > 0)) return "--rotary-base must be > 0";
     if (!(norm_eps > 0)) return "--norm-epsilon must be > 0";
-    if (norm == nn::norm_kind::layernorm && norm_eps != 1e-5)
+    if (norm == models::norm_kind::layernorm && norm_eps != 1e-5)
       return "--norm-epsilon " + std::to_string(norm_eps) + " with LayerNorm: loom's LayerNorm uses 1e-5 (GPT-2's); "
              "pass --norm-epsilon 1e-5, or --normalization RMSNorm";
     return {};
@@ -98,8 +98,8 @@ struct model_spec {
   /// The recipe's name for these parts: gpt2, gpt2_untied_nobias, llama when the parts are
   /// theirs, else the parts joined ("rmsnorm_rotary_gelu_bias_tied").
   std::string recipe_name() const {
-    const bool ln = norm == nn::norm_kind::layernorm, learned = position == nn::position_kind::learned,
-               gelu = mlp == nn::mlp_kind::gelu;
+    const bool ln = norm == models::norm_kind::layernorm, learned = position == models::position_kind::learned,
+               gelu = mlp == models::mlp_kind::gelu;
     if (ln && learned && gelu && linear_bias && tied_head) return "gpt2";
     if (ln && learned && gelu && !linear_bias && !tied_head) return "gpt2_untied_nobias";
     if (!ln && !learned && !gelu && !linear_bias && !tied_head) return "llama";
@@ -125,9 +125,9 @@ struct model_spec {
   /// The spec as JSON (weights files record it as metadata "model_spec"; from_json reads it).
   nlohmann::json to_json() const {
     return {{"name", name},           {"arch", arch},
-            {"norm", norm == nn::norm_kind::layernorm ? "layernorm" : "rmsnorm"},
-            {"position", position == nn::position_kind::learned ? "learned" : "rotary"},
-            {"mlp", mlp == nn::mlp_kind::gelu ? "gelu" : "swiglu"},
+            {"norm", norm == models::norm_kind::layernorm ? "layernorm" : "rmsnorm"},
+            {"position", position == models::position_kind::learned ? "learned" : "rotary"},
+            {"mlp", mlp == models::mlp_kind::gelu ? "gelu" : "swiglu"},
             {"linear_bias", linear_bias}, {"tied_head", tied_head},  {"hf_model_type", hf_model_type},
             {"n_layer", n_layer},         {"n_head", n_head},        {"n_kv_head", n_kv_head},
             {"d_model", d_model},         {"d_ff", d_ff},            {"max_seq", max_seq},
@@ -140,9 +140,9 @@ struct model_spec {
     try {
       s.name = j.at("name").get<std::string>();
       s.arch = j.at("arch").get<std::string>();
-      s.norm = j.at("norm").get<std::string>() == "rmsnorm" ? nn::norm_kind::rmsnorm : nn::norm_kind::layernorm;
-      s.position = j.at("position").get<std::string>() == "rotary" ? nn::position_kind::rotary : nn::position_kind::learned;
-      s.mlp = j.at("mlp").get<std::string>() == "swiglu" ? nn::mlp_kind::swiglu : nn::mlp_kind::gelu;
+      s.norm = j.at("norm").get<std::string>() == "rmsnorm" ? models::norm_kind::rmsnorm : models::norm_kind::layernorm;
+      s.position = j.at("position").get<std::string>() == "rotary" ? models::position_kind::rotary : models::position_kind::learned;
+      s.mlp = j.at("mlp").get<std::string>() == "swiglu" ? models::mlp_kind::swiglu : models::mlp_kind::gelu;
       s.linear_bias = j.at("linear_bias").get<bool>();
       s.tied_head = j.at("tied_head").get<bool>();
       s.hf_model_type = j.at("hf_model_type").get<std::string>();
@@ -169,13 +169,13 @@ struct model_spec {
     auto q = [](const std::string& s) {  // names are [A-Za-z0-9_.-]: see valid_name
       return "\"" + s + "\"";
     };
-    const std::string n = "loom::nn::";
+    const std::string n = "loom::models::";
     return "struct " + std::string(ident) + " {\n" +
            "  static constexpr std::string_view name = " + q(name) + ";\n" +
            "  static constexpr " + n + "recipe arch{.name = " + q(arch) +
-           ", .norm = " + n + (norm == nn::norm_kind::layernorm ? "norm_kind::layernorm" : "norm_kind::rmsnorm") +
-           ", .position = " + n + (position == nn::position_kind::learned ? "position_kind::learned" : "position_kind::rotary") +
-           ", .mlp = " + n + (mlp == nn::mlp_kind::gelu ? "mlp_kind::gelu" : "mlp_kind::swiglu") +
+           ", .norm = " + n + (norm == models::norm_kind::layernorm ? "norm_kind::layernorm" : "norm_kind::rmsnorm") +
+           ", .position = " + n + (position == models::position_kind::learned ? "position_kind::learned" : "position_kind::rotary") +
+           ", .mlp = " + n + (mlp == models::mlp_kind::gelu ? "mlp_kind::gelu" : "mlp_kind::swiglu") +
            ", .linear_bias = " + (linear_bias ? "true" : "false") + ", .tied_head = " + (tied_head ? "true" : "false") +
            ", .hf_model_type = " + q(hf_model_type) + "};\n" +
            "  static constexpr int n_layer = " + std::to_string(n_layer) + ", n_head = " + std::to_string(n_head) +
@@ -199,7 +199,7 @@ inline bool valid_name(std::string_view s) noexcept {
 /// The spec of compile-time config M.
 template <model_config M>
 model_spec spec_of() {
-  constexpr nn::recipe r = nn::arch_of<M>();
+  constexpr models::recipe r = models::arch_of<M>();
   model_spec s;
   s.name = std::string(M::name);
   s.arch = std::string(r.name);

@@ -1,5 +1,5 @@
 #pragma once
-/// \file Autoregressive sampling from a loom::gpt with temperature and top-k.
+/// \file Autoregressive sampling from a loom::nn::transformer with temperature and top-k.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -44,7 +44,7 @@ std::int32_t sample_token(const S* logits, int V, const sampling& s, double u) {
 
 /// Appends `count` sampled tokens to `tokens` (which holds the prompt, at least one id).
 /// Each new token is predicted from the last min(len, T) tokens (a sliding window over the
-/// learned positions). G is a loom::gpt on a host-accessible device; Acts its
+/// learned positions). G is a loom::nn::transformer on a host-accessible device; Acts its
 /// activations<1, T>. Throws loom::input_error for an empty prompt, an id outside
 /// [0, vocab), or a temperature <= 0.
 template <class G, class Acts, class Ctx>

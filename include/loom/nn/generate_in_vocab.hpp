@@ -21,7 +21,7 @@
 namespace loom::nn {
 
 /// Appends `count` tokens in [0, vocab) to `tokens` (the prompt, at least one id in [0, vocab)).
-/// Each is predicted from the last min(len, T) tokens; G is a loom::gpt on a host-accessible
+/// Each is predicted from the last min(len, T) tokens; G is a loom::nn::transformer on a host-accessible
 /// device, Acts its activations<1, T>. Throws loom::input_error for vocab outside
 /// [1, M::vocab], an empty prompt, a prompt id outside [0, vocab), or a temperature <= 0.
 template <class G, class Acts, class Ctx>

@@ -1,7 +1,7 @@
 #pragma once
 /// \file Where each element of a rank's parameters lives in the unsharded model, and the
 /// gather/scatter of whole per-parameter buffers between a layout and the single-rank layout.
-/// The shard rules are the table's (nn/params.hpp): vocab/column rows split per section, row
+/// The shard rules are the table's (models/params.hpp): vocab/column rows split per section, row
 /// columns split, replicated copies; per-layer rows split across pipeline stages by layer.
 /// shard_geometry is the one description of that mapping; io::shard_tensor / io::gather_tensor
 /// apply it to saved tensors.
@@ -15,9 +15,9 @@
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
 #include <loom/models/configs.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/parallel/comm.hpp>
-#include <loom/parallel/layout.hpp>
+#include <loom/core/layout.hpp>
 
 namespace loom::nn {
 
@@ -32,7 +32,7 @@ namespace loom::nn {
 /// size: section q holds rows * parts[q] / (sum of parts) rows (grouped-query attention's qkv:
 /// parts {n_head, n_kv_head, n_kv_head}).
 struct shard_geometry {
-  shard rule = shard::replicated;
+  models::shard rule = models::shard::replicated;
   bool per_layer = false;
   long layers = 1, rows = 1, cols = 1;  ///< the logical (unsharded) shape
   int sections = 1;
@@ -56,7 +56,7 @@ struct shard_geometry {
 
 /// The geometry of table row s of a table made for `pp` pipeline stages (param_table<M,
 /// layout<TP, pp>>: its `global` shape is unsplit across tp but holds one stage's layers).
-constexpr shard_geometry geometry_of(const param_spec& s, int pp) noexcept {
+constexpr shard_geometry geometry_of(const models::param_spec& s, int pp) noexcept {
   shard_geometry g;
   g.rule = s.rule;
   g.per_layer = s.per_layer;
@@ -78,10 +78,10 @@ constexpr shard_geometry geometry_of(const param_spec& s, int pp) noexcept {
 constexpr bool splits(const shard_geometry& g, int tp, int pp) noexcept {
   if (tp < 1 || pp < 1 || (g.per_layer && g.layers % pp != 0)) return false;
   switch (g.rule) {
-    case shard::replicated: return true;
-    case shard::row: return g.cols % tp == 0;
-    case shard::vocab:
-    case shard::column: {
+    case models::shard::replicated: return true;
+    case models::shard::row: return g.cols % tp == 0;
+    case models::shard::vocab:
+    case models::shard::column: {
       if (g.sections < 1 || g.sections > 3 || g.part_sum() < 1 || g.rows % g.part_sum() != 0) return false;
       for (int q = 0; q < g.sections; ++q)
         if (g.parts[std::size_t(q)] < 1 || g.section_rows(q) % tp != 0) return false;
@@ -96,9 +96,9 @@ constexpr bool splits(const shard_geometry& g, int tp, int pp) noexcept {
 /// splits(g, tp, pp). The element form of for_each_shard_run (tests check they agree).
 constexpr std::size_t global_index(const shard_geometry& g, int tp, int pp, int tp_rank, int stage,
                                    std::size_t i) noexcept {
-  const bool sharded_rows = g.rule == shard::vocab || g.rule == shard::column;
+  const bool sharded_rows = g.rule == models::shard::vocab || g.rule == models::shard::column;
   const std::size_t rows = std::size_t(sharded_rows ? g.rows / tp : g.rows);
-  const std::size_t cols = std::size_t(g.rule == shard::row ? g.cols / tp : g.cols);
+  const std::size_t cols = std::size_t(g.rule == models::shard::row ? g.cols / tp : g.cols);
   const std::size_t layers = std::size_t(g.per_layer ? g.layers / pp : g.layers);
   const std::size_t layer = i / (rows * cols), a = (i / cols) % rows, c = i % cols;
   const std::size_t glayer = g.per_layer ? std::size_t(stage) * layers + layer : 0;
@@ -109,7 +109,7 @@ constexpr std::size_t global_index(const shard_geometry& g, int tp, int pp, int 
       local0 += std::size_t(g.section_rows(int(q++)) / tp);
     const std::size_t part = std::size_t(g.section_rows(int(q)) / tp);
     ga = std::size_t(g.section_begin(int(q))) + std::size_t(tp_rank) * part + (a - local0);
-  } else if (g.rule == shard::row) {
+  } else if (g.rule == models::shard::row) {
     gc = std::size_t(tp_rank) * cols + c;
   }
   return (glayer * std::size_t(g.rows) + ga) * std::size_t(g.cols) + gc;
@@ -120,7 +120,7 @@ constexpr std::size_t global_index(const shard_geometry& g, int tp, int pp, int 
 /// `stage` under layout L: global_index on the row's geometry.
 template <models::model_config M, parallel::layout_policy L>
 constexpr std::size_t global_index(std::size_t k, int tp_rank, int stage, std::size_t i) noexcept {
-  constexpr auto t = param_table<M, L>();
+  constexpr auto t = models::param_table<M, L>();
   return global_index(geometry_of(t[k], L::pp), L::tp, L::pp, tp_rank, stage, i);
 }
 
@@ -132,19 +132,19 @@ void for_each_shard_run(const shard_geometry& g, int tp, int pp, int tp_rank, in
   if (!splits(g, tp, pp))
     throw input_error("cannot split a (" + std::to_string(g.layers) + ", " + std::to_string(g.rows) + ", " +
                       std::to_string(g.cols) + ") tensor over tp = " + std::to_string(tp) + ", pp = " +
-                      std::to_string(pp) + "; choose degrees that divide the model (see parallel::fits)");
+                      std::to_string(pp) + "; choose degrees that divide the model (see models::fits)");
   const long layers = g.per_layer ? g.layers / pp : g.layers;
   const long first_layer = g.per_layer ? stage * layers : 0;
   std::size_t local = 0;
   for (long l = 0; l < layers; ++l) {
     const std::size_t base = std::size_t(first_layer + l) * g.rows * g.cols;
     switch (g.rule) {
-      case shard::replicated:
+      case models::shard::replicated:
         f(base, local, std::size_t(g.rows) * g.cols);
         local += std::size_t(g.rows) * g.cols;
         break;
-      case shard::vocab:
-      case shard::column: {
+      case models::shard::vocab:
+      case models::shard::column: {
         for (int q = 0; q < g.sections; ++q) {
           const long part = g.section_rows(q) / tp;
           const std::size_t row0 = std::size_t(g.section_begin(q)) + std::size_t(tp_rank) * part;
@@ -153,7 +153,7 @@ void for_each_shard_run(const shard_geometry& g, int tp, int pp, int tp_rank, in
         }
         break;
       }
-      case shard::row: {
+      case models::shard::row: {
         const long part = g.cols / tp;
         for (long i = 0; i < g.rows; ++i) {
           f(base + std::size_t(i) * g.cols + std::size_t(tp_rank) * part, local, std::size_t(part));
@@ -175,9 +175,9 @@ inline std::size_t shard_elems(const shard_geometry& g, int tp, int pp) {
 
 /// Any per-parameter buffer of this rank (parameters, gradients, AdamW moments: `local` holds
 /// Model::num_parameters values of type V in param_table<M, layout> order, on the host) in the
-/// global shape of the single-rank loom::gpt<M, ...> (param_table<M, layout<1,1>> order), on
+/// global shape of the single-rank loom::nn::transformer<M, ...> (param_table<M, layout<1,1>> order), on
 /// every rank of the tp x pp group. Each element of the unsharded model is written by exactly
-/// one rank (the owner rule of nn::counts_in_norm: sharded tensors by every tp rank at their
+/// one rank (the owner rule of models::counts_in_norm: sharded tensors by every tp rank at their
 /// global indices, replicated ones by tp rank 0, global rows by their owner stage), the others
 /// contribute zeros, and the buffers are summed over tp, then pp (x + 0 is exact: the result is
 /// bitwise the owners' values). V must be reducible (float, double, bfloat16, half). Memory:
@@ -187,14 +187,14 @@ template <class Model, class V, class Comm>
 std::vector<V> gather_to_global(const Model& model, std::span<const V> local, Comm& tp, Comm& pp) {
   using M = typename Model::model;
   using L = typename Model::layout;
-  constexpr auto global_offsets = param_offsets<M, parallel::layout<1, 1>>();
+  constexpr auto global_offsets = models::param_offsets<M, parallel::layout<1, 1>>();
   if (local.size() != Model::num_parameters)
     throw input_error("gather_to_global: " + std::to_string(local.size()) + " values, but this rank of model " +
                       std::string(M::name) + " has " + std::to_string(Model::num_parameters) +
                       " parameters; pass a buffer laid out like model.parameters()");
   std::vector<V> global(global_offsets.back(), V(0));
   for (std::size_t k = 0; k < Model::num_tensors; ++k) {
-    if (!counts_in_norm(Model::table[k], model.tp_rank(), model.stage(), L::pp)) continue;
+    if (!models::counts_in_norm(Model::table[k], model.tp_rank(), model.stage(), L::pp)) continue;
     const std::size_t off = Model::offsets[k], n = Model::table[k].size();
     for (std::size_t i = 0; i < n; ++i)
       global[global_offsets[k] + global_index<M, L>(k, model.tp_rank(), model.stage(), i)] = local[off + i];
@@ -212,7 +212,7 @@ template <class Model, class V>
 void scatter_from_global(const Model& model, std::span<const V> global, std::span<V> local) {
   using M = typename Model::model;
   using L = typename Model::layout;
-  constexpr auto global_offsets = param_offsets<M, parallel::layout<1, 1>>();
+  constexpr auto global_offsets = models::param_offsets<M, parallel::layout<1, 1>>();
   if (global.size() != global_offsets.back() || local.size() != Model::num_parameters)
     throw input_error("scatter_from_global: " + std::to_string(global.size()) + " global and " +
                       std::to_string(local.size()) + " local values for model " + std::string(M::name) + ", which has " +
@@ -225,7 +225,7 @@ void scatter_from_global(const Model& model, std::span<const V> global, std::spa
   }
 }
 
-/// The parameters of the whole model in the buffer order of the single-rank loom::gpt (copy them
+/// The parameters of the whole model in the buffer order of the single-rank loom::nn::transformer (copy them
 /// into gpt::parameters() to run the unsharded model: sampling, export), on every rank of the
 /// tp x pp group: gather_to_global of model.parameters() (copied to the host first).
 /// Collective over tp and pp.
@@ -240,7 +240,7 @@ std::vector<typename Model::storage_t> gather_parameters(context<typename Model:
 }
 
 /// Sets this rank's parameters from the whole model's `global` parameters (the single-rank
-/// loom::gpt buffer order, as gather_parameters returns): scatter_from_global, then a copy to
+/// loom::nn::transformer buffer order, as gather_parameters returns): scatter_from_global, then a copy to
 /// the device. Re-shards a single-rank checkpoint or imported weights onto any layout. Local,
 /// no communication. Throws loom::input_error when global has the wrong size.
 template <class Model>

@@ -8,7 +8,7 @@
 
 #include <loom/core/buffer.hpp>
 #include <loom/core/context.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/precision/policy.hpp>
 
 namespace loom::optim {
@@ -30,7 +30,7 @@ inline double clip_coefficient(double norm, double max_norm) noexcept {
   return c < 1.0 ? c : 1.0;
 }
 
-/// AdamW state for model G (a loom::gpt): first and second moments in the master type, the
+/// AdamW state for model G (a loom::nn::transformer): first and second moments in the master type, the
 /// step count, and — when the storage is narrower than the master type (bf16, fp16;
 /// precision::has_master_copy_v) — fp32 master weights. With masters, the update runs on them
 /// and the model's parameters become their rounding to the storage type (Micikevicius et al.,

@@ -73,7 +73,7 @@
 #include <loom/core/view.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu/adamw.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/offload_order.hpp>
 #include <loom/precision/policy.hpp>
@@ -110,7 +110,7 @@ class offload_adamw {
 
   /// Pinned host bytes for n parameters in chunks of `chunk` elements: the moments (2 n),
   /// masters (n, with has_master) and two staging slots of min(chunk, n) gradients and
-  /// parameters. What host_bytes() returns; train::basic_trainer::plan counts it.
+  /// parameters. What host_bytes() returns; train::trainer::plan counts it.
   static constexpr std::size_t host_bytes_of(std::size_t n, std::size_t chunk) noexcept {
     const std::size_t c = std::min(chunk, n);
     return (2 + (has_master ? 1 : 0)) * n * sizeof(master_t) + 2 * c * (sizeof(grad_t) + sizeof(storage_t));

@@ -5,9 +5,9 @@
 /// as soon as that layer's parameters are back on the device (per-layer readiness; ZeRO-Offload,
 /// Ren et al., arXiv:2101.06840, §4.2, overlaps the CPU update with the next forward this way).
 ///
-/// The buffer is laid out row by row of the parameter table (nn/params.hpp): every per-layer row
+/// The buffer is laid out row by row of the parameter table (models/params.hpp): every per-layer row
 /// holds all layers of the stage, so layer 0's parameters are spread over the whole buffer. The
-/// forward reads them in nn::for_each_tensor's order instead: the global rows before the blocks
+/// forward reads them in models::for_each_tensor's order instead: the global rows before the blocks
 /// (the embedding), then layer 0's slice of every per-layer row, layer 1's, ..., then the global
 /// rows after the blocks (final norm, LM head). That sequence of slices, concatenated, is cut every
 /// `chunk` elements; a chunk is one or more pieces, each contiguous in the buffer, packed in the
@@ -16,7 +16,7 @@
 #include <cstddef>
 #include <vector>
 
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 
 namespace loom::optim {
 
@@ -45,7 +45,7 @@ class forward_chunks {
       }
     ready_.assign(std::size_t(layers_) + 2, 0);
     std::size_t pos = 0;  // forward-order position of the next slice
-    nn::for_each_tensor(t, layers_, [&](std::size_t k, int l) {
+    models::for_each_tensor(t, layers_, [&](std::size_t k, int l) {
       const std::size_t len = t[k].layer_size(), at = G::offsets[k] + (l >= 0 ? std::size_t(l) * len : 0);
       const int gate = t[k].per_layer ? l : k < first_layer_row ? -1 : layers_;
       for (std::size_t done = 0; done < len;) {  // the slice, cut at chunk boundaries

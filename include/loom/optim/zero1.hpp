@@ -7,7 +7,7 @@
 /// The state is sharded: the first and second moments and, when the storage precision is
 /// narrower than fp32 (bf16, fp16), the fp32 master weights. Each is one array of shard_size()
 /// elements laid out by the shard ranges the data-parallel engine cut (parallel::shard_range:
-/// parameter-buffer offset, length, shard offset). A step, driven by train::basic_trainer:
+/// parameter-buffer offset, length, shard offset). A step, driven by train::trainer:
 ///   1. the engine reduce-scatters the gradient buckets (parallel::data_parallel);
 ///   2. for each bucket, the engine hands this rank's reduced chunk to update_block(), which runs
 ///      AdamW on the owned elements: with masters, kernels adamw_master updates the master shard
@@ -30,14 +30,14 @@
 #include <loom/core/buffer.hpp>
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/parallel/dp_shard.hpp>
 #include <loom/precision/policy.hpp>
 
 namespace loom::optim {
 
-/// Sharded AdamW for model G (nn::gpt_parallel or any model with the same table interface).
+/// Sharded AdamW for model G (nn::transformer or any model with the same table interface).
 /// Elementwise it computes exactly what optim::adamw computes on the same elements, so a ZeRO-1
 /// run matches an unsharded one bit for bit when the gradients are the same bits.
 template <class G>

@@ -39,7 +39,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/parallel/comm_observer.hpp>
-#include <loom/parallel/layout.hpp>
+#include <loom/core/layout.hpp>
 
 namespace loom::parallel {
 

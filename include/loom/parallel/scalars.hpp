@@ -19,7 +19,7 @@
 
 #include <loom/core/buffer.hpp>
 #include <loom/core/context.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 #include <loom/parallel/comm.hpp>
 
 namespace loom::parallel {

@@ -36,7 +36,7 @@
 #include <type_traits>
 
 #include <loom/core/context.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 #include <loom/kernels/ops.hpp>
 #include <loom/parallel/comm.hpp>
 
@@ -69,7 +69,7 @@ template <class T, communicator_for<T> C>
 void reduce_from_tp_backward(std::span<T> /*dy*/, C& /*tp*/) noexcept {}
 
 /// The vocabulary rows [begin, begin + rows) that tensor-parallel rank `rank` of `tp_size` owns
-/// in a padded vocabulary of vocab_padded rows (vocab_padded % tp_size == 0, parallel::fits).
+/// in a padded vocabulary of vocab_padded rows (vocab_padded % tp_size == 0, models::fits).
 struct vocab_range {
   int begin = 0, rows = 0;
   static constexpr vocab_range of(int vocab_padded, int tp_size, int rank) noexcept {

@@ -7,22 +7,22 @@
 #include <type_traits>
 
 #include <loom/core/context.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 #include <loom/io/checkpoint/manifest.hpp>
 #include <loom/io/checkpoint/state.hpp>
-#include <loom/nn/params.hpp>
-#include <loom/nn/recipe.hpp>
+#include <loom/models/params.hpp>
+#include <loom/models/recipe.hpp>
 #include <loom/nn/shard.hpp>
 #include <loom/precision/policy.hpp>
 
 namespace loom::train::detail {
 
-/// The io::state_view of trainer `tr` (train::basic_trainer): every table row with its
+/// The io::state_view of trainer `tr` (train::trainer): every table row with its
 /// geometry; per row "param" (storage dtype) and, unless ZeRO-1 shards them, "master" (fp32,
 /// when the precision keeps master weights) and "adam_m"/"adam_v"; with ZeRO-1 the sharded
 /// optimizer's (optim::zero1) flat shards "adam_m", "adam_v" and "master" with their ranges;
 /// step, optimizer step, loss scaler, and the configuration the manifest records. The pointers are the trainer's buffers (a load writes through them).
-/// With optimizer offload (basic_trainer::offload_optimizer()) "master"/"adam_m"/"adam_v" point
+/// With optimizer offload (trainer::offload_optimizer()) "master"/"adam_m"/"adam_v" point
 /// into its pinned host memory and are marked io::state_tensor::host (memcpy, not device copies).
 /// Copies go through ctx's stream, which must outlive the view.
 template <class Trainer>
@@ -42,7 +42,7 @@ io::state_view state_view_of(context<typename Trainer::device>& ctx, const Train
     return reinterpret_cast<std::byte*>(const_cast<E*>(view.data()));
   };
   io::state_view v;
-  v.model = {{"name", std::string(M::name)}, {"arch", std::string(nn::arch_of<M>().name)},
+  v.model = {{"name", std::string(M::name)}, {"arch", std::string(models::arch_of<M>().name)},
              {"n_layer", M::n_layer},        {"n_head", M::n_head},
              {"d_model", M::d_model},        {"max_seq", M::max_seq},
              {"vocab", M::vocab},            {"vocab_padded", M::vocab_padded}};

@@ -86,7 +86,7 @@ inline std::string instance_source(const instance_request& r, const std::string&
          "const loom::train::session_instance instance{\"" + r.spec.name + "\", \"" + r.precision + "\", " +
          std::to_string(r.tp) + ", " + std::to_string(r.pp) + ", \"" + r.device + "\", \"" + r.attention + "\", " + sizes +
          (r.whole_only ? ", nullptr, &whole, nullptr" : ", &make, &whole, &plan") +
-         ", &facts, loom::nn::parameter_count<model>()};\n"
+         ", &facts, loom::models::parameter_count<model>()};\n"
          "}  // namespace\n\n"
          "extern \"C\" const loom::train::session_instance* loom_session_instance_v1() { return &instance; }\n"
          "extern \"C\" const char* loom_session_instance_key() { return \"" + key + "\"; }\n";

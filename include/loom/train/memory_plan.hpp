@@ -1,7 +1,7 @@
 #pragma once
 /// \file train::memory_plan: the bytes one rank of a trainer allocates, computed before anything
 /// is allocated from the same compile-time tables the trainer allocates from
-/// (train::basic_trainer::plan; examples/plan prints it for a compiled instance).
+/// (train::trainer::plan; examples/plan prints it for a compiled instance).
 #include <cstddef>
 
 namespace loom::train {

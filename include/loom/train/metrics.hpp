@@ -28,7 +28,7 @@
 #include <loom/core/memory.hpp>
 #include <loom/io/scalar.hpp>
 #include <loom/models/configs.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 
 namespace loom::train {
 
@@ -158,12 +158,12 @@ constexpr double flops_per_token(double n_params_no_pos, int n_layer, int seq_le
 }
 
 /// Parameters of model M that multiply once per token (its table without the tables that are
-/// only looked up: nn::parameter_count<M>(false)). For GPT-2: the tied token embedding / LM head
+/// only looked up: models::parameter_count<M>(false)). For GPT-2: the tied token embedding / LM head
 /// (vocab_padded x d), per layer ln1, qkv, attn proj, ln2, fc, fc proj with biases
 /// (12 d^2 + 13 d), final layernorm (2 d). Counted at vocab_padded, as stored and multiplied.
 template <models::model_config M>
 constexpr std::int64_t gpt_parameters_without_position() noexcept {
-  return std::int64_t(nn::parameter_count<M>(false));
+  return std::int64_t(models::parameter_count<M>(false));
 }
 
 /// flops_per_token for model M trained at sequence length `seq_len`.

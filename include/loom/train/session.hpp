@@ -35,7 +35,7 @@
 #include <loom/nn/generate.hpp>
 #include <loom/parallel/any_comm.hpp>
 #include <loom/parallel/comm_observer.hpp>
-#include <loom/train/data_parallel.hpp>
+#include <loom/parallel/data_parallel.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/step.hpp>
 
@@ -115,7 +115,7 @@ class session {
   /// The model's constants, the instance's names ("bf16", "tp2pp2", "cpu", "fused") and
   /// compiled capacities.
   virtual const model_facts& model() const noexcept = 0;
-  /// Parameters of the whole model (nn::parameter_count: with or without the embeddings).
+  /// Parameters of the whole model (models::parameter_count: with or without the embeddings).
   virtual std::size_t parameter_count(bool with_embeddings = true) const noexcept = 0;
   virtual std::string_view precision() const noexcept = 0;
   virtual std::string_view device() const noexcept = 0;
@@ -137,7 +137,7 @@ class session {
   /// Data-parallel buckets on layout<1,1> with more than one rank (0 otherwise).
   virtual std::size_t bucket_count() const noexcept = 0;
 
-  /// Called at the start and end of every phase of step() (train::basic_trainer::on_phase).
+  /// Called at the start and end of every phase of step() (train::trainer::on_phase).
   virtual void set_phase_callback(std::function<void(phase, bool begin)> f) = 0;
   /// One optimizer step on this dp rank's windows_per_step() windows of window() ids.
   /// Collective. Throws loom::input_error for a wrong size or an id outside the vocabulary.
@@ -163,9 +163,9 @@ class session {
                                      const std::function<void(const std::string&)>& warn) = 0;
 
   /// Sets this rank's parameters (and fp32 masters) from the whole single-rank model's,
-  /// `global` in the fp32 loom::gpt buffer order (rounded to the storage type). Local.
+  /// `global` in the fp32 loom::nn::transformer buffer order (rounded to the storage type). Local.
   virtual void load_global_parameters(std::span<const float> global) = 0;
-  /// The whole model's parameters in the fp32 loom::gpt buffer order (widened from the storage
+  /// The whole model's parameters in the fp32 loom::nn::transformer buffer order (widened from the storage
   /// type, exact), on every rank of the tp x pp group. Collective over tp and pp.
   virtual std::vector<float> gather_parameters() = 0;
   /// This rank's parameters as bytes (a copy), and their restore (same size).
@@ -200,7 +200,7 @@ class whole_model {
  public:
   virtual ~whole_model() = default;
   virtual const model_facts& model() const noexcept = 0;
-  /// Parameters in the loom::gpt buffer order (read and write).
+  /// Parameters in the loom::nn::transformer buffer order (read and write).
   virtual std::span<float> parameters() noexcept = 0;
   /// io::save_weights to `path` with `meta`.
   virtual void save_weights(const std::filesystem::path& path, const std::map<std::string, std::string>& meta) const = 0;
@@ -226,11 +226,11 @@ struct session_instance {
   std::unique_ptr<session> (*make)(const session_args&, world_ref w) = nullptr;
   std::unique_ptr<whole_model> (*whole)(std::uint64_t seed) = nullptr;
   /// The bytes a session built with (args, a world of world_size ranks) allocates on the rank at
-  /// (dp_rank, stage): train::basic_trainer::plan of its trainer, without building anything.
+  /// (dp_rank, stage): train::trainer::plan of its trainer, without building anything.
   /// Throws loom::input_error for settings the session would refuse.
   memory_plan (*plan)(const session_args& args, int world_size, int dp_rank, int stage) = nullptr;
   const model_facts* facts = nullptr;  ///< the model's sizes
-  std::size_t parameters = 0;          ///< parameters of the whole model (nn::parameter_count)
+  std::size_t parameters = 0;          ///< parameters of the whole model (models::parameter_count)
 
   std::string layout() const { return "tp" + std::to_string(tp) + "pp" + std::to_string(pp); }
   /// "quickstart bf16 tp2pp2 cpu fused".

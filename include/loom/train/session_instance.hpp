@@ -1,6 +1,6 @@
 #pragma once
 /// \file The template behind train::session (train/session.hpp): trainer_session wraps one
-/// train::basic_trainer; make_session builds one for a world_ref (train/whole_model.hpp has the
+/// train::trainer; make_session builds one for a world_ref (train/whole_model.hpp has the
 /// whole_model of a config). A program includes this header only in the translation units
 /// that instantiate a session (one per instance: cmake/LoomSessions.cmake generates them), and
 /// train/session.hpp everywhere else.
@@ -18,7 +18,7 @@
 #include <loom/io/checkpoint/state.hpp>
 #include <loom/io/trace.hpp>
 #include <loom/kernels/cpu.hpp>  // the cpu instances' kernels
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/nn/shard.hpp>
 #include <loom/parallel/any_comm.hpp>
 #include <loom/parallel/comm.hpp>
@@ -65,7 +65,7 @@ class session_device<device::cpu> {
 /// One rank of a run of M under Policy (device, precision, layout<TP,PP>), capacities B x T,
 /// attention Attn, on World: parallel::any_communicator (the world, whatever its backend), or
 /// std::nullptr_t (one rank without data parallelism; layout<1,1> only). fp16 runs with
-/// train::dynamic_loss_scaler. Construction is collective over the world (the trainer splits it
+/// precision::dynamic_loss_scaler. Construction is collective over the world (the trainer splits it
 /// into groups).
 template <models::model_config M, class Policy, int B, int T, class World, class Attn = kernels::fused>
 class trainer_session final : public session {
@@ -73,11 +73,12 @@ class trainer_session final : public session {
   static constexpr bool parallel_world = !std::is_same_v<World, std::nullptr_t>;
   static constexpr bool layered = L::tp * L::pp > 1;
   static_assert(parallel_world || !layered, "trainer_session: a tp x pp layout needs a world communicator");
-  using scaler_t = std::conditional_t<Policy::precision::needs_loss_scaling, dynamic_loss_scaler, no_loss_scaler>;
+  using scaler_t =
+      std::conditional_t<Policy::precision::needs_loss_scaling, precision::dynamic_loss_scaler, precision::no_loss_scaler>;
   using comm_t = std::conditional_t<layered, World, parallel::local_group>;
 
  public:
-  using trainer_t = basic_trainer<M, Policy, B, T, comm_t, Attn, scaler_t>;
+  using trainer_t = train::trainer<M, Policy, B, T, comm_t, Attn, scaler_t>;
   using device_t = typename Policy::device;
   using storage_t = typename trainer_t::storage_t;
 
@@ -100,7 +101,7 @@ class trainer_session final : public session {
 
   const model_facts& model() const noexcept override { return facts_ref<M>(); }
   std::size_t parameter_count(bool with_embeddings) const noexcept override {
-    return with_embeddings ? nn::parameter_count<M>() : nn::parameter_count<M>(false);
+    return with_embeddings ? models::parameter_count<M>() : models::parameter_count<M>(false);
   }
   std::string_view precision() const noexcept override { return Policy::precision::name; }
   std::string_view device() const noexcept override { return device_t::name; }

@@ -6,8 +6,8 @@
 ///                             .tp = 1, .pp = 2, .device = "ascend", .micro_batch = 1, .seq_len = 4096};
 ///   train::memory_plan p = train::plan_shape(r, args, /*world_size=*/8, /*dp_rank=*/0, /*stage=*/0);
 ///
-/// The arithmetic is the compiled trainer's (train::basic_trainer::plan): the parameter table
-/// comes from nn::build_table, the same function the compiled table is generated with; the
+/// The arithmetic is the compiled trainer's (train::trainer::plan): the parameter table
+/// comes from models::build_table, the same function the compiled table is generated with; the
 /// data-parallel buckets from train::plan_bucket_memory, the function data_parallel builds its
 /// buckets with; the activation table from nn::activation_table. What depends on a kernel type —
 /// the attention's saved state and scratch, the element sizes of each precision — is restated
@@ -23,9 +23,9 @@
 #include <loom/kernels/cpu/attention_traits.hpp>
 #include <loom/models/spec.hpp>
 #include <loom/nn/activations.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/parallel/schedule.hpp>
-#include <loom/train/data_parallel.hpp>
+#include <loom/parallel/data_parallel.hpp>
 #include <loom/train/instance_source.hpp>
 #include <loom/train/memory_plan.hpp>
 #include <loom/train/session.hpp>
@@ -33,17 +33,17 @@
 namespace loom::train {
 
 /// The table_shape of a run-time model.
-inline nn::table_shape table_shape_of(const models::model_spec& s) {
-  nn::recipe r{.name = s.arch, .norm = s.norm, .position = s.position, .mlp = s.mlp, .linear_bias = s.linear_bias,
+inline models::table_shape table_shape_of(const models::model_spec& s) {
+  models::recipe r{.name = s.arch, .norm = s.norm, .position = s.position, .mlp = s.mlp, .linear_bias = s.linear_bias,
                .tied_head = s.tied_head, .hf_model_type = s.hf_model_type};
   return {r, s.n_layer, s.d_model, s.n_head, s.n_kv_head, s.d_ff, s.vocab_padded, s.max_seq};
 }
 
-/// The parameter table of `s` on tp x pp (nn::build_table), one row per tensor in table order,
+/// The parameter table of `s` on tp x pp (models::build_table), one row per tensor in table order,
 /// local shapes. Throws loom::input_error when the layout does not divide the model.
-inline std::vector<nn::param_spec> table_of(const models::model_spec& s, int tp, int pp) {
+inline std::vector<models::param_spec> table_of(const models::model_spec& s, int tp, int pp) {
   if (auto p = s.facts().layout_problem(tp, pp); !p.empty()) throw input_error(p);
-  const auto b = nn::build_table(table_shape_of(s), tp, pp);
+  const auto b = models::build_table(table_shape_of(s), tp, pp);
   return {b.rows.begin(), b.rows.begin() + long(b.n)};
 }
 
@@ -67,7 +67,7 @@ inline nn::activation_dims activation_dims_of(const instance_request& r, int thr
   }
   return {.B = B, .T = T, .layers = std::size_t(s.n_layer / r.pp), .C = std::size_t(s.d_model),
           .qkv = (NHl + 2 * KVl) * hd, .att_out = std::size_t(s.d_model) / tp,
-          .mlp_in = s.mlp == nn::mlp_kind::swiglu ? 2 * Hl : Hl, .hidden = Hl,
+          .mlp_in = s.mlp == models::mlp_kind::swiglu ? 2 * Hl : Hl, .hidden = Hl,
           .logits = std::size_t(s.vocab_padded) / tp, .attn_saved = saved, .attn_scratch = scratch,
           .ce_scratch = r.tp > 1 ? 3 * B * T : 0,  // parallel::vocab_parallel_crossentropy_scratch
           .mode = mode};
@@ -93,7 +93,7 @@ inline memory_plan plan_shape(const instance_request& r, const session_args& a, 
                       std::to_string(TP * PP) + "; pass --ranks " + std::to_string(TP * PP) + " (or a multiple)");
   const int dp = world_size / (TP * PP);
   const bool engine = TP * PP > 1 ? dp > 1 || a.ddp.zero1 : world_size > 1;
-  // the settings basic_trainer::checked refuses
+  // the settings trainer::checked refuses
   trainer_config c = a.cfg;
   if (c.micro_batch == 0) c.micro_batch = r.micro_batch;
   if (c.seq_len == 0) c.seq_len = r.seq_len;

@@ -12,7 +12,7 @@
 #include <loom/nn/activations.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
-#include <loom/train/loss_scaler.hpp>
+#include <loom/precision/loss_scaler.hpp>
 
 namespace loom::train {
 
@@ -35,7 +35,7 @@ struct trainer_config {
   /// activation in backward, full keeps only each block's input and reruns the block. The
   /// activation tables are sized for it; losses and gradients are bitwise those of none.
   nn::recompute recompute = nn::recompute::none;
-  loss_scaler_config loss_scaler;  ///< dynamic loss scaling (used when the trainer has a loss scaler)
+  precision::loss_scaler_config loss_scaler;  ///< dynamic loss scaling (used when the trainer has a loss scaler)
   /// Optimizer offload (train_gpt --offload-optimizer; optim/offload.hpp, ZeRO-Offload
   /// arXiv:2101.06840): the fp32 master weights and AdamW moments live in pinned host memory and
   /// the update runs on the host, streamed in chunks of offload_chunk elements. Devices with a

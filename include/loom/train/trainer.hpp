@@ -1,11 +1,11 @@
 #pragma once
-/// \file loom::train::basic_trainer: one optimizer step of a model on every layout — one rank,
+/// \file loom::train::trainer: one optimizer step of a model on every layout — one rank,
 /// data parallel, tensor and pipeline parallel (Megatron-LM's 3D parallelism: Shoeybi et al.
-/// 2019; Narayanan et al. 2021 §2), ZeRO-1, fp32/bf16/fp16. Two names for it:
-///   train::trainer<M, Policy, B, T, Attn, Scaler>           layout<1,1>; data parallel by
-///                                                            passing the dp communicator
-///   train::parallel_trainer<M, Policy, B, T, Comm, Attn, Scaler>  any layout<TP,PP> over a
-///                                                            world communicator of type Comm
+/// 2019; Narayanan et al. 2021 §2), ZeRO-1, fp32/bf16/fp16:
+///   train::trainer<M, Policy, B, T>        layout<1,1> on one rank; data parallel by passing the
+///                                          dp communicator to the constructor
+///   train::trainer<M, Policy, B, T, Comm>  any layout<TP,PP> over a world communicator of type
+///                                          Comm, data parallel over the ranks beyond TP*PP
 ///
 /// A global batch is dp * grad_accum micro-batches of micro_batch windows of seq_len+1 tokens.
 /// One step, on every rank (ranks ordered tp fastest, then dp, then pp; parallel::make_groups):
@@ -13,13 +13,13 @@
 ///      the count over the dp group (every rank scales by the global count, so the loss is the
 ///      mean over the global batch whatever the micro-batch count);
 ///   2. zero gradients; forward/backward of grad_accum micro-batches in the 1F1B order of the
-///      pipeline group (nn::pipeline_forward_backward; PP = 1: forward, backward per
+///      pipeline group (parallel::pipeline_forward_backward; PP = 1: forward, backward per
 ///      micro-batch), TP collectives inside each layer; during the last micro-batch's backward
 ///      the model's ready(layer) events start the dp reduction of the finished buckets
-///      (train/data_parallel.hpp), so it overlaps the backward on every layout;
+///      (parallel/data_parallel.hpp), so it overlaps the backward on every layout;
 ///   3. sum a tied embedding's two copies (first and last stage), then reduce its bucket;
 ///   4. wait for the buckets (all-reduce, or ZeRO-1's reduce-scatter); the squared norm of this
-///      rank's chunks of the rows that count on it (nn::counts_in_norm), summed over dp, then
+///      rank's chunks of the rows that count on it (models::counts_in_norm), summed over dp, then
 ///      tp, then pp: every element of the unsharded model once, the same number on every rank;
 ///   5. skip the update on every rank if the norm is not finite; clip; AdamW (ZeRO-1: the sharded
 ///      optimizer on the owned chunks, bucket by bucket, each bucket's parameters all-gathered
@@ -40,7 +40,7 @@
 /// Mixed precision (docs/precision.md): bf16/fp16 parameters and activations, fp32 parameter
 /// gradients (model grad_t), fp32 master weights and moments in AdamW; activation messages of
 /// TP/PP travel in the storage type, their reductions sum in fp32. With a loss scaler (Scaler =
-/// train::dynamic_loss_scaler, required for fp16) the dlogits are multiplied by S, the global
+/// precision::dynamic_loss_scaler, required for fp16) the dlogits are multiplied by S, the global
 /// norm is divided by S (unscale, then clip), AdamW multiplies the gradients by clip/S, and a
 /// step whose norm is not finite is skipped on every rank (the norm is reduced over every
 /// group, so every rank sees the same value and its scaler takes the same decision) and S
@@ -67,17 +67,17 @@
 #include <loom/core/buffer.hpp>
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
-#include <loom/nn/gpt_parallel.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
 #include <loom/optim/offload.hpp>
 #include <loom/optim/zero1.hpp>
 #include <loom/parallel/comm.hpp>
-#include <loom/train/data_parallel.hpp>
+#include <loom/parallel/data_parallel.hpp>
 #include <loom/parallel/scalars.hpp>
 #include <loom/parallel/schedule.hpp>
 #include <loom/train/checkpoint_state.hpp>
-#include <loom/train/loss_scaler.hpp>
+#include <loom/precision/loss_scaler.hpp>
 #include <loom/train/memory_plan.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/step.hpp>
@@ -96,23 +96,22 @@ constexpr phase phase_of(parallel::pipe_op op) noexcept {
 }
 
 /// Template arguments: M a models::model_config; Policy a loom::policy whose layout is
-/// layout<TP, PP> (parallel::fits<layout, M>() must hold); B, T the micro-batch and sequence
+/// layout<TP, PP> (models::fits<layout, M>() must hold); B, T the micro-batch and sequence
 /// capacity; Comm the communicator type of the groups (comm::threads, comm::mpi, comm::hccl),
-/// or train::parallel::local_group for the layout<1,1> trainer whose data-parallel communicator type is
-/// erased; Attn the attention tag; Scaler train::no_loss_scaler (default) or
-/// train::dynamic_loss_scaler (required for fp16).
-template <models::model_config M, class Policy, int B, int T, class Comm, class Attn = kernels::fused,
-          loss_scaler Scaler = no_loss_scaler>
-class basic_trainer {
+/// or parallel::local_group (the default) for the layout<1,1> trainer whose data-parallel
+/// communicator type is erased; Attn the attention tag; Scaler precision::no_loss_scaler (default) or
+/// precision::dynamic_loss_scaler (required for fp16).
+template <models::model_config M, class Policy, int B, int T, class Comm = parallel::local_group,
+          class Attn = kernels::fused, precision::loss_scaler Scaler = precision::no_loss_scaler>
+class trainer {
   static_assert(!Policy::precision::needs_loss_scaling || Scaler::enabled,
-                "loom::train::trainer / parallel_trainer: fp16 needs a loss scaler (half-precision gradients "
-                "underflow and overflow without one): use train::trainer<M, Policy, B, T, Attn, "
-                "train::dynamic_loss_scaler> or train::parallel_trainer<M, Policy, B, T, Comm, Attn, "
-                "train::dynamic_loss_scaler>");
+                "loom::train::trainer: fp16 needs a loss scaler (half-precision gradients underflow and "
+                "overflow without one): use train::trainer<M, Policy, B, T, Comm, Attn, "
+                "precision::dynamic_loss_scaler>");
   static constexpr bool local = std::is_same_v<Comm, parallel::local_group>;
 
  public:
-  using model_t = nn::gpt_parallel<M, Policy, Attn>;
+  using model_t = nn::transformer<M, Policy, Attn>;
   using device = typename Policy::device;
   using layout = typename Policy::layout;
   using acts_t = typename model_t::template activations<B, T>;
@@ -139,13 +138,13 @@ class basic_trainer {
   using offload_t = std::conditional_t<optim::can_offload_v<device>, optim::offload_adamw<model_t>, no_offload>;
   static_assert(!local || (TP == 1 && PP == 1),
                 "loom::train::trainer runs the whole model on each rank (layout<1,1>, data parallel on top); "
-                "for layout<TP,PP> use train::parallel_trainer<M, Policy, B, T, Comm> with a world communicator");
+                "for layout<TP,PP> use train::trainer<M, Policy, B, T, Comm> with a world communicator");
 
   /// One rank: allocates the model (initialised with cfg.seed), the optimizer state and the
   /// activation table. Throws loom::input_error for invalid settings.
-  basic_trainer(context<device>& ctx, trainer_config cfg)
+  trainer(context<device>& ctx, trainer_config cfg)
     requires local
-      : basic_trainer(ctx, cfg, parallel::groups<Comm>{}, 0) {}
+      : trainer(ctx, cfg, parallel::groups<Comm>{}, 0) {}
 
   /// Data parallel on layout<1,1> over the group `dp` (every rank of it constructs one, with the
   /// same cfg; dp must outlive the trainer). cfg.micro_batch and grad_accum are per rank. With
@@ -153,8 +152,8 @@ class basic_trainer {
   /// in zero1_optimizer()). Throws loom::input_error for invalid settings.
   template <class DpComm>
     requires(local && parallel::communicator_for<DpComm, float>)
-  basic_trainer(context<device>& ctx, trainer_config cfg, DpComm& dp, parallel::ddp_options ddp = {})
-      : basic_trainer(ctx, cfg, parallel::groups<Comm>{}, 0) {
+  trainer(context<device>& ctx, trainer_config cfg, DpComm& dp, parallel::ddp_options ddp = {})
+      : trainer(ctx, cfg, parallel::groups<Comm>{}, 0) {
     attach(ctx, std::make_unique<parallel::data_parallel<model_t, DpComm>>(ctx, dp, ddp), ddp);
   }
 
@@ -166,16 +165,16 @@ class basic_trainer {
   /// micro-batch count m. With more than one dp rank (or ddp.zero1) the gradients are reduced
   /// over dp by parallel::data_parallel with `ddp`'s buckets. Throws loom::input_error when
   /// world.size() is not a multiple of TP*PP or a setting is invalid (on every rank alike).
-  basic_trainer(context<device>& ctx, trainer_config cfg, Comm& world, parallel::ddp_options ddp = {})
+  trainer(context<device>& ctx, trainer_config cfg, Comm& world, parallel::ddp_options ddp = {})
     requires(!local)
-      : basic_trainer(ctx, cfg, parallel::make_groups<layout>(world), ddp) {}
+      : trainer(ctx, cfg, parallel::make_groups<layout>(world), ddp) {}
 
   /// As above with groups already made by parallel::make_groups<layout>(world) (moved in).
-  basic_trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm> groups, parallel::ddp_options ddp = {})
+  trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm> groups, parallel::ddp_options ddp = {})
     requires(!local)
-      : basic_trainer(ctx, cfg, std::move(groups), 0) {
+      : trainer(ctx, cfg, std::move(groups), 0) {
     if (g_.tp.size() != TP || g_.pp.size() != PP)
-      throw input_error("parallel_trainer: groups of size tp " + std::to_string(g_.tp.size()) + ", pp " +
+      throw input_error("train::trainer: groups of size tp " + std::to_string(g_.tp.size()) + ", pp " +
                         std::to_string(g_.pp.size()) + " for layout<" + std::to_string(TP) + ", " + std::to_string(PP) +
                         ">; make them with parallel::make_groups<layout<" + std::to_string(TP) + ", " +
                         std::to_string(PP) + ">>(world)");
@@ -223,8 +222,8 @@ class basic_trainer {
   }
 
   /// Not copyable or movable: the data-parallel engine keeps a reference to the dp group.
-  basic_trainer(const basic_trainer&) = delete;
-  basic_trainer& operator=(const basic_trainer&) = delete;
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
 
   /// This rank's part of the model (tp_rank(), stage()); parameters in param_table<M, layout>
   /// order, local shapes. nn::gather_parameters turns them into the single-rank model's. Waits
@@ -416,7 +415,7 @@ class basic_trainer {
       const auto g = model_.gradients();
       sumsq = model_t::ops::sum_of_squares(ctx, g.data(), g.size());  // synchronizes: the losses are in
       if (host_losses)
-        loss_sum = nn::host_loss_sum(host_losses, cfg_.grad_accum, std::size_t(cfg_.micro_batch) * cfg_.seq_len);
+        loss_sum = parallel::host_loss_sum(host_losses, cfg_.grad_accum, std::size_t(cfg_.micro_batch) * cfg_.seq_len);
     } else {
       sumsq = model_.local_grad_sum_of_squares(ctx);
     }
@@ -508,13 +507,13 @@ class basic_trainer {
 
  private:
   /// The shared part of every constructor (the int tag only selects it).
-  basic_trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm>&& groups, int)
+  trainer(context<device>& ctx, trainer_config cfg, parallel::groups<Comm>&& groups, int)
       : cfg_(checked(cfg)), g_(std::move(groups)), model_(ctx, g_.tp.rank(), g_.pp.rank(), cfg_.seed),
         opt_(cfg_.offload_optimizer ? optim::adamw<model_t>(cfg_.adamw) : optim::adamw<model_t>(ctx, cfg_.adamw, model_)),
         offload_(make_offload(ctx, cfg_, model_)), scaler_(cfg_.loss_scaler), inputs_(std::size_t(cfg_.grad_accum) * B * T, ctx.stream),
         targets_(inputs_.size(), ctx.stream), host_in_(pinned<std::int32_t>(inputs_.size())),
         host_tg_(pinned<std::int32_t>(inputs_.size())),
-        host_losses_(deferred_loss ? pinned<acc_t>(std::size_t(cfg_.grad_accum) * nn::host_loss_stride(std::size_t(B) * T))
+        host_losses_(deferred_loss ? pinned<acc_t>(std::size_t(cfg_.grad_accum) * parallel::host_loss_stride(std::size_t(B) * T))
                                    : host_buffer<acc_t>()),
         windows_(device_split ? std::size_t(cfg_.grad_accum) * B * (T + 1) : 0, ctx.stream), copier_(ctx),
         plan_(parallel::one_f_one_b(PP, cfg_.grad_accum, g_.pp.rank())) {
@@ -549,9 +548,9 @@ class basic_trainer {
     // masks keyed by (seed, step, global micro-batch): dp rank r's micro-batch i is r*m + i
     const nn::dropout_plan drop{cfg_.dropout, cfg_.seed, std::uint64_t(step_), std::uint64_t(dp_rank()) * std::uint64_t(m)};
     if (!on_phase)
-      return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
+      return parallel::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                           inputs_.data(), targets_.data(), b, t, grad_scale,
-                                                          nn::no_observer{}, ready, drop, host_losses, plan_);
+                                                          parallel::no_observer{}, ready, drop, host_losses, plan_);
     // Phase attribution: the executor reports each action after it ran; the schedule is a pure
     // function, so the phase of the next action is known and opened as the previous one closes.
     std::size_t next = 0;
@@ -562,11 +561,11 @@ class basic_trainer {
     };
     if constexpr (!std::is_same_v<device, loom::device::cpu>)  // the CPU's clock is the host's
       if (device_clock)
-        return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
+        return parallel::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                             inputs_.data(), targets_.data(), b, t, grad_scale,
-                                                            nn::device_clock_observer<decltype(observe)>{observe},
+                                                            parallel::device_clock_observer<decltype(observe)>{observe},
                                                             ready, drop, host_losses, plan_);
-    return nn::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
+    return parallel::pipeline_forward_backward<model_t, B, T>(ctx, model_, std::span<acts_t>(acts_), g_.tp, g_.pp, m,
                                                         inputs_.data(), targets_.data(), b, t, grad_scale, observe, ready,
                                                         drop, host_losses, plan_);
   }
@@ -654,7 +653,7 @@ class basic_trainer {
   /// The host's split of the windows (explicit-inputs step(), evaluate(), and step() without a
   /// device split).
   host_buffer<std::int32_t> host_in_, host_tg_;
-  /// deferred_loss: grad_accum slots of nn::host_loss_stride(B*T) per-token losses.
+  /// deferred_loss: grad_accum slots of parallel::host_loss_stride(B*T) per-token losses.
   host_buffer<acc_t> host_losses_;
   /// device_split: the step's windows on the device, and the copy stream that fills it.
   buffer<device, std::int32_t> windows_;
@@ -674,18 +673,5 @@ class basic_trainer {
   std::vector<parallel::pipe_action> plan_;
   long step_ = 0;
 };
-
-/// The layout<1,1> trainer: one rank, or data parallel over a communicator passed to its
-/// constructor (basic_trainer).
-template <models::model_config M, class Policy, int B, int T, class Attn = kernels::fused,
-          loss_scaler Scaler = no_loss_scaler>
-using trainer = basic_trainer<M, Policy, B, T, parallel::local_group, Attn, Scaler>;
-
-/// The trainer of any layout<TP, PP> over a world communicator of type Comm, data parallel over
-/// the ranks beyond TP*PP (basic_trainer).
-template <models::model_config M, class Policy, int B, int T, class Comm, class Attn = kernels::fused,
-          loss_scaler Scaler = no_loss_scaler>
-  requires parallel::communicator_for<Comm, float>
-using parallel_trainer = basic_trainer<M, Policy, B, T, Comm, Attn, Scaler>;
 
 }  // namespace loom::train

@@ -1,6 +1,6 @@
 #pragma once
 /// \file train::gpt_whole_model: the train::whole_model (train/session.hpp) of one config, an
-/// fp32 nn::gpt on the CPU: saving, Hugging Face export and import, sampling. Compiled once per
+/// fp32 nn::transformer on the CPU: saving, Hugging Face export and import, sampling. Compiled once per
 /// model in loom::sessions (cmake/LoomSessions.cmake).
 #include <cstdint>
 #include <filesystem>
@@ -17,20 +17,20 @@
 #include <loom/io/weights.hpp>
 #include <loom/kernels/cpu.hpp>
 #include <loom/nn/generate_in_vocab.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/policy.hpp>
 #include <loom/train/session_instance.hpp>
 
 namespace loom::train {
 
-/// whole_model for config M: an nn::gpt<M, policy<cpu, fp32>> initialised with `seed`.
+/// whole_model for config M: an nn::transformer<M, policy<cpu, fp32>> initialised with `seed`.
 template <models::model_config M>
 class gpt_whole_model final : public whole_model {
-  using gpt_t = nn::gpt<M, policy<device::cpu, precision::fp32>>;
-  static constexpr std::string_view hf = nn::arch_of<M>().hf_model_type;
+  using gpt_t = nn::transformer<M, policy<device::cpu, precision::fp32>>;
+  static constexpr std::string_view hf = models::arch_of<M>().hf_model_type;
   [[noreturn]] static void no_hf(const char* flag, const std::filesystem::path& dir) {
     throw input_error(std::string(flag) + " '" + dir.string() + "': model " + std::string(M::name) + " has architecture '" +
-                      std::string(nn::arch_of<M>().name) +
+                      std::string(models::arch_of<M>().name) +
                       "', which loom maps to no Hugging Face model; save loom weights (--out) or a checkpoint instead");
   }
 
@@ -45,7 +45,7 @@ class gpt_whole_model final : public whole_model {
     io::save_weights(model_, path, meta);
   }
   void load_weights(const std::filesystem::path& path) override { io::load_weights(model_, path); }
-  /// Throws loom::input_error for a recipe without a Hugging Face map (nn::recipe::hf_model_type).
+  /// Throws loom::input_error for a recipe without a Hugging Face map (models::recipe::hf_model_type).
   void export_hf(const std::filesystem::path& dir) const override {
     if constexpr (hf == "gpt2") io::export_gpt2(ctx_, model_, dir);
     else if constexpr (hf == "llama") io::export_llama(ctx_, model_, dir);

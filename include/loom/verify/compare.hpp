@@ -28,7 +28,7 @@
 #include <loom/core/buffer.hpp>
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/precision/policy.hpp>
 
 namespace loom::verify {
@@ -189,7 +189,7 @@ void add_activation_rows(Add&& add, const ActsA& aa, const ActsB& ab) {
   const auto pb = ab.ptrs();
   constexpr std::size_t C = M::d_model, L = M::n_layer, HD = C / M::n_head;
   constexpr std::size_t QKV = (M::n_head + 2 * models::kv_heads_of<M>()) * HD, H = models::mlp_hidden_of<M>();
-  constexpr std::size_t FC = nn::arch_of<M>().mlp == nn::mlp_kind::swiglu ? 2 * H : H;
+  constexpr std::size_t FC = models::arch_of<M>().mlp == models::mlp_kind::swiglu ? 2 * H : H;
   add("embedding (token + position)", false, -1, pa.encoded, pb.encoded, BT * C);
   for (std::size_t l = 0; l < L; ++l) {
     const std::string p = "layer " + std::to_string(l) + " ";
@@ -214,9 +214,9 @@ void add_activation_rows(Add&& add, const ActsA& aa, const ActsB& ab) {
 /// (a's device -> double -> b's storage -> b's device). Synchronizes both contexts. The models
 /// must have the same parameter count (same config); otherwise loom::input_error.
 template <class PolicyA, class PolicyB, models::model_config MA, models::model_config MB, class AttnA, class AttnB>
-void copy_parameters(const nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>& ca,
-                     nn::gpt<MB, PolicyB, AttnB>& b, context<typename PolicyB::device>& cb) {
-  using SB = typename nn::gpt<MB, PolicyB, AttnB>::storage_t;
+void copy_parameters(const nn::transformer<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>& ca,
+                     nn::transformer<MB, PolicyB, AttnB>& b, context<typename PolicyB::device>& cb) {
+  using SB = typename nn::transformer<MB, PolicyB, AttnB>::storage_t;
   const auto pa = a.parameters();
   const auto pb = b.parameters();
   if (pa.size() != pb.size())
@@ -243,16 +243,16 @@ void copy_parameters(const nn::gpt<MA, PolicyA, AttnA>& a, context<typename Poli
 /// activation and gradient.
 template <class PolicyA, class PolicyB, models::model_config MA, models::model_config MB, class AttnA, class AttnB,
           int B, int T>
-report compare(nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>& ca,
-               nn::gpt<MB, PolicyB, AttnB>& b, context<typename PolicyB::device>& cb, const batch<B, T>& x,
+report compare(nn::transformer<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>& ca,
+               nn::transformer<MB, PolicyB, AttnB>& b, context<typename PolicyB::device>& cb, const batch<B, T>& x,
                const compare_options& opt = {}) {
   if constexpr (!detail::same_shape_v<MA, MB>) {
     throw input_error("verify::compare: the models have different shapes: A is " + detail::shape_string<MA>() +
                       ", B is " + detail::shape_string<MB>() +
                       "; compare the same model config under two policies (load the same weights into both)");
   } else {
-    using GA = nn::gpt<MA, PolicyA, AttnA>;
-    using GB = nn::gpt<MB, PolicyB, AttnB>;
+    using GA = nn::transformer<MA, PolicyA, AttnA>;
+    using GB = nn::transformer<MB, PolicyB, AttnB>;
     using DA = typename PolicyA::device;
     using DB = typename PolicyB::device;
     constexpr std::size_t BT = std::size_t(B) * T;
@@ -273,7 +273,7 @@ report compare(nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>
       copy_parameters(a, ca, b, cb);
     } else {
       // the caller's weights: compare every parameter tensor first (forward order)
-      nn::for_each_tensor(GA::table, int(L), [&](std::size_t k, int layer) {
+      models::for_each_tensor(GA::table, int(L), [&](std::size_t k, int layer) {
         const auto& s = GA::table[k];
         const auto wa = a.parameter(k), wb = b.parameter(k);
         const std::size_t per = s.layer_size(), off = layer < 0 ? 0 : std::size_t(layer) * per;
@@ -307,7 +307,7 @@ report compare(nn::gpt<MA, PolicyA, AttnA>& a, context<typename PolicyA::device>
     ma.backward(ca, aa, in_a.data(), B, T);
     b.backward(cb, ab, in_b.data(), B, T);
     // every parameter gradient, in backward order
-    nn::for_each_tensor(
+    models::for_each_tensor(
         GA::table, int(L),
         [&](std::size_t k, int layer) {
           const auto& s = GA::table[k];

@@ -97,6 +97,7 @@ TEST_CASE("data parallel over processes: trainer<tiny> on comm::hccl equals one 
   using M = loom::models::tiny;
   constexpr int rows = 4, T = 9, steps = 2;
   using trainer_t = loom::train::trainer<M, loom::policy<npu, loom::precision::fp32_ascend_matmul>, rows, T,
+                                         loom::parallel::local_group,
                                          loom::kernels::fused>;
   loom::comm::mpi world(MPI_COMM_WORLD);
   const int r = world.rank(), n = world.size();
@@ -164,12 +165,12 @@ void layout_over_processes() {
   auto& ctx = dev.context();
   std::vector<double> one, lay;
   {
-    loom::train::trainer<MP, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::kernels::fused> tr(
+    loom::train::trainer<MP, loom::policy<npu, loom::precision::fp32_ascend_matmul>, B, T, loom::parallel::local_group, loom::kernels::fused> tr(
         ctx, config(windows / B));
     for (int s = 0; s < steps; ++s) one.push_back(tr.step(ctx, batch(s)).loss);
   }
   auto hc = loom::comm::hccl::create(world, ctx);
-  loom::train::parallel_trainer<MP, policy, B, T, loom::comm::hccl, loom::kernels::fused> tr(ctx, config(windows / B), hc);
+  loom::train::trainer<MP, policy, B, T, loom::comm::hccl, loom::kernels::fused> tr(ctx, config(windows / B), hc);
   for (int s = 0; s < steps; ++s) lay.push_back(tr.step(ctx, batch(s)).loss);
   for (int s = 0; s < steps; ++s) {
     CAPTURE(s);

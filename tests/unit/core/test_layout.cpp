@@ -1,10 +1,10 @@
 // loom::layout<TP,PP>: rank decomposition and the compile-time fit against a model.
-// Expected values are the worked example in include/loom/parallel/layout.hpp (Megatron order:
+// Expected values are the worked example in include/loom/core/layout.hpp (Megatron order:
 // tensor-parallel rank fastest, then data-parallel, then pipeline stage), checked by hand.
 #include <doctest/doctest.h>
 
 #include <loom/models/configs.hpp>
-#include <loom/parallel/layout.hpp>
+#include <loom/models/fits.hpp>
 
 #include <array>
 
@@ -44,9 +44,9 @@ TEST_CASE("layout<4,3> on 24 ranks: every (tp, dp, pp) triple occurs exactly onc
 
 TEST_CASE("fits<> accepts layouts that divide GPT-2 small") {
   // n_head 12, 4*d_model 3072, vocab_padded 50304, n_layer 12: all divisible by 4 and by 3.
-  static_assert(loom::parallel::fits<loom::layout<4, 3>, loom::models::gpt2_small>());
-  static_assert(loom::parallel::fits<loom::parallel::ddp, loom::models::tiny>());
-  CHECK(loom::parallel::fits<loom::layout<4, 3>, loom::models::gpt2_small>());
+  static_assert(loom::models::fits<loom::layout<4, 3>, loom::models::gpt2_small>());
+  static_assert(loom::models::fits<loom::parallel::ddp, loom::models::tiny>());
+  CHECK(loom::models::fits<loom::layout<4, 3>, loom::models::gpt2_small>());
   CHECK(loom::layout<4, 3>::tp == 4);
   CHECK(loom::layout<4, 3>::pp == 3);
 }

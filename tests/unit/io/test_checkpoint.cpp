@@ -199,8 +199,8 @@ TEST_CASE("checkpoint: the manifest records state, shapes and checksums; the fil
   CHECK(j.at("library").at("version") == "0.1.0");
   CHECK(j.at("trainer").at("grad_accum") == 2);
   // tensors: logical shape = the unsplit table's, with the shard rule
-  REQUIRE(j.at("tensors").size() == nn::num_params<M>);
-  const auto& qkv = j.at("tensors").at(int(nn::param::qkv_w));
+  REQUIRE(j.at("tensors").size() == models::num_params<M>);
+  const auto& qkv = j.at("tensors").at(int(models::param::qkv_w));
   CHECK(qkv.at("name") == "qkv_w");
   CHECK(qkv.at("shard") == "column");
   CHECK(qkv.at("logical_shape") == nlohmann::json({2, 72, 24}));
@@ -212,9 +212,9 @@ TEST_CASE("checkpoint: the manifest records state, shapes and checksums; the fil
   CHECK(j.at("files").at(0).at("xxh3_64").get<std::string>().size() == 16);
   // tensors in the file equal the trainer's, bit for bit
   const io::safetensors_reader r(f.file(2));
-  CHECK(r.tensors().size() == 3u * int(nn::num_params<M>));
+  CHECK(r.tensors().size() == 3u * int(models::num_params<M>));
   const auto& opt = f.tr.optimizer();
-  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+  for (int k = 0; k < int(models::num_params<M>); ++k) {
     const std::string name(trainer_t::model_t::table[std::size_t(k)].name);
     const auto n = trainer_t::model_t::table[std::size_t(k)].size(), off = trainer_t::model_t::offsets[std::size_t(k)];
     CHECK(same_bits(r.read<float>("param." + name), f.tr.model().parameter(std::size_t(k)).span()));
@@ -494,7 +494,7 @@ TEST_CASE("checkpoint: another model config or precision, or a missing file, is 
 TEST_CASE("checkpoint: NaN weights are never written") {
   fixture f;
   const auto before = snapshot(f.root);
-  f.tr.model().parameter(nn::param::fc_w)[5] = std::numeric_limits<float>::quiet_NaN();
+  f.tr.model().parameter(models::param::fc_w)[5] = std::numeric_limits<float>::quiet_NaN();
   f.tr.set_step_count(3);
   CHECK_THROWS_AS(io::save_checkpoint(f.ctx, f.root, f.tr, {}), numeric_error);
   CHECK(snapshot(f.root) == before);
@@ -564,14 +564,14 @@ TEST_CASE("gpt2 export: Conv1D orientation, F32, config.json; import restores th
   }
   // h.1.attn.c_attn.weight[i][o] == qkv_w[layer 1][o][i]; C = 24
   const auto w = r.read<float>("h.1.attn.c_attn.weight");
-  const auto qkv = a.parameter(nn::param::qkv_w);
+  const auto qkv = a.parameter(models::param::qkv_w);
   for (int o : {0, 5, 30, 71})
     for (int i : {0, 7, 23}) CHECK(w[std::size_t(i) * 72 + o] == qkv[std::size_t(72 * 24) + std::size_t(o) * 24 + i]);
   const auto fcp = r.read<float>("h.0.mlp.c_proj.weight");  // (96, 24) = fcproj_w[0]^T, fcproj_w (24, 96)
-  CHECK(fcp[std::size_t(50) * 24 + 3] == a.parameter(nn::param::fcproj_w)[std::size_t(3) * 96 + 50]);
+  CHECK(fcp[std::size_t(50) * 24 + 3] == a.parameter(models::param::fcproj_w)[std::size_t(3) * 96 + 50]);
   const auto wte = r.read<float>("wte.weight");
   CHECK(wte.size() == std::size_t(M::vocab) * 24);  // padding rows are not exported
-  CHECK(wte[std::size_t(60) * 24 + 23] == a.parameter(nn::param::wte)[std::size_t(60) * 24 + 23]);
+  CHECK(wte[std::size_t(60) * 24 + 23] == a.parameter(models::param::wte)[std::size_t(60) * 24 + 23]);
   const auto cfg = nlohmann::json::parse(read_bytes(dir / "hf" / "config.json"));
   CHECK(cfg.at("model_type") == "gpt2");
   CHECK(cfg.at("n_layer") == 2);
@@ -583,10 +583,10 @@ TEST_CASE("gpt2 export: Conv1D orientation, F32, config.json; import restores th
 
   G b(ctx, 22);
   io::import_gpt2(ctx, b, dir / "hf");
-  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+  for (int k = 0; k < int(models::num_params<M>); ++k) {
     CAPTURE(k);
     auto pa = a.parameter(std::size_t(k)).span(), pb = b.parameter(std::size_t(k)).span();
-    if (k == int(nn::param::wte)) {
+    if (k == int(models::param::wte)) {
       CHECK(same_bits(pa.first(std::size_t(M::vocab) * 24), pb.first(std::size_t(M::vocab) * 24)));
       for (std::size_t i = std::size_t(M::vocab) * 24; i < pb.size(); ++i) CHECK(pb[i] == 0.0f);
     } else {
@@ -673,9 +673,9 @@ std::vector<std::vector<std::byte>> shards_of(const io::shard_geometry& g, const
 
 TEST_CASE("reshard: shards match the layout's parameter table; gather inverts shard; (2,2) -> (1,2) -> (1,1)") {
   using RM = reshard_model;
-  constexpr auto t22 = nn::param_table<RM, parallel::layout<2, 2>>();
-  constexpr auto t12 = nn::param_table<RM, parallel::layout<1, 2>>();
-  for (int k = 0; k < int(nn::num_params<RM>); ++k) {
+  constexpr auto t22 = models::param_table<RM, parallel::layout<2, 2>>();
+  constexpr auto t12 = models::param_table<RM, parallel::layout<1, 2>>();
+  for (int k = 0; k < int(models::num_params<RM>); ++k) {
     CAPTURE(k);
     const auto g = io::geometry_of<RM>(k);
     std::vector<std::byte> logical(g.logical_elems() * 4);
@@ -720,19 +720,19 @@ TEST_CASE("reshard: a tensor-parallel rank owns whole heads of q, k and v, whole
   };
   // qkv_w (layers 4, rows 3C, cols C) under tp = 2, pp = 2: rank 1 of stage 1 holds layers 2, 3;
   // its local row j of section q (k, v) is logical row q*C + C/2 + j.
-  const auto g = io::geometry_of<RM>(int(nn::param::qkv_w));
+  const auto g = io::geometry_of<RM>(int(models::param::qkv_w));
   const auto s = io::shard_tensor(g, 4, iota_tensor(g), 2, 2, 1, 1);
   const std::size_t layer = std::size_t(3 * C) * C;
   CHECK(at(s, 0) == 2 * layer + std::size_t(C / 2) * C);                              // layer 2, q row C/2
   CHECK(at(s, std::size_t(C / 2) * C) == 2 * layer + std::size_t(C + C / 2) * C);      // first k row of rank 1
   CHECK(at(s, std::size_t(C) * C + 3) == 2 * layer + std::size_t(2 * C + C / 2) * C + 3);  // first v row, col 3
   // attproj_w is row-parallel: rank 1 holds input columns [C/2, C) of every row.
-  const auto gp = io::geometry_of<RM>(int(nn::param::attproj_w));
+  const auto gp = io::geometry_of<RM>(int(models::param::attproj_w));
   const auto sp = io::shard_tensor(gp, 4, iota_tensor(gp), 2, 1, 1, 0);
   CHECK(at(sp, 0) == std::size_t(C / 2));
   CHECK(at(sp, std::size_t(C / 2)) == std::size_t(C) + C / 2);  // next row
   // wte is vocabulary-parallel and held whole by every stage.
-  const auto gw = io::geometry_of<RM>(int(nn::param::wte));
+  const auto gw = io::geometry_of<RM>(int(models::param::wte));
   const auto sw = io::shard_tensor(gw, 4, iota_tensor(gw), 2, 2, 1, 1);
   CHECK(at(sw, 0) == std::size_t(RM::vocab_padded / 2) * C);
   // A split that does not divide is refused.

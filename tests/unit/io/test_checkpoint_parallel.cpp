@@ -2,7 +2,7 @@
 // the collective save (every rank writes and verifies, the ranks agree, then one rank moves
 // `latest`; a failing rank stops everyone), data parallelism with ZeRO-1 (each rank's moment
 // shard, bitwise resume, loading into another data-parallel size or ZeRO setting), tensor and
-// pipeline parallel files (train::parallel_trainer, also with ZeRO-1 on its dp group) and
+// pipeline parallel files (train::trainer, also with ZeRO-1 on its dp group) and
 // resharding across (TP, PP, DP) layouts, for GPT-2 and for a second recipe defined only as data
 // (models::tiny_untied: no linear biases, an untied LM head).
 #include <doctest/doctest.h>
@@ -28,8 +28,8 @@
 #include <loom/io/checkpoint.hpp>
 #include <loom/kernels/cpu.hpp>
 #include <loom/parallel/comm_threads.hpp>
-#include <loom/nn/gpt_parallel.hpp>
-#include <loom/train/parallel_trainer.hpp>
+#include <loom/nn/transformer.hpp>
+#include <loom/train/trainer.hpp>
 #include <loom/train/trainer.hpp>
 
 #include "../../support/temp_dir.hpp"
@@ -364,9 +364,9 @@ TEST_CASE("checkpoint (multi-rank, asynchronous): background saves equal blockin
 namespace {
 
 using MP = models::tiny_parallel;  // 4 layers, 4 heads: splits over tp 2 and pp 2
-using MU = models::tiny_untied;  // MP's sizes, no linear biases, an untied LM head (nn::gpt2_untied_nobias)
+using MU = models::tiny_untied;  // MP's sizes, no linear biases, an untied LM head (models::gpt2_untied_nobias)
 template <int TP, int PP, class Model = MP>
-using layout_trainer = train::parallel_trainer<Model, policy<device::cpu, precision::fp32, layout<TP, PP>>, 2, 8, comm::threads>;
+using layout_trainer = train::trainer<Model, policy<device::cpu, precision::fp32, layout<TP, PP>>, 2, 8, comm::threads>;
 template <class Model = MP>
 using plain_trainer = train::trainer<Model, P, 2, 8>;
 
@@ -483,7 +483,7 @@ TEST_CASE("checkpoint (layouts): (TP,PP,DP) = (2,2,1) -> (1,1,2) ZeRO-1 -> (1,1,
   CHECK(man["layout"]["pp"] == 2);
   REQUIRE(man["files"].size() == 4);
   CHECK(man["files"][3]["path"] == "model-tp01-pp01.safetensors");
-  CHECK(man["tensors"][nn::rows_by_role<MP>[int(nn::role::lnf_w)]]["used_on_stages"] == "last");
+  CHECK(man["tensors"][models::rows_by_role<MP>[int(models::role::lnf_w)]]["used_on_stages"] == "last");
   // the files hold local shapes: qkv_w of a (tp 1, stage 1) rank = layers 2..3, its heads' rows
   const io::safetensors_reader r11(a / step3 / "model-tp01-pp01.safetensors");
   CHECK(r11.info("param.qkv_w").shape == std::vector<std::int64_t>{2, 30, 20});
@@ -566,16 +566,16 @@ TEST_CASE("checkpoint (layouts, ZeRO-1): (2,1,2) ZeRO-1 resumes bit for bit, res
 
 TEST_CASE("recipe as data: tiny_untied (no linear biases, untied LM head) trains on every layout like one rank, "
           "checkpoints and reshards") {
-  // The recipe lives in nn/recipe.hpp and models/configs.hpp only; its table drives the rest.
-  constexpr auto t = nn::param_table<MU, layout<1, 1>>();
-  static_assert(t.size() == 13 && nn::rows_by_role<MU>[int(nn::role::qkv_b)] == -1);
-  const auto& head = t[std::size_t(nn::rows_by_role<MU>[int(nn::role::lm_head)])];
-  CHECK(head.rule == nn::shard::vocab);
-  CHECK(head.used == nn::stages::last);
-  CHECK(t[0].used == nn::stages::first);  // wte: the embedding only
+  // The recipe lives in models/recipe.hpp and models/configs.hpp only; its table drives the rest.
+  constexpr auto t = models::param_table<MU, layout<1, 1>>();
+  static_assert(t.size() == 13 && models::rows_by_role<MU>[int(models::role::qkv_b)] == -1);
+  const auto& head = t[std::size_t(models::rows_by_role<MU>[int(models::role::lm_head)])];
+  CHECK(head.rule == models::shard::vocab);
+  CHECK(head.used == models::stages::last);
+  CHECK(t[0].used == models::stages::first);  // wte: the embedding only
   constexpr long C = 20, Vp = 64, H = 80;
-  CHECK(nn::parameter_count<MU>() == std::size_t(2 * Vp * C + 16 * C + 4 * (4 * C + 3 * C * C + C * C + 2 * C * H) + 2 * C));
-  CHECK(nn::parameter_count<MU>(false) == nn::parameter_count<MU>() - std::size_t(Vp * C + 16 * C));
+  CHECK(models::parameter_count<MU>() == std::size_t(2 * Vp * C + 16 * C + 4 * (4 * C + 3 * C * C + C * C + 2 * C * H) + 2 * C));
+  CHECK(models::parameter_count<MU>(false) == models::parameter_count<MU>() - std::size_t(Vp * C + 16 * C));
 
   // one rank from scratch (train::trainer): 3 steps, evaluate, 3 more
   std::vector<double> one;
@@ -588,7 +588,7 @@ TEST_CASE("recipe as data: tiny_untied (no linear biases, untied LM head) trains
       if (s == 3) eval_one = tr.evaluate(ctx, mp_windows(-1, 0, 4));
       one.push_back(tr.step(ctx, mp_windows(s, 0, 4)).loss);
     }
-    const auto wte = tr.model().parameter(nn::role::wte), lm = tr.model().parameter(nn::role::lm_head);
+    const auto wte = tr.model().parameter(models::role::wte), lm = tr.model().parameter(models::role::lm_head);
     CHECK(!std::equal(wte.begin(), wte.end(), lm.begin()));  // two matrices, trained apart
   }
   temp_dir dir;
@@ -636,13 +636,13 @@ TEST_CASE("recipe as data: tiny_untied (no linear biases, untied LM head) trains
 TEST_CASE("recipe as data: llama_tiny (RMSNorm, RoPE, SwiGLU, 6 query heads on 2 key/value heads) trains on every "
           "layout like one rank, checkpoints and reshards") {
   using ML = models::llama_tiny;
-  constexpr auto t = nn::param_table<ML, layout<2, 1>>();
-  static_assert(t.size() == 9 && nn::rows_by_role<ML>[int(nn::role::wpe)] == -1);
-  const auto& qkv = t[std::size_t(nn::rows_by_role<ML>[int(nn::role::qkv_w)])];
+  constexpr auto t = models::param_table<ML, layout<2, 1>>();
+  static_assert(t.size() == 9 && models::rows_by_role<ML>[int(models::role::wpe)] == -1);
+  const auto& qkv = t[std::size_t(models::rows_by_role<ML>[int(models::role::qkv_w)])];
   CHECK(qkv.global[1] == (6 + 2 * 2) * 4);  // [q: 6 heads | k: 2 | v: 2] of 4 rows
   CHECK(qkv.shape[1] == (3 + 2 * 1) * 4);   // a tp rank: 3 query heads, 1 key and 1 value head
   CHECK(qkv.parts == std::array<int, 3>{6, 2, 2});
-  CHECK(t[std::size_t(nn::rows_by_role<ML>[int(nn::role::fc_w)])].shape[1] == 14);  // [gate 7 | up 7]
+  CHECK(t[std::size_t(models::rows_by_role<ML>[int(models::role::fc_w)])].shape[1] == 14);  // [gate 7 | up 7]
 
   std::vector<double> one;
   double eval_one = 0;
@@ -687,8 +687,8 @@ TEST_CASE("recipe as data: llama_tiny (RMSNorm, RoPE, SwiGLU, 6 query heads on 2
 
 TEST_CASE("reshard: io::shard_tensor places every element where nn::global_index says (layout<2,2>)") {
   using L = layout<2, 2>;
-  constexpr auto t = nn::param_table<MP, L>();
-  for (int k = 0; k < int(nn::num_params<MP>); ++k) {
+  constexpr auto t = models::param_table<MP, L>();
+  for (int k = 0; k < int(models::num_params<MP>); ++k) {
     const auto g = io::geometry_of<MP>(k);
     std::vector<std::int32_t> logical(g.logical_elems());
     for (std::size_t i = 0; i < logical.size(); ++i) logical[i] = std::int32_t(i);

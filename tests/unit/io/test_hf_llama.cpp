@@ -18,7 +18,7 @@
 #include <loom/io/hf_llama.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 
 #include "../../support/temp_dir.hpp"
 
@@ -29,8 +29,8 @@
 namespace fs = std::filesystem;
 using namespace loom;
 using M = models::llama_tiny;
-using G = nn::gpt<M, policy<device::cpu, precision::fp64>>;
-using G32 = nn::gpt<M, policy<device::cpu, precision::fp32>>;  // what export writes (F32) round-trips
+using G = nn::transformer<M, policy<device::cpu, precision::fp64>>;
+using G32 = nn::transformer<M, policy<device::cpu, precision::fp32>>;  // what export writes (F32) round-trips
 
 namespace {
 const fs::path golden_file = fs::path(LOOM_SOURCE_DIR) / "tests/golden/llama_tiny.safetensors";
@@ -76,7 +76,7 @@ TEST_CASE("llama import: the golden script's LlamaForCausalLM state dict gives t
     const auto want = golden.read<double>("param." + name);
     const auto got = model.parameter(k);
     REQUIRE(got.size() == want.size());
-    const bool vocab = G::table[k].rule == nn::shard::vocab;
+    const bool vocab = G::table[k].rule == models::shard::vocab;
     for (std::size_t i = 0; i < got.size(); ++i)
       if (!(vocab && i >= std::size_t(M::vocab) * M::d_model)) REQUIRE(got[i] == want[i]);
   }
@@ -106,7 +106,7 @@ TEST_CASE("llama export: config.json and names as LlamaForCausalLM; export then 
   io::import_llama(ctx, b, dir / "out");
   for (std::size_t k = 0; k < G32::num_tensors; ++k) {
     const auto pa = a.parameter(k), pb = b.parameter(k);
-    const bool vocab = G32::table[k].rule == nn::shard::vocab;
+    const bool vocab = G32::table[k].rule == models::shard::vocab;
     const std::size_t n = vocab ? std::size_t(M::vocab) * M::d_model : pa.size();
     CAPTURE(G32::table[k].name);
     CHECK(std::equal(pa.begin(), pa.begin() + long(n), pb.begin()));

@@ -19,14 +19,14 @@
 #include <loom/io/hf_gpt2.hpp>
 #include <loom/io/weights.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 
 #include "../../support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace loom;
 using M = models::tiny;
-using G = nn::gpt<M, policy<device::cpu, precision::fp32>>;
+using G = nn::transformer<M, policy<device::cpu, precision::fp32>>;
 
 namespace {
 std::string read_bytes(const fs::path& p) {

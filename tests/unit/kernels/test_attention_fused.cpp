@@ -17,7 +17,7 @@
 
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 
 #include "../../support/scoped.hpp"
 
@@ -321,8 +321,8 @@ TEST_CASE("gpt<tiny> fp64 with fused attention: activation table shrinks to L*B*
   using P = policy<device::cpu, precision::fp64>;
   using M = models::tiny;
   constexpr int B = 3, T = 9;
-  using fused_acts = nn::gpt<M, P, kernels::fused>::activations<B, T>;
-  using ref_acts = nn::gpt<M, P, kernels::reference>::activations<B, T>;
+  using fused_acts = nn::transformer<M, P, kernels::fused>::activations<B, T>;
+  using ref_acts = nn::transformer<M, P, kernels::reference>::activations<B, T>;
   CHECK(fused_acts::sizes_of().att == std::size_t(M::n_layer) * nn::padded(B * M::n_head * T));
   CHECK(ref_acts::sizes_of().att == std::size_t(M::n_layer) * nn::padded(B * M::n_head * T * T));
   CHECK(fused_acts::sizes_of().acc_total < ref_acts::sizes_of().acc_total + fused_acts::sizes_of().attn_scratch);
@@ -331,8 +331,8 @@ TEST_CASE("gpt<tiny> fp64 with fused attention: activation table shrinks to L*B*
 TEST_CASE("gpt<tiny> fp64 with fused attention: parameter gradients match central differences and the reference model") {
   using P = policy<device::cpu, precision::fp64>;
   using M = models::tiny;
-  using fused_gpt = nn::gpt<M, P, kernels::fused>;
-  using ref_gpt = nn::gpt<M, P, kernels::reference>;
+  using fused_gpt = nn::transformer<M, P, kernels::fused>;
+  using ref_gpt = nn::transformer<M, P, kernels::reference>;
   context<device::cpu> ctx;
   fused_gpt model(ctx, 7);
   ref_gpt ref(ctx, 7);
@@ -362,7 +362,7 @@ TEST_CASE("gpt<tiny> fp64 with fused attention: parameter gradients match centra
   model.backward(ctx, acts, in.data(), b, t);
   ref.backward(ctx, racts, in.data(), b, t);
   CHECK(max_rel_error(model.gradients(), ref.gradients()) < 1e-10);
-  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+  for (int k = 0; k < int(models::num_params<M>); ++k) {
     auto p = model.parameter(std::size_t(k));
     auto g = model.gradient(std::size_t(k));
     std::vector<double> analytic, numeric;

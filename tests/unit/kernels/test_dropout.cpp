@@ -23,7 +23,7 @@
 #include <loom/device/cpu.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/train/trainer.hpp>
 
 #include "../../support/scoped.hpp"
@@ -257,9 +257,9 @@ TEST_CASE("gpt with dropout: p = 0 is bitwise no dropout; the same state repeats
   using P = policy<device::cpu, precision::fp32>;
   using M = models::tiny;
   context<device::cpu> ctx;
-  nn::gpt<M, P> model(ctx, 3);
+  nn::transformer<M, P> model(ctx, 3);
   constexpr int B = 2, T = 16;
-  typename nn::gpt<M, P>::template activations<B, T> acts(ctx);
+  typename nn::transformer<M, P>::template activations<B, T> acts(ctx);
   std::vector<std::int32_t> in(B * T), tg(B * T);
   for (int i = 0; i < B * T; ++i)
     in[i] = std::int32_t(random_below(M::vocab, 1, 0, i)), tg[i] = std::int32_t(random_below(M::vocab, 1, 1, i));
@@ -299,7 +299,7 @@ TEST_CASE("trainer: --dropout is validated, needs the fused attention, and evalu
     CHECK_THROWS_WITH_AS((train::trainer<M, P, 2, 8>(ctx, c)), doctest::Contains("--dropout"), input_error);
   }
   c.dropout = 0.1;
-  CHECK_THROWS_WITH_AS((train::trainer<M, P, 2, 8, kernels::reference>(ctx, c)),
+  CHECK_THROWS_WITH_AS((train::trainer<M, P, 2, 8, parallel::local_group, kernels::reference>(ctx, c)),
                        doctest::Contains("kernels::fused"), input_error);
   train::trainer<M, P, 2, 8> with(ctx, c);
   c.dropout = 0;

@@ -10,7 +10,7 @@
 #include <loom/core/error.hpp>
 #include <loom/io/hf_config.hpp>
 #include <loom/models/spec.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 
 namespace lm = loom::models;
 
@@ -19,7 +19,7 @@ namespace {
 template <class M>
 void check_count() {
   CAPTURE(std::string(M::name));
-  CHECK(lm::spec_of<M>().parameter_count() == std::int64_t(loom::nn::parameter_count<M>()));
+  CHECK(lm::spec_of<M>().parameter_count() == std::int64_t(loom::models::parameter_count<M>()));
 }
 
 // GPT-2 small's config.json as published with the weights (openai-community/gpt2).
@@ -46,7 +46,7 @@ nlohmann::json llama2_7b_config() {
 
 }  // namespace
 
-TEST_CASE("model_spec: parameter_count equals nn::parameter_count for the presets and test configs") {
+TEST_CASE("model_spec: parameter_count equals models::parameter_count for the presets and test configs") {
   check_count<lm::tiny>();
   check_count<lm::tiny_untied>();
   check_count<lm::llama_tiny>();

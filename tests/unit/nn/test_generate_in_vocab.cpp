@@ -10,7 +10,7 @@
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
 #include <loom/nn/generate_in_vocab.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 
 using namespace loom;
 
@@ -18,8 +18,8 @@ TEST_CASE("generate_in_vocab: nn::generate for the full vocabulary, renormalised
   using M = models::tiny;  // vocab 61, 16 positions
   using P = policy<device::cpu, precision::fp32>;
   context<device::cpu> ctx;
-  nn::gpt<M, P> model(ctx, 2024);
-  nn::gpt<M, P>::activations<1, M::max_seq> acts(ctx);
+  nn::transformer<M, P> model(ctx, 2024);
+  nn::transformer<M, P>::activations<1, M::max_seq> acts(ctx);
   const nn::sampling s{1.3, 0, 77};  // hot: ids above the limit get real probability
 
   std::vector<std::int32_t> a = {5, 9}, b = a;

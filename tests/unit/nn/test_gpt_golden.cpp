@@ -52,7 +52,7 @@ void check_against_golden(const std::string& file, double logits_tol) {
   cfg.adamw = {0.9, 0.95, 1e-8, 0.1, 1.0};
   train::trainer<M, P, B, T> tr(ctx, cfg);
   auto& model = tr.model();
-  for (int k = 0; k < int(nn::num_params<M>); ++k)
+  for (int k = 0; k < int(models::num_params<M>); ++k)
     golden.read_into("param." + std::string(model.table[k].name), model.parameter(std::size_t(k)).span());
   const double tol = std::is_same_v<S, double> ? 1e-8 : 1.0;
   const auto tokens = golden.read<std::int32_t>("tokens");
@@ -74,7 +74,7 @@ void check_against_golden(const std::string& file, double logits_tol) {
   model.forward(ctx, acts, tokens.data(), targets.data(), B, T, S(1) / S(count));
   model.backward(ctx, acts, tokens.data(), B, T);
   double worst_grad = 0;
-  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+  for (int k = 0; k < int(models::num_params<M>); ++k) {
     const std::string name(model.table[k].name);
     INFO("grad." << name);
     const double e = worst_rel(model.gradient(std::size_t(k)).span(), golden.read<double>("grad." + name));
@@ -93,12 +93,12 @@ void check_against_golden(const std::string& file, double logits_tol) {
     CHECK(r.lr == doctest::Approx(lrs[s]).epsilon(1e-12));
     CHECK_FALSE(r.skipped);
   }
-  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+  for (int k = 0; k < int(models::num_params<M>); ++k) {
     const std::string name(model.table[k].name);
     INFO("final." << name);
     auto ref = golden.read<double>("final." + name);
     std::vector<double> got(model.parameter(std::size_t(k)).begin(), model.parameter(std::size_t(k)).end());
-    if (model.table[k].id == nn::role::qkv_b && std::is_same_v<S, float>) {
+    if (model.table[k].id == models::role::qkv_b && std::is_same_v<S, float>) {
       // The key bias has an exactly zero gradient (softmax is invariant to adding q.b_k to a
       // whole row). In fp32 that gradient is rounding noise of ~1e-9, which AdamW (eps 1e-8)
       // turns into updates of up to ~0.1 lr; in fp64 the noise is ~1e-17 and vanishes. So in

@@ -8,7 +8,7 @@
 
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 
 #include "../../support/gradcheck.hpp"
 
@@ -23,14 +23,14 @@ template <class M>
 void check_gradients(const nn::dropout_state& drop) {
   using P = policy<device::cpu, precision::fp64>;
   context<device::cpu> ctx;
-  nn::gpt<M, P> model(ctx, 7);
+  nn::transformer<M, P> model(ctx, 7);
   // randomise every parameter (LayerNorm gains/biases included) so every path is exercised
   auto params = model.parameters();
   const auto r = test::random_vector(params.size(), 99, -0.3, 0.3);
   for (std::size_t i = 0; i < params.size(); ++i) params[i] += r[i];
   constexpr int B = 3, T = 9;  // capacity
   const int b = 2, t = 7;      // used
-  typename nn::gpt<M, P>::template activations<B, T> acts(ctx);
+  typename nn::transformer<M, P>::template activations<B, T> acts(ctx);
   std::vector<std::int32_t> in(b * t), tg(b * t);
   for (int i = 0; i < b * t; ++i) {
     in[i] = std::int32_t(random_below(M::vocab, 5, 0, i));
@@ -45,7 +45,7 @@ void check_gradients(const nn::dropout_state& drop) {
   CHECK(l0 < 6.0);
   model.backward(ctx, acts, in.data(), b, t);
   double worst = 0;
-  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+  for (int k = 0; k < int(models::num_params<M>); ++k) {
     auto p = model.parameter(std::size_t(k));
     auto g = model.gradient(std::size_t(k));
     std::vector<double> analytic, numeric;
@@ -59,19 +59,19 @@ void check_gradients(const nn::dropout_state& drop) {
       numeric.push_back((fp - fm) / (2 * h));
       analytic.push_back(g[i]);
     }
-    INFO("tensor " << nn::gpt<M, P>::table[k].name);
+    INFO("tensor " << nn::transformer<M, P>::table[k].name);
     const double e = test::max_rel_error(analytic, numeric);
     worst = std::max(worst, e);
     CHECK(e < 1e-5);
   }
   MESSAGE(std::string(M::name) << std::string(drop.active() ? " with dropout" : "") << ": worst relative gradient error over "
-                  << nn::num_params<M> << " tensors " << worst << " (loss " << l0 << ")");
+                  << models::num_params<M> << " tensors " << worst << " (loss " << l0 << ")");
 }
 
 }  // namespace
 
 // models::tiny is GPT-2; models::tiny_untied has no linear biases and an LM head of its own
-// (nn::gpt2_untied_nobias), so its table has 13 rows and the head's gradient is its own;
+// (models::gpt2_untied_nobias), so its table has 13 rows and the head's gradient is its own;
 // models::llama_tiny is a Llama (RMSNorm, RoPE, SwiGLU, 6 query heads on 2 key/value heads),
 // 9 rows.
 TEST_CASE_TEMPLATE("gpt fp64: parameter gradients match central differences", M, models::tiny, models::tiny_untied,
@@ -90,9 +90,9 @@ TEST_CASE("gpt: two forward/backward passes with the same inputs are bitwise equ
   using P = policy<device::cpu, precision::fp32>;
   using M = models::tiny;
   context<device::cpu> ctx;
-  nn::gpt<M, P> a(ctx, 3), b(ctx, 3);
+  nn::transformer<M, P> a(ctx, 3), b(ctx, 3);
   constexpr int B = 4, T = 16;
-  typename nn::gpt<M, P>::template activations<B, T> acts(ctx);
+  typename nn::transformer<M, P>::template activations<B, T> acts(ctx);
   std::vector<std::int32_t> in(B * T), tg(B * T);
   for (int i = 0; i < B * T; ++i) in[i] = std::int32_t(random_below(M::vocab, 1, 0, i)), tg[i] = std::int32_t(random_below(M::vocab, 1, 1, i));
   a.zero_grad(ctx);
@@ -106,10 +106,10 @@ TEST_CASE("gpt: two forward/backward passes with the same inputs are bitwise equ
 }
 
 TEST_CASE("parameter table: GPT-2 small has 124,475,904 parameters with the padded vocabulary") {
-  CHECK(nn::parameter_count<models::gpt2_small>() == 124475904u);
-  CHECK(nn::parameter_count<models::gpt2_small>(false) == 124475904u - 1024u * 768u);
-  constexpr auto t = nn::param_table<models::gpt2_small, parallel::layout<4, 3>>();
-  CHECK(t[int(nn::param::qkv_w)].shape == std::array<long, 3>{4, 576, 768});
-  CHECK(t[int(nn::param::attproj_w)].shape == std::array<long, 3>{4, 768, 192});
-  CHECK(t[int(nn::param::wte)].shape[0] == 50304 / 4);
+  CHECK(models::parameter_count<models::gpt2_small>() == 124475904u);
+  CHECK(models::parameter_count<models::gpt2_small>(false) == 124475904u - 1024u * 768u);
+  constexpr auto t = models::param_table<models::gpt2_small, parallel::layout<4, 3>>();
+  CHECK(t[int(models::param::qkv_w)].shape == std::array<long, 3>{4, 576, 768});
+  CHECK(t[int(models::param::attproj_w)].shape == std::array<long, 3>{4, 768, 192});
+  CHECK(t[int(models::param::wte)].shape[0] == 50304 / 4);
 }

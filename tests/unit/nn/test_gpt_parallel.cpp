@@ -1,4 +1,4 @@
-// gpt_parallel on models::tiny_parallel against the single-rank loom::gpt on the same global batch:
+// gpt_parallel on models::tiny_parallel against the single-rank loom::nn::transformer on the same global batch:
 // initialisation (bitwise, checked through io::shard_tensor), loss and every gradient gathered to
 // global shape (fp32 max-norm relative 1e-5, float64 1e-12) for tensor-, pipeline- and combined
 // layouts on comm::threads, and the global gradient norm without double counting.
@@ -16,8 +16,8 @@
 #include <loom/device/cpu.hpp>
 #include <loom/io/checkpoint.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt.hpp>
-#include <loom/nn/gpt_parallel.hpp>
+#include <loom/nn/transformer.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/parallel/comm_threads.hpp>
 
 namespace {
@@ -34,7 +34,7 @@ double tolerance() {
 /// The single-rank run: the gradients of m micro-batches (b, t) accumulated, and the loss sum.
 template <class Prec, int B, int T>
 struct reference_run {
-  using model_t = nn::gpt<M, policy<cpu, Prec, layout<1, 1>>>;
+  using model_t = nn::transformer<M, policy<cpu, Prec, layout<1, 1>>>;
   using S = typename Prec::storage;
   std::vector<S> params, grads;
   double loss = 0, norm = 0;
@@ -86,7 +86,7 @@ struct rank_result {
 /// the DDP trainer does; grad_scale already divides by the global target count).
 template <class Prec, int TP, int PP, int B, int T, int DP = 1>
 std::vector<rank_result<typename Prec::storage>> parallel_run(const batch& data, int m, int b, int t, double scale) {
-  using model_t = nn::gpt_parallel<M, policy<cpu, Prec, layout<TP, PP>>>;
+  using model_t = nn::transformer<M, policy<cpu, Prec, layout<TP, PP>>>;
   using S = typename Prec::storage;
   std::vector<rank_result<S>> out(std::size_t(TP * PP * DP));
   comm::run_threads(TP * PP * DP, [&](comm::threads& world) {
@@ -98,7 +98,7 @@ std::vector<rank_result<typename Prec::storage>> parallel_run(const batch& data,
     for (int i = 0; i < parallel::max_in_flight(PP, m, g.pp.rank()); ++i) ring.emplace_back(ctx);
     model.zero_grad(ctx);
     const std::size_t off = std::size_t(g.dp.rank()) * m * b * t;
-    auto loss = nn::pipeline_forward_backward<model_t, B, T>(ctx, model, std::span<acts_t>(ring), g.tp, g.pp, m,
+    auto loss = parallel::pipeline_forward_backward<model_t, B, T>(ctx, model, std::span<acts_t>(ring), g.tp, g.pp, m,
                                                              data.in.data() + off, data.tg.data() + off, b, t,
                                                              typename model_t::acc_t(scale));
     model.tie_embedding_gradients(ctx, g.pp);
@@ -125,7 +125,7 @@ std::vector<S> gather(const std::vector<rank_result<S>>& ranks, const std::vecto
   std::vector<S> out(global_size);
   std::vector<char> seen(global_size, 0);
   for (const auto& r : ranks) {
-    if (!nn::stage_uses(Model::table[std::size_t(k)], r.stage, Model::PP)) continue;
+    if (!models::stage_uses(Model::table[std::size_t(k)], r.stage, Model::PP)) continue;
     const std::size_t off = Model::offsets[std::size_t(k)], n = Model::table[std::size_t(k)].size();
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t gi = nn::global_index<M, typename Model::layout>(std::size_t(k), r.tp, r.stage, i);
@@ -165,7 +165,7 @@ void equivalence_case(int m) {
   CAPTURE(m);
   constexpr int B = 2, T = 7;
   const int b = 2, t = 6;  // t < T: the capacity is not the size used
-  using model_t = nn::gpt_parallel<M, policy<cpu, Prec, layout<TP, PP>>>;
+  using model_t = nn::transformer<M, policy<cpu, Prec, layout<TP, PP>>>;
   using S = typename Prec::storage;
   const batch data(m * DP, b, t, 77);
   const double scale = 1.0 / data.valid;
@@ -176,12 +176,12 @@ void equivalence_case(int m) {
     CHECK(r.loss == doctest::Approx(ref.loss).epsilon(tol));
     CHECK(r.norm == doctest::Approx(ref.norm).epsilon(tol));
   }
-  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+  for (int k = 0; k < int(models::num_params<M>); ++k) {
     const auto want_p = ref.tensor(ref.params, k);
     const auto want_g = ref.tensor(ref.grads, k);
     const auto got_p = gather<model_t>(ranks, &rank_result<S>::params, k, want_p.size());
     const auto got_g = gather<model_t>(ranks, &rank_result<S>::grads, k, want_g.size());
-    INFO(nn::param_table<M, layout<1, 1>>()[std::size_t(k)].name);
+    INFO(models::param_table<M, layout<1, 1>>()[std::size_t(k)].name);
     CHECK(std::equal(got_p.begin(), got_p.end(), want_p.begin()));  // initialisation: bitwise
     check_close<S>(got_g, want_g, tol, "gradient");
   }
@@ -192,13 +192,13 @@ void equivalence_case(int m) {
 TEST_CASE("gpt_parallel: initialisation is the single-rank model's, sharded as io::shard_tensor shards it") {
   using P1 = policy<cpu, precision::fp32, layout<1, 1>>;
   context<cpu> ctx;
-  nn::gpt<M, P1> whole(ctx, 99);
+  nn::transformer<M, P1> whole(ctx, 99);
   auto check_layout = [&]<int TP, int PP>() {
-    using model_t = nn::gpt_parallel<M, policy<cpu, precision::fp32, layout<TP, PP>>>;
+    using model_t = nn::transformer<M, policy<cpu, precision::fp32, layout<TP, PP>>>;
     for (int s = 0; s < PP; ++s)
       for (int r = 0; r < TP; ++r) {
         model_t part(ctx, r, s, 99);
-        for (int k = 0; k < int(nn::num_params<M>); ++k) {
+        for (int k = 0; k < int(models::num_params<M>); ++k) {
           CAPTURE(TP);
           CAPTURE(PP);
           CAPTURE(k);
@@ -216,10 +216,10 @@ TEST_CASE("gpt_parallel: initialisation is the single-rank model's, sharded as i
   check_layout.template operator()<1, 2>();
   check_layout.template operator()<2, 2>();
   check_layout.template operator()<1, 4>();
-  CHECK_THROWS_AS((nn::gpt_parallel<M, policy<cpu, precision::fp32, layout<2, 1>>>(ctx, 2, 0)), input_error);
+  CHECK_THROWS_AS((nn::transformer<M, policy<cpu, precision::fp32, layout<2, 1>>>(ctx, 2, 0)), input_error);
 }
 
-TEST_CASE("gpt_parallel: layout<1,1> computes exactly what loom::gpt computes") {
+TEST_CASE("gpt_parallel: layout<1,1> computes exactly what loom::nn::transformer computes") {
   equivalence_case<precision::fp32, 1, 1>(2);
 }
 
@@ -269,7 +269,7 @@ TEST_CASE("gpt_parallel: a non-finite gradient on one rank makes the global norm
   // The trainer's non-finite check is isfinite(grad norm): all-reduced, so every rank agrees and
   // every rank skips the step together. Inject a NaN into a sharded tensor of tp rank 1, stage 1,
   // and an inf into a per-layer tensor of stage 0 in a second run.
-  using model_t = nn::gpt_parallel<M, policy<cpu, precision::fp32, layout<2, 2>>>;
+  using model_t = nn::transformer<M, policy<cpu, precision::fp32, layout<2, 2>>>;
   for (int which = 0; which < 2; ++which) {
     std::vector<double> norms(4);
     comm::run_threads(4, [&](comm::threads& world) {
@@ -279,9 +279,9 @@ TEST_CASE("gpt_parallel: a non-finite gradient on one rank makes the global norm
       model.zero_grad(ctx);
       auto gw = model.gradients();
       for (std::size_t i = 0; i < gw.size(); ++i) gw[i] = 1e-3f;
-      if (which == 0 && g.tp.rank() == 1 && g.pp.rank() == 1) model.gradient(nn::param::fc_w)[17] = std::nanf("");
+      if (which == 0 && g.tp.rank() == 1 && g.pp.rank() == 1) model.gradient(models::param::fc_w)[17] = std::nanf("");
       if (which == 1 && g.tp.rank() == 0 && g.pp.rank() == 0)
-        model.gradient(nn::param::ln2_b)[3] = std::numeric_limits<float>::infinity();
+        model.gradient(models::param::ln2_b)[3] = std::numeric_limits<float>::infinity();
       norms[std::size_t(world.rank())] = model.grad_norm(ctx, g.tp, g.pp);
     });
     for (double n : norms) CHECK_FALSE(std::isfinite(n));

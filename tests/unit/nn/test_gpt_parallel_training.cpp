@@ -1,7 +1,7 @@
 // 20 optimizer steps (AdamW, global-norm clipping active) of gpt_parallel on models::tiny_parallel
 // give the single-rank loss curve, for (TP, PP, DP) = (2,1,1), (1,2,1), (2,2,1), (2,2,2), and
 // the parameters after training match the single-rank ones gathered to global shape.
-// train::parallel_trainer (the 3D trainer) gives train::trainer's single-rank loss curve for the
+// train::trainer (the 3D trainer) gives train::trainer's single-rank loss curve for the
 // eight (TP, PP, DP) layouts (the list below); a non-finite gradient skips the step on every rank.
 // In bf16 and fp16 (dynamic loss scaler) it tracks the single-rank 16-bit trainer: the same loss
 // scales and skipped steps, losses within the 16-bit rounding bound.
@@ -30,11 +30,11 @@
 #include <loom/device/cpu.hpp>
 #include <loom/io/trace.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt.hpp>
-#include <loom/nn/gpt_parallel.hpp>
+#include <loom/nn/transformer.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/parallel/comm_threads.hpp>
-#include <loom/train/parallel_trainer.hpp>
+#include <loom/train/trainer.hpp>
 #include <loom/train/trainer.hpp>
 
 #include "../snapshot.hpp"
@@ -67,7 +67,7 @@ struct step_batch {
 
 template <class Prec>
 struct single_rank_curve {
-  using model_t = nn::gpt<M, policy<cpu, Prec, layout<1, 1>>>;
+  using model_t = nn::transformer<M, policy<cpu, Prec, layout<1, 1>>>;
   std::vector<double> losses, norms;
   std::vector<typename Prec::storage> params;
   explicit single_rank_curve(int micro) {
@@ -99,7 +99,7 @@ void training_case(int micro_per_replica) {
   CAPTURE(TP);
   CAPTURE(PP);
   CAPTURE(DP);
-  using model_t = nn::gpt_parallel<M, policy<cpu, Prec, layout<TP, PP>>>;
+  using model_t = nn::transformer<M, policy<cpu, Prec, layout<TP, PP>>>;
   using S = typename Prec::storage;
   const int m = micro_per_replica;
   const single_rank_curve<Prec> ref(m * DP);
@@ -119,7 +119,7 @@ void training_case(int micro_per_replica) {
       const step_batch data(s, m * DP);
       const std::size_t off = std::size_t(g.dp.rank()) * m * B * T;
       model.zero_grad(ctx);
-      auto loss = nn::pipeline_forward_backward<model_t, B, T>(
+      auto loss = parallel::pipeline_forward_backward<model_t, B, T>(
           ctx, model, std::span<acts_t>(ring), g.tp, g.pp, m, data.in.data() + off, data.tg.data() + off, B, T,
           typename model_t::acc_t(1.0 / data.valid));
       model.tie_embedding_gradients(ctx, g.pp);
@@ -153,10 +153,10 @@ void training_case(int micro_per_replica) {
   // gradient element (summed in another order across ranks) into a visible fraction of lr
   // (measured up to 1.4% of lr at layout<2,2>); the loss curve above is the criterion.
   using ref_t = typename single_rank_curve<Prec>::model_t;
-  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+  for (int k = 0; k < int(models::num_params<M>); ++k) {
     double err = 0;
     for (std::size_t r = 0; r < params.size(); ++r) {
-      if (!nn::stage_uses(model_t::table[std::size_t(k)], stages[r], PP)) continue;
+      if (!models::stage_uses(model_t::table[std::size_t(k)], stages[r], PP)) continue;
       for (std::size_t i = 0; i < model_t::table[std::size_t(k)].size(); ++i) {
         const std::size_t gi = nn::global_index<M, layout<TP, PP>>(std::size_t(k), tps[r], stages[r], i);
         const double want = double(ref.params[ref_t::offsets[std::size_t(k)] + gi]);
@@ -223,7 +223,7 @@ void parallel_trainer_case(int dp, int micro_per_replica) {
   CAPTURE(dp);
   const int m = micro_per_replica;
   const auto [ref_loss, ref_norm] = single_rank_trainer_curve(m * dp);
-  using trainer_t = train::parallel_trainer<M, policy<cpu, precision::fp32, layout<TP, PP>>, B, T, comm::threads>;
+  using trainer_t = train::trainer<M, policy<cpu, precision::fp32, layout<TP, PP>>, B, T, comm::threads>;
   const std::size_t world = std::size_t(TP * PP * dp);
   std::vector<std::vector<train::step_result>> results(world);
   std::vector<std::array<int, 3>> ranks(world);
@@ -292,11 +292,11 @@ struct rank_run {
   int tp = 0, dp = 0, stage = 0;
 };
 
-/// trainer_steps steps of parallel_trainer<TP, PP> on dp replicas (m micro-batches each), with or
+/// trainer_steps steps of trainer<TP, PP> on dp replicas (m micro-batches each), with or
 /// without ZeRO-1; one rank_run per world rank.
 template <int TP, int PP>
 std::vector<rank_run> run_parallel_trainer(int dp, int m, bool zero1) {
-  using trainer_t = train::parallel_trainer<M, policy<cpu, precision::fp32, layout<TP, PP>>, B, T, comm::threads>;
+  using trainer_t = train::trainer<M, policy<cpu, precision::fp32, layout<TP, PP>>, B, T, comm::threads>;
   std::vector<rank_run> out(std::size_t(TP * PP * dp));
   comm::run_threads(TP * PP * dp, [&](comm::threads& w) {
     context<cpu> ctx;
@@ -330,7 +330,7 @@ void zero1_case(int dp, int m) {
   for (int s = 0; s < trainer_steps; ++s) single.step(ctx, step_windows(s, m * dp * B));
   const auto plain = run_parallel_trainer<TP, PP>(dp, m, false);
   const auto zero = run_parallel_trainer<TP, PP>(dp, m, true);
-  const std::size_t unsharded = 2 * nn::param_offsets<M, layout<TP, PP>>().back() * sizeof(float);
+  const std::size_t unsharded = 2 * models::param_offsets<M, layout<TP, PP>>().back() * sizeof(float);
   std::vector<std::size_t> cell_moments(std::size_t(TP * PP));
   for (std::size_t r = 0; r < zero.size(); ++r) {
     CAPTURE(r);
@@ -381,7 +381,7 @@ TEST_CASE("parallel_trainer ZeRO-1: (2,1,2), (1,2,2), (2,2,2) give the run witho
   for (std::size_t r = 0; r < a.size(); ++r) CHECK(a[r].local_params == b[r].local_params);
   // a NaN on one rank of (2,2,2) (replicated lnf_w of stage 1, tp 0, dp replica 1) reaches every
   // rank's norm through the reduce-scatter: all 8 skip, parameters (and moments) untouched
-  using trainer_t = train::parallel_trainer<M, policy<cpu, precision::fp32, layout<2, 2>>, B, T, comm::threads>;
+  using trainer_t = train::trainer<M, policy<cpu, precision::fp32, layout<2, 2>>, B, T, comm::threads>;
   std::vector<int> skipped(8), unchanged(8);
   comm::run_threads(8, [&](comm::threads& w) {
     context<cpu> ctx;
@@ -389,7 +389,7 @@ TEST_CASE("parallel_trainer ZeRO-1: (2,1,2), (1,2,2), (2,2,2) give the run witho
     const auto windows = step_windows(0, 2 * B);
     const auto mine = std::span(windows).subspan(std::size_t(tr.dp_rank()) * B * (T + 1), std::size_t(B) * (T + 1));
     tr.step(ctx, mine);
-    if (tr.stage() == 1 && tr.tp_rank() == 0 && tr.dp_rank() == 1) tr.model().parameter(nn::param::lnf_w).data()[3] = NAN;
+    if (tr.stage() == 1 && tr.tp_rank() == 0 && tr.dp_rank() == 1) tr.model().parameter(models::param::lnf_w).data()[3] = NAN;
     const std::vector<float> before(tr.model().parameters().begin(), tr.model().parameters().end());
     const auto m = tr.zero1_optimizer()->first_moment();
     const std::vector<float> m_before(m.begin(), m.end());
@@ -407,7 +407,7 @@ TEST_CASE("parallel_trainer ZeRO-1: (2,1,2), (1,2,2), (2,2,2) give the run witho
 }
 
 TEST_CASE("parallel_trainer: a non-finite gradient skips the step on every rank; bad input is an input_error") {
-  using trainer_t = train::parallel_trainer<M, policy<cpu, precision::fp32, layout<2, 2>>, B, T, comm::threads>;
+  using trainer_t = train::trainer<M, policy<cpu, precision::fp32, layout<2, 2>>, B, T, comm::threads>;
   std::vector<int> skipped(4), unchanged(4), threw(4);
   std::vector<double> evals(4);
   comm::run_threads(4, [&](comm::threads& w) {
@@ -416,7 +416,7 @@ TEST_CASE("parallel_trainer: a non-finite gradient skips the step on every rank;
     const auto me = std::size_t(w.rank());
     const auto windows = step_windows(0, 2 * B);
     tr.step(ctx, windows);
-    float* poisoned = tr.model().parameter(nn::param::lnf_w).data() + 3;
+    float* poisoned = tr.model().parameter(models::param::lnf_w).data() + 3;
     const float saved = *poisoned;
     if (tr.stage() == 1 && tr.tp_rank() == 0) *poisoned = NAN;
     const std::vector<float> before(tr.model().parameters().begin(), tr.model().parameters().end());
@@ -463,8 +463,8 @@ TEST_CASE("parallel_trainer: a non-finite gradient skips the step on every rank;
 
 TEST_CASE("gather_parameters / gather_to_global / load_global_parameters: layout<2,2> to the single-rank buffer and back") {
   using P22 = policy<cpu, precision::fp32, layout<2, 2>>;
-  using trainer_t = train::parallel_trainer<M, P22, B, T, comm::threads>;
-  using ref_model = nn::gpt<M, policy<cpu, precision::fp32, layout<1, 1>>>;
+  using trainer_t = train::trainer<M, P22, B, T, comm::threads>;
+  using ref_model = nn::transformer<M, policy<cpu, precision::fp32, layout<1, 1>>>;
   std::vector<std::vector<float>> fresh(4), trained(4), moments(4);
   std::vector<int> round_trip(4), moments_round_trip(4);
   comm::run_threads(4, [&](comm::threads& w) {
@@ -479,8 +479,8 @@ TEST_CASE("gather_parameters / gather_to_global / load_global_parameters: layout
     std::vector<float> back(m1.size());
     nn::scatter_from_global(tr.model(), std::span<const float>(moments[me]), std::span<float>(back));
     moments_round_trip[me] = 1;
-    for (int k = 0; k < int(nn::num_params<M>); ++k)
-      if (nn::stage_uses(nn::param_table<M, parallel::layout<1, 1>>()[std::size_t(k)], tr.stage(), 2))
+    for (int k = 0; k < int(models::num_params<M>); ++k)
+      if (models::stage_uses(models::param_table<M, parallel::layout<1, 1>>()[std::size_t(k)], tr.stage(), 2))
         for (std::size_t i = trainer_t::model_t::offsets[std::size_t(k)]; i < trainer_t::model_t::offsets[std::size_t(k) + 1]; ++i)
           moments_round_trip[me] &= int(back[i] == m1.data()[i]);
     try {  // a buffer of the wrong size: every rank throws before communicating
@@ -491,8 +491,8 @@ TEST_CASE("gather_parameters / gather_to_global / load_global_parameters: layout
     typename trainer_t::model_t copy(ctx, tr.tp_rank(), tr.stage(), 99);  // other seed: every value must be loaded
     nn::load_global_parameters(ctx, copy, std::span<const float>(trained[me]));
     round_trip[me] = 1;  // every tensor this stage uses equals the trained one bitwise (the unused
-    for (int k = 0; k < int(nn::num_params<M>); ++k) {  // ones, e.g. wpe on the last stage, stay at init)
-      if (!nn::stage_uses(nn::param_table<M, parallel::layout<1, 1>>()[std::size_t(k)], tr.stage(), 2)) continue;
+    for (int k = 0; k < int(models::num_params<M>); ++k) {  // ones, e.g. wpe on the last stage, stay at init)
+      if (!models::stage_uses(models::param_table<M, parallel::layout<1, 1>>()[std::size_t(k)], tr.stage(), 2)) continue;
       const auto a = tr.model().parameter(std::size_t(k)), b = copy.parameter(std::size_t(k));
       round_trip[me] &= int(std::equal(a.begin(), a.end(), b.begin()));
     }
@@ -546,7 +546,7 @@ train::trainer_config mixed_cfg(int grad_accum, double initial_scale) {
 template <class Prec, class Scaler>
 std::vector<train::step_result> single_rank_results(int micro, double initial_scale = 512) {
   context<cpu> ctx;
-  train::trainer<M, policy<cpu, Prec, layout<1, 1>>, B, T, kernels::fused, Scaler> tr(ctx, mixed_cfg(micro, initial_scale));
+  train::trainer<M, policy<cpu, Prec, layout<1, 1>>, B, T, parallel::local_group, kernels::fused, Scaler> tr(ctx, mixed_cfg(micro, initial_scale));
   std::vector<train::step_result> r;
   for (int s = 0; s < mixed_steps; ++s) r.push_back(tr.step(ctx, step_windows(s, micro * B)));
   return r;
@@ -559,7 +559,7 @@ std::vector<train::step_result> single_rank_results(int micro, double initial_sc
 template <class Prec, class Scaler, int TP, int PP>
 std::vector<std::vector<train::step_result>> parallel_results(int dp, int micro, double initial_scale,
                                                               std::vector<int>& touched) {
-  using trainer_t = train::parallel_trainer<M, policy<cpu, Prec, layout<TP, PP>>, B, T, comm::threads, kernels::fused, Scaler>;
+  using trainer_t = train::trainer<M, policy<cpu, Prec, layout<TP, PP>>, B, T, comm::threads, kernels::fused, Scaler>;
   static_assert(std::is_same_v<typename trainer_t::grad_t, float>, "fp32 parameter gradients, as train::trainer");
   static_assert(optim::adamw<typename trainer_t::model_t>::has_master, "fp32 master weights in AdamW");
   const std::size_t world = std::size_t(TP * PP * dp);
@@ -600,12 +600,12 @@ double worst_relative(const std::vector<train::step_result>& a, const std::vecto
 // (u/2 per element). Measured 2.2e-4 relative (printed below). The fp32 curve is tracked loosely:
 // 0.01 nats (the gap bf16 opens over these 20 steps on this model measured 0.0013).
 TEST_CASE("parallel_trainer bf16: (2,2,1) and (2,1,2) track the single-rank bf16 trainer (relative 2^-7) and fp32 loosely") {
-  const auto ref = single_rank_results<precision::bf16, train::no_loss_scaler>(2);
-  const auto f32 = single_rank_results<precision::fp32, train::no_loss_scaler>(2);
+  const auto ref = single_rank_results<precision::bf16, precision::no_loss_scaler>(2);
+  const auto f32 = single_rank_results<precision::fp32, precision::no_loss_scaler>(2);
   CHECK(ref.back().loss < ref.front().loss - 0.1);  // it trains
   std::vector<int> touched;
-  const auto r221 = parallel_results<precision::bf16, train::no_loss_scaler, 2, 2>(1, 2, 512, touched);
-  const auto r212 = parallel_results<precision::bf16, train::no_loss_scaler, 2, 1>(2, 1, 512, touched);
+  const auto r221 = parallel_results<precision::bf16, precision::no_loss_scaler, 2, 2>(1, 2, 512, touched);
+  const auto r212 = parallel_results<precision::bf16, precision::no_loss_scaler, 2, 1>(2, 1, 512, touched);
   double worst = 0, worst_f32 = 0;
   for (const auto* runs : {&r221, &r212})
     for (std::size_t r = 0; r < runs->size(); ++r) {
@@ -638,9 +638,9 @@ TEST_CASE("parallel_trainer bf16: (2,2,1) and (2,1,2) track the single-rank bf16
 // agree within 2^-9 relative (4 u, u = 2^-11 fp16's unit roundoff; same argument as bf16).
 TEST_CASE("parallel_trainer fp16: (2,2,1) with a dynamic loss scaler from 2^24 skips and backs off at the single-rank trainer's steps on every rank") {
   const double huge = 16777216;  // 2^24
-  const auto ref = single_rank_results<precision::fp16, train::dynamic_loss_scaler>(3, huge);
+  const auto ref = single_rank_results<precision::fp16, precision::dynamic_loss_scaler>(3, huge);
   std::vector<int> touched;
-  const auto runs = parallel_results<precision::fp16, train::dynamic_loss_scaler, 2, 2>(1, 3, huge, touched);
+  const auto runs = parallel_results<precision::fp16, precision::dynamic_loss_scaler, 2, 2>(1, 3, huge, touched);
   int skipped = 0, grown = 0;
   for (int s = 0; s < mixed_steps; ++s) {
     skipped += ref[std::size_t(s)].skipped;
@@ -687,7 +687,7 @@ struct zone {
 }  // namespace
 
 TEST_CASE("trace of a tp2pp2 run: one pid per rank, send/recv and tp all_reduce zones with bytes, kernels nested, only the window") {
-  using trainer_t = train::parallel_trainer<M, policy<cpu, precision::fp32, layout<2, 2>>, B, T, comm::threads>;
+  using trainer_t = train::trainer<M, policy<cpu, precision::fp32, layout<2, 2>>, B, T, comm::threads>;
   constexpr int m = 2;  // micro-batches per step
   const auto file = std::filesystem::temp_directory_path() / ("loom_test_trace_tp2pp2_" + std::to_string(::getpid()) + ".json");
   std::vector<std::array<double, 2>> window_bounds(4);  // per rank: just before the window opened, just after it closed

@@ -12,7 +12,7 @@
 #include <loom/core/random.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/parallel/comm_threads.hpp>
 #include <loom/train/trainer.hpp>
 
@@ -26,7 +26,7 @@ constexpr nn::recompute modes[] = {nn::recompute::none, nn::recompute::selective
 template <class M, class Prec>
 std::vector<unsigned char> loss_and_gradients(nn::recompute r, double dropout, std::size_t* table_bytes) {
   using P = policy<device::cpu, Prec>;
-  using model_t = nn::gpt<M, P>;
+  using model_t = nn::transformer<M, P>;
   context<device::cpu> ctx;
   model_t model(ctx, 11);
   constexpr int B = 3, T = 9;  // capacity
@@ -77,7 +77,7 @@ TEST_CASE("recompute: selective and full give bitwise the loss and gradients of 
 }
 
 TEST_CASE("recompute: the table keeps per layer only what the mode keeps") {
-  using model_t = nn::gpt<models::tiny, policy<device::cpu, precision::fp32>>;
+  using model_t = nn::transformer<models::tiny, policy<device::cpu, precision::fp32>>;
   using acts = model_t::activations<2, 8>;
   const auto none = acts::sizes_of(nn::recompute::none), sel = acts::sizes_of(nn::recompute::selective),
              full = acts::sizes_of(nn::recompute::full);
@@ -112,7 +112,7 @@ std::vector<unsigned char> layout_run(nn::recompute r) {
     cfg.schedule = {3e-3, 3e-4, 1, 3};
     cfg.dropout = 0.1;
     cfg.recompute = r;
-    train::parallel_trainer<M, P, B, T, comm::threads> tr(ctx, cfg, world);
+    train::trainer<M, P, B, T, comm::threads> tr(ctx, cfg, world);
     std::vector<double> losses;
     for (int s = 0; s < 3; ++s) {
       std::vector<std::int32_t> w(std::size_t(accum) * B * (T + 1));

@@ -1,4 +1,4 @@
-// Data parallelism (train/data_parallel.hpp through train::trainer) on comm::threads: DP = 2
+// Data parallelism (parallel/data_parallel.hpp through train::trainer) on comm::threads: DP = 2
 // and 4 give the loss and every gradient of one rank on the same global batch; 20 steps give the
 // same loss curve; accumulation with padded targets; ZeRO-1 equals DDP; no-overlap equals
 // overlap; a rank that never joins times out; a diverged replica is caught; the loader's
@@ -89,13 +89,13 @@ class one_thread_per_rank {
 template <class G>
 bool is_key_bias(int k, std::size_t i) {
   constexpr std::size_t C = M::d_model;
-  return k == int(nn::param::qkv_b) && i % (3 * C) >= C && i % (3 * C) < 2 * C;
+  return k == int(models::param::qkv_b) && i % (3 * C) >= C && i % (3 * C) < 2 * C;
 }
 
 /// max |a - b| <= rel * max |b|, tensor by tensor; reports the worst tensor.
 template <class G>
 void check_close(const G& a, const G& b, bool grads, double rel) {
-  for (int k = 0; k < int(nn::num_params<M>); ++k) {
+  for (int k = 0; k < int(models::num_params<M>); ++k) {
     const auto x = grads ? a.gradient(std::size_t(k)) : a.parameter(std::size_t(k));
     const auto y = grads ? b.gradient(std::size_t(k)) : b.parameter(std::size_t(k));
     double diff = 0, scale = 0;
@@ -275,7 +275,7 @@ TEST_CASE("data parallel: the replica check names the first differing tensor and
                                            trainer_t tr(ctx, config(2, 1), world, o);
                                            for (int s = 0; s < 3; ++s) {
                                              if (s == 1 && world.rank() == 1)
-                                               tr.model().parameter(nn::param::qkv_w)[7] += 1e-3f;
+                                               tr.model().parameter(models::param::qkv_w)[7] += 1e-3f;
                                              tr.step(ctx, rows_of(b.in, 2 * world.rank(), 2),
                                                      rows_of(b.tg, 2 * world.rank(), 2));
                                              ++steps_done;

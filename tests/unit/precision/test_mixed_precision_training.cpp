@@ -37,13 +37,13 @@ using loom_test::copy_of;
 }  // namespace
 
 TEST_CASE("dynamic_loss_scaler: halves on overflow down to the floor, doubles after the interval, warns on a trend") {
-  train::loss_scaler_config cfg;
+  precision::loss_scaler_config cfg;
   cfg.initial_scale = 512;
   cfg.growth_interval = 3;
   cfg.min_scale = 64;
   cfg.warn_reductions = 2;
   cfg.warn_window = 10;
-  train::dynamic_loss_scaler s(cfg);
+  precision::dynamic_loss_scaler s(cfg);
   CHECK(s.scale() == 512);
   CHECK(s.update(false, 0).empty());
   CHECK(s.scale() == 256);
@@ -68,9 +68,9 @@ TEST_CASE("dynamic_loss_scaler: halves on overflow down to the floor, doubles af
   CHECK(s.state().good_steps == 1);
   CHECK_THROWS_AS(s.set_state({0, 0}), input_error);
   cfg.backoff_factor = 1.5;
-  CHECK_THROWS_WITH_AS(train::dynamic_loss_scaler{cfg}, doctest::Contains("backoff_factor"), input_error);
-  CHECK(train::dynamic_loss_scaler{}.scale() == 512);  // the Ascend guide's default
-  CHECK(train::dynamic_loss_scaler{}.config().growth_interval == 2000);
+  CHECK_THROWS_WITH_AS(precision::dynamic_loss_scaler{cfg}, doctest::Contains("backoff_factor"), input_error);
+  CHECK(precision::dynamic_loss_scaler{}.scale() == 512);  // the Ascend guide's default
+  CHECK(precision::dynamic_loss_scaler{}.config().growth_interval == 2000);
 }
 
 TEST_CASE("fp16 trainer: forced overflows skip exactly those steps, halve the scale, leave the state bitwise alone") {
@@ -79,7 +79,7 @@ TEST_CASE("fp16 trainer: forced overflows skip exactly those steps, halve the sc
   context<device::cpu> ctx;
   train::trainer_config cfg;
   cfg.schedule = {3e-3, 3e-4, 2, 20};
-  train::trainer<M, P, 2, 8, kernels::fused, train::dynamic_loss_scaler> tr(ctx, cfg);
+  train::trainer<M, P, 2, 8, parallel::local_group, kernels::fused, precision::dynamic_loss_scaler> tr(ctx, cfg);
   CHECK(tr.loss_scaler().scale() == 512);
   const auto w = random_windows(2, 9, M::vocab, 5);
   // 2^40 makes dlogits = S/16 (p - y) overflow half (max 65504); 2^39 still does.
@@ -136,7 +136,7 @@ TEST_CASE("bf16 master weights: updates below bf16 resolution still move the par
   cfg.adamw.weight_decay = 0;
   train::trainer<M, P, 2, 8> tr(ctx, cfg);
   const auto w = random_windows(2, 9, M::vocab, 9);
-  const auto start = copy_of(tr.model().parameter(nn::param::qkv_w));
+  const auto start = copy_of(tr.model().parameter(models::param::qkv_w));
   // the same AdamW steps applied to the bf16 weights directly (no master copy), same gradients
   auto direct = start;
   std::vector<float> m(start.size()), v(start.size());
@@ -144,13 +144,13 @@ TEST_CASE("bf16 master weights: updates below bf16 resolution still move the par
   for (int s = 0; s < 30; ++s) {
     const auto r = tr.step(ctx, w);
     REQUIRE_FALSE(r.skipped);
-    const auto g = tr.model().gradient(nn::param::qkv_w);
+    const auto g = tr.model().gradient(models::param::qkv_w);
     for (std::size_t i = 0; i < g.size(); ++i) g16[i] = Eigen::bfloat16(g[i]);
     kernels::cpu::adamw_update(direct.data(), m.data(), v.data(), g16.data(), direct.size(), 1e-5f, 0.9f, 0.95f, 1e-8f,
                                0.0f, float(optim::clip_coefficient(r.grad_norm, 1.0)), long(s + 1));
   }
   std::size_t moved = 0, moved_direct = 0;
-  const auto now = tr.model().parameter(nn::param::qkv_w);
+  const auto now = tr.model().parameter(models::param::qkv_w);
   for (std::size_t i = 0; i < start.size(); ++i) {
     moved += now[i] != start[i];
     moved_direct += direct[i] != start[i];
@@ -172,7 +172,7 @@ std::vector<double> shakespeare_losses(int steps) {
   context<device::cpu> ctx;
   train::trainer_config cfg;
   cfg.schedule = {3e-3, 3e-4, 10, steps};
-  train::trainer<M, cpu_policy<Prec>, B, T, kernels::fused, Scaler> tr(ctx, cfg);
+  train::trainer<M, cpu_policy<Prec>, B, T, parallel::local_group, kernels::fused, Scaler> tr(ctx, cfg);
   const data::byte_dataset text(loom_test::data_dir() / "tinyshakespeare.txt", T + 1);
   data::window_sampler sampler(text.train().size(), T + 1, 1234);
   std::vector<std::int32_t> w(tr.windows_per_step() * tr.window());
@@ -212,9 +212,9 @@ double curve_distance(const std::vector<double>& a, const std::vector<double>& b
 
 TEST_CASE("200 steps on tinyshakespeare: bf16 and fp16 track the fp32 loss curve") {
   const int steps = 200;
-  const auto f32 = shakespeare_losses<precision::fp32, train::no_loss_scaler>(steps);
-  const auto b16 = shakespeare_losses<precision::bf16, train::no_loss_scaler>(steps);
-  const auto f16 = shakespeare_losses<precision::fp16, train::dynamic_loss_scaler>(steps);
+  const auto f32 = shakespeare_losses<precision::fp32, precision::no_loss_scaler>(steps);
+  const auto b16 = shakespeare_losses<precision::bf16, precision::no_loss_scaler>(steps);
+  const auto f16 = shakespeare_losses<precision::fp16, precision::dynamic_loss_scaler>(steps);
   const double db = curve_distance(b16, f32), dh = curve_distance(f16, f32);
   MESSAGE("loss fp32 " << f32.front() << " -> " << f32.back() << "; 20-step means differ from fp32 by at most " << db
                        << " (bf16), " << dh << " (fp16) nats\n20-step means: fp32 " << window_means(f32) << "\n"

@@ -11,9 +11,9 @@
 
 #include <loom/device/cpu.hpp>
 #include <loom/kernels/cpu.hpp>
-#include <loom/nn/gpt.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/parallel/comm_threads.hpp>
-#include <loom/train/parallel_trainer.hpp>
+#include <loom/train/trainer.hpp>
 #include <loom/train/trainer.hpp>
 
 using namespace loom;
@@ -33,9 +33,9 @@ template <class M, int T>
 double reference_mean_loss(std::span<const float> params, const std::vector<std::int32_t>& windows, int t) {
   using P64 = policy<device::cpu, precision::fp64>;
   context<device::cpu> ctx;
-  nn::gpt<M, P64> model(ctx, 1);
+  nn::transformer<M, P64> model(ctx, 1);
   std::transform(params.begin(), params.end(), model.parameters().begin(), [](float x) { return double(x); });
-  typename nn::gpt<M, P64>::template activations<1, T> acts(ctx);
+  typename nn::transformer<M, P64>::template activations<1, T> acts(ctx);
   const std::size_t w = std::size_t(t) + 1, rows = windows.size() / w;
   double sum = 0;
   std::vector<std::int32_t> in(static_cast<std::size_t>(t)), tg(in.size());
@@ -96,7 +96,7 @@ TEST_CASE("trainer::evaluate: 7 windows in micro-batches of 1..4 all count; the 
 TEST_CASE("parallel_trainer::evaluate (TP 2, PP 2): 5 windows in micro-batches of 2 all count; the float64 mean") {
   using M = models::tiny_parallel;
   constexpr int B = 2, T = 8;
-  using trainer_t = train::parallel_trainer<M, policy<device::cpu, precision::fp32, parallel::layout<2, 2>>, B, T, comm::threads>;
+  using trainer_t = train::trainer<M, policy<device::cpu, precision::fp32, parallel::layout<2, 2>>, B, T, comm::threads>;
   const auto windows = eval_windows<M>(5, T + 1, 21);
   std::vector<double> evals(4), evals_one(4);
   std::vector<float> params;

@@ -1,4 +1,4 @@
-// The regular matrix of the one trainer (train::basic_trainer): {fp32, bf16, fp16 with the
+// The regular matrix of the one trainer (train::trainer): {fp32, bf16, fp16 with the
 // dynamic loss scaler} x {DP only, TP, PP, TP x PP, TP x PP with DP} x {ZeRO-1 off, on}, over
 // comm::threads, each against one rank (train::trainer) on the same global batch:
 //   - the loss of every step within a tolerance derived from the precision's unit roundoff

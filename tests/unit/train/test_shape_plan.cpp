@@ -1,5 +1,5 @@
 // train::plan_shape (train/shape_plan.hpp), the run-time memory plan, against the compiled
-// trainers' own plans (session_instance::plan, basic_trainer::plan): every compiled and
+// trainers' own plans (session_instance::plan, trainer::plan): every compiled and
 // plan-only instance of this build, in every setting that changes a term (recompute modes,
 // ZeRO-1 on and off, one to three data-parallel ranks, every stage and data-parallel rank, a
 // micro-batch and sequence below the capacities, optimizer offload on the NPU), equal kind by
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
-#include <loom/nn/model.hpp>
+#include <loom/nn/transformer.hpp>
 #include <loom/models/spec.hpp>
 #include <loom/train/auto_layout.hpp>
 #include <loom/train/session.hpp>

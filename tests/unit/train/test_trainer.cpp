@@ -86,7 +86,7 @@ TEST_CASE("trainer: a non-finite gradient skips the step and leaves parameters a
   train::trainer<M, P, 2, 8> tr(ctx, small_config());
   const auto w = random_windows(2, 9, 5);
   tr.step(ctx, w);  // one normal step so the moments are non-zero
-  tr.model().parameter(nn::param::lnf_w)[3] = std::numeric_limits<float>::infinity();
+  tr.model().parameter(models::param::lnf_w)[3] = std::numeric_limits<float>::infinity();
   const std::vector<float> before(tr.model().parameters().begin(), tr.model().parameters().end());
   const std::vector<float> m_before(tr.optimizer().first_moment().begin(), tr.optimizer().first_moment().end());
   const auto r = tr.step(ctx, w);

@@ -30,8 +30,8 @@ verify::batch<B, T> make_batch() {
 template <class PA, class PB, class AttnA = kernels::fused, class AttnB = kernels::fused>
 verify::report run(const verify::compare_options& opt = {}) {
   context<device::cpu> ctx;
-  nn::gpt<M, cpu_policy<PA>, AttnA> a(ctx, 5);
-  nn::gpt<M, cpu_policy<PB>, AttnB> b(ctx, 99);  // different init: compare copies A's weights
+  nn::transformer<M, cpu_policy<PA>, AttnA> a(ctx, 5);
+  nn::transformer<M, cpu_policy<PB>, AttnB> b(ctx, 99);  // different init: compare copies A's weights
   return verify::compare(a, ctx, b, ctx, make_batch(), opt);
 }
 
@@ -92,12 +92,12 @@ TEST_CASE("verify::compare: a tolerance below bf16's error fails and names the f
 
 TEST_CASE("verify::compare: models of different shapes are an input_error naming both") {
   context<device::cpu> ctx;
-  nn::gpt<M, cpu_policy<precision::fp32>> a(ctx, 1);
-  nn::gpt<models::char_tiny, cpu_policy<precision::bf16>> b(ctx, 1);
+  nn::transformer<M, cpu_policy<precision::fp32>> a(ctx, 1);
+  nn::transformer<models::char_tiny, cpu_policy<precision::bf16>> b(ctx, 1);
   verify::batch<2, 8> x{std::vector<std::int32_t>(16, 1), std::vector<std::int32_t>(16, 2)};
   CHECK_THROWS_WITH_AS(verify::compare(a, ctx, b, ctx, x), doctest::Contains("A is tiny (n_layer 2"), input_error);
   CHECK_THROWS_WITH_AS(verify::compare(a, ctx, b, ctx, x), doctest::Contains("B is char_tiny"), input_error);
-  nn::gpt<M, cpu_policy<precision::bf16>> c(ctx, 1);
+  nn::transformer<M, cpu_policy<precision::bf16>> c(ctx, 1);
   verify::batch<2, 8> bad{std::vector<std::int32_t>(15, 1), std::vector<std::int32_t>(16, 2)};
   CHECK_THROWS_WITH_AS(verify::compare(a, ctx, c, ctx, bad), doctest::Contains("needs 16 inputs"), input_error);
 }

@@ -166,7 +166,7 @@ class saved_state {
       const auto& g = r.geometry;
       const std::size_t elem = dtype_size(dtype);
       const auto logical = gather_tensor(g, elem, [&](int tr, int st) {
-        return cell(tr, g.per_layer ? st : (r.used == nn::stages::last ? saved_.pp - 1 : 0), nullptr);
+        return cell(tr, g.per_layer ? st : (r.used == models::stages::last ? saved_.pp - 1 : 0), nullptr);
       }, saved_.tp, saved_.pp);
       owned_.push_back(shard_tensor(g, elem, logical, v_.tp, v_.pp, v_.tp_rank, v_.pp_rank));
       out = owned_.back();
@@ -291,7 +291,7 @@ inline checkpoint_info read_scalars(const nlohmann::json& j, const state_view& v
 /// Loads checkpoint directory `dir` (one step_NNNNNNNN; see find_checkpoint to pick one) into
 /// the tensors of state view `v`: parameters, master weights and AdamW moments (whole or
 /// ZeRO-1 shards). Returns the steps, the restored loss scaler state and the caller's
-/// run_state (which the caller applies: basic_trainer::restore), the manifest, and warnings
+/// run_state (which the caller applies: trainer::restore), the manifest, and warnings
 /// for settings that differ from the checkpoint's (schedule, optimizer, batch shape, layout),
 /// which break bitwise resumption but not loading.
 ///

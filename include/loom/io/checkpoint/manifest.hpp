@@ -21,7 +21,7 @@
 #include <loom/core/json.hpp>
 #include <loom/io/detail/checkpoint_fs.hpp>
 #include <loom/io/safetensors.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/precision/loss_scaler.hpp>
 
 namespace loom::io {
@@ -128,12 +128,12 @@ namespace detail {
 inline constexpr std::string_view manifest_name = "manifest.json";
 inline constexpr std::string_view latest_name = "latest";
 
-inline std::string_view shard_name(nn::shard s) {
+inline std::string_view shard_name(models::shard s) {
   switch (s) {
-    case nn::shard::replicated: return "replicated";
-    case nn::shard::column: return "column";
-    case nn::shard::row: return "row";
-    case nn::shard::vocab: return "vocab";
+    case models::shard::replicated: return "replicated";
+    case models::shard::column: return "column";
+    case models::shard::row: return "row";
+    case models::shard::vocab: return "vocab";
   }
   return "?";
 }

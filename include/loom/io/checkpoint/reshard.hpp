@@ -11,9 +11,9 @@
 
 #include <loom/core/error.hpp>
 #include <loom/models/configs.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/nn/shard.hpp>
-#include <loom/parallel/layout.hpp>
+#include <loom/core/layout.hpp>
 
 namespace loom::io {
 
@@ -23,14 +23,14 @@ using nn::shard_geometry;
 /// The geometry of table row k for model M (nn::geometry_of of the unsplit table's row).
 template <models::model_config M>
 constexpr shard_geometry geometry_of(std::size_t k) {
-  constexpr auto t = nn::param_table<M, parallel::layout<1, 1>>();
+  constexpr auto t = models::param_table<M, parallel::layout<1, 1>>();
   return nn::geometry_of(t[k], 1);
 }
 
 /// The logical (whole-model) shape of table row k for model M, as recorded in manifests.
 template <models::model_config M>
 std::vector<std::int64_t> logical_shape(std::size_t k) {
-  constexpr auto t = nn::param_table<M, parallel::layout<1, 1>>();
+  constexpr auto t = models::param_table<M, parallel::layout<1, 1>>();
   const auto& s = t[k];
   return std::vector<std::int64_t>(s.global.begin(), s.global.begin() + s.ndim);
 }
@@ -59,7 +59,7 @@ std::vector<std::byte> gather_tensor(const shard_geometry& g, std::size_t elem_s
                                      int pp) {
   std::vector<std::byte> out(g.logical_elems() * elem_size);
   const int stages = g.per_layer ? pp : 1;
-  const int tps = g.rule == nn::shard::replicated ? 1 : tp;
+  const int tps = g.rule == models::shard::replicated ? 1 : tp;
   for (int s = 0; s < stages; ++s)
     for (int r = 0; r < tps; ++r) {
       const std::span<const std::byte> src = shard(r, s);

@@ -29,14 +29,14 @@ namespace detail {
 /// each stage its own layers), "first and last" (a tied embedding: token embedding and LM head),
 /// "first" (embeddings), "last" (final norm, an untied LM head). Every stage's file holds every
 /// row of its table; the copies on stages that do not use a tensor are never read when
-/// resharding (nn::owner_stage).
+/// resharding (models::owner_stage).
 inline std::string used_on_stages(const state_row& r) {
   if (r.geometry.per_layer) return "all";
   switch (r.used) {
-    case nn::stages::first: return "first";
-    case nn::stages::last: return "last";
-    case nn::stages::first_and_last: return "first and last";
-    case nn::stages::all: break;
+    case models::stages::first: return "first";
+    case models::stages::last: return "last";
+    case models::stages::first_and_last: return "first and last";
+    case models::stages::all: break;
   }
   return "all";
 }
@@ -237,7 +237,7 @@ inline std::filesystem::path save_checkpoint(const state_view& v, const std::fil
 }
 
 /// Requirements on what the trainer overloads of save_checkpoint / load_checkpoint accept:
-/// a trainer that hands out its state view and restores scalars (train::basic_trainer).
+/// a trainer that hands out its state view and restores scalars (train::trainer).
 template <class T>
 concept checkpointable_trainer = requires(T& t, const T& ct, context<typename T::device>& ctx, const restored_scalars& r) {
   typename T::device;

@@ -2,7 +2,7 @@
 /// \file What a trainer hands io to save or load it: a view of its state as named tensors
 /// (dtype, local and logical shape, shard geometry, where the bytes live) plus scalars (step,
 /// optimizer step, loss scaler, configuration). Save, verify, commit, load and reshard work on
-/// this view and are not templates; train::basic_trainer::checkpoint_state builds it. Any other
+/// this view and are not templates; train::trainer::checkpoint_state builds it. Any other
 /// trainer that fills a state_view checkpoints the same way.
 #include <cstddef>
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/nn/shard.hpp>
 #include <loom/precision/loss_scaler.hpp>
 
@@ -24,7 +24,7 @@ struct state_row {
   nn::shard_geometry geometry;              ///< logical shape and shard rule (nn/shard.hpp)
   std::vector<std::int64_t> logical_shape;  ///< the unsharded shape (manifest "logical_shape")
   std::vector<std::int64_t> local_shape;    ///< this rank's shape under the running layout
-  nn::stages used = nn::stages::all;        ///< pipeline stages that use a global row
+  models::stages used = models::stages::all;        ///< pipeline stages that use a global row
   bool decay = true;                        ///< receives weight decay (recorded, not checked)
   std::size_t offset = 0;                   ///< element offset in this rank's parameter buffer
   std::size_t elems = 0;                    ///< elements on this rank (product of local_shape)
@@ -96,7 +96,7 @@ struct state_view {
   std::function<void()> synchronize;                                             ///< waits for the stream
 };
 
-/// What a load restores besides tensors: the trainer applies it (basic_trainer::restore).
+/// What a load restores besides tensors: the trainer applies it (trainer::restore).
 struct restored_scalars {
   long step = 0;
   long optimizer_step = 0;

@@ -19,7 +19,7 @@
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/json.hpp>
-#include <loom/device/policy.hpp>
+#include <loom/core/device.hpp>
 #include <loom/io/checkpoint/manifest.hpp>
 #include <loom/io/detail/checkpoint_fs.hpp>
 

@@ -1,7 +1,7 @@
 #pragma once
 /// \file Which (operator, precision) pairs the Ascend kernels support, checked at compile time.
 ///
-/// kernels::coverage<device::ascend, P> (the hook in kernels/ops.hpp, checked by nn::gpt) has one
+/// kernels::coverage<device::ascend, P> (the hook in kernels/ops.hpp, checked by nn::transformer) has one
 /// static_assert per operator the GPT step uses; the message names the operator, its aclnn calls
 /// and the precision. Documented storage types (ops-nn / ops-transformer docs, reference §2.5,
 /// §2.6): FLOAT, FLOAT16, BFLOAT16 for every operator below; nothing on the NPU takes double.

@@ -40,7 +40,7 @@
 ///   3. the loss sum is read back to the host (this synchronizes the stream — the interface returns
 ///      a host value) and added in double, in row order; or, with host_losses, the row losses are
 ///      copied to that pinned host array on the stream and 0 is returned without a wait (the
-///      caller adds them, in the same order, after it synchronizes: train::basic_trainer reads
+///      caller adds them, in the same order, after it synchronizes: train::trainer reads
 ///      them with the gradient norm, one wait per step).
 /// Computing in fp32 matches the CPU kernel, which accumulates 16-bit logits in float.
 /// Scratch: (N (V+1) + N (V+1) + 3 N) floats + N int64 on the device pool.

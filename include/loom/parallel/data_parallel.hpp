@@ -1,20 +1,20 @@
 #pragma once
-/// \file Data parallelism (in train/: it reduces a model's gradient buffer, named by the
-/// parameter table, for an optimizer, so it sits above nn/ and optim/; namespace parallel):
-/// bucketed gradient all-reduce overlapped with backward
+/// \file Data parallelism: a model's gradient buffer, named by its parameter table
+/// (models/params.hpp), reduced over the data-parallel group for an optimizer — bucketed
+/// gradient all-reduce overlapped with backward
 /// (PyTorch DDP's scheme), the communication of ZeRO-1 (reduce-scatter, parameter all-gather),
 /// agreed decisions, and a replica check.
 /// train::trainer drives it through the grad_sync<G> interface (its communicator-taking
 /// constructor); nothing here is global: the data-parallel group is passed in.
-/// train::parallel_trainer uses the same engine (G = nn::gpt_parallel, one (tp, pp) cell's
+/// train::trainer uses the same engine (G = nn::transformer, one (tp, pp) cell's
 /// buffer) for ZeRO-1 on the dp group of a 3D run: it reports every layer ready after the 1F1B
 /// pipeline and restricts the norm to the cell's counted tensors (count_in_norm).
 ///
-/// Note [DDP buckets]. The gradient buffer is tensor-major (nn::param_table: all layers' qkv_w
+/// Note [DDP buckets]. The gradient buffer is tensor-major (models::param_table: all layers' qkv_w
 /// together, ...), but backward finishes gradients layer by layer, last layer first. A bucket
 /// of the tensor-major buffer would be complete only at the end of backward, so buckets are
 /// layer-major and live in their own buffers ("copy into bucket"): backward reports each
-/// finished group through gpt::backward's `ready` hook (lnf, then block L-1 .. 0, then the
+/// finished group through transformer::backward's `ready` hook (lnf, then block L-1 .. 0, then the
 /// embeddings); consecutive groups are packed into buckets of at most ddp_options::bucket_mb
 /// (a group larger than that gets a bucket of its own; a group is never split); when the last
 /// group of a bucket is ready its slices are copied into the bucket buffer and an asynchronous
@@ -74,7 +74,7 @@
 #include <loom/core/context.hpp>
 #include <loom/core/error.hpp>
 #include <loom/device/cpu.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/parallel/comm.hpp>
 #include <loom/parallel/dp_shard.hpp>
 
@@ -214,15 +214,15 @@ struct bucket_geometry {
 
 /// The slices a backward over `table` (element offsets `offsets`, `layers` layers on this
 /// stage) finishes with ready(layer): layer l's slice of every per-layer row, or the global
-/// rows whose nn::ready_event is `layer` (layers or -1).
-inline std::vector<bucket_segment> bucket_group(std::span<const nn::param_spec> table,
+/// rows whose models::ready_event is `layer` (layers or -1).
+inline std::vector<bucket_segment> bucket_group(std::span<const models::param_spec> table,
                                                 std::span<const std::size_t> offsets, int layers, int layer) {
   std::vector<bucket_segment> g;
   for (std::size_t k = 0; k < table.size(); ++k) {
     const auto& s = table[k];
     if (s.per_layer && layer >= 0 && layer < layers)
       g.push_back({offsets[k] + std::size_t(layer) * s.layer_size(), s.layer_size(), 0, int(k)});
-    else if (!s.per_layer && nn::ready_event(s, layers) == layer)
+    else if (!s.per_layer && models::ready_event(s, layers) == layer)
       g.push_back({offsets[k], s.size(), 0, int(k)});
   }
   return g;
@@ -232,7 +232,7 @@ inline std::vector<bucket_segment> bucket_group(std::span<const nn::param_spec> 
 /// groups in ready order (lnf = layer `layers`, blocks layers-1..0, embeddings = layer -1)
 /// packed into buckets of at most bucket_mb MiB (a larger group gets its own), each split into n
 /// chunks of a multiple of 64 bytes.
-inline std::vector<bucket_geometry> plan_buckets(std::span<const nn::param_spec> table,
+inline std::vector<bucket_geometry> plan_buckets(std::span<const models::param_spec> table,
                                                  std::span<const std::size_t> offsets, int layers,
                                                  std::size_t grad_bytes, std::size_t n, std::size_t r,
                                                  double bucket_mb) {
@@ -279,7 +279,7 @@ inline void check_ddp_options(const ddp_options& options) {
 /// buffers of grad_bytes elements; with ZeRO-1 and storage_bytes != grad_bytes also the
 /// parameters' all-gather buffers), and the ZeRO-1 shard it gives that rank, without allocating.
 /// Throws as check_ddp_options.
-inline ddp_plan plan_bucket_memory(std::span<const nn::param_spec> table, std::span<const std::size_t> offsets,
+inline ddp_plan plan_bucket_memory(std::span<const models::param_spec> table, std::span<const std::size_t> offsets,
                                    int layers, std::size_t grad_bytes, std::size_t storage_bytes, std::size_t n,
                                    std::size_t r, const ddp_options& options) {
   check_ddp_options(options);
@@ -293,7 +293,7 @@ inline ddp_plan plan_bucket_memory(std::span<const nn::param_spec> table, std::s
 }
 
 /// The bucket layout of data_parallel<G, C> (Note [DDP buckets]), which depends on the model and
-/// the group's size only: data_parallel builds its buckets from it, train::basic_trainer::plan
+/// the group's size only: data_parallel builds its buckets from it, train::trainer::plan
 /// counts their bytes before anything is allocated (plan_buckets over G's table).
 template <class G>
 struct bucket_plan {
@@ -375,14 +375,14 @@ class data_parallel final : public grad_sync<G> {
   }
 
   /// Restricts finish()'s squared gradient norm to the table rows that count on rank
-  /// (tp_rank, stage) of a tensor/pipeline-parallel model (G = nn::gpt_parallel,
-  /// train::parallel_trainer), whose replicated and tied tensors must count on one (tp rank,
-  /// stage) only (nn::counts_in_norm), summed segment by segment over this rank's chunks.
+  /// (tp_rank, stage) of a tensor/pipeline-parallel model (G = nn::transformer,
+  /// train::trainer), whose replicated and tied tensors must count on one (tp rank,
+  /// stage) only (models::counts_in_norm), summed segment by segment over this rank's chunks.
   /// Without a call every element counts and each chunk is summed whole (the layout<1,1>
   /// trainer's path).
   void count_in_norm(int tp_rank, int stage) {
     for (std::size_t k = 0; k < G::num_tensors; ++k)
-      norm_mask_[k] = nn::counts_in_norm(G::table[k], tp_rank, stage, G::layout::pp);
+      norm_mask_[k] = models::counts_in_norm(G::table[k], tp_rank, stage, G::layout::pp);
     masked_ = true;
   }
 

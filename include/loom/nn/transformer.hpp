@@ -4,9 +4,9 @@
 /// forward and backward. One class for every layout: at TP = 1 its tensor-parallel collectives
 /// compile away (Megatron-LM's `_reduce` returns its input for a one-rank group) and the
 /// embedding and loss are the fused single-rank kernels; at PP = 1 the stage slice is the whole
-/// model. nn::gpt (layout<1,1>) and nn::gpt_parallel are this class.
+/// model. nn::transformer (layout<1,1>) and nn::transformer are this class.
 ///
-/// Architecture, as the model's recipe (nn/recipe.hpp) chooses: GPT-2 (Radford et al. 2019,
+/// Architecture, as the model's recipe (models/recipe.hpp) chooses: GPT-2 (Radford et al. 2019,
 /// "Language Models are Unsupervised Multitask Learners"; llm.c's train_gpt2.c) or Llama
 /// (Touvron et al. 2023; Hugging Face's LlamaForCausalLM). Token embeddings (+ learned position
 /// embeddings for GPT-2); n_layer pre-norm blocks
@@ -16,7 +16,7 @@
 /// accumulates both uses) or a matrix of its own; fused softmax cross-entropy over the real
 /// vocabulary. Grouped-query attention when the config has n_kv_head < n_head: qkv rows are
 /// [q: NH heads | k: KV heads | v: KV heads]. Which tensors exist (biases, positions, the head)
-/// is the model's parameter table (nn/params.hpp), generated from its recipe.
+/// is the model's parameter table (models/params.hpp), generated from its recipe.
 ///
 /// The split follows Megatron-LM (Shoeybi et al. 2019 §3; Narayanan et al. 2021 §2):
 ///   tensor parallel   qkv and fc column-parallel (a rank owns NH/TP whole query heads, KV/TP
@@ -29,7 +29,7 @@
 ///                     of wte: tie_embedding_gradients sums the two copies' gradients).
 ///                     Activations enter a stage through activations::input() and leave through
 ///                     output(); gradients come back through output_grad() and leave through
-///                     input_grad() — the pipeline executor (nn::pipeline_forward_backward) moves
+///                     input_grad() — the pipeline executor (parallel::pipeline_forward_backward) moves
 ///                     them.
 ///
 /// Shape legend: B micro-batch, T sequence, C = d_model, NH heads, KV key/value heads, HD = C/NH,
@@ -37,9 +37,9 @@
 /// Cl = C/TP, NHl = NH/TP, KVl = KV/TP, QKVl = (NHl + 2 KVl) HD, Hl = H/TP, FCl = Hl (GELU) or
 /// 2 Hl (SwiGLU: gate and up), Vl = Vp/TP.
 ///
-/// The parameter buffer is laid out by nn::param_table<M, layout> (local shapes). Every stage
+/// The parameter buffer is laid out by models::param_table<M, layout> (local shapes). Every stage
 /// holds every row of that table (so checkpoints and the optimizer see one layout), but uses
-/// the global rows only on the stages of their `used` field (nn::stage_uses); the others stay at
+/// the global rows only on the stages of their `used` field (models::stage_uses); the others stay at
 /// their initial values with zero gradients. Initialisation is the same for every layout: element
 /// i of a local tensor is drawn at its index in the unsharded tensor (nn::global_index), so the
 /// gathered model is bitwise the single-rank one.
@@ -60,9 +60,10 @@
 #include <loom/models/configs.hpp>
 #include <loom/nn/activations.hpp>
 #include <loom/nn/dropout.hpp>
-#include <loom/nn/params.hpp>
+#include <loom/models/params.hpp>
 #include <loom/nn/shard.hpp>
 #include <loom/parallel/comm.hpp>
+#include <loom/parallel/pipeline.hpp>
 #include <loom/parallel/scalars.hpp>
 #include <loom/parallel/tensor_parallel.hpp>
 #include <loom/policy.hpp>
@@ -82,14 +83,9 @@ inline int max_threads() noexcept {
 #endif
 }
 
-/// The default `ready` hook of transformer::backward: does nothing.
-struct no_ready_hook {
-  constexpr void operator()(int) const noexcept {}
-};
-
 /// One rank's part of a model under Policy::layout = layout<TP, PP>.
 ///
-/// Template arguments: M a models::model_config (its recipe: nn::arch_of<M>); Policy a
+/// Template arguments: M a models::model_config (its recipe: models::arch_of<M>); Policy a
 /// loom::policy<Device, Precision, Layout>; Attn the attention implementation tag:
 /// kernels::fused (the default: flash-style, saves O(B·NH·T) statistics) or kernels::reference
 /// (unfused, saves the O(B·NH·T²) probabilities; for debugging and consistency checks).
@@ -111,15 +107,17 @@ class transformer {
   using ops = kernels::ops<device, storage_t>;
   using attention = kernels::attention<device, storage_t, Attn>;
   using acc_t = typename ops::acc;
+  /// The dropout of one optimizer step's micro-batches (parallel::pipeline_forward_backward's `drop`).
+  using dropout_plan = nn::dropout_plan;
   /// Parameter-gradient element type: fp32 for 16-bit storage (kernels::gradient_t) —
   /// gradients accumulate over micro-batches and enter the norm, the tied-embedding sum and the
   /// dp all-reduce in fp32.
   using grad_t = kernels::gradient_t<device, precision>;
 
-  static_assert(parallel::fits<layout, M>());
-  static constexpr recipe arch = arch_of<M>();
-  static constexpr bool rms = arch.norm == norm_kind::rmsnorm, rotary = arch.position == position_kind::rotary,
-                        swiglu = arch.mlp == mlp_kind::swiglu;
+  static_assert(models::fits<layout, M>());
+  static constexpr models::recipe arch = models::arch_of<M>();
+  static constexpr bool rms = arch.norm == models::norm_kind::rmsnorm, rotary = arch.position == models::position_kind::rotary,
+                        swiglu = arch.mlp == models::mlp_kind::swiglu;
   static_assert(!(rms || rotary || swiglu) || kernels::has_llama_ops<device, storage_t>,
                 "loom::nn::transformer: this recipe asks for RMSNorm, rotary positions or SwiGLU, whose kernels "
                 "(rmsnorm_*, rope_*, swiglu_* of kernels::ops) this device lacks; train it on device::cpu, or add "
@@ -140,17 +138,17 @@ class transformer {
                 "loom::nn::transformer: this model has fewer key/value heads than query heads (grouped-query "
                 "attention), which this attention implementation does not compute; use kernels::fused on the CPU");
   static constexpr int V = M::vocab, Vp = M::vocab_padded, Vl = Vp / TP;
-  static constexpr auto table = param_table<M, layout>();
+  static constexpr auto table = models::param_table<M, layout>();
   static constexpr std::size_t num_tensors = table.size();
-  static constexpr auto offsets = param_offsets<M, layout>();
+  static constexpr auto offsets = models::param_offsets<M, layout>();
   static constexpr std::size_t num_parameters = offsets.back();
   /// Whether this (device, precision, attention) can train with dropout: the device has the
   /// elementwise dropout kernel and the attention implementation applies probability dropout.
   /// Today: the CPU with kernels::fused.
   static constexpr bool supports_dropout = kernels::has_dropout<device, storage_t> && kernels::has_attention_dropout<attention>;
   /// The LM head's weight: the token embedding when the recipe ties them.
-  static constexpr bool tied = rows_by_role<M>[int(role::lm_head)] < 0;
-  static constexpr role head = tied ? role::wte : role::lm_head;
+  static constexpr bool tied = models::rows_by_role<M>[int(models::role::lm_head)] < 0;
+  static constexpr models::role head = tied ? models::role::wte : models::role::lm_head;
 
   /// Throws loom::input_error for a probability outside [0, 1) and for p > 0 where dropout is
   /// not implemented (!supports_dropout): on a device without dropout kernels (Ascend: dropout
@@ -187,7 +185,7 @@ class transformer {
                         ">; pass groups.tp.rank() and groups.pp.rank() of make_groups<layout>(world)");
     if constexpr (PP > 1 && tied)
       if (first_stage() || last_stage())
-        tie_scratch_ = buffer<device, grad_t>(table[std::size_t(rows_by_role<M>[int(role::wte)])].size(), ctx.stream);
+        tie_scratch_ = buffer<device, grad_t>(table[std::size_t(models::rows_by_role<M>[int(models::role::wte)])].size(), ctx.stream);
     if constexpr (rotary) {  // cos then sin, (max_seq, HD/2) each (kernels/rope_table.hpp)
       std::vector<acc_t> host(rope_.size());
       const std::size_t half = std::size_t(M::max_seq) * HD / 2;
@@ -210,11 +208,11 @@ class transformer {
     for (std::size_t k = 0; k < num_tensors; ++k) {
       const auto& p = table[k];
       storage_t* dst = host.data() + offsets[k];
-      const double stdev = p.how == init::residual_normal ? 0.02 / std::sqrt(2.0 * M::n_layer) : 0.02;
+      const double stdev = p.how == models::init::residual_normal ? 0.02 / std::sqrt(2.0 * M::n_layer) : 0.02;
       for (std::size_t i = 0; i < p.size(); ++i) {
         switch (p.how) {
-          case init::ones: dst[i] = storage_t(1); break;
-          case init::zeros: dst[i] = storage_t(0); break;
+          case models::init::ones: dst[i] = storage_t(1); break;
+          case models::init::zeros: dst[i] = storage_t(0); break;
           default:
             dst[i] = storage_t(stdev * random_normal(seed, std::uint64_t(p.id),
                                                      TP == 1 && PP == 1 ? i : global_index<M, layout>(k, tp_rank_, stage_, i)));
@@ -233,12 +231,12 @@ class transformer {
   }
   view<device, grad_t> gradient(std::size_t k) const noexcept { return grads_.all().subview(offsets[k], table[k].size()); }
   /// The local tensor of role p; the recipe must have it (rows_by_role).
-  view<device, storage_t> parameter(role p) const noexcept { return parameter(std::size_t(rows_by_role<M>[int(p)])); }
-  view<device, grad_t> gradient(role p) const noexcept { return gradient(std::size_t(rows_by_role<M>[int(p)])); }
+  view<device, storage_t> parameter(models::role p) const noexcept { return parameter(std::size_t(models::rows_by_role<M>[int(p)])); }
+  view<device, grad_t> gradient(models::role p) const noexcept { return gradient(std::size_t(models::rows_by_role<M>[int(p)])); }
   /// Called by forward() before it reads a layer's parameters, with the layer: -1 before the
   /// embedding (first stage), l before block l, L after the blocks (every stage; the final norm
   /// and LM head follow on the last). Empty by default. An overlapped offloaded optimizer's
-  /// update (optim::offload_adamw::await_layer, installed by train::basic_trainer) makes the
+  /// update (optim::offload_adamw::await_layer, installed by train::trainer) makes the
   /// stream wait for that layer's updated parameters here.
   std::function<void(context<device>&, int layer)> before_layer;
 
@@ -283,7 +281,7 @@ class transformer {
     /// instead of returning their sum: null (the default) = summed and returned (on a device
     /// that reads them back, a stream synchronize); else, where the kernels can (the NPU,
     /// TP = 1), pinned host memory they are copied to on the stream, and forward() returns 0 —
-    /// read them after synchronizing (train::basic_trainer reads them with the gradient norm).
+    /// read them after synchronizing (train::trainer reads them with the gradient norm).
     acc_t* host_losses = nullptr;
     /// The table for recompute mode r (default: every block keeps what its backward reads).
     explicit activations(context<device>& ctx, recompute r = recompute::none)
@@ -374,14 +372,14 @@ class transformer {
   /// the table did not keep (full: the whole block, with its tp collectives; selective: the
   /// attention core and the MLP activation).
   /// `ready(layer)` is called as soon as this pass will not touch some gradients again (data
-  /// parallelism starts their reduction while backward goes on, train/data_parallel.hpp):
+  /// parallelism starts their reduction while backward goes on, parallel/data_parallel.hpp):
   ///   ready(L)            after the LM head and the final norm: the rows only the last stage
-  ///                       uses (nn::ready_event) are final (on other stages: at once)
+  ///                       uses (models::ready_event) are final (on other stages: at once)
   ///   ready(l), l = L-1..0  after block l: its slices of the per-layer rows are final
   ///   ready(-1)           at the end: the embedding rows (wte, also a tied LM head; wpe)
   /// Work queued on ctx before the call is part of those gradients (synchronize before reading
   /// them on an asynchronous device). The default does nothing.
-  template <int B, int T, class Comm, class Ready = no_ready_hook>
+  template <int B, int T, class Comm, class Ready = parallel::no_ready_hook>
   void backward(context<device>& ctx, activations<B, T>& acts, Comm& tp, const std::int32_t* inputs, int b, int t,
                 Ready&& ready = {}) {
     const auto p = acts.ptrs();
@@ -409,7 +407,7 @@ class transformer {
     ready(-1);
   }
   /// The same without a tensor-parallel group (TP = 1).
-  template <int B, int T, class Ready = no_ready_hook>
+  template <int B, int T, class Ready = parallel::no_ready_hook>
     requires(TP == 1)
   void backward(context<device>& ctx, activations<B, T>& acts, const std::int32_t* inputs, int b, int t,
                 Ready&& ready = {}) {
@@ -427,7 +425,7 @@ class transformer {
     if constexpr (PP > 1 && tied) {
       if (!first_stage() && !last_stage()) return;
       ctx.synchronize();
-      const auto gw = gradient(role::wte);
+      const auto gw = gradient(models::role::wte);
       const std::span<grad_t> mine(gw.data(), gw.size());
       const std::span<grad_t> theirs(tie_scratch_.data(), tie_scratch_.size());
       constexpr int tag = 7;  // distinct from the pipeline executor's activation/gradient tags
@@ -454,11 +452,11 @@ class transformer {
     }
   }
 
-  /// Sum of squares of this rank's gradients that count in the global norm (nn::counts_in_norm).
+  /// Sum of squares of this rank's gradients that count in the global norm (models::counts_in_norm).
   double local_grad_sum_of_squares(context<device>& ctx) const {
     double s = 0;
     for (std::size_t k = 0; k < num_tensors; ++k)
-      if (counts_in_norm(table[k], tp_rank_, stage_, PP)) {
+      if (models::counts_in_norm(table[k], tp_rank_, stage_, PP)) {
         const auto gk = gradient(k);
         s += ops::sum_of_squares(ctx, gk.data(), gk.size());
       }
@@ -488,13 +486,13 @@ class transformer {
   // --- embedding: out (n, C) = wte[inputs] + wpe[t]; vocab-parallel when TP > 1 -------------
   template <class Comm>
   void embedding_forward(context<device>& ctx, storage_t* out, const std::int32_t* inputs, int b, int t, Comm& tp) const {
-    if constexpr (TP == 1) ops::encoder_forward(ctx, out, inputs, w(role::wte), w(role::wpe), b, t, C);
-    else parallel::vocab_parallel_embedding_forward(ctx, out, inputs, w(role::wte), w(role::wpe), b, t, C, Vp, tp);
+    if constexpr (TP == 1) ops::encoder_forward(ctx, out, inputs, w(models::role::wte), w(models::role::wpe), b, t, C);
+    else parallel::vocab_parallel_embedding_forward(ctx, out, inputs, w(models::role::wte), w(models::role::wpe), b, t, C, Vp, tp);
   }
   template <class Comm>
   void embedding_backward(context<device>& ctx, const storage_t* dout, const std::int32_t* inputs, int b, int t, Comm& tp) {
-    if constexpr (TP == 1) ops::encoder_backward(ctx, g(role::wte), g(role::wpe), dout, inputs, b, t, C);
-    else parallel::vocab_parallel_embedding_backward(ctx, g(role::wte), g(role::wpe), dout, inputs, b, t, C, Vp, tp);
+    if constexpr (TP == 1) ops::encoder_backward(ctx, g(models::role::wte), g(models::role::wpe), dout, inputs, b, t, C);
+    else parallel::vocab_parallel_embedding_backward(ctx, g(models::role::wte), g(models::role::wpe), dout, inputs, b, t, C, Vp, tp);
   }
 
   // --- linear layers: plain at TP = 1, Megatron's column/row-parallel otherwise -------------
@@ -504,7 +502,7 @@ class transformer {
   /// out (n, OC) = in (n, Cin) W^T + bias with W = role wr's (layer l) local slice; br the bias
   /// role (role::count: none). Cin, OC are this rank's widths.
   template <split S, class Comm>
-  void linear_forward(context<device>& ctx, storage_t* out, const storage_t* in, role wr, role br, int l, int n, int Cin,
+  void linear_forward(context<device>& ctx, storage_t* out, const storage_t* in, models::role wr, models::role br, int l, int n, int Cin,
                       int OC, Comm& tp) const {
     if constexpr (TP == 1) ops::matmul_forward(ctx, out, in, w(wr, l), w(br, l), n, Cin, OC);
     else if constexpr (S == split::column)
@@ -513,8 +511,8 @@ class transformer {
   }
   /// din (n, Cin) =, dW +=, dbias += from dout (n, OC) and the forward's input `in`.
   template <split S, class Comm>
-  void linear_backward(context<device>& ctx, storage_t* din, const storage_t* dout, const storage_t* in, role wr,
-                       role br, int l, int n, int Cin, int OC, Comm& tp) {
+  void linear_backward(context<device>& ctx, storage_t* din, const storage_t* dout, const storage_t* in, models::role wr,
+                       models::role br, int l, int n, int Cin, int OC, Comm& tp) {
     if constexpr (TP == 1) ops::matmul_backward(ctx, din, g(wr, l), g(br, l), dout, in, w(wr, l), n, Cin, OC, false);
     else if constexpr (S == split::column)
       parallel::column_parallel_linear_backward(ctx, din, g(wr, l), g(br, l), dout, in, w(wr, l), n, Cin, OC, tp);
@@ -529,18 +527,18 @@ class transformer {
   void block_forward(context<device>& ctx, const block_saved& s, storage_t* proj, const storage_t* residual, int l, int n,
                      int b, int t, Comm& tp, const dropout_state& drop) const {
     const std::size_t N = std::size_t(n);
-    norm_forward(ctx, s.ln1, s.st1, s.cap, residual, role::ln1_w, role::ln1_b, l, n);
-    linear_forward<split::column>(ctx, s.qkv, s.ln1, role::qkv_w, role::qkv_b, l, n, C, QKVl, tp);
+    norm_forward(ctx, s.ln1, s.st1, s.cap, residual, models::role::ln1_w, models::role::ln1_b, l, n);
+    linear_forward<split::column>(ctx, s.qkv, s.ln1, models::role::qkv_w, models::role::qkv_b, l, n, C, QKVl, tp);
     if constexpr (rotary) ops::rope_forward(ctx, s.qkv, rope_cos(), rope_sin(), b, t, NHl + KVl, HD, QKVl);
     attention_forward(ctx, s, b, t, l, drop);
-    linear_forward<split::row>(ctx, proj, s.atty, role::attproj_w, role::attproj_b, l, n, Cl, C, tp);
+    linear_forward<split::row>(ctx, proj, s.atty, models::role::attproj_w, models::role::attproj_b, l, n, Cl, C, tp);
     if constexpr (supports_dropout)
       if (drop.active()) ops::dropout(ctx, proj, proj, N * C, drop.mask(dropout_site::attention_residual, global_layer(l)));
     ops::residual_forward(ctx, s.res2, residual, proj, N * C);
-    norm_forward(ctx, s.ln2, s.st2, s.cap, s.res2, role::ln2_w, role::ln2_b, l, n);
-    linear_forward<split::column>(ctx, s.fch, s.ln2, role::fc_w, role::fc_b, l, n, C, FCl, tp);
+    norm_forward(ctx, s.ln2, s.st2, s.cap, s.res2, models::role::ln2_w, models::role::ln2_b, l, n);
+    linear_forward<split::column>(ctx, s.fch, s.ln2, models::role::fc_w, models::role::fc_b, l, n, C, FCl, tp);
     mlp_activation_forward(ctx, s, n);
-    linear_forward<split::row>(ctx, proj, s.fchg, role::fcproj_w, role::fcproj_b, l, n, Hl, C, tp);
+    linear_forward<split::row>(ctx, proj, s.fchg, models::role::fcproj_w, models::role::fcproj_b, l, n, Hl, C, tp);
     if constexpr (supports_dropout)
       if (drop.active()) ops::dropout(ctx, proj, proj, N * C, drop.mask(dropout_site::mlp_residual, global_layer(l)));
     ops::residual_forward(ctx, s.res3, s.res2, proj, N * C);
@@ -560,33 +558,33 @@ class transformer {
         dproj = p.proj_out;
       }
     // MLP: dres holds d(res3) = d(fcproj out) and the direct part of d(res2)
-    linear_backward<split::row>(ctx, p.dfch_gelu, dproj, s.fchg, role::fcproj_w, role::fcproj_b, l, n, Hl, C, tp);
+    linear_backward<split::row>(ctx, p.dfch_gelu, dproj, s.fchg, models::role::fcproj_w, models::role::fcproj_b, l, n, Hl, C, tp);
     if constexpr (swiglu) ops::swiglu_backward(ctx, p.dfch, p.dfch_gelu, s.fch, n, Hl);
     else ops::gelu_backward(ctx, p.dfch, s.fch, p.dfch_gelu, N * Hl);
-    linear_backward<split::column>(ctx, p.dln, p.dfch, s.ln2, role::fc_w, role::fc_b, l, n, C, FCl, tp);
-    norm_backward(ctx, p.dres, p.dln, s.res2, s.st2, s.cap, role::ln2_w, role::ln2_b, l, n);
+    linear_backward<split::column>(ctx, p.dln, p.dfch, s.ln2, models::role::fc_w, models::role::fc_b, l, n, C, FCl, tp);
+    norm_backward(ctx, p.dres, p.dln, s.res2, s.st2, s.cap, models::role::ln2_w, models::role::ln2_b, l, n);
     // attention: dres now holds d(res2) = d(attproj out) and the direct part of d(input)
     if constexpr (supports_dropout)
       if (dropped)
         ops::dropout(ctx, p.proj_out, p.dres, N * C, drop.mask(dropout_site::attention_residual, global_layer(l)));
-    linear_backward<split::row>(ctx, p.datty, dproj, s.atty, role::attproj_w, role::attproj_b, l, n, Cl, C, tp);
+    linear_backward<split::row>(ctx, p.datty, dproj, s.atty, models::role::attproj_w, models::role::attproj_b, l, n, Cl, C, tp);
     attention_backward(ctx, s, p, b, t, l, drop);
     if constexpr (rotary) ops::rope_backward(ctx, p.dqkv, rope_cos(), rope_sin(), b, t, NHl + KVl, HD, QKVl);
-    linear_backward<split::column>(ctx, p.dln, p.dqkv, s.ln1, role::qkv_w, role::qkv_b, l, n, C, QKVl, tp);
-    norm_backward(ctx, p.dres, p.dln, residual, s.st1, s.cap, role::ln1_w, role::ln1_b, l, n);
+    linear_backward<split::column>(ctx, p.dln, p.dqkv, s.ln1, models::role::qkv_w, models::role::qkv_b, l, n, C, QKVl, tp);
+    norm_backward(ctx, p.dres, p.dln, residual, s.st1, s.cap, models::role::ln1_w, models::role::ln1_b, l, n);
   }
 
   // --- the parts a recipe chooses: norm, attention (MHA or GQA, with or without dropout) ------
   /// out (n, C) = norm(in) with role wr's gain (and br's bias for LayerNorm); stats holds the
   /// mean (first cap values) and rstd (next cap values; RMSNorm writes only these).
-  void norm_forward(context<device>& ctx, storage_t* out, acc_t* stats, std::size_t cap, const storage_t* in, role wr,
-                    role br, int l, int n) const {
+  void norm_forward(context<device>& ctx, storage_t* out, acc_t* stats, std::size_t cap, const storage_t* in, models::role wr,
+                    models::role br, int l, int n) const {
     if constexpr (rms) ops::rmsnorm_forward(ctx, out, stats + cap, in, w(wr, l), n, C, acc_t(models::norm_eps_of<M>()));
     else ops::layernorm_forward(ctx, out, stats, stats + cap, in, w(wr, l), w(br, l), n, C);
   }
   /// din (n, C) += d(norm) from dout (n, C); the gain's (and bias') gradients +=.
   void norm_backward(context<device>& ctx, storage_t* din, const storage_t* dout, const storage_t* in, const acc_t* stats,
-                     std::size_t cap, role wr, role br, int l, int n) {
+                     std::size_t cap, models::role wr, models::role br, int l, int n) {
     if constexpr (rms) ops::rmsnorm_backward(ctx, din, g(wr, l), dout, in, w(wr, l), stats + cap, n, C);
     else ops::layernorm_backward(ctx, din, g(wr, l), g(br, l), dout, in, w(wr, l), stats, stats + cap, n, C);
   }
@@ -643,8 +641,8 @@ class transformer {
   acc_t head_forward(context<device>& ctx, const pointers_t& p, const storage_t* residual, const std::int32_t* targets,
                      int n, acc_t grad_scale, Comm& tp, acc_t* host_losses = nullptr) const {
     acc_t* stf = lnf_stats(p);
-    norm_forward(ctx, p.lnf, stf, p.cap, residual, role::lnf_w, role::lnf_b, 0, n);
-    linear_forward<split::column>(ctx, p.logits, p.lnf, head, role::count, 0, n, C, Vl, tp);
+    norm_forward(ctx, p.lnf, stf, p.cap, residual, models::role::lnf_w, models::role::lnf_b, 0, n);
+    linear_forward<split::column>(ctx, p.logits, p.lnf, head, models::role::count, 0, n, C, Vl, tp);
     if (!targets) return 0;
     const bool dl = grad_scale != acc_t(0);
     if constexpr (TP == 1 && requires { ops::crossentropy(ctx, p.logits, p.losses, targets, n, V, Vp, dl, grad_scale, host_losses); })
@@ -659,10 +657,10 @@ class transformer {
   template <class Comm>
   void head_backward(context<device>& ctx, const pointers_t& p, const storage_t* last, int n, Comm& tp) {
     // LM head (vocab-parallel when TP > 1; W = wte when tied): dlnf = dlogits W; dW += dlogits^T lnf
-    linear_backward<split::column>(ctx, p.dln, p.logits, p.lnf, head, role::count, 0, n, C, Vl, tp);
+    linear_backward<split::column>(ctx, p.dln, p.logits, p.lnf, head, models::role::count, 0, n, C, Vl, tp);
     device::memset(p.dres, 0, std::size_t(n) * C * sizeof(storage_t), ctx.stream);
     acc_t* stf = lnf_stats(p);
-    norm_backward(ctx, p.dres, p.dln, last, stf, p.cap, role::lnf_w, role::lnf_b, 0, n);
+    norm_backward(ctx, p.dres, p.dln, last, stf, p.cap, models::role::lnf_w, models::role::lnf_b, 0, n);
   }
   /// The final norm's mean and rstd come first in the statistics (cap rows each), the blocks' after.
   static acc_t* lnf_stats(const pointers_t& p) noexcept { return p.ln_stats; }
@@ -670,11 +668,11 @@ class transformer {
   /// Pointer to the local tensor of role p (layer l's slice for per-layer rows); null when the
   /// recipe has no such tensor (a bias of a bias-free recipe: the kernels then skip it) and for
   /// role::count (no bias).
-  storage_t* w(role p, int l = 0) const noexcept { return slice(params_.data(), p, l); }
-  grad_t* g(role p, int l = 0) const noexcept { return slice(grads_.data(), p, l); }
+  storage_t* w(models::role p, int l = 0) const noexcept { return slice(params_.data(), p, l); }
+  grad_t* g(models::role p, int l = 0) const noexcept { return slice(grads_.data(), p, l); }
   template <class X>
-  static X* slice(X* base, role p, int l) noexcept {
-    const int k = p == role::count ? -1 : rows_by_role<M>[int(p)];
+  static X* slice(X* base, models::role p, int l) noexcept {
+    const int k = p == models::role::count ? -1 : models::rows_by_role<M>[int(p)];
     if (k < 0) return nullptr;
     const auto& s = table[std::size_t(k)];
     return base + offsets[std::size_t(k)] + std::size_t(l) * (s.per_layer ? s.layer_size() : 0);

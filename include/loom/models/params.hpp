@@ -1,6 +1,6 @@
 #pragma once
 /// \file The compile-time parameter table of a model (llm.c's ParameterTensors, as data),
-/// generated from the model's recipe (nn/recipe.hpp).
+/// generated from the model's recipe (models/recipe.hpp).
 ///
 /// One row per parameter tensor, in a fixed order; all rows of one rank live in one
 /// contiguous buffer, addressed by the row's offset. Shapes are the per-rank (local) shapes
@@ -16,11 +16,12 @@
 #include <string>
 #include <string_view>
 
+#include <loom/core/layout.hpp>
 #include <loom/models/configs.hpp>
-#include <loom/nn/recipe.hpp>
-#include <loom/parallel/layout.hpp>
+#include <loom/models/fits.hpp>
+#include <loom/models/recipe.hpp>
 
-namespace loom::nn {
+namespace loom::models {
 
 /// The roles a parameter tensor can play in a block or around the stack. A recipe's table holds
 /// a subset of them (GPT-2 all but lm_head, in this order); the model code finds a role's row
@@ -71,7 +72,7 @@ struct param_spec {
 };
 
 /// What a parameter table is built from: the recipe and the model's sizes (a model config's at
-/// compile time, models::model_spec's at run time). C the width, Vp the padded vocabulary,
+/// compile time, model_spec's at run time). C the width, Vp the padded vocabulary,
 /// NH / KV the query / key-value heads, H the MLP's hidden width.
 struct table_shape {
   recipe r;
@@ -79,9 +80,9 @@ struct table_shape {
 };
 
 /// The table_shape of model config M.
-template <models::model_config M>
+template <model_config M>
 constexpr table_shape table_shape_of() noexcept {
-  return {arch_of<M>(), M::n_layer, M::d_model, M::n_head, models::kv_heads_of<M>(), models::mlp_hidden_of<M>(),
+  return {arch_of<M>(), M::n_layer, M::d_model, M::n_head, kv_heads_of<M>(), mlp_hidden_of<M>(),
           M::vocab_padded, M::max_seq};
 }
 
@@ -93,7 +94,7 @@ struct table_builder {
 
 /// The table of model m on tp x pp (layers per stage n_layer / pp), at compile time or at run
 /// time (the run-time memory plan, train/shape_plan.hpp). The sizes must divide as
-/// parallel::fits requires (the caller checks: model_facts::layout_problem).
+/// fits requires (the caller checks: model_facts::layout_problem).
 constexpr table_builder build_table(const table_shape& m, long tp, long pp) {
   const recipe r = m.r;
   const long C = m.C, Vp = m.Vp, Ls = m.n_layer / pp;
@@ -146,19 +147,19 @@ constexpr table_builder build_table(const table_shape& m, long tp, long pp) {
 }
 
 namespace detail {
-template <models::model_config M, parallel::layout_policy L>
+template <model_config M, parallel::layout_policy L>
 consteval table_builder build_table() {
-  return nn::build_table(table_shape_of<M>(), L::tp, L::pp);
+  return models::build_table(table_shape_of<M>(), L::tp, L::pp);
 }
 }  // namespace detail
 
 /// Number of rows of model M's table (the same on every layout).
-template <models::model_config M>
+template <model_config M>
 inline constexpr std::size_t num_params = detail::build_table<M, parallel::layout<1, 1>>().n;
 
 /// rows_by_role<M>[r]: the table row of role r in model M's table, or -1 when its recipe has
 /// no such tensor.
-template <models::model_config M>
+template <model_config M>
 inline constexpr std::array<int, std::size_t(role::count)> rows_by_role = [] {
   constexpr auto b = detail::build_table<M, parallel::layout<1, 1>>();
   std::array<int, std::size_t(role::count)> r{};
@@ -168,9 +169,9 @@ inline constexpr std::array<int, std::size_t(role::count)> rows_by_role = [] {
 }();
 
 /// The table for model M under layout L (layers per pipeline stage = n_layer / pp).
-template <models::model_config M, parallel::layout_policy L>
+template <model_config M, parallel::layout_policy L>
 consteval std::array<param_spec, num_params<M>> param_table() {
-  (void)parallel::fits<L, M>();
+  (void)fits<L, M>();
   constexpr auto b = detail::build_table<M, L>();
   std::array<param_spec, num_params<M>> t{};
   for (std::size_t k = 0; k < t.size(); ++k) t[k] = b.rows[k];
@@ -178,7 +179,7 @@ consteval std::array<param_spec, num_params<M>> param_table() {
 }
 
 /// Element offsets of each table row in the parameter buffer, plus the total at the end.
-template <models::model_config M, parallel::layout_policy L>
+template <model_config M, parallel::layout_policy L>
 consteval std::array<std::size_t, num_params<M> + 1> param_offsets() {
   constexpr auto t = param_table<M, L>();
   std::array<std::size_t, num_params<M> + 1> off{};
@@ -190,7 +191,7 @@ consteval std::array<std::size_t, num_params<M> + 1> param_offsets() {
 /// tables that are only looked up, never multiplied: the position table, and the token
 /// embedding when the LM head is untied (a tied one is the LM head's matrix). That is the N of
 /// the MFU formula (Kaplan et al. 2020, "Scaling Laws", §2.1; PaLM appendix B).
-template <models::model_config M>
+template <model_config M>
 consteval std::size_t parameter_count(bool with_lookups = true) {
   constexpr auto t = param_table<M, parallel::layout<1, 1>>();
   constexpr bool untied = rows_by_role<M>[std::size_t(role::lm_head)] >= 0;
@@ -216,7 +217,7 @@ constexpr bool stage_uses(const param_spec& s, int stage, int pp) noexcept {
 
 /// The stage whose copy of global row s is read when the model is gathered or resharded: the
 /// last for tensors only the last stage uses, the first otherwise (a tied embedding's last-stage
-/// copy equals the first's after nn::gpt_parallel::tie_embedding_gradients and the update).
+/// copy equals the first's after nn::transformer::tie_embedding_gradients and the update).
 constexpr int owner_stage(const param_spec& s, int pp) noexcept { return s.used == stages::last ? pp - 1 : 0; }
 
 /// Whether rank (tp_rank, stage)'s copy of row s counts in the global gradient norm (and is
@@ -275,7 +276,7 @@ constexpr void for_each_tensor(const std::array<param_spec, N>& t, int layers, F
   }
 }
 
-static_assert(param_offsets<models::gpt2_small, parallel::ddp>().back() == 124475904);  // GPT-2 small, 50304 rows
-static_assert(num_params<models::gpt2_small> == 16 && rows_by_role<models::gpt2_small>[std::size_t(role::lm_head)] == -1);
+static_assert(param_offsets<gpt2_small, parallel::ddp>().back() == 124475904);  // GPT-2 small, 50304 rows
+static_assert(num_params<gpt2_small> == 16 && rows_by_role<gpt2_small>[std::size_t(role::lm_head)] == -1);
 
-}  // namespace loom::nn
+}  // namespace loom::models
