@@ -22,15 +22,21 @@ namespace loom_examples {
 /// flag given twice ("--log-dir: At Most 1 required but received 2") says so, naming every alias
 /// of it ("--steps and --train-iters name one flag"). A value that is
 /// not of the flag's type ("Could not convert: --tokens = abc") names the type `app` declares
-/// for it ("--tokens: 'abc' is not a whole number; pass a whole number").
+/// for it ("--tokens: 'abc' is not a whole number; pass a whole number"), and every alias of the
+/// flag ("--micro-batch / --micro-batch-size: ...").
 inline std::string parse_error_text(const CLI::ParseError& e, const CLI::App* app = nullptr) {
   std::string text = e.what();
   constexpr std::string_view convert = "Could not convert: ";
   if (text.compare(0, convert.size(), convert) == 0) {
     const std::size_t eq = text.find(" = ", convert.size());
     if (eq != std::string::npos) {
-      const std::string flag = text.substr(convert.size(), eq - convert.size()), value = text.substr(eq + 3);
+      std::string flag = text.substr(convert.size(), eq - convert.size());
+      const std::string value = text.substr(eq + 3);
       const CLI::Option* opt = app ? app->get_option_no_throw(flag) : nullptr;
+      if (opt && opt->get_lnames().size() > 1) {  // an alias: name each ("--micro-batch / --micro-batch-size")
+        flag.clear();
+        for (const std::string& n : opt->get_lnames()) flag += (flag.empty() ? "--" : " / --") + n;
+      }
       const std::string type = opt ? opt->get_type_name() : std::string();
       const std::string kind = type.rfind("INT", 0) == 0    ? "a whole number"
                                : type.rfind("UINT", 0) == 0 ? "a whole number >= 0"

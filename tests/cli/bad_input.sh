@@ -69,6 +69,7 @@ expect_error "not expected|--bogus" "$t" --data "$work/ok.txt" --bogus
 expect_error "--stpes: did you mean --steps\?" "$t" --data "$work/ok.txt" --stpes 3
 expect_error "--micro_batch: did you mean --micro-batch\?" "$t" --data "$work/ok.txt" --micro_batch=2
 expect_error "--steps" "$t" --data "$work/ok.txt" --steps abc
+expect_error "^train_gpt: error: --micro-batch / --micro-batch-size: 'abc' is not a whole number; pass a whole number" "$t" --data "$work/ok.txt" --micro-batch-size abc
 expect_error "--model" "$t" --data "$work/ok.txt" --model gpt5
 expect_error "required" "$t"
 expect_error "learning rate" "$t" --data "$work/ok.txt" --model char_tiny --lr -1
@@ -166,7 +167,7 @@ expect_error "temperature" "$s" --weights "$work/w.safetensors" --temperature 0
 expect_error "--top-k -1 is negative; pass --top-k 0" "$s" --weights "$work/w.safetensors" --top-k -1
 expect_error "not expected|--nope" "$s" --weights "$work/w.safetensors" --nope 3
 expect_error "^sample: error: --tokens 0 generates nothing.*--tokens 1 or more" "$s" --weights "$work/w.safetensors" --tokens 0
-expect_error "^sample: error: --tokens: 'abc' is not a whole number; pass a whole number" "$s" --weights "$work/w.safetensors" --tokens abc
+expect_error "^sample: error: --tokens / --sample-tokens: 'abc' is not a whole number; pass a whole number" "$s" --weights "$work/w.safetensors" --tokens abc
 expect_error "^train_gpt: error: --lr: 'fast' is not a number; pass a number" "$t" --data "$work/ok.txt" --lr fast
 expect_error "^sample: error: --sample-tokens 0 generates nothing|^sample: error: --tokens 0 generates nothing" \
   "$s" --weights "$work/w.safetensors" --sample-tokens 0
