@@ -153,7 +153,6 @@ int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv,
 #endif
   }
   if (kind == world_ref::kind::none) return by_world(world_ref::none());
-  int status = 0;
   if (o.comm == "hccl") {
 #if LOOM_TRAIN_GPT_RANK_TABLE
     const auto table = loom::parallel::read_rank_table(loom::parallel::rank_table_path());
@@ -166,10 +165,7 @@ int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv,
       omp_set_num_threads(std::max(1, omp_get_max_threads() / int(std::max<std::ptrdiff_t>(1, local))));
     }
 #endif
-    if (o.npu != me.device_id)
-      throw loom::error("train_gpt: --comm hccl runs on NPU " + std::to_string(o.npu) + " but the rank table puts rank " +
-                        std::to_string(rank) + " on " + std::to_string(me.device_id));
-    loom::device::ascend_device dev(npu, me.device_id);
+    loom::device::ascend_device dev(npu, me.device_id);  // main() put the session on it too (o.npu)
     loom::comm::hccl_options h;
     h.timeout = comm_options_of(o).timeout;
     auto world = loom::comm::hccl_host_world(
@@ -181,6 +177,7 @@ int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv,
                             "(LOOM_WITH_ASCEND, nlohmann-json3-dev); rebuild with them, or launch with mpirun --comm mpi");
 #endif
   }
+  int status = 0;
 #ifdef _OPENMP
   const int threads = std::max(1, omp_get_max_threads() / o.ranks);
 #endif

@@ -254,9 +254,10 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
   } else if (r.world_size == 1 && o.comm == "mpi") {
     std::printf("one rank under --comm mpi: no data parallelism (start N ranks with mpirun -np N)\n");
   } else if (s.bucket_count() > 0) {
-    std::printf("data parallel: %d ranks (%s), %zu buckets of <= %.2f MiB, overlap %s%s | per rank: buckets %.1f MiB, "
+    std::printf("data parallel: %d ranks (%s), %zu bucket%s of <= %.2f MiB, overlap %s%s | per rank: buckets %.1f MiB, "
                 "optimizer state %.1f MiB\n",
-                r.dp, o.comm.c_str(), s.bucket_count(), o.bucket_mb, o.no_overlap ? "off" : "on", o.zero1 ? ", ZeRO-1" : "",
+                r.dp, o.comm.c_str(), s.bucket_count(), s.bucket_count() == 1 ? "" : "s", o.bucket_mb,
+                o.no_overlap ? "off" : "on", o.zero1 ? ", ZeRO-1" : "",
                 mem.dp_buffers / 1048576.0, mem.optimizer / 1048576.0);
   }
   const std::string staging = layered && mem.dp_buffers ? ", dp buckets " + fixed2(mem.dp_buffers / 1048576.0) + " MiB" : "";
