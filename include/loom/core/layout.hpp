@@ -28,6 +28,8 @@ struct layout {
 /// Plain data parallelism: every rank holds the whole model.
 using ddp = layout<1, 1>;
 
+/// A layout policy: a type with integral tp and pp (layout<TP, PP>; what loom::policy's Layout,
+/// models::fits and models::param_table take).
 template <class L>
 concept layout_policy = requires {
   { L::tp } -> std::convertible_to<int>;

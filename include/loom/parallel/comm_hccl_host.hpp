@@ -71,8 +71,8 @@ class hccl_host_backend final : public any_comm_backend {
       throw input_error("hccl_host_world: all_gather of " + std::to_string(in.size()) + " bytes into " +
                         std::to_string(out.size()) + " on " + std::to_string(size()) + " ranks; pass size() x in");
     if (in.empty()) return;
-    buffer<device::ascend, std::byte> d_in(in.size(), ctx_->stream), d_out(out.size(), ctx_->stream);
-    device::ascend::copy_to_device(d_in.data(), in.data(), in.size(), ctx_->stream);
+    auto d_in = upload(in);
+    buffer<device::ascend, std::byte> d_out(out.size(), ctx_->stream);
     hc_.all_gather(std::span<const std::byte>(d_in.data(), in.size()), std::span<std::byte>(d_out.data(), out.size()));
     copy_out(out.data(), d_out.data(), out.size());
   }
@@ -82,15 +82,13 @@ class hccl_host_backend final : public any_comm_backend {
   }
   void broadcast(std::span<std::byte> x, int root) override {
     if (x.empty()) return;
-    buffer<device::ascend, std::byte> d(x.size(), ctx_->stream);
-    device::ascend::copy_to_device(d.data(), x.data(), x.size(), ctx_->stream);
+    auto d = upload(x);
     hc_.broadcast(std::span<std::byte>(d.data(), x.size()), root);
     copy_out(x.data(), d.data(), x.size());
   }
   void send(std::span<const std::byte> in, int dst, int tag) override {
     if (in.empty()) return;
-    buffer<device::ascend, std::byte> d(in.size(), ctx_->stream);
-    device::ascend::copy_to_device(d.data(), in.data(), in.size(), ctx_->stream);
+    auto d = upload(in);
     hc_.send(std::span<const std::byte>(d.data(), in.size()), dst, tag);
   }
   void recv(std::span<std::byte> x, int src, int tag) override {
@@ -118,6 +116,13 @@ class hccl_host_backend final : public any_comm_backend {
     T* dst = out;
     reduce_into(srcs.data(), p, &dst, 1, n_out, op, p);
   }
+  /// An NPU buffer holding a copy of the host bytes `x` (queued on the context's stream).
+  buffer<device::ascend, std::byte> upload(std::span<const std::byte> x) {
+    buffer<device::ascend, std::byte> d(x.size(), ctx_->stream);
+    device::ascend::copy_to_device(d.data(), x.data(), x.size(), ctx_->stream);
+    return d;
+  }
+  /// host[0, bytes) = dev[0, bytes), waiting for the stream.
   void copy_out(void* host, const void* dev, std::size_t bytes) {
     device::ascend::copy_to_host(host, dev, bytes, ctx_->stream);
     ctx_->synchronize();

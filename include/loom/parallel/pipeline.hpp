@@ -34,7 +34,7 @@ struct no_ready_hook {
 ///            micro-batch i - ring.size() has finished its backward when i starts its forward.
 ///   inputs, targets  (m, b, t) int32: micro-batch i at offset i*b*t (inputs read on the first
 ///            stage, targets on the last; every stage may pass the same pointers)
-///   grad_scale       as gpt::forward (1 / non-ignored targets of the whole step for a mean)
+///   grad_scale       as Model::forward (1 / non-ignored targets of the whole step for a mean)
 /// Accumulates (+=) the parameter gradients; call tie_embedding_gradients afterwards when PP > 1.
 /// Returns the sum of the per-token losses over all micro-batches (micro-batch sums added in
 /// double), identical on every rank

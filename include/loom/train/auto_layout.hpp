@@ -145,16 +145,18 @@ inline std::vector<layout_option> layout_options(const models::model_spec& spec,
 }
 
 /// The options --layout auto chooses among for (model, precision, device, attention): the
-/// compiled instances of `instances` when one of that family is there, else every layout of
-/// `spec` (layout_options(spec, ...)), or the compiled ones when no spec is given.
+/// compiled instances of `instances` (layout_options(instances)) when no spec is given or one of
+/// that family is there, else every layout of `spec` (layout_options(spec, ...), the same
+/// arguments). Throws what those throw.
 inline std::vector<layout_option> family_options(std::span<const session_instance> instances,
                                                  const models::model_spec* spec, const std::string& precision,
                                                  const std::string& device, const std::string& attention,
                                                  int world_size, int max_micro_batch, int seq_len, int threads) {
-  for (const auto& i : instances)
-    if (spec == nullptr || (i.model == spec->name && i.precision == precision && i.device == device &&
-                            i.attention == attention && i.plan))
-      return layout_options(instances);
+  const bool compiled = spec == nullptr || std::any_of(instances.begin(), instances.end(), [&](const auto& i) {
+                          return i.model == spec->name && i.precision == precision && i.device == device &&
+                                 i.attention == attention && i.plan;
+                        });
+  if (compiled) return layout_options(instances);
   return layout_options(*spec, precision, device, attention, world_size, max_micro_batch, seq_len, threads);
 }
 
