@@ -144,7 +144,19 @@ int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv,
         omp_set_num_threads(std::max(1, omp_get_max_threads() / std::max(1, std::atoi(local))));
 #endif
     auto world = env.world(comm_options_of(o));
-    return by_world(world_ref::of(world));
+    try {
+      return by_world(world_ref::of(world));
+    } catch (const loom::input_error&) {
+      throw;  // bad input is found alike on every rank: each ends, and MPI_Finalize returns
+    } catch (const std::exception& e) {
+      if (world.size() < 2) throw;
+      // A peer may be stopped, dead or stuck in a collective (a comm_timeout): MPI_Finalize in
+      // env's destructor would wait for it forever. End every rank of the job instead.
+      std::fprintf(stderr, "train_gpt: failed: %s\ntrain_gpt: ending every rank of the job (MPI_Abort)\n", e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+      throw;
+    }
 #else
     (void)argc;
     (void)argv;
