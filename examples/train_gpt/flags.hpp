@@ -127,6 +127,9 @@ inline void add_megatron_flags(CLI::App& app, options& o) {
                  "1 only: loom's pipeline is 1F1B without interleaved stages")->check(CLI::Range(1, 1 << 20))->group(group);
   app.add_option("--split", o.split, "refused: loom holds out --val-fraction of the data and has no test split")
       ->group(group);
+  app.add_option("--exit-duration-in-mins", o.exit_duration_in_mins,
+                 "--time-budget in minutes: stop training after this many minutes, saving a checkpoint")
+      ->check(CLI::PositiveNumber)->group(group);
   for (const auto& f : megatron_internals) {
     const std::string help = std::string("accepted, changes nothing: ") + f.note;
     if (*f.values == 0) {
@@ -227,6 +230,18 @@ inline void add_flags(CLI::App& app, options& o) {
   auto* resume = app.add_option("--resume", o.resume,
                                 "continue from the newest valid checkpoint in DIR (a --checkpoint-dir) or from one "
                                 "step_NNNNNNNN directory, bit for bit; checkpoints keep going to DIR");
+  app.add_flag("--discard-newer-checkpoints", o.discard_newer_checkpoints,
+               "with --resume of an older checkpoint: move the newer checkpoints of --checkpoint-dir into its "
+               "set-aside/ directory instead of refusing to run (they would be overwritten)");
+  app.add_flag("--exit-on-save-failure", o.exit_on_save_failure,
+               "stop the run at the first checkpoint save that fails (by default training goes on and the run "
+               "exits with status 1 at its end)");
+  app.add_flag("--exit-signal-handler", o.exit_signal_handler,
+               "on SIGTERM or SIGINT finish the current step, save a checkpoint, print where and exit 0 (a second "
+               "signal ends the process at once; what is on disk stays whole)");
+  app.add_option("--exit-interval", o.exit_interval,
+                 "end the run after the first step that is a multiple of N, saving a checkpoint (0: off)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--stop-at-step", o.stop_at_step,
                  "end this run after this many completed steps, saving a checkpoint; the schedule still spans --steps")
       ->check(CLI::NonNegativeNumber);
@@ -420,6 +435,11 @@ inline void apply_megatron_flags(options& o, const CLI::App& app) {
       throw input_error("--data-path with " + std::to_string(o.data_path.size()) + " values is a blend of datasets "
                         "(weight prefix ...): blending is not supported yet; pass one dataset, --data-path PREFIX");
     o.data = o.data_path.front();
+  }
+  if (given("--exit-duration-in-mins")) {
+    if (given("--time-budget"))
+      throw input_error("--exit-duration-in-mins and --time-budget both bound the run's time; pass one of them");
+    o.time_budget = 60.0 * o.exit_duration_in_mins;
   }
   // checkpoints: --load DIR is --resume DIR; as Megatron, a --save directory with no checkpoint yet starts at step 0
   if (given("--load")) {
@@ -670,14 +690,19 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
                                                    : "--memory-limit is for --layout auto; drop it or pass --layout auto");
   // flags that would have no effect in this combination: refused, or a warning
   const bool checkpoints = !o.checkpoint_dir.empty() || !o.resume.empty();
-  for (const char* flag : {"--save-every", "--keep", "--stop-at-step"})
-    if (app.count(flag) > 0 && !checkpoints && (std::string(flag) != "--stop-at-step" || o.stop_at_step > 0))
+  for (const char* flag : {"--save-every", "--keep", "--stop-at-step", "--exit-on-save-failure", "--exit-signal-handler",
+                           "--exit-interval"})
+    if (app.count(flag) > 0 && !checkpoints && (std::string(flag) != "--stop-at-step" || o.stop_at_step > 0) &&
+        (std::string(flag) != "--exit-interval" || o.exit_interval > 0))
       throw loom::input_error(std::string(flag) + " has no effect without --checkpoint-dir (--save): no checkpoint is "
                               "written; pass --checkpoint-dir DIR (e.g. out/ckpt), or drop " + flag);
   if (o.stop_at_step > 0 && o.stop_at_step >= o.steps)
     throw loom::input_error("--stop-at-step " + std::to_string(o.stop_at_step) + " is not before --steps " +
                             std::to_string(o.steps) + ": the run ends first, and --stop-at-step has no effect; pass "
                             "--stop-at-step < " + std::to_string(o.steps) + ", or drop it");
+  if (o.discard_newer_checkpoints && o.resume.empty())
+    throw loom::input_error("--discard-newer-checkpoints has no effect without --resume: a new run never writes into "
+                            "a directory that holds checkpoints; drop it, or pass --resume DIR");
   if (app.count("--loss-scale") > 0 && o.precision != "fp16")
     o.notes.push_back("warning: --loss-scale (--initial-loss-scale) " + shortest(o.loss_scale) + " has no effect with "
                       "--precision " + o.precision + ": only fp16 scales the loss");

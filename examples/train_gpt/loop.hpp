@@ -6,6 +6,7 @@
 #include <functional>
 #include <type_traits>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <optional>
 #include <span>
@@ -44,41 +45,69 @@ void report_loss_scale(long step, const loom::train::step_result& r, double next
 /// train_gpt's checkpoints: the state after each saved step, written in the background (the
 /// loop waits only while the state is copied; train::session::save_checkpoint). A `collective`
 /// save has every rank write its files (the commit runs at the next save or at finish(), on
-/// every rank); otherwise only the lead rank saves. A failed save is reported (when the next
-/// one starts, or at finish()) and training goes on; NaN weights stop the run
-/// (loom::numeric_error, on every rank alike). No-op without --checkpoint-dir.
+/// every rank); otherwise only the lead rank saves. A failed save is reported when the next one
+/// starts or at finish(), and counted: failure_summary() names them at the end of the run (whose
+/// exit status is then 1). With `exit_on_failure` (--exit-on-save-failure) the first failure
+/// throws loom::error on every rank instead. NaN weights stop the run (loom::numeric_error, on
+/// every rank alike). No-op without --checkpoint-dir. Every rank calls save() and finish() at
+/// the same steps.
 class checkpoint_saver {
  public:
   checkpoint_saver(loom::train::session& s, std::string dir, int keep, long start, bool collective, int ranks,
-                   bool lead, loom::train::console& con, std::function<void(const std::string&)> warn)
-      : s_(s), dir_(std::move(dir)), keep_(keep), last_(start), collective_(collective), ranks_(collective ? ranks : 0),
-        lead_(lead), con_(con), warn_(std::move(warn)) {}
+                   bool lead, bool exit_on_failure, loom::train::console& con,
+                   std::function<void(const std::string&)> warn)
+      : s_(s), dir_(std::move(dir)), keep_(keep), last_(start), collective_(collective), ranks_(ranks), lead_(lead),
+        exit_on_failure_(exit_on_failure), con_(con), warn_(std::move(warn)) {}
 
   /// Saves the state after s.step_count() steps with `state` (a no-op when that step is already
   /// saved, or on a non-lead rank of a non-collective save).
   void save(const loom::io::run_state& state) {
-    if (dir_.empty() || s_.step_count() == last_ || (!collective_ && !lead_)) return;
+    if (dir_.empty() || s_.step_count() == last_) return;
     finish();
+    last_ = s_.step_count();
+    if (!collective_ && !lead_) return;
     loom::io::checkpoint_options opt;
     opt.keep = keep_;
+    ++saves_;
     s_.save_checkpoint(dir_, state, opt, collective_);
-    last_ = s_.step_count();
   }
 
   /// Waits for the save in flight (collective when it is), reports it on the lead rank.
   void finish() {
-    if (dir_.empty() || (!collective_ && !lead_)) return;
-    try {
-      const auto where = s_.wait_checkpoint(collective_);
-      if (where && lead_)
-        con_.message("saved checkpoint " + where->string() + " (" +
-                     (ranks_ > 0 ? "all " + std::to_string(ranks_) + " ranks, " : std::string()) +
-                     "written in the background in " + std::to_string(s_.last_write_seconds()).substr(0, 5) + " s)");
-    } catch (const loom::numeric_error&) {
-      throw;
-    } catch (const loom::error& e) {  // a collective save: every rank got the same error; latest did not move
-      warn_(e.what());
+    if (dir_.empty()) return;
+    int failed = 0;
+    if (collective_ || lead_) {
+      try {
+        const auto where = s_.wait_checkpoint(collective_);
+        if (where && lead_)
+          con_.message("saved checkpoint " + where->string() + " (" +
+                       (collective_ ? "all " + std::to_string(ranks_) + " ranks, " : std::string()) +
+                       "written in the background in " + std::to_string(s_.last_write_seconds()).substr(0, 5) + " s)");
+      } catch (const loom::numeric_error&) {
+        throw;
+      } catch (const loom::error& e) {  // a collective save: every rank got the same error; latest did not move
+        failed = 1;
+        if (failures_++ == 0) first_failure_ = e.what();
+        warn_(e.what());
+      }
     }
+    if (!exit_on_failure_) return;
+    if (!collective_ && ranks_ > 1) failed = s_.broadcast_from_lead(failed);  // only the lead rank saved
+    if (failed)
+      throw loom::error("a checkpoint save failed and --exit-on-save-failure stops the run" +
+                        (first_failure_.empty() ? std::string(" (on the lead rank)") : ": " + first_failure_));
+  }
+
+  /// After the last finish(): empty when every save succeeded (or none was made), else one line
+  /// naming how many failed, the first failure and the newest checkpoint on disk.
+  std::string failure_summary() const {
+    if (failures_ == 0) return {};
+    const auto all = loom::io::list_checkpoints(dir_);
+    return std::to_string(failures_) + " of " + std::to_string(saves_) + " checkpoint saves failed (the first: " +
+           first_failure_ + "); " +
+           (all.empty() ? "'" + dir_ + "' holds no checkpoint of this run"
+                        : "the newest checkpoint in '" + dir_ + "' is " + all.back().dir.filename().string()) +
+           "; pass --exit-on-save-failure to stop at the first failure";
   }
 
  private:
@@ -87,10 +116,61 @@ class checkpoint_saver {
   int keep_;
   long last_;  ///< never save the step the run resumed from again
   bool collective_;
-  int ranks_ = 0;  ///< ranks of a collective save, 0 for a lead-only one
-  bool lead_;
+  int ranks_;  ///< ranks of the world
+  bool lead_, exit_on_failure_;
   loom::train::console& con_;
   std::function<void(const std::string&)> warn_;
+  int saves_ = 0, failures_ = 0;  ///< saves started, and failed, on this rank
+  std::string first_failure_;
+};
+
+/// --exit-signal-handler: while an object of this type lives, the first SIGTERM or SIGINT is
+/// recorded instead of ending the process (the loop reads requested() after each step, stops,
+/// saves a checkpoint and exits 0: Megatron-LM's --exit-signal-handler), and both signals get
+/// their default action back, so a second one ends the process at once (what is on disk stays
+/// whole: checkpoints and weights are written to temporary names and renamed into place). The
+/// flag is the one piece of process-wide state a POSIX signal handler can set (a
+/// volatile std::sig_atomic_t). Constructed disabled, it installs nothing.
+class exit_signal {
+ public:
+  explicit exit_signal(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    received() = 0;
+    struct sigaction sa {};
+    sa.sa_handler = &on_signal;
+    sa.sa_flags = SA_RESTART;  // a system call the signal interrupts (a checkpoint's write) goes on
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+    ::sigaction(SIGINT, &sa, &old_int_);
+  }
+  ~exit_signal() {
+    if (!enabled_) return;
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGINT, &old_int_, nullptr);
+  }
+  exit_signal(const exit_signal&) = delete;
+  exit_signal& operator=(const exit_signal&) = delete;
+
+  /// The signal received (SIGTERM or SIGINT), or 0.
+  static int requested() noexcept { return int(received()); }
+  /// "SIGTERM" or "SIGINT" for a signal number.
+  static const char* name(int sig) noexcept { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+ private:
+  static volatile std::sig_atomic_t& received() noexcept {
+    static volatile std::sig_atomic_t flag = 0;
+    return flag;
+  }
+  static void on_signal(int sig) noexcept {
+    received() = sig;
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(SIGTERM, &dfl, nullptr);  // async-signal-safe: a second signal ends the process
+    ::sigaction(SIGINT, &dfl, nullptr);
+  }
+  bool enabled_;
+  struct sigaction old_term_ {}, old_int_ {};
 };
 
 /// --early-stop PATIENCE: follows the periodic validation losses of a run, keeps a copy of this

@@ -37,6 +37,11 @@ struct options {
   std::string checkpoint_dir, resume, export_hf, init_from_hf;
   long save_every = 100, stop_at_step = 0;
   int keep = 5;
+  bool discard_newer_checkpoints = false;  // --resume into a directory with newer checkpoints: move them aside
+  bool exit_on_save_failure = false;       // stop at the first failed checkpoint save (else: exit 1 at the end)
+  bool exit_signal_handler = false;        // SIGTERM/SIGINT: finish the step, save a checkpoint, exit 0
+  double exit_duration_in_mins = 0;        // Megatron's name for --time-budget, in minutes
+  long exit_interval = 0;                  // --exit-interval N: stop after the first step that is a multiple of N
   // data parallelism (parallel/data_parallel.hpp, docs/parallel.md)
   int ranks = 1;
   std::string comm = "threads";

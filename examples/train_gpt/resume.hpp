@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -70,6 +71,57 @@ resume_point resume_run(loom::train::session& s, const std::string& dir, Source&
     std::printf("resumed from %s: step %ld, %llu tokens seen\n", info.dir.c_str(), info.step,
                 static_cast<unsigned long long>(info.state.tokens));
   return {info.step, info.state.tokens};
+}
+
+/// The checkpoints of `ckpt_dir` newer than the resumed step `step`, which a run continuing from
+/// `step` into ckpt_dir would overwrite as it reaches their steps. `resumed_root`: --resume named
+/// ckpt_dir itself, so the resume took the checkpoint `latest` names or the newest that verifies
+/// and the newer ones are damaged or were never published by `latest` (a save cut short): they
+/// are moved aside on their own. Otherwise the user chose an older checkpoint: without `discard`
+/// (--discard-newer-checkpoints) the run is refused (loom::input_error naming the choices); with
+/// it they are moved aside. Moved aside = renamed into ckpt_dir/set-aside/ (a numbered suffix
+/// when the name is taken there), `latest` rewritten to the newest checkpoint left (or removed):
+/// nothing is deleted. Every rank calls this after the resume with the same arguments; the
+/// decision is made before `barrier` (one collective over the world), the lead rank moves the
+/// directories after it. Returns the warnings to print (empty when nothing was newer).
+template <class Barrier>
+std::vector<std::string> set_aside_newer_checkpoints(const std::string& ckpt_dir, long step, bool resumed_root,
+                                                     bool discard, bool lead, Barrier&& barrier) {
+  namespace fs = std::filesystem;
+  std::vector<loom::io::checkpoint_entry> newer;
+  for (const auto& e : loom::io::list_checkpoints(ckpt_dir))
+    if (e.step > step) newer.push_back(e);
+  if (ckpt_dir.empty() || newer.empty()) return {};
+  std::string names;
+  for (const auto& e : newer) names += (names.empty() ? "" : ", ") + e.dir.filename().string();
+  const fs::path aside = fs::path(ckpt_dir) / "set-aside";
+  if (!resumed_root && !discard)
+    throw loom::input_error("--resume continues from step " + std::to_string(step) + ", but '" + ckpt_dir +
+                            "' holds newer checkpoints (" + names + ") that this run would overwrite as it reaches "
+                            "their steps; pass another --checkpoint-dir (--save) for the continued run, or "
+                            "--discard-newer-checkpoints to move them into '" + aside.string() + "' and go on here");
+  barrier();  // every rank has listed the directory: it may change now
+  if (!lead) return {};
+  std::error_code ec;
+  fs::create_directories(aside, ec);
+  if (ec) throw loom::input_error("cannot create '" + aside.string() + "' (" + ec.message() + "); check the permissions of '" + ckpt_dir + "'");
+  std::string moved;
+  for (const auto& e : newer) {
+    fs::path to = aside / e.dir.filename();
+    for (int k = 1; fs::exists(to, ec); ++k) to = aside / (e.dir.filename().string() + "." + std::to_string(k));
+    fs::rename(e.dir, to, ec);
+    if (ec)
+      throw loom::input_error("cannot move '" + e.dir.string() + "' to '" + to.string() + "' (" + ec.message() +
+                              "); nothing was trained; move it yourself or pass another --checkpoint-dir");
+    moved += (moved.empty() ? "" : ", ") + to.filename().string();
+  }
+  const auto left = loom::io::list_checkpoints(ckpt_dir);
+  if (!left.empty()) loom::io::detail::write_latest(ckpt_dir, left.back().dir.filename().string());
+  else fs::remove(fs::path(ckpt_dir) / "latest", ec);
+  return {std::string(resumed_root ? "checkpoints newer than the one resumed did not verify or were never named by "
+                                     "'latest' (a save cut short); "
+                                   : "--discard-newer-checkpoints: ") +
+          "moved " + moved + " into '" + aside.string() + "', so that this run does not overwrite them"};
 }
 
 }  // namespace train_gpt_cli

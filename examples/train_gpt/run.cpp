@@ -399,6 +399,7 @@ std::vector<std::vector<std::int32_t>> synthetic_batches(const options& o, const
 /// Where training starts: --resume (model, optimizer, step, data position; every rank loads
 /// its part, resharded when the checkpoint has another layout), or a fresh run, optionally from
 /// Hugging Face weights, which never writes into another run's checkpoints (loom::input_error).
+/// A resume never overwrites newer checkpoints of ckpt_dir (set_aside_newer_checkpoints).
 /// Creates ckpt_dir when given.
 template <class Warn>
 resume_point start_of_run(const options& o, loom::train::session& s, const loom::train::session_instance& inst,
@@ -406,6 +407,13 @@ resume_point start_of_run(const options& o, loom::train::session& s, const loom:
   resume_point at;
   if (!o.resume.empty()) {
     at = resume_run(s, o.resume, src, warn, lead);
+    // newer checkpoints in the directory this run saves to are never overwritten (moved aside or refused)
+    std::error_code ec;
+    const bool resumed_root = !std::filesystem::exists(std::filesystem::path(o.resume) / "manifest.json", ec) &&
+                              std::filesystem::equivalent(o.resume, ckpt_dir, ec);
+    for (const std::string& w : set_aside_newer_checkpoints(ckpt_dir, at.step, resumed_root, o.discard_newer_checkpoints,
+                                                            lead, [&] { (void)s.broadcast_from_lead(0); }))
+      warn(w);
     if (at.step >= o.steps)
       warn("the checkpoint is at step " + std::to_string(at.step) + ", and --steps is " + std::to_string(o.steps) +
            ": no step is left to train (only the validation, the weights and the sample); pass --steps > " +
@@ -639,7 +647,9 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   // latest moves only when all ranks succeeded) when every rank holds a part of the state: on a
   // layout, or with --zero1 (each rank's shard of the optimizer state); else rank 0 saves.
   const bool collective = world.type != train::world_ref::kind::none && (layered || o.zero1);
-  checkpoint_saver saver(s, ckpt_dir, o.keep, start, collective, r.world_size, lead, con, warn);
+  checkpoint_saver saver(s, ckpt_dir, o.keep, start, collective, r.world_size, lead, o.exit_on_save_failure, con, warn);
+  const exit_signal signals(o.exit_signal_handler);
+  int stop_signal = 0;  // --exit-signal-handler: the signal that ends the run, the same on every rank
   const std::string layout_name = inst.layout();
   auto save_checkpoint = [&] {
     const auto st = src.state();
@@ -663,6 +673,14 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
     }
     if (o.stop_at_step > 0 && step >= o.stop_at_step) {
       if (lead) con.message("stopping at step " + std::to_string(step) + " (--stop-at-step); continue with --resume");
+      break;
+    }
+    if (o.exit_interval > 0 && step > start && step % o.exit_interval == 0) {
+      if (lead) con.message("stopping at step " + std::to_string(step) + " (--exit-interval); continue with --resume");
+      break;
+    }
+    if (o.exit_signal_handler && (stop_signal = s.broadcast_from_lead(exit_signal::requested())) != 0) {
+      if (lead) con.message(std::string(exit_signal::name(stop_signal)) + " received: stopping at step " + std::to_string(step));
       break;
     }
     if (const auto msg = prof.begin_step(step, s); !msg.empty() && lead) con.message(msg);
@@ -696,8 +714,18 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
       break;
     }
   }
-  save_checkpoint();  // the last step, also after --stop-at-step or the time budget
+  save_checkpoint();  // the last step, also after --stop-at-step, --exit-interval, a signal or the time budget
   saver.finish();
+  const std::string save_failures = saver.failure_summary();
+  if (stop_signal != 0) {  // preemption: the checkpoint is all that is wanted
+    if (lead) {
+      con.finish();
+      if (!save_failures.empty()) std::fprintf(stderr, "train_gpt: error: %s\n", save_failures.c_str());
+      else std::printf("%s: checkpoint of step %ld saved in %s; continue with --resume %s\n",
+                       exit_signal::name(stop_signal), step, ckpt_dir.c_str(), ckpt_dir.c_str());
+    }
+    return save_failures.empty() ? 0 : 1;
+  }
   if (const auto msg = prof.finish(s); !msg.empty() && lead) con.message(msg);
   if (!evaluator) return 0;  // the other dp replicas are done: replica 0 validates, rank 0 saves and samples
   if (lead) con.finish();
@@ -726,7 +754,9 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
                   layered ? "saved weights (gathered from " + std::to_string(r.tp) + " x " + std::to_string(r.pp) + " shards)"
                           : std::string("saved weights"),
                   src, sample_tok);
-  return 0;
+  if (save_failures.empty()) return 0;
+  std::fprintf(stderr, "train_gpt: error: %s\n", save_failures.c_str());  // the run's weights are saved; its checkpoints not all
+  return 1;
 }
 
 }  // namespace train_gpt_cli

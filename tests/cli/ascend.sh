@@ -74,10 +74,10 @@ for prec in "${precisions[@]}"; do
     echo "$name: losses ${a[0]} -> ${a[19]} (cpu ${c[0]} -> ${c[19]}), worst relative difference $worst (bound $tol)"
     awk -v w="$worst" -v t="$tol" 'BEGIN { exit !(w <= t) }' || bad "$name: NPU loss differs from cpu by $worst > $tol"
     awk -v a="${a[0]}" -v b="${a[19]}" 'BEGIN { exit !(b < a - 0.5) }' || bad "$name: loss did not fall: ${a[0]} -> ${a[19]}"
-    # resume from step 15 (checkpoints go to a copy): steps 15..19 again, the same losses
+    # resume from step 15 (checkpoints go to a copy, its step 20 moved aside): steps 15..19 again, the same losses
     cp -r "$d/ckpt" "$d/ckpt2"
     if ! "$bin/train_gpt" "${common[@]}" --steps 20 --eval-every 10 --precision "$prec" --ranks "$ranks" --device ascend $opt \
-         --resume "$d/ckpt2/step_00000015" --out "$d/w2.safetensors" --sample-tokens 0 > "$d/resume.txt" 2>&1; then
+         --resume "$d/ckpt2/step_00000015" --discard-newer-checkpoints --out "$d/w2.safetensors" --sample-tokens 0 > "$d/resume.txt" 2>&1; then
       bad "$name resumed: $(tail -3 "$d/resume.txt")"; continue
     fi
     grep -q "resumed from .*step_00000015: step 15" "$d/resume.txt" || bad "$name: no resume line"
@@ -86,7 +86,7 @@ for prec in "${precisions[@]}"; do
     # the CPU run's checkpoint resumed on the NPU: its steps 15..19 within the tolerance
     if [[ $ranks == 1 ]]; then
       "$bin/train_gpt" "${common[@]}" --steps 20 --precision "$prec" --device ascend $opt --no-device-timing \
-        --resume "$d/cpu-ckpt/step_00000015" \
+        --resume "$d/cpu-ckpt/step_00000015" --checkpoint-dir "$d/cross-ckpt" \
         --out "$d/w3.safetensors" --sample-tokens 0 > "$d/cross.txt" 2>&1 || bad "$name cpu -> ascend: $(tail -3 "$d/cross.txt")"
       read -r -a x <<< "$(losses "$d/cross.txt")"
       [[ ${#x[@]} == 5 ]] || bad "$name cpu -> ascend: ${#x[@]} step lines, not 5"
@@ -127,7 +127,7 @@ JSON
     grep -q "^data parallel: 2 ranks (hccl)" "$work/rt0.txt" || bad "rank 0 does not say 2 ranks over hccl: $(head -8 "$work/rt0.txt")"
     [[ -d "$work/rt-ckpt/step_00000004" && -d "$work/rt-ckpt/step_00000008" ]] || bad "rank table: checkpoints 4 and 8 missing"
     # its checkpoint resumed by --ranks 2: steps 4..7 again, the same losses
-    "$bin/train_gpt" "${rt[@]}" --ranks 2 --resume "$work/rt-ckpt/step_00000004" --out "$work/thr2.safetensors" \
+    "$bin/train_gpt" "${rt[@]}" --ranks 2 --resume "$work/rt-ckpt/step_00000004" --discard-newer-checkpoints --out "$work/thr2.safetensors" \
       > "$work/thr2.txt" 2>&1 || bad "--ranks 2 resuming the rank-table checkpoint: $(tail -3 "$work/thr2.txt")"
     read -r -a c <<< "$(losses "$work/thr2.txt")"
     [[ "${c[*]}" == "${a[*]:4}" ]] || bad "resumed losses '${c[*]}' != rank-table steps 4..7 '${a[*]:4}'"

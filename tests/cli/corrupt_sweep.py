@@ -180,8 +180,10 @@ class Sweep:
                      f"{L}/hf", "--out", weights], self.env, trained)
         if name.startswith("resume"):  # "resume" or "resume:<step directory>"
             target = f"{L}/ck" + (f"/{name.split(':', 1)[1]}" if ":" in name else "")
+            # an older step on purpose: its newer checkpoints are moved aside (as the fallback moves the damaged)
+            older = ["--discard-newer-checkpoints"] if ":" in name else []
             return ([self.tool("train_gpt"), *self.char_flags(f"{L}/corpus.txt"), "--steps", "6", "--ranks", "2",
-                     "--zero1", "--resume", target, "--out", weights], self.env, trained)
+                     "--zero1", "--resume", target, *older, "--out", weights], self.env, trained)
         if name == "doctor":
             env = dict(self.env, RANK_TABLE_FILE=f"{L}/rt/hccl.json", RANK_ID="1")
 

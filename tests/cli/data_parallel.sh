@@ -16,8 +16,9 @@ mpiexec=("$@")
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 data="${LOOM_DATA_DIR:-../shared/data}/tinyshakespeare.txt"
-base=(--data "$data" --model char_tiny --steps 8 --eval-every 0 --summary-every 0 --log-dir ''
-      --peak-gflops 100 --sample-tokens 0)
+any_steps=(--data "$data" --model char_tiny --eval-every 0 --summary-every 0 --log-dir '' --peak-gflops 100
+           --sample-tokens 0)
+base=("${any_steps[@]}" --steps 8)
 common=("${base[@]}" --out "$work/w.safetensors")
 
 losses() { grep -oP '^step +\d+/8 \| loss \K[0-9.]+|val loss \K[0-9.]+' "$1" | tr '\n' ' '; }
@@ -100,7 +101,47 @@ if (( ${#mpiexec[@]} )); then
   # --comm mpi started without mpirun: one rank, and the banner says how to start more
   OMP_NUM_THREADS=1 "$bin/train_gpt" "${common[@]}" --comm mpi > "$work/mpi1.txt"
   grep -q 'one rank under --comm mpi: no data parallelism (start N ranks with mpirun -np N)' "$work/mpi1.txt"
+  # a stopped (SIGSTOP) rank and a killed one: the job ends within --comm-timeout plus a few
+  # seconds (the waiting rank's watchdog calls MPI_Abort; mpirun ends a job whose rank died)
+  for sig in STOP KILL; do
+    OMP_NUM_THREADS=1 "${mpiexec[@]}" -n 2 "$bin/train_gpt" "${any_steps[@]}" --steps 100000 --out "$work/hang-$sig.safetensors" \
+      --comm mpi --comm-timeout 5 > "$work/hang-$sig.txt" 2>&1 &
+    job=$!
+    victim=
+    for _ in $(seq 600); do  # a rank: train_gpt's own process (mpiexec's command line names the file too)
+      victim=$(pgrep -f -- "^[^ ]*train_gpt .*--out $work/hang-$sig.safetensors" | tail -1) && break; sleep 0.1
+    done
+    [[ -n "$victim" ]] || { echo "SIG$sig: no rank started"; cat "$work/hang-$sig.txt"; exit 1; }
+    sleep 3  # into training (stdout is a pipe here: the step lines come in blocks)
+    kill -"$sig" "$victim"
+    t0=$(date +%s)
+    for _ in $(seq 300); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+    waited=$(( $(date +%s) - t0 ))
+    kill -CONT "$victim" 2>/dev/null || true
+    if kill -0 "$job" 2>/dev/null; then kill -9 "$job"; echo "SIG$sig of one rank: the job still ran after $waited s"; exit 1; fi
+    set +e; wait "$job"; rc=$?; set -e
+    [[ $rc != 0 ]] || { echo "SIG$sig of one rank: exit status 0"; exit 1; }
+    [[ $sig == KILL ]] || grep -q 'did not complete within' "$work/hang-$sig.txt" ||
+      { echo "SIGSTOP of one rank: no timeout message"; tail -5 "$work/hang-$sig.txt"; exit 1; }
+    echo "mpi: SIG$sig of one rank ended the job in $waited s (status $rc)"
+  done
 fi
+
+# preemption under --ranks 2: SIGTERM with --exit-signal-handler saves and exits 0 on both ranks;
+# the resumed run ends with the uninterrupted run's weights, byte for byte
+long=("${any_steps[@]}" --steps 300 --ranks 2)
+OMP_NUM_THREADS=2 "$bin/train_gpt" "${long[@]}" --out "$work/pre-ref.safetensors" > "$work/pre-ref.txt"
+OMP_NUM_THREADS=2 "$bin/train_gpt" "${long[@]}" --out "$work/pre.safetensors" --checkpoint-dir "$work/pre" --save-every 20 \
+  --exit-signal-handler > "$work/pre1.txt" 2>&1 &
+job=$!
+for _ in $(seq 1200); do [[ -e "$work/pre/latest" ]] && break; sleep 0.05; done
+kill -TERM "$job"
+set +e; wait "$job"; rc=$?; set -e
+[[ $rc == 0 ]] && grep -q '^SIGTERM: checkpoint of step [0-9]* saved' "$work/pre1.txt" ||
+  { echo "SIGTERM under --ranks 2: status $rc"; tail -3 "$work/pre1.txt"; exit 1; }
+OMP_NUM_THREADS=2 "$bin/train_gpt" "${long[@]}" --out "$work/pre.safetensors" --resume "$work/pre" > "$work/pre2.txt"
+cmp "$work/pre-ref.safetensors" "$work/pre.safetensors" || { echo "SIGTERM under --ranks 2: resumed weights differ"; exit 1; }
+echo "preemption under --ranks 2: $(grep -o '^SIGTERM: checkpoint of step [0-9]*' "$work/pre1.txt"), resumed to the same weights"
 
 expect_status_2() {  # expected message, then the flags
   local want="$1"; shift

@@ -13,6 +13,14 @@
 #   5. --export-hf writes GPT-2 files, --init-from-hf starts from them;
 #   6. fp16 with the dynamic loss scaler: losses, loss scales, the scaler's good-step counter and
 #      the final weights of the resumed run equal the uninterrupted run's, bit for bit.
+#   7. nothing on disk is lost: a resume from an older checkpoint is refused while newer ones
+#      are in its directory, and --discard-newer-checkpoints moves them into set-aside/ byte for
+#      byte; failed checkpoint saves (a file-size limit standing in for a full disk) end the run
+#      with status 1 and a summary, or at once with --exit-on-save-failure;
+#   8. preemption: SIGTERM under --exit-signal-handler finishes the step, saves, exits 0, and the
+#      resumed run ends with the uninterrupted run's weights byte for byte; a second signal ends
+#      the process at once and every checkpoint on disk still resumes; --exit-interval stops
+#      after a multiple of N.
 #   tests/cli/resume.sh <dir with train_gpt>
 set -u
 bin="$1"
@@ -74,12 +82,17 @@ rm -rf "$work/ext" && cp -r "$work/a/ckpt" "$work/ext"
 # --- 2. a damaged newest checkpoint -------------------------------------------------------------
 f="$work/b/ckpt/step_00000006/model-tp00-pp00.safetensors"
 printf '\x5a' | dd of="$f" bs=1 seek=4000 conv=notrunc status=none
+cp "$f" "$work/damaged-step6.safetensors"
 "$t" "${common[@]}" --steps 6 --log-dir "$work/b/logs3" --out "$work/b/w3.safetensors" \
   --resume "$work/b/ckpt" > "$work/b3.txt" 2> "$work/b3.err" || bad "resume past a damaged checkpoint: $(cat "$work/b3.err")"
 grep -q "step_00000006.*fails its checksum.*falling back" "$work/b3.err" && ok || bad "no fallback warning: $(cat "$work/b3.err")"
 grep -q "resumed from .*step_00000003" "$work/b3.txt" && ok || bad "did not resume from step 3"
 [[ "$(losses "$work/b/logs3/metrics.jsonl")" == "$(losses "$work/b/logs2/metrics.jsonl")" ]] && ok || bad "losses after fallback"
 cmp -s "$work/a/w.safetensors" "$work/b/w3.safetensors" && ok || bad "final weights after fallback"
+# the damaged checkpoint the resume passed over was moved aside, not overwritten by the new step 6
+grep -q "warning: checkpoints newer than the one resumed did not verify .*moved step_00000006 into '.*b/ckpt/set-aside'" \
+  "$work/b3.err" && cmp -s "$work/b/ckpt/set-aside/step_00000006/model-tp00-pp00.safetensors" "$work/damaged-step6.safetensors" &&
+  ok || bad "the damaged step 6 was not kept aside: $(cat "$work/b3.err"; ls "$work/b/ckpt" "$work/b/ckpt/set-aside")"
 
 # --- 3. SIGKILL at random moments ---------------------------------------------------------------
 "$t" "${common[@]}" --steps 14 --log-dir "$work/k/ref" --out "$work/k/ref.safetensors" \
@@ -173,6 +186,63 @@ verdict="$(python3 "$(dirname "$0")/check_fp16_resume.py" "fp16 resume" "$work/h
   "$work/h/b1/metrics.jsonl" "$work/h/b2/metrics.jsonl" "$work/h/ca" "$work/h/cb")" && ok ||
   bad "fp16 resume: losses, loss scales or scaler state differ: $verdict"
 cmp -s "$work/h/a.safetensors" "$work/h/b.safetensors" && ok || bad "fp16: the resumed run's final weights differ from the uninterrupted run's"
+
+# --- 7. nothing on disk is lost -----------------------------------------------------------------
+# 7a. an older checkpoint of a finished run: refused (exit 2, nothing changed), then moved aside
+cp -r "$work/a/ckpt" "$work/old"
+before="$(cd "$work/old" && find . -type f | sort | xargs md5sum)"
+expect_error "holds newer checkpoints \(step_00000006\) that this run would overwrite.*--discard-newer-checkpoints" \
+  "$t" "${common[@]}" --steps 6 --log-dir '' --out "$work/old.safetensors" --resume "$work/old/step_00000003"
+[[ "$(cd "$work/old" && find . -type f | sort | xargs md5sum)" == "$before" && ! -e "$work/old.safetensors" ]] && ok ||
+  bad "a refused resume changed the checkpoint directory or wrote weights"
+"$t" "${common[@]}" --steps 6 --log-dir '' --out "$work/old.safetensors" --resume "$work/old/step_00000003" \
+  --discard-newer-checkpoints > "$work/old.txt" 2>&1 || bad "--discard-newer-checkpoints run: $(tail -3 "$work/old.txt")"
+moved="$(cd "$work/old/set-aside/step_00000006" && find . -type f | sort | xargs md5sum)"
+[[ "$moved" == "$(grep ' ./step_00000006/' <<< "$before" | sed 's| ./step_00000006/| ./|')" ]] && ok ||
+  bad "the newer checkpoint was not moved aside byte for byte: $moved"
+[[ "$(cat "$work/old/latest")" == "step_00000006" ]] && cmp -s "$work/old.safetensors" "$work/a/w.safetensors" && ok ||
+  bad "the continued run: latest $(cat "$work/old/latest"), weights differ from the uninterrupted run's"
+expect_error "--discard-newer-checkpoints has no effect without --resume" "$t" "${common[@]}" --steps 2 \
+  --discard-newer-checkpoints
+# 7b. failed saves: a file-size limit lets the weights (1 x parameters) through but not a checkpoint
+# (parameters and two moments); SIGXFSZ ignored, so a write fails with EFBIG as on a full disk
+(trap '' XFSZ; ulimit -f 300; exec "$t" "${common[@]}" --steps 4 --save-every 2 --log-dir '' \
+  --checkpoint-dir "$work/full" --out "$work/full.safetensors") > "$work/full.txt" 2>&1; status=$?
+[[ $status -eq 1 && $(grep -c "warning: checkpoint save of step [24] .*failed: .*File too large" "$work/full.txt") -eq 2 &&
+   "$(tail -1 "$work/full.txt")" =~ ^train_gpt:\ error:\ 2\ of\ 2\ checkpoint\ saves\ failed.*holds\ no\ checkpoint ]] &&
+  grep -q "^saved weights" "$work/full.txt" && ok || bad "failed saves -> status $status: $(tail -4 "$work/full.txt")"
+(trap '' XFSZ; ulimit -f 300; exec "$t" "${common[@]}" --steps 8 --save-every 2 --log-dir '' \
+  --checkpoint-dir "$work/full2" --out "$work/full2.safetensors" --exit-on-save-failure) > "$work/full2.txt" 2>&1; status=$?
+[[ $status -eq 1 && "$(tail -1 "$work/full2.txt")" =~ --exit-on-save-failure\ stops\ the\ run ]] &&
+  ! grep -q "^step 8/8\|saved weights" "$work/full2.txt" && ok ||
+  bad "--exit-on-save-failure -> status $status: $(tail -3 "$work/full2.txt")"
+
+# --- 8. preemption ------------------------------------------------------------------------------
+long=(--steps 400 --log-dir '')
+"$t" "${common[@]}" "${long[@]}" --out "$work/p/ref.safetensors" > "$work/p.ref.txt" 2>&1 || bad "preemption reference"
+"$t" "${common[@]}" "${long[@]}" --out "$work/p/w.safetensors" --checkpoint-dir "$work/p/ckpt" --save-every 20 --exit-signal-handler \
+  > "$work/p1.txt" 2>&1 &
+pid=$!
+for _ in $(seq 1200); do [[ -e "$work/p/ckpt/latest" ]] && break; sleep 0.05; done  # mid-run: a checkpoint exists
+kill -TERM "$pid"; wait "$pid"; status=$?
+stopped="$(grep -o "^SIGTERM: checkpoint of step [0-9]* saved" "$work/p1.txt" | grep -o "[0-9]*")"
+[[ $status -eq 0 && -n "$stopped" && "$stopped" -lt 400 && "$(cat "$work/p/ckpt/latest")" == "$(printf 'step_%08d' "$stopped")" &&
+   ! -e "$work/p/w.safetensors" ]] && ok || bad "SIGTERM -> status $status, stopped at '$stopped': $(tail -3 "$work/p1.txt")"
+"$t" "${common[@]}" "${long[@]}" --out "$work/p/w.safetensors" --resume "$work/p/ckpt" > "$work/p2.txt" 2>&1 ||
+  bad "resume after SIGTERM: $(tail -3 "$work/p2.txt")"
+cmp -s "$work/p/ref.safetensors" "$work/p/w.safetensors" && ok || bad "weights after SIGTERM and resume differ from the reference"
+# two signals: the second ends the process at once; whatever was saved still resumes
+"$t" "${common[@]}" "${long[@]}" --out "$work/q/w.safetensors" --checkpoint-dir "$work/q/ckpt" --exit-signal-handler \
+  --save-every 1 > "$work/q1.txt" 2>&1 &
+pid=$!
+for _ in $(seq 1200); do [[ -e "$work/q/ckpt/latest" ]] && break; sleep 0.05; done
+kill -INT "$pid"; kill -INT "$pid" 2>/dev/null; wait "$pid"; status=$?
+[[ $status -eq 130 || $status -eq 0 ]] && ok || bad "two SIGINTs -> status $status: $(tail -3 "$work/q1.txt")"
+"$t" "${common[@]}" "${long[@]}" --out "$work/q/w.safetensors" --resume "$work/q/ckpt" > "$work/q2.txt" 2>&1 &&
+  cmp -s "$work/p/ref.safetensors" "$work/q/w.safetensors" && ok || bad "resume after two signals: $(tail -3 "$work/q2.txt")"
+"$t" "${common[@]}" --steps 9 --log-dir '' --out "$work/x.safetensors" --checkpoint-dir "$work/x" --exit-interval 4 \
+  > "$work/x.txt" 2>&1 && grep -q "stopping at step 4 (--exit-interval)" "$work/x.txt" &&
+  [[ "$(cat "$work/x/latest")" == "step_00000004" ]] && ok || bad "--exit-interval 4: $(tail -3 "$work/x.txt")"
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
