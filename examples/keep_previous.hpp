@@ -56,6 +56,24 @@ inline std::vector<std::filesystem::path> previous_runs(const std::filesystem::p
   return paths;
 }
 
+/// Bounds what keep_previous and its like accumulate: of the earlier runs' copies `kept` (oldest
+/// first, e.g. previous_runs(out)), removes all but the newest `keep` (0: keeps all). Returns one
+/// line per copy removed, naming it and `flag`. A copy that cannot be removed is left, with a
+/// line saying so; nothing else is touched.
+inline std::vector<std::string> drop_oldest(const std::vector<std::filesystem::path>& kept, int keep,
+                                            std::string_view flag) {
+  std::vector<std::string> lines;
+  if (keep <= 0 || kept.size() <= std::size_t(keep)) return lines;
+  for (std::size_t i = 0; i + std::size_t(keep) < kept.size(); ++i) {
+    std::error_code ec;
+    std::filesystem::remove_all(kept[i], ec);
+    lines.push_back(ec ? "cannot remove the older copy " + kept[i].string() + " (" + ec.message() + "); it is left"
+                       : "removed the older copy " + kept[i].string() + " (" + std::string(flag) + " " +
+                             std::to_string(keep) + " keeps the newest " + std::to_string(keep) + ")");
+  }
+  return lines;
+}
+
 /// Where keep_previous put the file it found at `out`: `kept` (empty when nothing was at
 /// `out`), `linked` when it is a second name of the file still at `out` (a hard link), false
 /// when the file was renamed away from `out`.

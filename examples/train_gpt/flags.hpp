@@ -214,6 +214,10 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--out", o.out,
                  "where to save the weights (default out/<model>.safetensors); a file already there (an earlier "
                  "run's) is kept as <name>.previous-<k>.safetensors");
+  app.add_option("--keep-previous", o.keep_previous,
+                 "earlier runs' weights (<name>.previous-<k>.safetensors) and logs (--log-dir's metrics.previous-<k>.jsonl, "
+                 "previous-<k>/) kept; older ones are removed when a run keeps another (0: all)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training (bytes for a text file)");
   app.add_option("--prompt", o.prompt,
                  "prompt for the sample (for a dataset: normalized as prepare_data normalized its text, see docs/data.md)");

@@ -41,6 +41,7 @@ struct options {
   bool exit_on_save_failure = false;       // stop at the first failed checkpoint save (else: exit 1 at the end)
   bool exit_signal_handler = false;        // SIGTERM/SIGINT: finish the step, save a checkpoint, exit 0
   double exit_duration_in_mins = 0;        // Megatron's name for --time-budget, in minutes
+  int keep_previous = 5;                   // --keep-previous N: earlier runs' weights and logs kept beside --out, --log-dir (0: all)
   long exit_interval = 0;                  // --exit-interval N: stop after the first step that is a multiple of N
   // data parallelism (parallel/data_parallel.hpp, docs/parallel.md)
   int ranks = 1;

@@ -79,9 +79,10 @@ inline std::string covered_windows(std::size_t evaluated, std::size_t total) {
 /// metrics.previous-<k>.jsonl, and its TensorBoard event files (events.out.tfevents.*) and
 /// trace.json in the folder previous-<k>/ (so TensorBoard shows that run apart, as "previous-<k>",
 /// instead of mixing its curves with the new run's), one k for all: the first that neither name
-/// takes. Returns one line per file kept (nothing when there was none). Renames only; throws
-/// std::filesystem::filesystem_error when a rename fails.
-inline std::vector<std::string> keep_previous_logs(const std::filesystem::path& log_dir) {
+/// takes. Then only the newest `keep` earlier runs' logs stay (--keep-previous; 0: all;
+/// loom_examples::drop_oldest). Returns one line per file kept or removed (nothing when there
+/// was none). Throws std::filesystem::filesystem_error when a rename fails.
+inline std::vector<std::string> keep_previous_logs(const std::filesystem::path& log_dir, int keep) {
   namespace fs = std::filesystem;
   const fs::path metrics = log_dir / "metrics.jsonl";
   std::vector<fs::path> moved;  // event files and the trace: into previous-<k>/
@@ -111,6 +112,12 @@ inline std::vector<std::string> keep_previous_logs(const std::filesystem::path& 
     lines.push_back("log: the previous run's TensorBoard events" + std::string(trace ? " and trace" : "") +
                     " are kept in " + dir.string() + "/");
   }
+  // --keep-previous: the newest `keep` earlier runs' logs (metrics.previous-<k>.jsonl, previous-<k>/)
+  std::vector<fs::path> kept_dirs;
+  for (int j = 1; j <= k; ++j)
+    if (fs::is_directory(log_dir / ("previous-" + std::to_string(j)), ec)) kept_dirs.push_back(log_dir / ("previous-" + std::to_string(j)));
+  for (const auto& group : {loom_examples::previous_runs(metrics), kept_dirs})
+    for (const std::string& line : loom_examples::drop_oldest(group, keep, "--keep-previous")) lines.push_back("log: " + line);
   return lines;
 }
 
@@ -164,8 +171,12 @@ void save_and_sample(const options& o, loom::train::whole_model& model, weights_
   const auto parent = out.path().parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   const auto kept = out.write([&] { model.save_weights(out.path(), meta); });
-  if (!kept.empty())
+  if (!kept.empty()) {
     std::printf("weights: the previous run's %s is kept as %s\n", out.path().c_str(), kept.c_str());
+    for (const std::string& line : loom_examples::drop_oldest(loom_examples::previous_runs(out.path()), o.keep_previous,
+                                                              "--keep-previous"))
+      std::printf("weights: %s\n", line.c_str());
+  }
   std::printf("%s to %s\n", saved.c_str(), out.path().c_str());
   if (!o.export_hf.empty()) {
     model.export_hf(o.export_hf);
@@ -462,7 +473,7 @@ struct run_logs {
   void open(const options& o, loom::train::console& con) {
     std::filesystem::create_directories(o.log_dir);
     if (o.resume.empty())
-      for (const std::string& line : keep_previous_logs(o.log_dir)) con.message(line);
+      for (const std::string& line : keep_previous_logs(o.log_dir, o.keep_previous)) con.message(line);
     tb.emplace(o.log_dir);
     jsonl.emplace(std::filesystem::path(o.log_dir) / "metrics.jsonl");
   }

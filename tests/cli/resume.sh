@@ -20,7 +20,7 @@
 #   8. preemption: SIGTERM under --exit-signal-handler finishes the step, saves, exits 0, and the
 #      resumed run ends with the uninterrupted run's weights byte for byte; a second signal ends
 #      the process at once and every checkpoint on disk still resumes; --exit-interval stops
-#      after a multiple of N.
+#      after a multiple of N; --keep-previous bounds the earlier runs' weights and logs kept.
 #   tests/cli/resume.sh <dir with train_gpt>
 set -u
 bin="$1"
@@ -243,6 +243,17 @@ kill -INT "$pid"; kill -INT "$pid" 2>/dev/null; wait "$pid"; status=$?
 "$t" "${common[@]}" --steps 9 --log-dir '' --out "$work/x.safetensors" --checkpoint-dir "$work/x" --exit-interval 4 \
   > "$work/x.txt" 2>&1 && grep -q "stopping at step 4 (--exit-interval)" "$work/x.txt" &&
   [[ "$(cat "$work/x/latest")" == "step_00000004" ]] && ok || bad "--exit-interval 4: $(tail -3 "$work/x.txt")"
+
+# --keep-previous 1: of the earlier runs' weights and logs only the newest copy stays
+for i in 1 2 3; do
+  "$t" "${common[@]}" --steps 1 --log-dir "$work/kp/logs" --out "$work/kp/w.safetensors" --keep-previous 1 \
+    > "$work/kp$i.txt" 2>&1 || bad "--keep-previous run $i: $(tail -3 "$work/kp$i.txt")"
+done
+[[ "$(cd "$work/kp" && ls | tr '\n' ' ')" == "logs w.previous-2.safetensors w.safetensors " &&
+   "$(cd "$work/kp/logs" && ls | grep -c 'previous')" == 2 && -d "$work/kp/logs/previous-2" &&
+   -f "$work/kp/logs/metrics.previous-2.jsonl" ]] &&
+  grep -q "^weights: removed the older copy .*w.previous-1.safetensors (--keep-previous 1 keeps the newest 1)" "$work/kp3.txt" &&
+  ok || bad "--keep-previous 1: $(ls -R "$work/kp"; grep removed "$work/kp3.txt")"
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

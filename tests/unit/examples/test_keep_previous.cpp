@@ -112,3 +112,29 @@ TEST_CASE("keep previous: undo_keep drops the kept name while the file is still 
   CHECK(loom_test::read_file(out) == "old");
   CHECK_FALSE(fs::exists(kept.kept));
 }
+
+TEST_CASE("keep previous: drop_oldest removes all but the newest kept copies, files and folders") {
+  loom_test::scratch_dir d("keep_previous_drop");
+  const fs::path out = d.path / "w.safetensors";
+  for (int k : {1, 2, 3, 10}) put(loom_examples::previous_run_name(out, k), std::to_string(k));
+  fs::create_directory(d.path / "previous-1");
+  put(d.path / "previous-1" / "trace.json", "{}");
+  put(out, "current");
+  // keep 0: everything stays
+  CHECK(loom_examples::drop_oldest(loom_examples::previous_runs(out), 0, "--keep-previous").empty());
+  CHECK(loom_examples::previous_runs(out).size() == 4);
+  // keep 2: k = 1 and 2 go, 3 and 10 stay with their bytes, the current file is untouched
+  const auto lines = loom_examples::drop_oldest(loom_examples::previous_runs(out), 2, "--keep-previous");
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].find("removed the older copy " + loom_examples::previous_run_name(out, 1).string()) == 0);
+  CHECK(lines[1].find("--keep-previous 2 keeps the newest 2") != std::string::npos);
+  CHECK(loom_examples::previous_runs(out) ==
+        std::vector<fs::path>{loom_examples::previous_run_name(out, 3), loom_examples::previous_run_name(out, 10)});
+  std::ifstream ten(loom_examples::previous_run_name(out, 10));
+  CHECK(std::string(std::istreambuf_iterator<char>(ten), {}) == "10");
+  CHECK(fs::exists(out));
+  // a folder (a run's kept TensorBoard events) goes whole
+  CHECK(loom_examples::drop_oldest({d.path / "previous-1", out}, 1, "--keep-previous").size() == 1);
+  CHECK(!fs::exists(d.path / "previous-1"));
+  CHECK(fs::exists(out));
+}
