@@ -56,14 +56,25 @@ inline std::vector<std::filesystem::path> previous_runs(const std::filesystem::p
   return paths;
 }
 
-/// Bounds what keep_previous and its like accumulate: of the earlier runs' copies `kept` (oldest
-/// first, e.g. previous_runs(out)), removes all but the newest `keep` (0: keeps all). Returns one
-/// line per copy removed, naming it and `flag`. A copy that cannot be removed is left, with a
-/// line saying so; nothing else is touched.
-inline std::vector<std::string> drop_oldest(const std::vector<std::filesystem::path>& kept, int keep,
+/// Bounds what keep_previous and its like accumulate: of the earlier runs' copies `copies` (e.g.
+/// previous_runs(out)), removes all but the `keep` last modified (0: keeps all). By age, not by
+/// k: keep_previous takes the first free k, so after a removal the newest copy may have the
+/// lowest k (a kept weights file is a hard link, whose time is its run's write; a kept folder's
+/// is when the run's files were moved in). Returns one line per copy removed, naming it and
+/// `flag`. A copy that cannot be removed is left, with a line saying so; nothing else is touched.
+inline std::vector<std::string> drop_oldest(const std::vector<std::filesystem::path>& copies, int keep,
                                             std::string_view flag) {
   std::vector<std::string> lines;
-  if (keep <= 0 || kept.size() <= std::size_t(keep)) return lines;
+  if (keep <= 0 || copies.size() <= std::size_t(keep)) return lines;
+  std::vector<std::pair<std::filesystem::file_time_type, std::filesystem::path>> aged;
+  for (const auto& c : copies) {
+    std::error_code ec;
+    const auto t = std::filesystem::last_write_time(c, ec);
+    aged.emplace_back(ec ? std::filesystem::file_time_type::min() : t, c);
+  }
+  std::stable_sort(aged.begin(), aged.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::filesystem::path> kept;
+  for (auto& a : aged) kept.push_back(std::move(a.second));
   for (std::size_t i = 0; i + std::size_t(keep) < kept.size(); ++i) {
     std::error_code ec;
     std::filesystem::remove_all(kept[i], ec);

@@ -52,6 +52,26 @@ inline std::string shortest(double v) {
   return buf;
 }
 
+/// A CLI11 check: the value is a finite number >= `least` (number_at_least) or > `least`
+/// (number_above); the message says so in a few words ("'-1' is below 0: pass 0 or more")
+/// where CLI::NonNegativeNumber writes out the largest double.
+inline CLI::Validator number_bound(double least, bool strict) {
+  return CLI::Validator(
+      [least, strict](std::string& v) {
+        char* end = nullptr;
+        errno = 0;
+        const double x = v.empty() ? 0 : std::strtod(v.c_str(), &end);
+        if (v.empty() || end != v.c_str() + v.size() || errno == ERANGE || !std::isfinite(x))
+          return "'" + v + "' is not a number";
+        if (strict ? x > least : x >= least) return std::string();
+        return "'" + v + "' is " + (strict && x == least ? "not above " : "below ") + shortest(least) + ": pass " +
+               (strict ? "a number above " + shortest(least) : shortest(least) + " or more");
+      },
+      std::string(strict ? "NUMBER>" : "NUMBER>=") + shortest(least));
+}
+inline CLI::Validator number_at_least(double least) { return number_bound(least, false); }
+inline CLI::Validator number_above(double least) { return number_bound(least, true); }
+
 /// A Megatron-LM flag that only tunes PyTorch or GPU internals: accepted, with a note of what
 /// loom does instead (apply_megatron_flags). `values`: the accepted values ("" for a switch,
 /// "*" for any value).
@@ -129,7 +149,7 @@ inline void add_megatron_flags(CLI::App& app, options& o) {
       ->group(group);
   app.add_option("--exit-duration-in-mins", o.exit_duration_in_mins,
                  "--time-budget in minutes: stop training after this many minutes, saving a checkpoint")
-      ->check(CLI::PositiveNumber)->group(group);
+      ->check(number_at_least(0))->group(group);
   for (const auto& f : megatron_internals) {
     const std::string help = std::string("accepted, changes nothing: ") + f.note;
     if (*f.values == 0) {
@@ -194,7 +214,7 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--early-stop", o.early_stop,
                  "PATIENCE: end training when the validation loss has not improved for PATIENCE periodic evaluations "
                  "(--eval-every); the saved weights, final validation and sample are then the best evaluation's (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   app.add_option("--seed", o.seed, "seed for initialisation, data order and sampling (>= 0)")->check(whole_number(0));
   app.add_option("--time-budget", o.time_budget, "stop training after this many seconds (0: no limit)");
   app.add_option("--log-dir", o.log_dir,
@@ -217,7 +237,7 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--keep-previous", o.keep_previous,
                  "earlier runs' weights (<name>.previous-<k>.safetensors) and logs (--log-dir's metrics.previous-<k>.jsonl, "
                  "previous-<k>/) kept; older ones are removed when a run keeps another (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training (bytes for a text file)");
   app.add_option("--prompt", o.prompt,
                  "prompt for the sample (for a dataset: normalized as prepare_data normalized its text, see docs/data.md)");
@@ -229,8 +249,8 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--checkpoint-dir,--save", o.checkpoint_dir,
                  "save checkpoints here (step_NNNNNNNN/ directories and a 'latest' pointer; off by default)");
   app.add_option("--save-every,--save-interval", o.save_every, "steps between checkpoints (0: only at the end of the run)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--keep", o.keep, "newest checkpoints to keep (0: all)")->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
+  app.add_option("--keep", o.keep, "newest checkpoints to keep (0: all)")->check(whole_number(0));
   auto* resume = app.add_option("--resume", o.resume,
                                 "continue from the newest valid checkpoint in DIR (a --checkpoint-dir) or from one "
                                 "step_NNNNNNNN directory, bit for bit; checkpoints keep going to DIR");
@@ -245,10 +265,10 @@ inline void add_flags(CLI::App& app, options& o) {
                "signal ends the process at once; what is on disk stays whole)");
   app.add_option("--exit-interval", o.exit_interval,
                  "end the run after the first step that is a multiple of N, saving a checkpoint (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   app.add_option("--stop-at-step", o.stop_at_step,
                  "end this run after this many completed steps, saving a checkpoint; the schedule still spans --steps")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   app.add_option("--export-hf", o.export_hf,
                  "after training, write Hugging Face weights (GPT2LMHeadModel or LlamaForCausalLM: model.safetensors, "
                  "config.json) to this directory");
@@ -259,7 +279,7 @@ inline void add_flags(CLI::App& app, options& o) {
                  "(--device ascend: one process per NPU started with RANK_TABLE_FILE and RANK_ID, a rank-table launch)")
       ->check(CLI::IsMember({"threads", "mpi", "hccl"}));
   app.add_option("--bucket-mb", o.bucket_mb, "data parallel: gradient bucket size in MiB (a layer never splits)")
-      ->check(CLI::PositiveNumber);
+      ->check(number_above(0));
   app.add_flag("--no-overlap", o.no_overlap,
                "data parallel: run each bucket's all-reduce where it would start, blocking (communication not hidden)");
   app.add_flag("--zero1", o.zero1, "data parallel: shard the AdamW moments across ranks (ZeRO stage 1)");
@@ -273,10 +293,10 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_option("--comm-timeout", o.comm_timeout,
                  "data parallel: seconds a collective may wait for the other ranks before the run stops with an "
                  "error naming them (0: wait forever)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_at_least(0));
   app.add_option("--replica-check-every", o.replica_check_every,
                  "data parallel: compare a parameter checksum across ranks every N steps (0: never)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   app.add_option("--layout", o.layout,
                  "tensor x pipeline parallel degrees tp<TP>pp<PP> (any the model divides; one the build lacks is "
                  "compiled on first use); the world (--ranks or mpirun -np) is TP*PP*DP ranks, data parallel on top; "
@@ -704,6 +724,10 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
     throw loom::input_error("--stop-at-step " + std::to_string(o.stop_at_step) + " is not before --steps " +
                             std::to_string(o.steps) + ": the run ends first, and --stop-at-step has no effect; pass "
                             "--stop-at-step < " + std::to_string(o.steps) + ", or drop it");
+  if (o.exit_interval > 0 && o.exit_interval >= o.steps)
+    throw loom::input_error("--exit-interval " + std::to_string(o.exit_interval) + " is not below --steps " +
+                            std::to_string(o.steps) + ": the run ends first, and --exit-interval has no effect; pass "
+                            "--exit-interval < " + std::to_string(o.steps) + ", or drop it");
   if (o.discard_newer_checkpoints && o.resume.empty())
     throw loom::input_error("--discard-newer-checkpoints has no effect without --resume: a new run never writes into "
                             "a directory that holds checkpoints; drop it, or pass --resume DIR");

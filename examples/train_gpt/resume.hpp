@@ -23,6 +23,7 @@ namespace train_gpt_cli {
 struct resume_point {
   long step = 0;              ///< optimizer steps already taken
   std::uint64_t tokens = 0;   ///< training tokens already consumed
+  std::string line;           ///< "resumed from DIR: step N, T tokens seen", for the console
 };
 
 /// The flags that give back a checkpoint's warm-up and decay where they differ from the running
@@ -44,11 +45,11 @@ inline std::string schedule_flags(const nlohmann::json& manifest, const loom::op
 
 /// Loads the newest valid checkpoint under `dir` into `s` (io::resume_checkpoint: parameters,
 /// optimizer state, step, loss scaler; resharded when it was saved under another layout), moves
-/// `src` to the saved data position, passes every warning to `warn` and, on the lead rank, prints
-/// where the run resumes. Throws loom::input_error when nothing valid is found or the checkpoint
+/// `src` to the saved data position and passes every warning to `warn`; the returned point's
+/// `line` says where the run resumes. Throws loom::input_error when nothing valid is found or the checkpoint
 /// has no data position (it was not written by train_gpt).
 template <class Source, class Warn>
-resume_point resume_run(loom::train::session& s, const std::string& dir, Source& src, Warn&& warn, bool lead) {
+resume_point resume_run(loom::train::session& s, const std::string& dir, Source& src, Warn&& warn) {
   const auto info = s.resume(dir, warn);
   for (const auto& w : info.warnings) warn(w);
   if (const std::string flags = schedule_flags(info.manifest, s.config().schedule); !flags.empty())
@@ -67,10 +68,9 @@ resume_point resume_run(loom::train::session& s, const std::string& dir, Source&
                             "integers epoch, index, seed); it was not written by train_gpt: start a new run, or load "
                             "its weights with --init-from-hf after export");
   src.restore({loom::data::source_kind(*kind), *epoch, *index, *seed});
-  if (lead)
-    std::printf("resumed from %s: step %ld, %llu tokens seen\n", info.dir.c_str(), info.step,
-                static_cast<unsigned long long>(info.state.tokens));
-  return {info.step, info.state.tokens};
+  return {info.step, info.state.tokens,
+          "resumed from " + info.dir.string() + ": step " + std::to_string(info.step) + ", " +
+              std::to_string(info.state.tokens) + " tokens seen"};
 }
 
 /// The checkpoints of `ckpt_dir` newer than the resumed step `step`, which a run continuing from
@@ -113,7 +113,8 @@ std::vector<std::string> set_aside_newer_checkpoints(const std::string& ckpt_dir
     if (ec)
       throw loom::input_error("cannot move '" + e.dir.string() + "' to '" + to.string() + "' (" + ec.message() +
                               "); nothing was trained; move it yourself or pass another --checkpoint-dir");
-    moved += (moved.empty() ? "" : ", ") + to.filename().string();
+    moved += (moved.empty() ? "" : ", ") + e.dir.filename().string() +
+             (to.filename() == e.dir.filename() ? "" : " (as " + to.filename().string() + ")");
   }
   const auto left = loom::io::list_checkpoints(ckpt_dir);
   if (!left.empty()) loom::io::detail::write_latest(ckpt_dir, left.back().dir.filename().string());

@@ -114,8 +114,12 @@ inline std::vector<std::string> keep_previous_logs(const std::filesystem::path& 
   }
   // --keep-previous: the newest `keep` earlier runs' logs (metrics.previous-<k>.jsonl, previous-<k>/)
   std::vector<fs::path> kept_dirs;
-  for (int j = 1; j <= k; ++j)
-    if (fs::is_directory(log_dir / ("previous-" + std::to_string(j)), ec)) kept_dirs.push_back(log_dir / ("previous-" + std::to_string(j)));
+  for (const auto& e : fs::directory_iterator(log_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory(ec) && name.rfind("previous-", 0) == 0 && name.size() > 9 &&
+        name.find_first_not_of("0123456789", 9) == std::string::npos)
+      kept_dirs.push_back(e.path());
+  }
   for (const auto& group : {loom_examples::previous_runs(metrics), kept_dirs})
     for (const std::string& line : loom_examples::drop_oldest(group, keep, "--keep-previous")) lines.push_back("log: " + line);
   return lines;
@@ -417,7 +421,7 @@ resume_point start_of_run(const options& o, loom::train::session& s, const loom:
                           loom::data::batch_source<>& src, const std::string& ckpt_dir, Warn&& warn, bool lead) {
   resume_point at;
   if (!o.resume.empty()) {
-    at = resume_run(s, o.resume, src, warn, lead);
+    at = resume_run(s, o.resume, src, warn);
     // newer checkpoints in the directory this run saves to are never overwritten (moved aside or refused)
     std::error_code ec;
     const bool resumed_root = !std::filesystem::exists(std::filesystem::path(o.resume) / "manifest.json", ec) &&
@@ -425,6 +429,7 @@ resume_point start_of_run(const options& o, loom::train::session& s, const loom:
     for (const std::string& w : set_aside_newer_checkpoints(ckpt_dir, at.step, resumed_root, o.discard_newer_checkpoints,
                                                             lead, [&] { (void)s.broadcast_from_lead(0); }))
       warn(w);
+    if (lead) std::printf("%s\n", at.line.c_str());
     if (at.step >= o.steps)
       warn("the checkpoint is at step " + std::to_string(at.step) + ", and --steps is " + std::to_string(o.steps) +
            ": no step is left to train (only the validation, the weights and the sample); pass --steps > " +

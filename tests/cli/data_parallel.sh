@@ -13,6 +13,7 @@ set -euo pipefail
 bin="$1"
 shift
 mpiexec=("$@")
+root="$(cd "$(dirname "$0")/../.." && pwd)"  # the source tree (scripts/loomrun)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 data="${LOOM_DATA_DIR:-../shared/data}/tinyshakespeare.txt"
@@ -125,6 +126,21 @@ if (( ${#mpiexec[@]} )); then
       { echo "SIGSTOP of one rank: no timeout message"; tail -5 "$work/hang-$sig.txt"; exit 1; }
     echo "mpi: SIG$sig of one rank ended the job in $waited s (status $rc)"
   done
+  # scripts/loomrun restarts an mpirun job whose rank was killed from its newest checkpoint: the
+  # run completes with the uninterrupted run's weights, byte for byte
+  mlong=("${any_steps[@]}" --steps 200 --comm mpi)
+  OMP_NUM_THREADS=1 "${mpiexec[@]}" -n 2 "$bin/train_gpt" "${mlong[@]}" --out "$work/mref.safetensors" > "$work/mref.txt" 2>&1
+  OMP_NUM_THREADS=1 "$root/scripts/loomrun" --restart-delay 0 -- "${mpiexec[@]}" -n 2 "$bin/train_gpt" "${mlong[@]}" \
+    --out "$work/mrun.safetensors" --checkpoint-dir "$work/mrun" --save-every 20 > "$work/mrun.txt" 2>&1 &
+  job=$!
+  for _ in $(seq 1200); do [[ -e "$work/mrun/latest" ]] && break; sleep 0.05; done
+  pkill -9 -f -- "^[^ ]*train_gpt .*--out $work/mrun.safetensors" || true
+  set +e; wait "$job"; rc=$?; set -e
+  [[ $rc == 0 ]] && grep -q '^loomrun: the job failed with status [0-9]* after [0-9]* s; restart 1 of 3' "$work/mrun.txt" &&
+    grep -q 'loomrun: the job completed after 1 restart' "$work/mrun.txt" ||
+    { echo "loomrun under mpirun: status $rc"; grep -v '^step' "$work/mrun.txt" | tail -8; exit 1; }
+  cmp "$work/mref.safetensors" "$work/mrun.safetensors" || { echo "loomrun under mpirun: final weights differ"; exit 1; }
+  echo "loomrun: a killed MPI rank restarted $(grep -o 'from [^ ]* (step_[0-9]*)' "$work/mrun.txt" | head -1), same weights"
 fi
 
 # preemption under --ranks 2: SIGTERM with --exit-signal-handler saves and exits 0 on both ranks;
@@ -142,6 +158,25 @@ set +e; wait "$job"; rc=$?; set -e
 OMP_NUM_THREADS=2 "$bin/train_gpt" "${long[@]}" --out "$work/pre.safetensors" --resume "$work/pre" > "$work/pre2.txt"
 cmp "$work/pre-ref.safetensors" "$work/pre.safetensors" || { echo "SIGTERM under --ranks 2: resumed weights differ"; exit 1; }
 echo "preemption under --ranks 2: $(grep -o '^SIGTERM: checkpoint of step [0-9]*' "$work/pre1.txt"), resumed to the same weights"
+# scripts/loomrun: the --ranks 2 process killed (SIGKILL) after its first checkpoint is started
+# again from it and ends with the same weights; bad input is not retried; a job without
+# checkpoints is refused
+"$root/scripts/loomrun" --restart-delay 0 -- env OMP_NUM_THREADS=2 "$bin/train_gpt" "${long[@]}" \
+  --out "$work/lr.safetensors" --checkpoint-dir "$work/lr" --save-every 20 > "$work/lr.txt" 2>&1 &
+job=$!
+for _ in $(seq 1200); do [[ -e "$work/lr/latest" ]] && break; sleep 0.05; done
+pkill -9 -f -- "^[^ ]*train_gpt .*--out $work/lr.safetensors" || true
+set +e; wait "$job"; rc=$?; set -e
+[[ $rc == 0 ]] && grep -q 'restart 1 of 3' "$work/lr.txt" && cmp -s "$work/pre-ref.safetensors" "$work/lr.safetensors" ||
+  { echo "loomrun under --ranks 2: status $rc"; grep -v '^step' "$work/lr.txt" | tail -6; exit 1; }
+set +e
+"$root/scripts/loomrun" -- "$bin/train_gpt" "${long[@]}" --checkpoint-dir "$work/lr2" --ranks 0 > "$work/lr2.txt" 2>&1; rc2=$?
+"$root/scripts/loomrun" -- "$bin/train_gpt" "${long[@]}" > "$work/lr3.txt" 2>&1; rc3=$?
+set -e
+[[ $rc2 == 2 && $(grep -c 'restart' "$work/lr2.txt") == 1 ]] && grep -q 'refused its input (status 2); not restarting' "$work/lr2.txt" &&
+  [[ $rc3 == 2 ]] && grep -q 'saves no checkpoints' "$work/lr3.txt" ||
+  { echo "loomrun refusals: $rc2 $rc3"; cat "$work/lr2.txt" "$work/lr3.txt"; exit 1; }
+echo "loomrun: a killed --ranks 2 run restarted from its checkpoint, same weights"
 
 expect_status_2() {  # expected message, then the flags
   local want="$1"; shift

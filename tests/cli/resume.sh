@@ -244,16 +244,18 @@ kill -INT "$pid"; kill -INT "$pid" 2>/dev/null; wait "$pid"; status=$?
   > "$work/x.txt" 2>&1 && grep -q "stopping at step 4 (--exit-interval)" "$work/x.txt" &&
   [[ "$(cat "$work/x/latest")" == "step_00000004" ]] && ok || bad "--exit-interval 4: $(tail -3 "$work/x.txt")"
 
-# --keep-previous 1: of the earlier runs' weights and logs only the newest copy stays
-for i in 1 2 3; do
-  "$t" "${common[@]}" --steps 1 --log-dir "$work/kp/logs" --out "$work/kp/w.safetensors" --keep-previous 1 \
+# --keep-previous 2: of the earlier runs' weights and logs the two newest stay, by age: the fifth
+# run keeps the fourth's weights under the freed name previous-1 and removes the second's
+for i in 1 2 3 4 5; do
+  "$t" "${common[@]}" --steps "$i" --log-dir "$work/kp/logs" --out "$work/kp/w.safetensors" --keep-previous 2 \
     > "$work/kp$i.txt" 2>&1 || bad "--keep-previous run $i: $(tail -3 "$work/kp$i.txt")"
 done
-[[ "$(cd "$work/kp" && ls | tr '\n' ' ')" == "logs w.previous-2.safetensors w.safetensors " &&
-   "$(cd "$work/kp/logs" && ls | grep -c 'previous')" == 2 && -d "$work/kp/logs/previous-2" &&
-   -f "$work/kp/logs/metrics.previous-2.jsonl" ]] &&
-  grep -q "^weights: removed the older copy .*w.previous-1.safetensors (--keep-previous 1 keeps the newest 1)" "$work/kp3.txt" &&
-  ok || bad "--keep-previous 1: $(ls -R "$work/kp"; grep removed "$work/kp3.txt")"
+steps_of() { head -c 4096 "$1" | grep -ao '"steps":"[0-9]*"' | grep -o '[0-9]*'; }
+kept="$(for f in "$work"/kp/w.previous-*.safetensors; do steps_of "$f"; done | sort | tr '\n' ' ')"
+[[ "$kept" == "3 4 " && "$(steps_of "$work/kp/w.safetensors")" == 5 &&
+   $(ls -d "$work"/kp/logs/previous-* | wc -l) == 2 && $(ls "$work"/kp/logs/metrics.previous-*.jsonl | wc -l) == 2 ]] &&
+  grep -q "^weights: removed the older copy .*w.previous-2.safetensors (--keep-previous 2 keeps the newest 2)" "$work/kp5.txt" &&
+  ok || bad "--keep-previous 2: kept the weights of runs '$kept'; $(ls "$work/kp" "$work/kp/logs"; grep removed "$work/kp5.txt")"
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -113,7 +114,7 @@ TEST_CASE("keep previous: undo_keep drops the kept name while the file is still 
   CHECK_FALSE(fs::exists(kept.kept));
 }
 
-TEST_CASE("keep previous: drop_oldest removes all but the newest kept copies, files and folders") {
+TEST_CASE("keep previous: drop_oldest removes all but the most recently written copies, files and folders") {
   loom_test::scratch_dir d("keep_previous_drop");
   const fs::path out = d.path / "w.safetensors";
   for (int k : {1, 2, 3, 10}) put(loom_examples::previous_run_name(out, k), std::to_string(k));
@@ -133,6 +134,15 @@ TEST_CASE("keep previous: drop_oldest removes all but the newest kept copies, fi
   std::ifstream ten(loom_examples::previous_run_name(out, 10));
   CHECK(std::string(std::istreambuf_iterator<char>(ten), {}) == "10");
   CHECK(fs::exists(out));
+  // by age, not by k: a newest copy that took the freed k = 1 stays, the oldest (k = 3) goes
+  put(loom_examples::previous_run_name(out, 1), "newest");
+  const auto now = fs::file_time_type::clock::now();
+  fs::last_write_time(loom_examples::previous_run_name(out, 3), now - std::chrono::hours(2));
+  fs::last_write_time(loom_examples::previous_run_name(out, 10), now - std::chrono::hours(1));
+  fs::last_write_time(loom_examples::previous_run_name(out, 1), now);
+  REQUIRE(loom_examples::drop_oldest(loom_examples::previous_runs(out), 2, "--keep-previous").size() == 1);
+  CHECK(loom_examples::previous_runs(out) ==
+        std::vector<fs::path>{loom_examples::previous_run_name(out, 1), loom_examples::previous_run_name(out, 10)});
   // a folder (a run's kept TensorBoard events) goes whole
   CHECK(loom_examples::drop_oldest({d.path / "previous-1", out}, 1, "--keep-previous").size() == 1);
   CHECK(!fs::exists(d.path / "previous-1"));
