@@ -96,6 +96,10 @@ inline constexpr internals_flag megatron_internals[] = {
                                   "(--no-overlap turns it off)"},
     {"--distributed-backend", "nccl|gloo|hccl", "loom chooses the communicator by --comm (threads or mpi) and --device "
                                                 "(HCCL between NPUs)"},
+    {"--async-save", "", "loom writes every checkpoint in the background already (the step waits only while the state "
+                         "is copied)"},
+    {"--use-dist-ckpt", "", "loom's checkpoints are one file per model-parallel rank and reshard onto any layout on load "
+                            "already (docs/checkpoint.md)"},
     {"--tokenizer-type", "*", "loom uses the tokenizer of the --data dataset (its PREFIX.model, recorded in PREFIX.json); "
                               "a text file trains on bytes"},
     {"--tokenizer-model", "*", "loom uses the tokenizer of the --data dataset (its PREFIX.model, recorded in PREFIX.json); "
@@ -109,8 +113,8 @@ inline void add_megatron_flags(CLI::App& app, options& o) {
   app.add_option("--data-path", o.data_path, "Megatron's --data: one dataset PREFIX (a weighted blend is refused)")
       ->expected(1, -1)->group(group);
   app.add_option("--load", o.load,
-                 "Megatron's --resume: continue from the newest checkpoint in DIR; when DIR is --save's and holds "
-                 "none yet, start from step 0 (as Megatron)")->group(group);
+                 "Megatron's --resume: continue from the newest checkpoint in DIR (new checkpoints go to --save, "
+                 "else to DIR); when DIR is --save's and holds none yet, start from step 0 (as Megatron)")->group(group);
   app.add_option("--lr-decay-style", o.lr_decay_style,
                  "cosine (loom's schedule: linear warm-up, cosine decay to --min-lr) or constant (--min-lr = --lr)")
       ->group(group);
@@ -147,6 +151,12 @@ inline void add_megatron_flags(CLI::App& app, options& o) {
                  "1 only: loom's pipeline is 1F1B without interleaved stages")->check(CLI::Range(1, 1 << 20))->group(group);
   app.add_option("--split", o.split, "refused: loom holds out --val-fraction of the data and has no test split")
       ->group(group);
+  app.add_option("--ckpt-step", o.ckpt_step, "with --load DIR: continue from DIR/step_N (--resume DIR/step_NNNNNNNN)")
+      ->check(whole_number(0))->group(group);
+  const std::string whole_state =
+      "refused: a checkpoint is loaded and saved whole (parameters, optimizer, data position); see docs/megatron.md";
+  for (const char* f : {"--finetune", "--no-load-optim", "--no-load-rng", "--no-save-optim", "--no-save-rng"})
+    app.add_flag(f, whole_state)->group(group);
   app.add_option("--exit-duration-in-mins", o.exit_duration_in_mins,
                  "--time-budget in minutes: stop training after this many minutes, saving a checkpoint")
       ->check(number_at_least(0))->group(group);
@@ -459,6 +469,23 @@ inline void apply_megatron_flags(options& o, const CLI::App& app) {
       throw input_error("--data-path with " + std::to_string(o.data_path.size()) + " values is a blend of datasets "
                         "(weight prefix ...): blending is not supported yet; pass one dataset, --data-path PREFIX");
     o.data = o.data_path.front();
+  }
+  for (const char* f : {"--finetune", "--no-load-optim", "--no-load-rng"})
+    if (given(f))
+      throw input_error(std::string(f) + ": loom loads a checkpoint whole (parameters, optimizer state, step, data "
+                        "position) to continue it exactly; to start a new run from trained weights, export them "
+                        "(--export-hf DIR at the end of the run) and pass --init-from-hf DIR");
+  for (const char* f : {"--no-save-optim", "--no-save-rng"})
+    if (given(f))
+      throw input_error(std::string(f) + ": loom's checkpoints always hold the whole state, so that a resume repeats "
+                        "the run exactly; drop it (--out writes the weights alone at the end of the run)");
+  if (given("--ckpt-step")) {
+    if (!given("--load"))
+      throw input_error("--ckpt-step " + std::to_string(o.ckpt_step) + " chooses a step of --load's directory; pass "
+                        "--load DIR too, or --resume DIR/step_NNNNNNNN");
+    char name[32];
+    std::snprintf(name, sizeof name, "step_%08ld", o.ckpt_step);
+    o.load = (std::filesystem::path(o.load) / name).string();
   }
   if (given("--exit-duration-in-mins")) {
     if (given("--time-budget"))

@@ -83,6 +83,7 @@ struct options {
   bool sequence_parallel = false;      // refused: loom has no sequence parallelism
   int context_parallel_size = 1, expert_parallel_size = 1, virtual_pipeline_size = 1, num_experts = 0;
   std::string split;                   // refused: loom has --val-fraction and no test split
+  long ckpt_step = -1;                 // --ckpt-step N with --load DIR: resume DIR/step_N
   std::vector<std::string> notes;      // "note: ..." / "warning: ..." lines main() prints to stderr once
 };
 

@@ -75,9 +75,11 @@ resume_point resume_run(loom::train::session& s, const std::string& dir, Source&
 
 /// The checkpoints of `ckpt_dir` newer than the resumed step `step`, which a run continuing from
 /// `step` into ckpt_dir would overwrite as it reaches their steps. `resumed_root`: --resume named
-/// ckpt_dir itself, so the resume took the checkpoint `latest` names or the newest that verifies
-/// and the newer ones are damaged or were never published by `latest` (a save cut short): they
-/// are moved aside on their own. Otherwise the user chose an older checkpoint: without `discard`
+/// ckpt_dir itself, so the resume took the checkpoint `latest` names or the newest that verifies;
+/// the newer ones that do not verify (damaged) are moved aside on their own, while a complete one
+/// `latest` never named (a save cut short between its rename and `latest`) is left: it is this
+/// run's, and the run saves that step again with the same bytes. Otherwise the user chose an
+/// older checkpoint: without `discard`
 /// (--discard-newer-checkpoints) the run is refused (loom::input_error naming the choices); with
 /// it they are moved aside. Moved aside = renamed into ckpt_dir/set-aside/ (a numbered suffix
 /// when the name is taken there), `latest` rewritten to the newest checkpoint left (or removed):
@@ -89,8 +91,17 @@ std::vector<std::string> set_aside_newer_checkpoints(const std::string& ckpt_dir
                                                      bool discard, bool lead, Barrier&& barrier) {
   namespace fs = std::filesystem;
   std::vector<loom::io::checkpoint_entry> newer;
-  for (const auto& e : loom::io::list_checkpoints(ckpt_dir))
-    if (e.step > step) newer.push_back(e);
+  for (const auto& e : loom::io::list_checkpoints(ckpt_dir)) {
+    if (e.step <= step) continue;
+    if (resumed_root) {  // only the damaged: a complete save `latest` never named is this run's, saved again alike
+      try {
+        (void)loom::io::verify_checkpoint(e.dir);
+        continue;
+      } catch (const loom::input_error&) {
+      }
+    }
+    newer.push_back(e);
+  }
   if (ckpt_dir.empty() || newer.empty()) return {};
   std::string names;
   for (const auto& e : newer) names += (names.empty() ? "" : ", ") + e.dir.filename().string();
@@ -119,8 +130,7 @@ std::vector<std::string> set_aside_newer_checkpoints(const std::string& ckpt_dir
   const auto left = loom::io::list_checkpoints(ckpt_dir);
   if (!left.empty()) loom::io::detail::write_latest(ckpt_dir, left.back().dir.filename().string());
   else fs::remove(fs::path(ckpt_dir) / "latest", ec);
-  return {std::string(resumed_root ? "checkpoints newer than the one resumed did not verify or were never named by "
-                                     "'latest' (a save cut short); "
+  return {std::string(resumed_root ? "checkpoints newer than the one resumed did not verify; "
                                    : "--discard-newer-checkpoints: ") +
           "moved " + moved + " into '" + aside.string() + "', so that this run does not overwrite them"};
 }

@@ -245,6 +245,12 @@ expect_refusal "^train_gpt: error: --virtual-pipeline-model-parallel-size 2: loo
   "$t" "${m[@]}" --virtual-pipeline-model-parallel-size 2
 expect_refusal "^train_gpt: error: --split 969,30,1: loom holds out --val-fraction .*no test split; pass e.g. --val-fraction" \
   "$t" "${m[@]}" --split 969,30,1
+for flag in --finetune --no-load-optim --no-load-rng; do
+  expect_refusal "^train_gpt: error: $flag: loom loads a checkpoint whole .*pass --init-from-hf DIR$" "$t" "${m[@]}" $flag
+done
+expect_refusal "^train_gpt: error: --no-save-optim: loom's checkpoints always hold the whole state" "$t" "${m[@]}" --no-save-optim
+expect_refusal "^train_gpt: error: --ckpt-step 4 chooses a step of --load's directory; pass --load DIR too" \
+  "$t" "${m[@]}" --ckpt-step 4
 for style in linear inverse-square-root WSD; do
   expect_refusal "^train_gpt: error: --lr-decay-style $style: loom's schedule is a linear warm-up, then a cosine decay .*$style is not implemented yet; pass --lr-decay-style cosine or constant" \
     "$t" "${m[@]}" --lr-decay-style $style

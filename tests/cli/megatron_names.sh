@@ -3,7 +3,8 @@
 # (a derived --grad-accum, a warm-up fraction, a constant schedule, AdamW's numbers, full
 # recomputation, checkpoints through --save/--load), the loss and validation lines and the weights
 # bit for bit those of the run with loom's names; a run stopped at step 4 and continued by --load (the same
-# --save directory) ends with the same numbers; another --adam-beta2 changes the losses (the flag
+# --save directory) ends with the same numbers, and so does one continued from --ckpt-step 4;
+# another --adam-beta2 changes the losses (the flag
 # reaches the optimizer). The notes for flags that only tune PyTorch internals go to stderr once.
 #   tests/cli/megatron_names.sh <dir with train_gpt>
 set -euo pipefail
@@ -57,6 +58,13 @@ grep -q 'resumed from .*step_00000004: step 4' "$work/part2.txt" || { echo "--lo
 w=$(last "$work/megatron.txt"); r=$(last "$work/part2.txt")
 [[ -n "$w" && "$w" == "$r" ]] || { echo "resumed by --load: $r | uninterrupted: $w"; exit 1; }
 cmp "$work/b.safetensors" "$work/c.safetensors" || { echo "the resumed weights differ"; exit 1; }
+
+# --ckpt-step 4 with --load: that checkpoint (newer ones moved aside on request), the same numbers
+"$bin/train_gpt" "${common[@]}" "${megatron[@]}" --out "$work/e.safetensors" --save "$work/cb" --load "$work/cb" \
+  --ckpt-step 4 --discard-newer-checkpoints --async-save --use-dist-ckpt > "$work/step4.txt" 2> "$work/step4.err"
+grep -q 'resumed from .*cb/step_00000004: step 4' "$work/step4.txt" && cmp -s "$work/b.safetensors" "$work/e.safetensors" &&
+  [[ -d "$work/cb/set-aside/step_00000008" ]] && grep -q "^train_gpt: note: --async-save changes nothing: " "$work/step4.err" ||
+  { echo "--ckpt-step 4:"; cat "$work/step4.txt" "$work/step4.err"; exit 1; }
 
 # --adam-beta2 reaches the optimizer: another value, other losses
 beta=("${megatron[@]}")

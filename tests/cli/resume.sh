@@ -90,7 +90,7 @@ grep -q "resumed from .*step_00000003" "$work/b3.txt" && ok || bad "did not resu
 [[ "$(losses "$work/b/logs3/metrics.jsonl")" == "$(losses "$work/b/logs2/metrics.jsonl")" ]] && ok || bad "losses after fallback"
 cmp -s "$work/a/w.safetensors" "$work/b/w3.safetensors" && ok || bad "final weights after fallback"
 # the damaged checkpoint the resume passed over was moved aside, not overwritten by the new step 6
-grep -q "warning: checkpoints newer than the one resumed did not verify .*moved step_00000006 into '.*b/ckpt/set-aside'" \
+grep -q "warning: checkpoints newer than the one resumed did not verify.*moved step_00000006 into '.*b/ckpt/set-aside'" \
   "$work/b3.err" && cmp -s "$work/b/ckpt/set-aside/step_00000006/model-tp00-pp00.safetensors" "$work/damaged-step6.safetensors" &&
   ok || bad "the damaged step 6 was not kept aside: $(cat "$work/b3.err"; ls "$work/b/ckpt" "$work/b/ckpt/set-aside")"
 
