@@ -758,6 +758,7 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
   save_checkpoint();  // the last step, also after --stop-at-step, --exit-interval, a signal or the time budget
   saver.finish();
   const std::string save_failures = saver.failure_summary();
+  if (const auto msg = prof.finish(s); !msg.empty() && lead) con.message(msg);
   if (stop_signal != 0) {  // preemption: the checkpoint is all that is wanted
     if (lead) {
       con.finish();
@@ -767,7 +768,6 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
     }
     return save_failures.empty() ? 0 : 1;
   }
-  if (const auto msg = prof.finish(s); !msg.empty() && lead) con.message(msg);
   if (!evaluator) return 0;  // the other dp replicas are done: replica 0 validates, rank 0 saves and samples
   if (lead) con.finish();
   if (const auto dm = s.memory(); lead && dm.device_reserved > 0)  // the high-water mark of the whole run
