@@ -172,7 +172,10 @@ set +e; wait "$job"; rc=$?; set -e
 set +e
 "$root/scripts/loomrun" -- "$bin/train_gpt" "${long[@]}" --checkpoint-dir "$work/lr2" --ranks 0 > "$work/lr2.txt" 2>&1; rc2=$?
 "$root/scripts/loomrun" -- "$bin/train_gpt" "${long[@]}" > "$work/lr3.txt" 2>&1; rc3=$?
+timeout 10 "$root/scripts/loomrun" --max-restarts > "$work/lr4.txt" 2>&1; rc4=$?
 set -e
+[[ $rc4 == 2 ]] && grep -q 'loomrun: --max-restarts needs a value' "$work/lr4.txt" ||
+  { echo "loomrun --max-restarts without a value: status $rc4"; cat "$work/lr4.txt"; exit 1; }
 [[ $rc2 == 2 && $(grep -c 'restart' "$work/lr2.txt") == 1 ]] && grep -q 'refused its input (status 2); not restarting' "$work/lr2.txt" &&
   [[ $rc3 == 2 ]] && grep -q 'saves no checkpoints' "$work/lr3.txt" ||
   { echo "loomrun refusals: $rc2 $rc3"; cat "$work/lr2.txt" "$work/lr3.txt"; exit 1; }
