@@ -713,11 +713,11 @@ int run(const options& o, const loom::train::session_instance& inst, loom::train
       break;
     }
     if (o.stop_at_step > 0 && step >= o.stop_at_step) {
-      if (lead) con.message("stopping at step " + std::to_string(step) + " (--stop-at-step); continue with --resume");
+      if (lead) con.message("stopping at step " + std::to_string(step) + " (--stop-at-step); continue with --resume " + ckpt_dir);
       break;
     }
     if (o.exit_interval > 0 && step > start && step % o.exit_interval == 0) {
-      if (lead) con.message("stopping at step " + std::to_string(step) + " (--exit-interval); continue with --resume");
+      if (lead) con.message("stopping at step " + std::to_string(step) + " (--exit-interval); continue with --resume " + ckpt_dir);
       break;
     }
     if (o.exit_signal_handler && (stop_signal = s.broadcast_from_lead(exit_signal::requested())) != 0) {
