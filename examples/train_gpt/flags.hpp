@@ -747,14 +747,12 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
         (std::string(flag) != "--exit-interval" || o.exit_interval > 0))
       throw loom::input_error(std::string(flag) + " has no effect without --checkpoint-dir (--save): no checkpoint is "
                               "written; pass --checkpoint-dir DIR (e.g. out/ckpt), or drop " + flag);
-  if (o.stop_at_step > 0 && o.stop_at_step >= o.steps)
-    throw loom::input_error("--stop-at-step " + std::to_string(o.stop_at_step) + " is not before --steps " +
-                            std::to_string(o.steps) + ": the run ends first, and --stop-at-step has no effect; pass "
-                            "--stop-at-step < " + std::to_string(o.steps) + ", or drop it");
-  if (o.exit_interval > 0 && o.exit_interval >= o.steps)
-    throw loom::input_error("--exit-interval " + std::to_string(o.exit_interval) + " is not below --steps " +
-                            std::to_string(o.steps) + ": the run ends first, and --exit-interval has no effect; pass "
-                            "--exit-interval < " + std::to_string(o.steps) + ", or drop it");
+  for (const auto& [flag, at] : {std::pair<std::string, long>{"--stop-at-step", o.stop_at_step},
+                                  std::pair<std::string, long>{"--exit-interval", o.exit_interval}})
+    if (at > 0 && at >= o.steps)
+      throw loom::input_error(flag + " " + std::to_string(at) + " is not before --steps " + std::to_string(o.steps) +
+                              ": the run ends first, and " + flag + " has no effect; pass " + flag + " < " +
+                              std::to_string(o.steps) + ", or drop it");
   if (o.discard_newer_checkpoints && o.resume.empty())
     throw loom::input_error("--discard-newer-checkpoints has no effect without --resume: a new run never writes into "
                             "a directory that holds checkpoints; drop it, or pass --resume DIR");

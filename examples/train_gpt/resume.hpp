@@ -79,9 +79,8 @@ resume_point resume_run(loom::train::session& s, const std::string& dir, Source&
 /// the newer ones that do not verify (damaged) are moved aside on their own, while a complete one
 /// `latest` never named (a save cut short between its rename and `latest`) is left: it is this
 /// run's, and the run saves that step again with the same bytes. Otherwise the user chose an
-/// older checkpoint: without `discard`
-/// (--discard-newer-checkpoints) the run is refused (loom::input_error naming the choices); with
-/// it they are moved aside. Moved aside = renamed into ckpt_dir/set-aside/ (a numbered suffix
+/// older checkpoint: without `discard` (--discard-newer-checkpoints) the run is refused
+/// (loom::input_error naming the choices); with it they are moved aside. Moved aside = renamed into ckpt_dir/set-aside/ (a numbered suffix
 /// when the name is taken there), `latest` rewritten to the newest checkpoint left (or removed):
 /// nothing is deleted. Every rank calls this after the resume with the same arguments; the
 /// decision is made before `barrier` (one collective over the world), the lead rank moves the
@@ -91,7 +90,7 @@ std::vector<std::string> set_aside_newer_checkpoints(const std::string& ckpt_dir
                                                      bool discard, bool lead, Barrier&& barrier) {
   namespace fs = std::filesystem;
   std::vector<loom::io::checkpoint_entry> newer;
-  for (const auto& e : loom::io::list_checkpoints(ckpt_dir)) {
+  for (const auto& e : loom::io::list_checkpoints(ckpt_dir)) {  // none for an empty ckpt_dir
     if (e.step <= step) continue;
     if (resumed_root) {  // only the damaged: a complete save `latest` never named is this run's, saved again alike
       try {
@@ -102,7 +101,7 @@ std::vector<std::string> set_aside_newer_checkpoints(const std::string& ckpt_dir
     }
     newer.push_back(e);
   }
-  if (ckpt_dir.empty() || newer.empty()) return {};
+  if (newer.empty()) return {};
   std::string names;
   for (const auto& e : newer) names += (names.empty() ? "" : ", ") + e.dir.filename().string();
   const fs::path aside = fs::path(ckpt_dir) / "set-aside";
