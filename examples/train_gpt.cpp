@@ -92,6 +92,8 @@
 #include <filesystem>
 #include <string>
 
+#include <unistd.h>  // sysconf: the machine's cores
+
 #include <loom/data/source.hpp>
 #include <loom/device/ascend.hpp>
 #include <loom/device/ascend_runtime.hpp>
@@ -139,9 +141,19 @@ int run_ranks(const options& o, world_ref::kind kind, int& argc, char**& argv,
                               std::to_string(o.ranks) + " train_gpt --comm mpi ...");
     loom::comm::mpi_environment env(&argc, &argv);
 #ifdef _OPENMP
-    if (!std::getenv("OMP_NUM_THREADS"))  // processes on one machine share its cores
-      if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
-        omp_set_num_threads(std::max(1, omp_get_max_threads() / std::max(1, std::atoi(local))));
+    if (!std::getenv("OMP_NUM_THREADS")) {  // the processes of one machine share its cores
+      // the ranks on this machine, whatever launched them (MPI-3 shared-memory split)
+      MPI_Comm local;
+      int here = 1;
+      if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local) == MPI_SUCCESS) {
+        MPI_Comm_size(local, &here);
+        MPI_Comm_free(&local);
+      }
+      // a process bound to fewer cores than the machine has (mpirun binds each rank to a core
+      // by default) uses those; an unbound one its share of the machine
+      const int mine = omp_get_num_procs();
+      omp_set_num_threads(mine < ::sysconf(_SC_NPROCESSORS_ONLN) ? mine : std::max(1, mine / std::max(1, here)));
+    }
 #endif
     auto world = env.world(comm_options_of(o));
     try {

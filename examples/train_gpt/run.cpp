@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -159,6 +160,26 @@ inline void ensure_writable_directory(const std::filesystem::path& dir, const ch
 
 namespace {
 
+/// "N OpenMP threads per rank of M cores" for the banner, and where N came from: OMP_NUM_THREADS,
+/// the cores a launcher bound the process to (mpirun binds each rank to a core by default), or the
+/// machine's cores divided among the ranks on it (--ranks N threads; the processes of one machine
+/// under mpirun or a rank table), which train_gpt sets when OMP_NUM_THREADS is unset.
+std::string threads_text(int world_size) {
+#ifdef _OPENMP
+  const int n = omp_get_max_threads(), usable = omp_get_num_procs();
+  const long machine = ::sysconf(_SC_NPROCESSORS_ONLN);
+  std::string t = std::to_string(n) + " OpenMP thread" + (n == 1 ? "" : "s") + (world_size > 1 ? " per rank" : "");
+  if (usable < machine) t += " on the " + std::to_string(usable) + " of " + std::to_string(machine) + " cores this process is bound to";
+  else t += " of " + std::to_string(machine) + " cores";
+  if (std::getenv("OMP_NUM_THREADS")) t += " (OMP_NUM_THREADS)";
+  else if (world_size > 1 && usable >= machine) t += " (shared by the ranks on this machine; OMP_NUM_THREADS sets it)";
+  return t;
+#else
+  (void)world_size;
+  return "no OpenMP";
+#endif
+}
+
 using loom::train::session;
 
 /// The end of a run on rank 0: saves `model` (the whole fp32 model) to `out` with `meta` (an
@@ -277,9 +298,9 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
   }
   const std::string staging = layered && mem.dp_buffers ? ", dp buckets " + fixed2(mem.dp_buffers / 1048576.0) + " MiB" : "";
   const std::string peak_text = std::isfinite(peak) ? std::to_string(std::llround(peak)) + " GFLOP/s" : "unknown";
-  std::printf("peak %s (%s) | memory%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB%s, "
+  std::printf("peak %s (%s) | %s | memory%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB%s, "
               "activations %.2f MiB%s\n",
-              peak_text.c_str(), peak_source.c_str(), layered ? " of rank 0 (tp 0, stage 0)" : "", mem.parameters / 1048576.0,
+              peak_text.c_str(), peak_source.c_str(), threads_text(r.world_size).c_str(), layered ? " of rank 0 (tp 0, stage 0)" : "", mem.parameters / 1048576.0,
               mem.gradients / 1048576.0, mem.optimizer / 1048576.0, staging.c_str(), mem.activations / 1048576.0,
               c.recompute == loom::nn::recompute::none
                   ? ""
