@@ -11,7 +11,7 @@
 // The Ascend checks start with what the vendor's troubleshooting tables list first: `npu-smi` and
 // the cards it lists (driver and firmware installed, card healthy), the driver version, the user's
 // membership of HwHiAiUser (the group the driver's device files belong to), the CANN version
-// against loom's compatibility statement (cann_compatibility below), ASCEND_HOME_PATH (set by the
+// against loom's compatibility statement (loom/device/ascend_version.hpp), ASCEND_HOME_PATH (set by the
 // toolkit's set_env.sh), then loading the runtime, the devices, the operators and HCCL.
 //
 // Exit status (a bit mask, so a script can tell what is missing):
@@ -53,6 +53,7 @@
 #include <loom/core/buffer.hpp>
 #include <loom/device/ascend.hpp>
 #include <loom/device/ascend_runtime.hpp>
+#include <loom/device/ascend_version.hpp>
 #include <loom/kernels/ascend.hpp>
 #include <loom/parallel/comm_hccl.hpp>
 #include <loom/parallel/comm_threads.hpp>
@@ -197,26 +198,8 @@ double smoke_matmul(loom::context<loom::device::ascend>& ctx) {
   return worst;
 }
 
-/// loom's compatibility statement: the CANN versions loom is compiled and tested against. Its
-/// declarations restate CANN 8.1.RC1's headers (reference §1-§3) and CI compiles them against CANN
-/// 9.0.0's open-source headers; nothing older than 8.1 has the operators loom calls
-/// (aclnnApplyAdamWV2, aclnnCrossEntropyLoss on Atlas A2/A3). Newer majors are untested.
-constexpr const char* cann_compatibility = "CANN 8.1.RC1 to 9.0.x (8.x from 8.1; 9.0)";
-/// Whether version text ("8.1.RC1", "9.0.0", "8.5.0.alpha001 ...") is inside cann_compatibility.
-/// Returns false, with `why`, for text that does not start with <major>.<minor>.
-bool cann_supported(const std::string& text, std::string* why) {
-  std::smatch m;
-  if (!std::regex_search(text, m, std::regex(R"(^\s*(\d+)\.(\d+))"))) {
-    *why = "cannot read a version from \"" + text + "\"";
-    return false;
-  }
-  const int major = std::stoi(m[1]), minor = std::stoi(m[2]);
-  if (major == 8 && minor >= 1) return true;
-  if (major == 9 && minor == 0) return true;
-  *why = "CANN " + std::to_string(major) + "." + std::to_string(minor) + " is outside loom's statement (" +
-         cann_compatibility + ")";
-  return false;
-}
+using loom::device::cann_compatibility;
+using loom::device::cann_supported;
 
 /// The first executable `name` on $PATH, then in the driver's install directories ("" if none).
 std::string find_tool(const std::string& name) {
@@ -415,8 +398,7 @@ void check_ascend(int max_devices) {
   }
   if (!rt->has_operators()) {
     std::string missing;
-    for (const auto& m : rt->missing())
-      if (m.starts_with("acl")) missing += (missing.empty() ? "" : " ") + m;
+    for (const auto& m : rt->missing_operators()) missing += (missing.empty() ? "" : " ") + m;
     fail(npu_bit, "aclnn operators", "not all resolved: " + missing,
          "the op-API libraries (libopapi.so or libopapi_{math,nn,transformer}.so) and libnnopbase.so must sit next "
          "to libascendcl.so; a CANN 8.x toolkit has them — source its set_env.sh");

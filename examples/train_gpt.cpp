@@ -97,6 +97,7 @@
 #include <loom/data/source.hpp>
 #include <loom/device/ascend.hpp>
 #include <loom/device/ascend_runtime.hpp>
+#include <loom/device/ascend_version.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/parallel/comm_threads.hpp>
 #include <loom/train/session.hpp>
@@ -348,15 +349,33 @@ std::pair<int, int> choose_auto_layout(options& o, const CLI::App& app, const lo
 }
 
 /// The CANN runtime for --device ascend (device::ascend_runtime::load: ASCEND_HOME_PATH, the
-/// toolkit's usual places, the loader path), loaded before any rank starts or any model is built.
-/// Without one, throws loom::input_error with what doctor prints: where it looked and the fix.
+/// toolkit's usual places, the loader path), loaded before any rank starts or any model is built,
+/// and checked as doctor checks it: a CANN version inside loom's statement (device/ascend_version.hpp;
+/// a runtime that reports none gets a warning) and every aclnn operator loom calls exported.
+/// Otherwise throws loom::input_error with what doctor prints: the problem and the fix.
 std::shared_ptr<const loom::device::ascend_runtime> load_npu_runtime() {
+  const std::string doctor = "\n(examples/doctor checks the whole environment; --device cpu trains without an NPU)";
+  std::shared_ptr<const loom::device::ascend_runtime> rt;
   try {
-    return loom::device::ascend_runtime::load();
+    rt = loom::device::ascend_runtime::load();
   } catch (const loom::device::runtime_not_found& e) {
-    throw loom::input_error(std::string("--device ascend: ") + e.what() +
-                            "\n(examples/doctor checks the whole environment; --device cpu trains without an NPU)");
+    throw loom::input_error(std::string("--device ascend: ") + e.what() + doctor);
   }
+  if (const std::string version = rt->cann_version(); version.empty()) {
+    std::fprintf(stderr, "train_gpt: warning: the NPU runtime reports no CANN version; loom is tested with %s\n",
+                 loom::device::cann_compatibility);
+  } else if (std::string why; !loom::device::cann_supported(version, &why)) {
+    throw loom::input_error("--device ascend: the installed CANN is " + version + ": " + why +
+                            "; install a toolkit inside it and source its set_env.sh" + doctor);
+  }
+  if (!rt->has_operators()) {
+    std::string missing;
+    for (const auto& m : rt->missing_operators()) missing += (missing.empty() ? "" : " ") + m;
+    throw loom::input_error("--device ascend: the NPU runtime lacks operators loom calls (" + missing +
+                            "): the op-API libraries (libopapi.so or libopapi_{math,nn,transformer}.so) and "
+                            "libnnopbase.so must sit next to libascendcl.so, as in a CANN 8.x toolkit" + doctor);
+  }
+  return rt;
 }
 
 /// The NPUs the flags ask for exist: --npu among the visible ones, and with --ranks threads one
@@ -447,11 +466,25 @@ int main(int argc, char** argv) {
     }
     if (o.comm == "threads") train_gpt_cli::derive_grad_accum(o, app, inst.micro_batch, o.ranks / (tp * pp));
     const auto npu = o.device == "ascend" ? load_npu_runtime() : nullptr;
+    struct finalize_last {  // aclFinalize once every rank, device and communicator is gone (reference §1.3)
+      const std::shared_ptr<const loom::device::ascend_runtime>& rt;
+      ~finalize_last() {
+        if (rt)
+          if (const int rc = rt->finalize(); rc != 0) std::fprintf(stderr, "train_gpt: aclFinalize returned %d\n", rc);
+      }
+    } finalize{npu};
 #if LOOM_TRAIN_GPT_RANK_TABLE
     if (o.comm == "hccl")  // this process is the table's rank $RANK_ID, on that rank's device_id
       o.npu = loom::parallel::read_rank_table(loom::parallel::rank_table_path()).device_of(loom::parallel::rank_from_env());
 #endif
     if (npu) check_npus(o, *npu);
+    if (npu && o.deterministic) {  // HCCL reads it when a communicator is made: before any rank starts
+      const char* had = std::getenv("HCCL_DETERMINISTIC");
+      if (had && std::string(had) != "true" && std::string(had) != "strict")
+        throw loom::input_error(std::string("--deterministic-mode with HCCL_DETERMINISTIC=") + had +
+                                ": HCCL's reductions would not be deterministic; unset it or set it to true");
+      if (!had) ::setenv("HCCL_DETERMINISTIC", "true", 0);
+    }
     if (o.zero1 && o.comm == "threads" && o.ranks / (tp * pp) < 2)
       std::fprintf(stderr,
                    "train_gpt: warning: --zero1 with one data-parallel rank (--ranks %d / TP*PP %d) shards nothing; "

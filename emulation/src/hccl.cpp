@@ -148,6 +148,7 @@ struct group {
   std::mutex m;
   std::condition_variable cv;
   std::vector<bool> joined;
+  std::vector<int> devices;  // each joined rank's device (in-process groups)
   int joined_count = 0;
   std::map<uint64_t, slot> slots;
   std::map<std::pair<int, int>, std::deque<message*>> mail;  // (src, dst)
@@ -792,6 +793,7 @@ static HcclResult join(const char* api, std::pair<uint64_t, uint64_t> key, uint3
       slot = std::make_shared<group>();
       slot->n = int(nRanks);
       slot->joined.assign(nRanks, false);
+      slot->devices.assign(nRanks, -1);
     }
     g = slot;
   }
@@ -801,10 +803,19 @@ static HcclResult join(const char* api, std::pair<uint64_t, uint64_t> key, uint3
                                   std::to_string(g->n));
   if (g->joined[rank]) return hfail(HCCL_E_PARA, std::string(api) + ": rank " + std::to_string(rank) + " joined twice");
   g->joined[rank] = true;
+  g->devices[rank] = current_device();
   ++g->joined_count;
   g->cv.notify_all();
   if (!g->cv.wait_for(lock, timeout_from_env("HCCL_CONNECT_TIMEOUT", 120), [&] { return g->joined_count == g->n; }))
     return hfail(HCCL_E_TIMEOUT, std::string(api) + ": not every rank joined within HCCL_CONNECT_TIMEOUT");
+  // HCCL runs one rank per NPU (a communicator's ranks are distinct devices): when two ranks share
+  // one, every rank fails, naming them
+  for (uint32_t i = 0; i < nRanks; ++i)
+    for (uint32_t j = i + 1; j < nRanks; ++j)
+      if (g->devices[i] == g->devices[j])
+        return hfail(HCCL_E_PARA, std::string(api) + ": ranks " + std::to_string(i) + " and " + std::to_string(j) +
+                                      " are both on device " + std::to_string(g->devices[i]) +
+                                      "; HCCL runs one rank per NPU: call aclrtSetDevice with each rank's own device");
   lock.unlock();
   auto* h = new handle;
   h->g = g;

@@ -44,6 +44,7 @@ struct device_state {
   std::size_t limit = default_device_bytes;
   std::size_t used = 0;
   stream* default_stream = nullptr;
+  int64_t deterministic = 0;  // ACL_OPT_DETERMINISTIC of the device's default context
 };
 
 struct counters {
@@ -334,7 +335,9 @@ bool is_device_address(const void* p) {
 
 struct event_state {
   uint32_t flags = 0;
-  bool plain = true;  // created by aclrtCreateEvent (timing and sync capable)
+  bool plain = true;   // created by aclrtCreateEvent (timing and sync capable)
+  bool ex = false;     // created by aclrtCreateEventExWithFlag: may be re-recorded ("reused naturally")
+  bool waited = false; // an aclrtStreamWaitEvent since the last aclrtResetEvent (flag events)
   std::mutex m;
   std::condition_variable cv;
   uint64_t recorded = 0, completed = 0;
@@ -550,6 +553,33 @@ aclError aclrtGetDevice(int32_t* deviceId) {
   return ACL_SUCCESS;
 }
 
+// System options of the current context (acl_rt.h: aclrtCtxSetSysParamOpt / GetSysParamOpt;
+// ACL_OPT_DETERMINISTIC 0 or 1). The emulation's operators compute in double in a fixed order, so
+// they are deterministic either way; the option is kept for the caller to read back.
+aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value) {
+  LOOMEMU_INJECT("aclrtCtxSetSysParamOpt");
+  if (int rc = require_device("aclrtCtxSetSysParamOpt")) return rc;
+  if (opt != ACL_OPT_DETERMINISTIC)
+    return fail(ACL_ERROR_INVALID_PARAM, "aclrtCtxSetSysParamOpt: the emulation knows ACL_OPT_DETERMINISTIC only");
+  if (value != 0 && value != 1)
+    return fail(ACL_ERROR_INVALID_PARAM, "aclrtCtxSetSysParamOpt: ACL_OPT_DETERMINISTIC takes 0 or 1, not " +
+                                             std::to_string(value));
+  std::lock_guard lock(g().m);
+  g().devices[current_device()].deterministic = value;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtCtxGetSysParamOpt(aclSysParamOpt opt, int64_t* value) {
+  LOOMEMU_INJECT("aclrtCtxGetSysParamOpt");
+  if (int rc = require_device("aclrtCtxGetSysParamOpt")) return rc;
+  if (!value) return fail(ACL_ERROR_INVALID_PARAM, "aclrtCtxGetSysParamOpt: NULL output");
+  if (opt != ACL_OPT_DETERMINISTIC)
+    return fail(ACL_ERROR_INVALID_PARAM, "aclrtCtxGetSysParamOpt: the emulation knows ACL_OPT_DETERMINISTIC only");
+  std::lock_guard lock(g().m);
+  *value = g().devices[current_device()].deterministic;
+  return ACL_SUCCESS;
+}
+
 aclError aclrtGetDeviceCount(uint32_t* count) {
   LOOMEMU_INJECT("aclrtGetDeviceCount");
   if (int rc = require_init("aclrtGetDeviceCount")) return rc;
@@ -648,6 +678,7 @@ aclError aclrtStreamWaitEvent(aclrtStream s, aclrtEvent e) {
     std::lock_guard lock(ev->m);
     target = ev->recorded;
     ++ev->waiters;
+    ev->waited = true;
   }
   enqueue(st, [ev, target] {
     std::unique_lock lock(ev->m);
@@ -848,6 +879,20 @@ aclError aclrtCreateEventWithFlag(aclrtEvent* event, uint32_t flag) {
   return create_event(event, flag, false);
 }
 
+aclError aclrtCreateEventExWithFlag(aclrtEvent* event, uint32_t flag) {
+  LOOMEMU_INJECT("aclrtCreateEventExWithFlag");
+  if (int rc = require_device("aclrtCreateEventExWithFlag")) return rc;
+  if (int rc = create_event(event, flag, false)) return rc;
+  static_cast<event_state*>(*event)->ex = true;
+  return ACL_SUCCESS;
+}
+
+// The documented contract of re-recording (hicann/runtime 07_event_management, aclrtRecordEvent;
+// CANN 8.0.RC2's aclrtRecordEvent page): an event of aclrtCreateEventExWithFlag may be recorded
+// again at any time, a wait using its latest record; an aclrtCreateEventWithFlag(ACL_EVENT_SYNC)
+// event takes create -> record -> aclrtStreamWaitEvent -> aclrtResetEvent, and on the hardware
+// one record is one fixed hardware event, so recording it again after a wait without the reset
+// races the waiter. The emulation refuses that record, which the hardware would not report.
 aclError aclrtRecordEvent(aclrtEvent e, aclrtStream s) {
   LOOMEMU_INJECT("aclrtRecordEvent");
   int err = 0;
@@ -858,6 +903,13 @@ aclError aclrtRecordEvent(aclrtEvent e, aclrtStream s) {
   uint64_t gen;
   {
     std::lock_guard lock(ev->m);
+    if (!ev->ex && !ev->plain && (ev->flags & ACL_EVENT_SYNC) && ev->waited)
+      return fail(ACL_ERROR_INVALID_PARAM,
+                  "aclrtRecordEvent: this aclrtCreateEventWithFlag(ACL_EVENT_SYNC) event was waited on "
+                  "(aclrtStreamWaitEvent) and not reset since; CANN documents re-recording only for events of "
+                  "aclrtCreateEventExWithFlag, and create -> record -> wait -> aclrtResetEvent for the others: "
+                  "call aclrtResetEvent(event, waiting stream) after the wait, or create the event with "
+                  "aclrtCreateEventExWithFlag");
     gen = ++ev->recorded;
   }
   enqueue(st, [ev, gen] {
@@ -868,6 +920,30 @@ aclError aclrtRecordEvent(aclrtEvent e, aclrtStream s) {
     }
     ev->cv.notify_all();
   });
+  return ACL_SUCCESS;
+}
+
+// Documented (aclrtResetEvent; the 8.5 aclrtCreateEvent page): for events created with
+// ACL_EVENT_SYNC by aclrtCreateEventWithFlag or aclrtCreateEventExWithFlag, not for those of
+// aclrtCreateEvent; enqueued on `stream` (the tasks before it must finish first).
+aclError aclrtResetEvent(aclrtEvent e, aclrtStream s) {
+  LOOMEMU_INJECT("aclrtResetEvent");
+  int err = 0;
+  stream* st = resolve_stream(s, true, &err);
+  if (!st) return err;
+  event_state* ev = resolve_event(e);
+  if (!ev) return fail(ACL_ERROR_INVALID_PARAM, "aclrtResetEvent: not a live event");
+  if (ev->plain)
+    return fail(ACL_ERROR_INVALID_PARAM,
+                "aclrtResetEvent: events of aclrtCreateEvent cannot be reset (documented); create it with "
+                "aclrtCreateEventWithFlag(ACL_EVENT_SYNC) or aclrtCreateEventExWithFlag");
+  if (!(ev->flags & ACL_EVENT_SYNC))
+    return fail(ACL_ERROR_INVALID_PARAM, "aclrtResetEvent: the event was created without ACL_EVENT_SYNC");
+  {
+    std::lock_guard lock(ev->m);
+    ev->waited = false;
+  }
+  enqueue(st, [] {});  // in stream order, after the wait it follows
   return ACL_SUCCESS;
 }
 
@@ -954,7 +1030,10 @@ void loomemu_inject_failure(const char* api, int code, int skip, int count) {
 void loomemu_reset(void) {
   std::lock_guard lock(g().m);
   g().injections.clear();
-  for (auto& d : g().devices) d.limit = default_device_bytes;
+  for (auto& d : g().devices) {
+    d.limit = default_device_bytes;
+    d.deterministic = 0;
+  }
 }
 
 void loomemu_set_device_memory_limit(int device, size_t bytes) {

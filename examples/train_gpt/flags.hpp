@@ -330,8 +330,12 @@ inline void add_flags(CLI::App& app, options& o) {
   app.add_flag("--no-device-timing", o.no_device_timing,
                "--device ascend: no step breakdown in device time (no stream events; the breakdown is then the host's "
                "enqueue time)");
-  app.add_option("--npu", o.npu, "--device ascend: the NPU ordinal of this process (default: the rank, modulo the "
-                                 "visible NPUs)")
+  app.add_flag("--deterministic-mode,--deterministic", o.deterministic,
+               "runs that repeat bit for bit (Megatron-Core's name): on --device ascend deterministic kernels "
+               "(ACL_OPT_DETERMINISTIC) and HCCL reductions (HCCL_DETERMINISTIC=true), at a cost in speed; the CPU "
+               "kernels are deterministic without it");
+  app.add_option("--npu", o.npu, "--device ascend: the NPU ordinal of this process (default: the rank; a rank beyond "
+                                 "the visible NPUs is refused)")
       ->check(CLI::Range(0, 1023));
   app.add_option("--attention", o.attention,
                  "attention kernel: fused (flash-style, online softmax) or reference (materialises the probabilities)")
@@ -736,6 +740,9 @@ inline std::pair<int, int> check_flags(options& o, const CLI::App& app, bool dat
   if (o.device != "ascend" && (o.allow_fp32_matmul || o.npu >= 0 || o.no_device_timing))
     throw loom::input_error(std::string(o.npu >= 0 ? "--npu" : o.no_device_timing ? "--no-device-timing" : "--allow-fp32-matmul") +
                             " is for --device ascend; drop it or pass --device ascend");
+  if (o.deterministic && o.device != "ascend")
+    o.notes.push_back("note: --deterministic-mode changes nothing on the CPU: its kernels reduce in a fixed order, so a "
+                      "run repeats bit for bit without it");
   if ((o.layout == "auto") != !o.memory_limit.empty())
     throw loom::input_error(o.memory_limit.empty() ? "--layout auto needs --memory-limit (bytes per rank, e.g. 24GiB)"
                                                    : "--memory-limit is for --layout auto; drop it or pass --layout auto");

@@ -60,6 +60,7 @@ struct options {
   bool allow_fp32_matmul = false;  // --device ascend --precision fp32: the deliberate fp32-matmul opt-in
   int npu = -1;                    // --device ascend: this rank's NPU ordinal (-1: the world rank)
   bool no_device_timing = false;   // --device ascend: no per-step device-time breakdown
+  bool deterministic = false;      // --deterministic-mode: deterministic NPU kernels and HCCL reductions
   std::string attention = "fused"; // fused | reference (kernels::fused, kernels::reference)
   double loss_scale = 512;         // fp16: the dynamic loss scaler's initial scale
   long log_every = 10;             // console: one line every N steps (plus the first and the last)

@@ -239,6 +239,7 @@ loom::train::session_args session_args_of(const options& o, rank_profile& prof,
   a.ascend = std::move(npu);
   a.ordinal = o.npu;
   a.device_timing = !o.no_device_timing;
+  a.deterministic = o.deterministic && o.device == "ascend";
   auto& cfg = a.cfg;
   cfg.micro_batch = o.micro_batch;
   cfg.seq_len = o.seq_len;
@@ -305,6 +306,10 @@ void print_banner(const options& o, const session& s, const loom::data::batch_so
               c.recompute == loom::nn::recompute::none
                   ? ""
                   : (std::string(" (recompute ") + loom::nn::recompute_name(c.recompute) + ")").c_str());
+  if (o.deterministic && o.device == "ascend")
+    std::printf("deterministic mode: ACL_OPT_DETERMINISTIC on every NPU's context, HCCL_DETERMINISTIC=%s (slower; "
+                "a resumed run repeats bit for bit)\n",
+                std::getenv("HCCL_DETERMINISTIC") ? std::getenv("HCCL_DETERMINISTIC") : "unset");
   if (mem.host_optimizer > 0)
     std::printf("optimizer offload: AdamW state (fp32 masters, moments, staging) in pinned host memory, %.2f MiB per "
                 "rank; the update runs on the host%s\n",

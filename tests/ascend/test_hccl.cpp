@@ -161,3 +161,11 @@ TEST_CASE("comm::hccl: root info through a file, bad input, mismatched calls and
   ::unsetenv("HCCL_EXEC_TIMEOUT");
   CHECK_FALSE(std::filesystem::exists(path));  // rank 0 removed it after every rank joined
 }
+
+TEST_CASE("comm::hccl: two ranks on one NPU cannot form a communicator; every rank is told which") {
+  loom::comm::run_threads(2, [&](loom::comm::threads& boot) {
+    loom::device::ascend_device dev(runtime(), 0);  // both ranks on device 0
+    CHECK_THROWS_WITH_AS(loom::comm::hccl::create(boot, dev.context()), doctest::Contains("ranks 0 and 1 are both on device 0"),
+                         loom::device_error);
+  });
+}

@@ -3,7 +3,7 @@
 // code, message and call site), and one test per misuse check of the emulation.
 #include <doctest/doctest.h>
 
-
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -304,6 +304,101 @@ TEST_CASE("ascend device: events time stream work; guards restore the previous d
     npu::deallocate(p);
   }).join();
   CHECK(loom::device::ascend_device::count(*runtime()) >= 4);
+}
+
+namespace {
+/// Ping-pong between two streams with two reused ascend_events, `rounds` times: stream a fills
+/// `src` with byte i and records `ready`; stream b waits for it, copies src into slot i of
+/// `dst` and records `free`, which a waits for before the next fill. Returns the slots' bytes.
+std::vector<std::uint8_t> ping_pong(const loom::device::ascend_runtime& rt, int rounds) {
+  loom::device::ascend_device dev(runtime(), 0);
+  loom::device::ascend_stream a(rt), b(rt);
+  loom::device::ascend_event ready(rt), free(rt);
+  constexpr std::size_t n = 4096;
+  dbuf<std::uint8_t> src(n, dev.context().stream), dst(n * std::size_t(rounds), dev.context().stream);
+  dev.context().synchronize();
+  for (int i = 0; i < rounds; ++i) {
+    if (i > 0) free.wait(a.get());
+    REQUIRE(rt.api().aclrtMemsetAsync(src.data(), n, i + 1, n, a.get()) == acl::success);
+    ready.record(a.get());
+    ready.wait(b.get());
+    REQUIRE(rt.api().aclrtMemcpyAsync(dst.data() + std::size_t(i) * n, n, src.data(), n, acl::memcpy_device_to_device,
+                                      b.get()) == acl::success);
+    free.record(b.get());
+  }
+  b.synchronize();
+  a.synchronize();
+  std::vector<std::uint8_t> host(dst.size());
+  npu::copy_to_host(host.data(), dst.data(), host.size(), dev.context().stream);
+  dev.context().synchronize();
+  std::vector<std::uint8_t> first(static_cast<std::size_t>(rounds));
+  for (int i = 0; i < rounds; ++i) {
+    const auto* slot = host.data() + std::size_t(i) * n;
+    CHECK(std::all_of(slot, slot + n, [&](std::uint8_t v) { return v == slot[0]; }));
+    first[std::size_t(i)] = slot[0];
+  }
+  return first;
+}
+}  // namespace
+
+TEST_CASE("ascend events: re-recorded every round, with Ex events and with reset-after-wait, order two streams") {
+  std::vector<std::uint8_t> want(12);
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] = std::uint8_t(i + 1);
+  REQUIRE(runtime()->reusable_events());  // the emulation exports aclrtCreateEventExWithFlag
+  CHECK(ping_pong(*runtime(), 12) == want);
+  loom::device::ascend_runtime_options o;  // as support.hpp's runtime(), without Ex events
+  const char* home = std::getenv("ASCEND_HOME_PATH");
+  if (!home || !*home) o.roots = {LOOM_ASCEND_EMULATION_HOME};
+  o.use_default_roots = false;
+  o.use_loader_path = false;
+  o.reusable_events = false;
+  const auto legacy = loom::device::ascend_runtime::load(o);
+  REQUIRE_FALSE(legacy->reusable_events());
+  CHECK(ping_pong(*legacy, 12) == want);
+}
+
+TEST_CASE("emulation check: a flag event re-recorded after a wait without aclrtResetEvent is refused; Ex events are not") {
+  loom::device::ascend_device dev(runtime(), 0);
+  loom::device::ascend_stream a(*runtime()), b(*runtime());
+  const auto& f = api();
+  for (const bool ex : {false, true}) {
+    CAPTURE(ex);
+    acl::aclrtEvent e = nullptr;
+    REQUIRE((ex ? f.aclrtCreateEventExWithFlag : f.aclrtCreateEventWithFlag)(&e, acl::event_sync) == acl::success);
+    CHECK(f.aclrtRecordEvent(e, a.get()) == acl::success);
+    CHECK(f.aclrtRecordEvent(e, a.get()) == acl::success);  // no wait yet: recording again is fine
+    CHECK(f.aclrtStreamWaitEvent(b.get(), e) == acl::success);
+    if (ex) {
+      CHECK(f.aclrtRecordEvent(e, a.get()) == acl::success);
+    } else {
+      CHECK(f.aclrtRecordEvent(e, a.get()) != acl::success);
+      CHECK(std::string(f.aclGetRecentErrMsg()).find("aclrtResetEvent") != std::string::npos);
+      CHECK(f.aclrtResetEvent(e, b.get()) == acl::success);
+      CHECK(f.aclrtRecordEvent(e, a.get()) == acl::success);
+    }
+    b.synchronize();
+    a.synchronize();
+    CHECK(f.aclrtDestroyEvent(e) == acl::success);
+  }
+  acl::aclrtEvent plain = nullptr;
+  using create_plain = acl::aclError(acl::aclrtEvent*);
+  REQUIRE(emu<create_plain>("aclrtCreateEvent")(&plain) == acl::success);
+  CHECK(f.aclrtResetEvent(plain, a.get()) != acl::success);  // documented: not for aclrtCreateEvent's events
+  CHECK(f.aclrtDestroyEvent(plain) == acl::success);
+}
+
+TEST_CASE("ascend device: deterministic kernels are a context option that reads back; bad values are refused") {
+  loom::device::ascend_device dev(runtime(), 2);
+  CHECK_FALSE(dev.deterministic());
+  dev.set_deterministic(true);
+  CHECK(dev.deterministic());
+  {
+    loom::device::ascend_device other(runtime(), 3);  // another NPU's context is not affected
+    CHECK_FALSE(other.deterministic());
+  }
+  CHECK(api().aclrtCtxSetSysParamOpt(acl::opt_deterministic, 2) != acl::success);
+  dev.set_deterministic(false);
+  CHECK_FALSE(dev.deterministic());
 }
 
 // --- the emulation's own checks, one per kind of misuse ---------------------------------------------------

@@ -217,4 +217,23 @@ for args in "--npu 8" "--ranks 9"; do
   [[ $? == 2 ]] && grep -q "8 NPUs are visible" "$work/b4.txt" && ! grep -q "^model " "$work/b4.txt" ||
     bad "$args: $(cat "$work/b4.txt")"
 done
+# a CANN outside loom's statement, and a deterministic mode HCCL_DETERMINISTIC contradicts
+LOOMEMU_CANN_VERSION=7.0.0 "$bin/train_gpt" --data "$work/text.txt" --model quickstart --device ascend \
+  --precision bf16 --steps 1 > "$work/b5.txt" 2>&1
+[[ $? == 2 ]] && grep -q "the installed CANN is 7.0.0" "$work/b5.txt" && ! grep -q "^model " "$work/b5.txt" ||
+  bad "CANN 7.0: $(cat "$work/b5.txt")"
+HCCL_DETERMINISTIC=false "$bin/train_gpt" --data "$work/text.txt" --model quickstart --device ascend \
+  --precision bf16 --deterministic-mode --steps 1 > "$work/b6.txt" 2>&1
+[[ $? == 2 ]] && grep -q "unset it or set it to true" "$work/b6.txt" || bad "HCCL_DETERMINISTIC=false: $(cat "$work/b6.txt")"
+# --deterministic-mode on two NPUs: said in the banner, the losses of the default mode (the
+# emulation's operators are deterministic either way)
+for mode in "" --deterministic-mode; do
+  "$bin/train_gpt" --data "$work/text.txt" --model quickstart --device ascend --precision bf16 --ranks 2 --steps 3 \
+    --eval-every 0 --sample-tokens 0 $mode --out "$work/det$mode.safetensors" > "$work/det$mode.txt" 2>&1 ||
+    bad "deterministic '$mode': $(tail -3 "$work/det$mode.txt")"
+done
+grep -q "^deterministic mode: ACL_OPT_DETERMINISTIC on every NPU's context, HCCL_DETERMINISTIC=true" \
+  "$work/det--deterministic-mode.txt" || bad "no deterministic banner: $(head -8 "$work/det--deterministic-mode.txt")"
+[[ "$(losses "$work/det.txt")" == "$(losses "$work/det--deterministic-mode.txt")" && -n "$(losses "$work/det.txt")" ]] ||
+  bad "deterministic losses differ: $(losses "$work/det.txt") / $(losses "$work/det--deterministic-mode.txt")"
 finish

@@ -391,11 +391,23 @@ class ascend_stream {
 /// An owned aclrtEvent that can time and order streams (ACL_EVENT_TIME_LINE | ACL_EVENT_SYNC,
 /// torch_npu's choice for timing events). Timing: record(start) ... record(end), end.synchronize(),
 /// then elapsed_ms(start, end) — the documented order. `runtime` must outlive it.
+///
+/// Reuse: loom records the same event every step. CANN documents re-recording only for events of
+/// aclrtCreateEventExWithFlag ("event can be reused naturally"; aclrtRecordEvent, runtime docs
+/// 07_event_management), which it uses where the runtime has it (runtime.reusable_events()); for
+/// aclrtCreateEventWithFlag events it prescribes create -> record -> aclrtStreamWaitEvent ->
+/// aclrtResetEvent (CANN 8.0.RC2 aclrtRecordEvent page), so there wait() resets the event on the
+/// waiting stream right after the wait. Either way a wait refers to the record before it, one
+/// wait per record (reference ascend-runtime-audit.md §2.1).
 class ascend_event {
  public:
-  explicit ascend_event(const ascend_runtime& runtime) : api_(runtime.api()) {
-    detail::acl_check(api_, api_.aclrtCreateEventWithFlag(&e_, acl::event_time_line | acl::event_sync),
-                      "aclrtCreateEventWithFlag");
+  explicit ascend_event(const ascend_runtime& runtime) : api_(runtime.api()), reset_after_wait_(!runtime.reusable_events()) {
+    if (reset_after_wait_)
+      detail::acl_check(api_, api_.aclrtCreateEventWithFlag(&e_, acl::event_time_line | acl::event_sync),
+                        "aclrtCreateEventWithFlag");
+    else
+      detail::acl_check(api_, api_.aclrtCreateEventExWithFlag(&e_, acl::event_time_line | acl::event_sync),
+                        "aclrtCreateEventExWithFlag");
   }
   ~ascend_event() {
     if (!e_) return;
@@ -407,9 +419,11 @@ class ascend_event {
 
   /// Marks the point in s's work; completes when s reaches it.
   void record(acl::aclrtStream s) { detail::acl_check(api_, api_.aclrtRecordEvent(e_, s), "aclrtRecordEvent"); }
-  /// Makes s wait (on the device) until this event completes.
+  /// Makes s wait (on the device) until this event's last record completes; without re-recordable
+  /// events, then resets it on s (aclrtResetEvent), so that it may be recorded again.
   void wait(acl::aclrtStream s) const {
     detail::acl_check(api_, api_.aclrtStreamWaitEvent(s, e_), "aclrtStreamWaitEvent");
+    if (reset_after_wait_) detail::acl_check(api_, api_.aclrtResetEvent(e_, s), "aclrtResetEvent");
   }
   void synchronize() const { detail::acl_check(api_, api_.aclrtSynchronizeEvent(e_), "aclrtSynchronizeEvent"); }
   /// True when the last record has completed (non-blocking).
@@ -428,6 +442,7 @@ class ascend_event {
 
  private:
   const acl::api_table& api_;
+  bool reset_after_wait_;  ///< an aclrtCreateEventWithFlag event: reset after every wait
   acl::aclrtEvent e_ = nullptr;
 };
 
@@ -529,6 +544,31 @@ class ascend_device {
   int ordinal() const noexcept { return ordinal_; }
   ascend::memory_pool& memory() const { return ascend::memory(runtime_, ordinal_); }
   const ascend_runtime& runtime() const noexcept { return *runtime_; }
+
+  /// Deterministic kernels on this NPU's context: aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC,
+  /// on) (acl_rt.h: "set system param option value in current context"; torch_npu's deterministic
+  /// switch takes this option, reference ascend-api.md §1 — its exact call unconfirmed). Operators
+  /// with a non-deterministic default (aclnnRmsNormGrad, aclnnEmbeddingDenseBackward: atomic adds)
+  /// then give the same bits run to run, at a cost in speed. HCCL's reductions are separate:
+  /// HCCL_DETERMINISTIC=true in the environment of every rank before its communicators are made.
+  /// Call on the thread that made this device. Throws input_error when the runtime lacks the
+  /// function, device_error when it fails.
+  void set_deterministic(bool on) {
+    const auto& api = runtime_->api();
+    if (!api.aclrtCtxSetSysParamOpt)
+      throw input_error("deterministic kernels: this NPU runtime has no aclrtCtxSetSysParamOpt; use a CANN 8.x toolkit "
+                        "(examples/doctor checks it), or train without --deterministic-mode");
+    detail::acl_check(api, api.aclrtCtxSetSysParamOpt(acl::opt_deterministic, on ? 1 : 0), "aclrtCtxSetSysParamOpt");
+  }
+  /// Whether this NPU's context runs deterministic kernels (aclrtCtxGetSysParamOpt); false when
+  /// the runtime cannot say.
+  bool deterministic() const {
+    const auto& api = runtime_->api();
+    std::int64_t v = 0;
+    if (!api.aclrtCtxGetSysParamOpt) return false;
+    detail::acl_check(api, api.aclrtCtxGetSysParamOpt(acl::opt_deterministic, &v), "aclrtCtxGetSysParamOpt");
+    return v != 0;
+  }
 
   /// Number of visible NPUs (aclrtGetDeviceCount; honours ASCEND_RT_VISIBLE_DEVICES).
   static int count(const ascend_runtime& runtime) {

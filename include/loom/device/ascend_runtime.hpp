@@ -66,6 +66,10 @@ struct ascend_runtime_options {
   bool use_environment = true;      ///< $ASCEND_HOME_PATH, $ASCEND_TOOLKIT_HOME
   bool use_default_roots = true;    ///< /usr/local/Ascend/cann, /usr/local/Ascend/ascend-toolkit/latest
   bool use_loader_path = true;      ///< bare sonames via LD_LIBRARY_PATH / ld.so.cache
+  /// Create events with aclrtCreateEventExWithFlag where the runtime exports it (re-recordable);
+  /// false: always aclrtCreateEventWithFlag events, reset after each wait (the fallback of a
+  /// runtime older than CANN 8.0.RC2; tests choose it to run that path on a newer one).
+  bool reusable_events = true;
 };
 
 /// The loaded CANN libraries and the resolved function table. Create once (load), share.
@@ -140,8 +144,14 @@ class ascend_runtime {
   const std::string& home() const noexcept { return home_; }
   /// Functions of the table no loaded library exports (operators, HCCL, optional queries).
   const std::vector<std::string>& missing() const noexcept { return missing_; }
+  /// True when device::ascend_event creates re-recordable events (aclrtCreateEventExWithFlag:
+  /// exported and ascend_runtime_options::reusable_events); false: aclrtCreateEventWithFlag
+  /// events, each wait followed by aclrtResetEvent on the waiting stream.
+  bool reusable_events() const noexcept { return reusable_events_; }
   /// True when every aclnn operator and aclCreateTensor & co. were resolved.
   bool has_operators() const noexcept { return has_ops_; }
+  /// The aclnn operators and tensor functions (aclCreateTensor & co.) no loaded library exports.
+  const std::vector<std::string>& missing_operators() const noexcept { return missing_operators_; }
   /// True when every HCCL function loom uses was resolved.
   bool has_hccl() const noexcept { return has_hccl_; }
   /// True when the CANN profiler's session functions (aclprofInit ... aclprofFinalize) were
@@ -273,6 +283,11 @@ class ascend_runtime {
     LOOM_ACL_OPTIONAL_FUNCTIONS(LOOM_ACL_RESOLVE_OPTIONAL)
     LOOM_ACL_NEWER_FUNCTIONS(LOOM_ACL_RESOLVE_OPTIONAL)
 #undef LOOM_ACL_RESOLVE_OPTIONAL
+    reusable_events_ = o.reusable_events && api_.aclrtCreateEventExWithFlag;
+    if (!reusable_events_ && !api_.aclrtResetEvent)
+      throw runtime_not_found("the NPU runtime " + loaded_.front().second +
+                              " exports neither aclrtCreateEventExWithFlag (CANN 8.0.RC2+) nor aclrtResetEvent, so "
+                              "loom cannot reuse an event safely; point ASCEND_HOME_PATH at a CANN 8.x toolkit");
 
     // The others: the runtime's directory first, then the same places.
     auto open_group = [&](std::initializer_list<const char*> libs) {
@@ -305,6 +320,7 @@ class ascend_runtime {
     LOOM_ACLNN_FUNCTIONS(LOOM_ACL_RESOLVE_OP)
 #undef LOOM_ACL_RESOLVE_OP
     has_ops_ = missing_.size() == before_ops;
+    missing_operators_.assign(missing_.begin() + std::ptrdiff_t(before_ops), missing_.end());
     const std::size_t before_hccl = missing_.size();
 #define LOOM_ACL_RESOLVE_HCCL(name, ret, params) api_.name = reinterpret_cast<decltype(api_.name)>(resolve(hccl, #name));
     LOOM_HCCL_FUNCTIONS(LOOM_ACL_RESOLVE_HCCL)
@@ -320,7 +336,8 @@ class ascend_runtime {
   acl::api_table api_{};
   std::vector<void*> handles_;
   std::vector<std::pair<std::string, std::string>> loaded_;
-  std::vector<std::string> missing_;
+  std::vector<std::string> missing_, missing_operators_;
+  bool reusable_events_ = false;
   std::string home_;
   bool has_ops_ = false, has_hccl_ = false, has_prof_ = false;
   mutable std::once_flag init_once_;

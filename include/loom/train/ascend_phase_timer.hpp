@@ -7,8 +7,8 @@
 /// phase transition instead and, at the end of the step, charges the device time between
 /// consecutive events to the phase that was open when the first of them was recorded — the
 /// CUDA-event method, with the documented ACL sequence (reference §1.7, §6 "Timing"):
-/// aclrtCreateEventWithFlag(ACL_EVENT_TIME_LINE | ACL_EVENT_SYNC) -> aclrtRecordEvent on the
-/// stream -> aclrtSynchronizeEvent on the last -> aclrtEventElapsedTime between neighbours.
+/// device::ascend_event (aclrtCreateEventExWithFlag(ACL_EVENT_TIME_LINE | ACL_EVENT_SYNC) where the
+/// runtime has it) -> aclrtRecordEvent on the stream -> aclrtSynchronizeEvent on the last -> aclrtEventElapsedTime between neighbours.
 ///
 ///   train::ascend_phase_timer dt(dev.runtime(), ctx.stream);
 ///   trainer.on_phase = [&](train::phase p, bool begin) { begin ? dt.enter(p) : dt.leave(); };

@@ -27,17 +27,18 @@
 
 namespace loom::train {
 
-/// One rank's NPU: device::ascend_device on NPU a.ordinal (or world_rank modulo the visible
-/// NPUs when a.ordinal < 0) of runtime a.ascend; with a.device_timing, the step's phases in
+/// One rank's NPU: device::ascend_device on NPU a.ordinal (or NPU world_rank when a.ordinal < 0;
+/// a rank beyond the visible NPUs is refused, as HCCL runs one rank per NPU) of runtime a.ascend; with a.device_timing, the step's phases in
 /// device time (train::ascend_phase_timer on the compute stream, read one step late so that
-/// timing adds no host wait); the CANN profiler on demand.
-/// Throws loom::input_error without a runtime, loom::device_error when the NPU cannot be opened
+/// timing adds no host wait); with a.deterministic, deterministic kernels; the CANN profiler on demand.
+/// Throws loom::input_error without a runtime or an NPU for the rank, loom::device_error when the NPU cannot be opened
 /// (ACL's code and message).
 template <>
 class session_device<device::ascend> {
  public:
   session_device(const session_args& a, int world_rank)
       : rt_(runtime_of(a)), dev_(rt_, ordinal_of(a, world_rank)) {
+    if (a.deterministic) dev_.set_deterministic(true);
     if (a.device_timing)
       for (auto& t : timers_) t.emplace(*rt_, dev_.context().stream);
   }
@@ -93,7 +94,12 @@ class session_device<device::ascend> {
     if (a.ordinal >= 0) return a.ordinal;
     const int n = device::ascend_device::count(*a.ascend);
     if (n <= 0) throw input_error("no NPU is visible (aclrtGetDeviceCount = 0); check ASCEND_RT_VISIBLE_DEVICES");
-    return world_rank % n;
+    if (world_rank >= n)  // HCCL runs one rank per NPU: two ranks of one device cannot join a communicator
+      throw input_error("rank " + std::to_string(world_rank) + " has no NPU of its own: " + std::to_string(n) +
+                        " NPU" + (n == 1 ? " is" : "s are") + " visible and HCCL needs one per rank; run at most " +
+                        std::to_string(n) + " ranks per machine (ASCEND_RT_VISIBLE_DEVICES lists the visible ones), "
+                        "or set session_args::ordinal");
+    return world_rank;
   }
 
   std::shared_ptr<const device::ascend_runtime> rt_;

@@ -75,9 +75,12 @@ struct world_ref {
 /// (ignored without a world); `hook` and `observer`: the profiler's kernel hook and
 /// communication observer (attached before the world is split into groups; null: none).
 /// Device "ascend" instances need `ascend` (device::ascend_runtime::load()) and run on NPU
-/// `ordinal` (-1: the world rank modulo the visible NPUs); with `device_timing` they time every
-/// step's phases on the device (device_breakdown(); stream events, no host wait). The cpu
-/// instances ignore all three.
+/// `ordinal` (-1: NPU world rank, refused beyond the visible NPUs: HCCL runs one rank per NPU);
+/// with `device_timing` they time every step's phases on the device (device_breakdown(); stream
+/// events, no host wait); with `deterministic` the NPU's kernels are deterministic
+/// (device::ascend_device::set_deterministic; HCCL's reductions follow HCCL_DETERMINISTIC, which
+/// train_gpt --deterministic-mode sets). The cpu instances ignore all four (the CPU kernels
+/// reduce in a fixed order: a run repeats bit for bit).
 struct session_args {
   trainer_config cfg;
   parallel::ddp_options ddp;
@@ -86,6 +89,7 @@ struct session_args {
   std::shared_ptr<const device::ascend_runtime> ascend;
   int ordinal = -1;
   bool device_timing = true;
+  bool deterministic = false;
 };
 
 /// Per-rank memory in bytes, as the trainer allocated it (train/trainer.hpp): this rank's shard

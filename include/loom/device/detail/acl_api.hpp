@@ -65,6 +65,7 @@ using ::aclrtMemcpyKind;
 using ::aclrtMemMallocPolicy;
 using ::aclrtStream;
 using ::aclScalar;
+using ::aclSysParamOpt;
 using ::aclTensor;
 using ::HcclComm;
 using ::HcclCommConfig;
@@ -88,6 +89,7 @@ enum aclrtMemMallocPolicy : int {};
 enum aclrtMemcpyKind : int {};
 enum aclrtMemAttr : int {};
 enum aclrtEventRecordedStatus : int {};
+enum aclSysParamOpt : int {};
 enum HcclResult : int {};
 enum HcclDataType : int {};
 enum HcclReduceOp : int {};
@@ -158,6 +160,7 @@ inline constexpr aclrtMemAttr mem_hbm = aclrtMemAttr(1);                        
 inline constexpr uint32_t event_sync = 0x1u;                                     // ACL_EVENT_SYNC
 inline constexpr uint32_t event_time_line = 0x8u;                                // ACL_EVENT_TIME_LINE
 inline constexpr aclrtEventRecordedStatus event_recorded_complete = aclrtEventRecordedStatus(1);  // ..._COMPLETE
+inline constexpr aclSysParamOpt opt_deterministic = aclSysParamOpt(0);          // ACL_OPT_DETERMINISTIC
 inline constexpr std::size_t pkg_version_max = 128;                              // ACL_PKG_VERSION_MAX_SIZE
 inline constexpr HcclResult hccl_success = HcclResult(0);                        // HCCL_SUCCESS
 inline constexpr HcclResult hccl_e_timeout = HcclResult(9);                      // HCCL_E_TIMEOUT
@@ -198,7 +201,7 @@ static_assert(format_nd == ACL_FORMAT_ND && malloc_huge_first == ACL_MEM_MALLOC_
               "CANN header drift: an aclFormat/aclrtMem* value differs from loom's declarations");
 static_assert(event_sync == ACL_EVENT_SYNC && event_time_line == ACL_EVENT_TIME_LINE &&
                   event_recorded_complete == ACL_EVENT_RECORDED_STATUS_COMPLETE &&
-                  pkg_version_max == ACL_PKG_VERSION_MAX_SIZE,
+                  pkg_version_max == ACL_PKG_VERSION_MAX_SIZE && opt_deterministic == ACL_OPT_DETERMINISTIC,
               "CANN header drift: an event flag or the package-version size differs from loom's declarations");
 // ascend_runtime::cann_version reads the deprecated aclsysGetCANNVersion's result by this layout
 static_assert(sizeof(aclCANNPackageVersion) == 2 * pkg_version_max + 4 * 64 &&
@@ -346,10 +349,18 @@ static_assert(HCCL_COMM_CONFIG_MAGIC_WORD == hccl_comm_config_magic_word &&
   X(aclrtEventElapsedTime, aclError, (float* ms, aclrtEvent startEvent, aclrtEvent endEvent))
 
 /// libascendcl.so, optional: null when missing. aclrtGetVersion (the ACL interface version) is
-/// deprecated in the newest runtime, so it is not required.
+/// deprecated in the newest runtime, so it is not required. aclrtCreateEventExWithFlag (CANN
+/// 8.0.RC2+) makes events that may be re-recorded; without it device::ascend_event falls back to
+/// aclrtCreateEventWithFlag events reset after every wait (aclrtResetEvent), the order CANN
+/// documents for those (reference ascend-runtime-audit.md §2.1). aclrtCtxSetSysParamOpt
+/// (ACL_OPT_DETERMINISTIC: deterministic kernels in the current context) serves --deterministic.
 #define LOOM_ACL_OPTIONAL_FUNCTIONS(X)                                                                         \
   X(aclrtGetVersion, aclError, (int32_t * majorVersion, int32_t * minorVersion, int32_t * patchVersion))       \
-  X(aclrtGetSocName, const char*, ())
+  X(aclrtGetSocName, const char*, ())                                                                          \
+  X(aclrtCreateEventExWithFlag, aclError, (aclrtEvent * event, uint32_t flag))                                 \
+  X(aclrtResetEvent, aclError, (aclrtEvent event, aclrtStream stream))                                         \
+  X(aclrtCtxSetSysParamOpt, aclError, (aclSysParamOpt opt, int64_t value))                                     \
+  X(aclrtCtxGetSysParamOpt, aclError, (aclSysParamOpt opt, int64_t * value))
 
 /// libascendcl.so of the newer runtimes (ACL interface 1.17, CANN 9.0; absent from 8.x): null when
 /// missing, drift-checked only against headers that declare ACL 1.17 or later.
