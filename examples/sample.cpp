@@ -145,6 +145,7 @@ int main(int argc, char** argv) {
   loom::device::configure_host_malloc_for_gemm();
   options o;
   CLI::App app{"sample: generate text from a GPT saved by train_gpt (byte-level, or SentencePiece with --tokenizer)"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   app.add_option("--weights", o.weights, "weights file written by train_gpt")->required();
   app.add_option("--prompt", o.prompt,
                  "text to continue (with a tokenizer: normalized first, as prepare_data normalized the training text)");

@@ -354,7 +354,9 @@ std::pair<int, int> choose_auto_layout(options& o, const CLI::App& app, const lo
 /// a runtime that reports none gets a warning) and every aclnn operator loom calls exported.
 /// Otherwise throws loom::input_error with what doctor prints: the problem and the fix.
 std::shared_ptr<const loom::device::ascend_runtime> load_npu_runtime() {
-  const std::string doctor = "\n(examples/doctor checks the whole environment; --device cpu trains without an NPU)";
+  const std::string doctor =
+      "\n(examples/doctor checks the whole environment: cmake --build build --target doctor, then build/examples/doctor; "
+      "--device cpu trains without an NPU)";
   std::shared_ptr<const loom::device::ascend_runtime> rt;
   try {
     rt = loom::device::ascend_runtime::load();
@@ -424,6 +426,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  std::shared_ptr<const loom::device::ascend_runtime> npu;
+  struct finalize_last {  // aclFinalize once every rank, device and communicator is gone (reference §1.3)
+    const std::shared_ptr<const loom::device::ascend_runtime>& rt;
+    ~finalize_last() {
+      if (rt)
+        if (const int rc = rt->finalize(); rc != 0) std::fprintf(stderr, "train_gpt: aclFinalize returned %d\n", rc);
+    }
+  } finalize{npu};
   try {
     train_gpt_cli::apply_megatron_flags(o, app);  // Megatron-LM's names, --data-path first
     const auto prefix = loom::data::indexed_dataset_prefix(o.data);
@@ -441,6 +451,9 @@ int main(int argc, char** argv) {
       if (const auto why = spec->facts().layout_problem(tp, pp); !why.empty()) throw loom::input_error(why);
     }
     auto layout = train_gpt_cli::check_flags(o, app, prefix.has_value());
+    // the NPU runtime right after the flags, before a model is resolved or an instance compiled
+    // (--compile-only fills the cache on a machine without an NPU, e.g. a login node)
+    if (o.device == "ascend" && !mo.compile_only) npu = load_npu_runtime();
     if (!spec) spec = train_gpt_cli::resolve_model(o, mo, app, prefix.has_value(), 1);
     for (const auto& note : o.notes) std::fprintf(stderr, "train_gpt: %s\n", note.c_str());
     if (!prefix && !o.data.empty() && !std::filesystem::exists(o.data))  // before an instance is compiled
@@ -465,14 +478,6 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (o.comm == "threads") train_gpt_cli::derive_grad_accum(o, app, inst.micro_batch, o.ranks / (tp * pp));
-    const auto npu = o.device == "ascend" ? load_npu_runtime() : nullptr;
-    struct finalize_last {  // aclFinalize once every rank, device and communicator is gone (reference §1.3)
-      const std::shared_ptr<const loom::device::ascend_runtime>& rt;
-      ~finalize_last() {
-        if (rt)
-          if (const int rc = rt->finalize(); rc != 0) std::fprintf(stderr, "train_gpt: aclFinalize returned %d\n", rc);
-      }
-    } finalize{npu};
 #if LOOM_TRAIN_GPT_RANK_TABLE
     if (o.comm == "hccl")  // this process is the table's rank $RANK_ID, on that rank's device_id
       o.npu = loom::parallel::read_rank_table(loom::parallel::rank_table_path()).device_of(loom::parallel::rank_from_env());

@@ -500,13 +500,15 @@ struct run_logs {
   std::optional<loom::io::tensorboard_writer> tb;
   std::optional<loom::io::jsonl_writer> jsonl;
   /// Creates --log-dir, keeps an earlier run's logs aside (each kept file a console line), opens
-  /// both writers. Throws std::filesystem::filesystem_error when the directory cannot be made.
+  /// both writers and says where they write. Throws std::filesystem::filesystem_error when the directory cannot be made.
   void open(const options& o, loom::train::console& con) {
     std::filesystem::create_directories(o.log_dir);
     if (o.resume.empty())
       for (const std::string& line : keep_previous_logs(o.log_dir, o.keep_previous)) con.message(line);
     tb.emplace(o.log_dir);
     jsonl.emplace(std::filesystem::path(o.log_dir) / "metrics.jsonl");
+    con.message("log: " + (std::filesystem::path(o.log_dir) / "metrics.jsonl").string() + " and TensorBoard events in " +
+                o.log_dir + " (--log-dir; `tensorboard --logdir " + o.log_dir + "`, or `report`)");
   }
   /// Appends scalars `sc` of step `step` to each open writer.
   void write(long step, std::span<const loom::io::scalar> sc) {

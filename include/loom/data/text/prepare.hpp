@@ -198,6 +198,12 @@ struct prepare_report {
 };
 
 namespace detail {
+/// x with two decimals, rounded ("3.49"), as the summary lines print it.
+inline std::string two_decimals(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f", x);
+  return b;
+}
 inline unsigned thread_count(int requested) {
   return requested > 0 ? unsigned(requested) : std::max(1u, std::thread::hardware_concurrency());
 }
@@ -405,24 +411,26 @@ inline prepare_report prepare(const prepare_options& o, std::FILE* log = nullptr
   for (const auto& v : ids) rep.tokens += v.size() + 1;  // + end of document
   note_stage({"encode", rep.documents, rep.documents, rep.text_bytes, rep.text_bytes, detail::seconds_since(t0),
               std::to_string(rep.tokens) + " tokens incl. eod, " +
-                  std::to_string(double(rep.text_bytes) / double(rep.tokens)).substr(0, 4) + " bytes/token"});
+                  detail::two_decimals(double(rep.text_bytes) / double(rep.tokens)) + " bytes/token"});
   if (o.before_write) o.before_write();
   note_stage(detail::write_stage(o, ids, *tok, rep));
   return rep;
 }
 
-/// The report as a fixed-width table with MB/s per stage.
+/// The report as a fixed-width table with MB/s per stage. "removed" is in - out; a stage that
+/// makes more than it takes (reading splits a file into documents) shows "-" there.
 inline std::string format_report(const prepare_report& r) {
   std::string out;
   char line[512];
   std::snprintf(line, sizeof line, "%-10s %10s %10s %9s %12s %12s %12s %8s %8s  %s\n", "stage", "docs in", "docs out",
                 "removed", "bytes in", "bytes out", "removed", "seconds", "MB/s", "notes");
   out += line;
+  auto removed = [](std::uint64_t in, std::uint64_t out) { return in >= out ? std::to_string(in - out) : std::string("-"); };
   for (const auto& s : r.stages) {
-    std::snprintf(line, sizeof line, "%-10s %10llu %10llu %9lld %12llu %12llu %12lld %8.2f %8.2f  %s\n", s.name.c_str(),
+    std::snprintf(line, sizeof line, "%-10s %10llu %10llu %9s %12llu %12llu %12s %8.2f %8.2f  %s\n", s.name.c_str(),
                   (unsigned long long)s.documents_in, (unsigned long long)s.documents_out,
-                  (long long)s.documents_in - (long long)s.documents_out, (unsigned long long)s.bytes_in,
-                  (unsigned long long)s.bytes_out, (long long)s.bytes_in - (long long)s.bytes_out, s.seconds,
+                  removed(s.documents_in, s.documents_out).c_str(), (unsigned long long)s.bytes_in,
+                  (unsigned long long)s.bytes_out, removed(s.bytes_in, s.bytes_out).c_str(), s.seconds,
                   s.seconds > 0 ? double(s.bytes_in) / 1e6 / s.seconds : 0.0, s.note.c_str());
     out += line;
   }
